@@ -1,0 +1,112 @@
+//! The contract between `#[rate_limit]`'s generated code and the runtime. Not a public API:
+//! anything here may change in any release.
+//!
+//! For each function, the macro emits one `static` array of [`Limit`]s (one per attribute, in
+//! the order written) and, before the body, one call:
+//!
+//! * plain mode: `check(&LIMITS, &[key0, key1, …]).await` → `Result<(), RateLimitError>`;
+//! * HTTP mode: a hidden first parameter of type `HttpCaller`, the user's function moved into
+//!   an inner `async fn`, and `check_http(&LIMITS, caller, &[keys…], || inner(args…)).await`,
+//!   whose `Limited<T>` return type is both an Axum `IntoResponse` and an Actix `Responder`.
+//!
+//! `keys[i]` is the rendered `key` template of limit `i` (`None` when it has none).
+
+use crate::error::RateLimitError;
+use crate::key;
+use crate::limiter::RateLimiter;
+pub use crate::policy::{Algorithm, Policy};
+use crate::store::Check;
+
+/// Who a caller is, from the `by` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    /// One bucket for the scope.
+    Global,
+    /// The peer IP (trusted proxies honoured, IPv6 grouped).
+    Ip,
+    /// The request path without the query.
+    Url,
+    /// The `UserId` in the request extensions.
+    User,
+    /// Header `appId`.
+    AppId,
+    /// Any header; the name is lower-case.
+    Header(&'static str),
+}
+
+/// One `#[rate_limit]` attribute, as the macro wrote it.
+#[derive(Debug)]
+pub struct Limit {
+    /// The limit.
+    pub policy: Policy,
+    /// The bucket name (default: the function's module path and name).
+    pub scope: &'static str,
+    /// Who a caller is.
+    pub by: By,
+}
+
+/// A policy from the macro's already-checked arguments; evaluated at compile time, where an
+/// invalid one fails the build.
+pub const fn policy(
+    algorithm: Algorithm,
+    num: u64,
+    period_ms: u64,
+    burst: u64,
+    cost: u64,
+) -> Policy {
+    match Policy::from_parts(algorithm, num, period_ms, burst, cost) {
+        Ok(p) => p,
+        Err(_) => panic!("invalid rate-limit policy (the macro should have rejected it)"),
+    }
+}
+
+/// Builds the keys of `limits` for one caller: `parts(i)` gives limit `i`'s by-value (`None`
+/// for `global`), `keys[i]` its rendered template.
+pub(crate) fn keys_for(
+    limiter: &RateLimiter,
+    limits: &[Limit],
+    keys: &[Option<&str>],
+    by_value: impl Fn(usize) -> Option<Vec<u8>>,
+) -> Vec<String> {
+    let prefix = &limiter.settings().prefix;
+    limits
+        .iter()
+        .enumerate()
+        .map(|(i, limit)| {
+            let by = by_value(i);
+            let mut parts: [&[u8]; 2] = [&[], &[]];
+            let mut n = 0;
+            if let Some(Some(k)) = keys.get(i) {
+                parts[n] = k.as_bytes();
+                n += 1;
+            }
+            if let Some(b) = &by {
+                parts[n] = b;
+                n += 1;
+            }
+            key::build(prefix, limit.scope, &parts[..n], &limit.policy)
+        })
+        .collect()
+}
+
+/// Runs the checks of `limits` under `keys` against `limiter`.
+pub(crate) async fn run(
+    limiter: &RateLimiter,
+    limits: &[Limit],
+    keys: &[String],
+) -> Result<crate::Verdict, RateLimitError> {
+    debug_assert_eq!(limits.len(), keys.len());
+    let checks: Vec<Check<'_>> = limits
+        .iter()
+        .zip(keys)
+        .map(|(l, k)| Check::new(k, &l.policy))
+        .collect();
+    limiter.acquire(&checks).await
+}
+
+/// Plain mode: checks every limit for one call against the process's limiter.
+pub async fn check(limits: &'static [Limit], keys: &[Option<&str>]) -> Result<(), RateLimitError> {
+    let limiter = RateLimiter::global();
+    let keys = keys_for(limiter, limits, keys, |_| None);
+    run(limiter, limits, &keys).await.map(drop)
+}

@@ -1,0 +1,454 @@
+//! The limiter: a store plus the settings every check uses, installed once per process.
+
+use std::net::IpAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::error::{ConfigError, RateLimitError, StoreError};
+use crate::key;
+use crate::net::IpNet;
+use crate::policy::{Decision, Verdict};
+use crate::store::{Check, MemoryStore, RedisStore, Store};
+
+/// What a check does when the store fails or does not answer in time (SPEC §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Fail open: admit the call and log the failure. The default.
+    #[default]
+    Allow,
+    /// Fail closed: reject the call (503 for handlers, [`RateLimitError::StoreUnavailable`] for
+    /// plain functions).
+    Deny,
+    /// Check the same limits against an in-process memory store until the store answers again.
+    Local,
+}
+
+/// Which rate-limit headers HTTP responses carry (SPEC §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// The IETF `RateLimit-Policy` and `RateLimit` fields. The default.
+    #[default]
+    Ietf,
+    /// The legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    Legacy,
+    /// Both.
+    Both,
+}
+
+/// The default message of a 429 body.
+pub const DEFAULT_MESSAGE: &str = "Too many requests, please try again later.";
+
+/// The default timeout of one check.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// Settings shared by every check.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Settings {
+    /// Key prefix (default `ratelimit`).
+    pub prefix: String,
+    /// Peers whose `X-Forwarded-For` / `Forwarded` / `X-Real-IP` are believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// IPv6 callers are grouped by this prefix length (default 64).
+    pub ipv6_prefix: u8,
+    /// Longest wait for the store on one check.
+    pub timeout: Duration,
+    /// What to do when the store fails.
+    pub failure_policy: FailurePolicy,
+    /// Which headers HTTP responses carry.
+    pub header_style: HeaderStyle,
+    /// The message of a 429 body.
+    pub message: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            prefix: key::DEFAULT_PREFIX.to_owned(),
+            trusted_proxies: Vec::new(),
+            ipv6_prefix: 64,
+            timeout: DEFAULT_TIMEOUT,
+            failure_policy: FailurePolicy::Allow,
+            header_style: HeaderStyle::Ietf,
+            message: DEFAULT_MESSAGE.to_owned(),
+        }
+    }
+}
+
+impl Settings {
+    /// Whether `ip` is a trusted proxy.
+    pub fn is_trusted_proxy(&self, ip: IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|net| net.contains(ip))
+    }
+}
+
+enum StoreChoice {
+    Memory,
+    RedisUrl(String),
+    Store(Arc<dyn Store>),
+}
+
+/// Builds a [`RateLimiter`].
+///
+/// ```
+/// # async fn demo() -> Result<(), ratelimit_runtime::ConfigError> {
+/// use std::time::Duration;
+/// use ratelimit_runtime::{FailurePolicy, RateLimiter};
+///
+/// let limiter = RateLimiter::builder()
+///     .redis_url("redis://127.0.0.1:6379")
+///     .prefix("myapp")
+///     .trusted_proxies(["10.0.0.0/8"])
+///     .timeout(Duration::from_millis(30))
+///     .failure_policy(FailurePolicy::Local)
+///     .build()
+///     .await?;
+/// limiter.install()?;
+/// # Ok(()) }
+/// ```
+#[must_use]
+pub struct Builder {
+    store: StoreChoice,
+    settings: Settings,
+    proxies: Vec<String>,
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Builder {
+    /// Use the in-process memory store (the default).
+    pub fn memory(mut self) -> Self {
+        self.store = StoreChoice::Memory;
+        self
+    }
+
+    /// Use one Redis server (`redis://`, `rediss://`, with user and password when needed).
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.store = StoreChoice::RedisUrl(url.into());
+        self
+    }
+
+    /// Use a store built by the caller.
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = StoreChoice::Store(Arc::new(store));
+        self
+    }
+
+    /// Use a shared store built by the caller.
+    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = StoreChoice::Store(store);
+        self
+    }
+
+    /// The prefix of every key (default `ratelimit`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.prefix = prefix.into();
+        self
+    }
+
+    /// Peers (IP addresses or CIDR blocks) whose forwarding headers are believed.
+    pub fn trusted_proxies<I, S>(mut self, proxies: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.proxies = proxies.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// IPv6 callers are grouped by this prefix length (default 64; 128 keys each address).
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.settings.ipv6_prefix = bits;
+        self
+    }
+
+    /// The longest wait for the store on one check (default 50 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeout = timeout;
+        self
+    }
+
+    /// What to do when the store fails (default [`FailurePolicy::Allow`]).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.settings.failure_policy = policy;
+        self
+    }
+
+    /// Which rate-limit headers HTTP responses carry (default [`HeaderStyle::Ietf`]).
+    pub fn header_style(mut self, style: HeaderStyle) -> Self {
+        self.settings.header_style = style;
+        self
+    }
+
+    /// The message of a 429 body.
+    pub fn message(mut self, message: impl Into<String>) -> Self {
+        self.settings.message = message.into();
+        self
+    }
+
+    fn settings(mut self) -> Result<(StoreChoice, Settings), ConfigError> {
+        if !key::valid_prefix(&self.settings.prefix) {
+            return Err(ConfigError::Invalid(format!(
+                "invalid key prefix {:?}: use 1 to 200 characters of A-Z a-z 0-9 _ : . - /",
+                self.settings.prefix
+            )));
+        }
+        if !(1..=128).contains(&self.settings.ipv6_prefix) {
+            return Err(ConfigError::Invalid(format!(
+                "ipv6_prefix must be between 1 and 128, not {}",
+                self.settings.ipv6_prefix
+            )));
+        }
+        if self.settings.timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "the timeout must be positive".to_owned(),
+            ));
+        }
+        self.settings.trusted_proxies = self
+            .proxies
+            .iter()
+            .map(|p| {
+                p.parse::<IpNet>()
+                    .map_err(|_| ConfigError::InvalidProxy(p.clone()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((self.store, self.settings))
+    }
+
+    /// Builds the limiter, connecting to Redis when one was named: a malformed URL or an
+    /// unreachable server is an error here, not at the first check.
+    pub async fn build(self) -> Result<RateLimiter, ConfigError> {
+        let (store, settings) = self.settings()?;
+        let store: Arc<dyn Store> = match store {
+            StoreChoice::Memory => Arc::new(MemoryStore::new()),
+            StoreChoice::RedisUrl(url) => Arc::new(RedisStore::connect(&url).await?),
+            StoreChoice::Store(s) => s,
+        };
+        Ok(RateLimiter::from_parts(store, settings))
+    }
+
+    /// Builds the limiter without waiting for any server: a Redis store connects at its first
+    /// check (and again after each failure). A malformed URL is still an error here.
+    pub fn build_lazy(self) -> Result<RateLimiter, ConfigError> {
+        let (store, settings) = self.settings()?;
+        let store: Arc<dyn Store> = match store {
+            StoreChoice::Memory => Arc::new(MemoryStore::new()),
+            StoreChoice::RedisUrl(url) => Arc::new(RedisStore::lazy(&url)?),
+            StoreChoice::Store(s) => s,
+        };
+        Ok(RateLimiter::from_parts(store, settings))
+    }
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    settings: Settings,
+    local: Option<MemoryStore>,
+}
+
+/// A store with the settings every check uses. Cheap to clone.
+///
+/// `#[rate_limit]` uses the limiter installed for the process ([`RateLimiter::install`]); when
+/// none was installed, the first check builds one from the environment: `RATELIMIT_REDIS_URL`,
+/// then `REDIS_URL`, else the memory store (logged once as a warning).
+///
+/// **The memory store's limits are per process**: several instances of an application share
+/// limits only through Redis.
+#[derive(Clone)]
+pub struct RateLimiter {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RateLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("store", &self.inner.store)
+            .field("settings", &self.inner.settings)
+            .finish()
+    }
+}
+
+static GLOBAL: OnceLock<RateLimiter> = OnceLock::new();
+
+impl RateLimiter {
+    /// A builder with the defaults: memory store, prefix `ratelimit`, no trusted proxies,
+    /// IPv6 grouped by /64, 50 ms timeout, fail open, IETF headers.
+    pub fn builder() -> Builder {
+        Builder {
+            store: StoreChoice::Memory,
+            settings: Settings::default(),
+            proxies: Vec::new(),
+        }
+    }
+
+    fn from_parts(store: Arc<dyn Store>, settings: Settings) -> Self {
+        let local = (settings.failure_policy == FailurePolicy::Local).then(MemoryStore::new);
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                settings,
+                local,
+            }),
+        }
+    }
+
+    /// Makes this the limiter every `#[rate_limit]` in the process uses. Call it once, at
+    /// start, before the first limited call.
+    pub fn install(self) -> Result<&'static RateLimiter, ConfigError> {
+        let mut installed = false;
+        let global = GLOBAL.get_or_init(|| {
+            installed = true;
+            self
+        });
+        if installed {
+            Ok(global)
+        } else {
+            Err(ConfigError::AlreadyInstalled)
+        }
+    }
+
+    /// The installed limiter, or one built from the environment on first use (see the type's
+    /// docs). A malformed URL in the environment is logged and the memory store used.
+    pub fn global() -> &'static RateLimiter {
+        GLOBAL.get_or_init(Self::from_env)
+    }
+
+    fn from_env() -> Self {
+        let url = ["RATELIMIT_REDIS_URL", "REDIS_URL"]
+            .into_iter()
+            .find_map(|var| {
+                std::env::var(var)
+                    .ok()
+                    .filter(|v| !v.trim().is_empty())
+                    .map(|v| (var, v))
+            });
+        match url {
+            Some((var, url)) => match Self::builder().redis_url(url).build_lazy() {
+                Ok(limiter) => {
+                    tracing::info!(source = var, "rate limits are kept in Redis");
+                    limiter
+                }
+                Err(e) => {
+                    tracing::error!(source = var, error = %e, "cannot use Redis; rate limits are kept in this process's memory");
+                    Self::builder()
+                        .build_lazy()
+                        .unwrap_or_else(|_| unreachable!("the default settings are valid"))
+                }
+            },
+            None => {
+                tracing::warn!(
+                    "no rate limiter installed and neither RATELIMIT_REDIS_URL nor REDIS_URL is set: \
+                     rate limits are kept in this process's memory (per process, not shared between instances)"
+                );
+                Self::from_parts(Arc::new(MemoryStore::new()), Settings::default())
+            }
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// Checks `checks` for one call (all or nothing), with the timeout and the failure policy
+    /// applied. `Err` only when the store failed and the policy is [`FailurePolicy::Deny`].
+    pub async fn check(&self, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
+        let settings = &self.inner.settings;
+        let result =
+            match tokio::time::timeout(settings.timeout, self.inner.store.check(checks)).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout(settings.timeout)),
+            };
+        match result {
+            Ok(verdict) => Ok(verdict),
+            Err(error) => self.on_failure(checks, error).await,
+        }
+    }
+
+    /// Like [`RateLimiter::check`], but a rejection is an `Err(RateLimitError::Limited)`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::builder().build().await?;
+    /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
+    /// assert!(limiter.acquire(&[Check::new("demo", &policy)]).await.is_ok());
+    /// let err = limiter.acquire(&[Check::new("demo", &policy)]).await.unwrap_err();
+    /// assert!(err.is_limited());
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire(&self, checks: &[Check<'_>]) -> Result<Verdict, RateLimitError> {
+        let verdict = self
+            .check(checks)
+            .await
+            .map_err(RateLimitError::StoreUnavailable)?;
+        if verdict.is_admitted() {
+            return Ok(verdict);
+        }
+        let binding = verdict
+            .binding()
+            .copied()
+            .unwrap_or_else(|| unreachable!("a rejected verdict has a rejecting decision"));
+        Err(RateLimitError::Limited {
+            retry_after: binding.retry_after.unwrap_or_default(),
+            limit: binding.limit,
+            remaining: binding.remaining,
+            reset_after: binding.reset_after,
+        })
+    }
+
+    async fn on_failure(
+        &self,
+        checks: &[Check<'_>],
+        error: StoreError,
+    ) -> Result<Verdict, StoreError> {
+        match self.inner.settings.failure_policy {
+            FailurePolicy::Allow => {
+                tracing::warn!(store = self.inner.store.name(), %error, "rate-limit store failed; call admitted (failure policy: allow)");
+                Ok(Verdict::new(
+                    checks
+                        .iter()
+                        .map(|c| {
+                            Decision::new(
+                                true,
+                                c.policy.capacity(),
+                                c.policy.capacity(),
+                                Duration::ZERO,
+                                Duration::ZERO,
+                            )
+                        })
+                        .collect(),
+                ))
+            }
+            FailurePolicy::Deny => {
+                tracing::warn!(store = self.inner.store.name(), %error, "rate-limit store failed; call rejected (failure policy: deny)");
+                Err(error)
+            }
+            FailurePolicy::Local => {
+                tracing::warn!(store = self.inner.store.name(), %error, "rate-limit store failed; checked in memory (failure policy: local)");
+                let local = self
+                    .inner
+                    .local
+                    .as_ref()
+                    .unwrap_or_else(|| unreachable!("built with the local policy"));
+                local.check(checks).await
+            }
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! What a limit is ([`Policy`]) and what a check answers ([`Decision`], [`Verdict`]).
+
+use std::fmt;
+use std::time::Duration;
+
+/// The four rate-limiting algorithms (SPEC §4).
+///
+/// ```
+/// use ratelimit_runtime::Algorithm;
+/// assert_eq!("sliding".parse::<Algorithm>(), Ok(Algorithm::Sliding));
+/// assert_eq!(Algorithm::Token.as_str(), "token");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// At most `num` admissions per window; the window starts at the first admitted call and
+    /// lasts `period`. One counter with a TTL.
+    Fixed,
+    /// At most `num` admissions in any trailing interval of length `period` (no boundary burst).
+    Sliding,
+    /// A bucket of capacity `burst` that drains continuously at `num / period`; a call adds
+    /// `cost` if it fits.
+    Leaky,
+    /// A bucket of capacity `burst`, full at start, refilled continuously at `num / period`; a
+    /// call takes `cost` tokens if there are enough.
+    Token,
+}
+
+impl Algorithm {
+    /// Every algorithm, in the order of their wire codes.
+    pub const ALL: [Algorithm; 4] = [Self::Fixed, Self::Sliding, Self::Leaky, Self::Token];
+
+    /// The name used in the attribute (`algo = "…"`) and in store keys.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Fixed => "fixed",
+            Self::Sliding => "sliding",
+            Self::Leaky => "leaky",
+            Self::Token => "token",
+        }
+    }
+
+    /// The number the Lua scripts know this algorithm by.
+    pub(crate) const fn code(self) -> u8 {
+        match self {
+            Self::Fixed => 1,
+            Self::Sliding => 2,
+            Self::Leaky => 3,
+            Self::Token => 4,
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Algorithm {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or(PolicyError::UnknownAlgorithm)
+    }
+}
+
+/// Why a [`Policy`] could not be built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// `num` was 0.
+    ZeroLimit,
+    /// The period was shorter than one millisecond.
+    ZeroPeriod,
+    /// The period was longer than the stores can represent (about 100 years).
+    PeriodTooLong,
+    /// `burst` was 0.
+    ZeroBurst,
+    /// `cost` was 0.
+    ZeroCost,
+    /// `cost` was larger than the capacity (`num` for fixed/sliding, `burst` for buckets): no
+    /// call could ever be admitted.
+    CostExceedsCapacity,
+    /// The algorithm name is not one of `fixed`, `sliding`, `leaky`, `token`.
+    UnknownAlgorithm,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::ZeroLimit => "`num` must be a positive integer",
+            Self::ZeroPeriod => "the period must be at least 1ms",
+            Self::PeriodTooLong => "the period must be at most 100 years",
+            Self::ZeroBurst => "`burst` must be a positive integer",
+            Self::ZeroCost => "`cost` must be a positive integer",
+            Self::CostExceedsCapacity => {
+                "`cost` is larger than the capacity (`num`, or `burst` for buckets): no call could ever be admitted"
+            }
+            Self::UnknownAlgorithm => {
+                "unknown algorithm: expected one of \"fixed\", \"sliding\", \"leaky\", \"token\""
+            }
+        })
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// The longest period a policy may have (100 years), so that microsecond timestamps stay exact
+/// in Lua's doubles.
+const MAX_PERIOD_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// One limit: an algorithm, a quota of `limit` calls per `period`, a bucket capacity (`burst`)
+/// and the units one call takes (`cost`).
+///
+/// A policy is valid by construction: every constructor checks its input.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_runtime::{Algorithm, Policy};
+///
+/// let p = Policy::new(Algorithm::Token, 5, Duration::from_secs(1))?
+///     .with_burst(10)?
+///     .with_cost(2)?;
+/// assert_eq!((p.limit(), p.burst(), p.cost()), (5, 10, 2));
+/// # Ok::<(), ratelimit_runtime::PolicyError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Policy {
+    algorithm: Algorithm,
+    limit: u64,
+    period_ms: u64,
+    burst: u64,
+    cost: u64,
+}
+
+impl Policy {
+    /// A policy of `limit` calls per `period`, with `burst = limit` and `cost = 1`.
+    pub const fn new(
+        algorithm: Algorithm,
+        limit: u64,
+        period: Duration,
+    ) -> Result<Self, PolicyError> {
+        let ms = period.as_millis();
+        if ms > MAX_PERIOD_MS as u128 {
+            return Err(PolicyError::PeriodTooLong);
+        }
+        #[allow(clippy::cast_possible_truncation)] // checked just above
+        Self::from_parts(algorithm, limit, ms as u64, limit, 1)
+    }
+
+    /// Sets the bucket capacity (meaningful for `leaky` and `token`; the others ignore it).
+    pub const fn with_burst(self, burst: u64) -> Result<Self, PolicyError> {
+        Self::from_parts(self.algorithm, self.limit, self.period_ms, burst, self.cost)
+    }
+
+    /// Sets the units one call takes.
+    pub const fn with_cost(self, cost: u64) -> Result<Self, PolicyError> {
+        Self::from_parts(self.algorithm, self.limit, self.period_ms, self.burst, cost)
+    }
+
+    /// Builds and checks a policy from its raw parts (the period in milliseconds). The one place
+    /// where a policy's rules live.
+    pub const fn from_parts(
+        algorithm: Algorithm,
+        limit: u64,
+        period_ms: u64,
+        burst: u64,
+        cost: u64,
+    ) -> Result<Self, PolicyError> {
+        if limit == 0 {
+            return Err(PolicyError::ZeroLimit);
+        }
+        if period_ms == 0 {
+            return Err(PolicyError::ZeroPeriod);
+        }
+        if period_ms > MAX_PERIOD_MS {
+            return Err(PolicyError::PeriodTooLong);
+        }
+        if burst == 0 {
+            return Err(PolicyError::ZeroBurst);
+        }
+        if cost == 0 {
+            return Err(PolicyError::ZeroCost);
+        }
+        let policy = Self {
+            algorithm,
+            limit,
+            period_ms,
+            burst,
+            cost,
+        };
+        if cost > policy.capacity() {
+            return Err(PolicyError::CostExceedsCapacity);
+        }
+        Ok(policy)
+    }
+
+    /// The algorithm.
+    pub const fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// Calls allowed per period (`num`); for buckets, the refill/drain rate is `limit / period`.
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The period.
+    pub const fn period(&self) -> Duration {
+        Duration::from_millis(self.period_ms)
+    }
+
+    /// The period in whole milliseconds.
+    pub const fn period_ms(&self) -> u64 {
+        self.period_ms
+    }
+
+    /// The bucket capacity (`num` unless set).
+    pub const fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// Units one call takes.
+    pub const fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// How many units fit at once: `burst` for the buckets, `limit` for the windows. This is the
+    /// `limit` a [`Decision`] reports.
+    pub const fn capacity(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::Fixed | Algorithm::Sliding => self.limit,
+            Algorithm::Leaky | Algorithm::Token => self.burst,
+        }
+    }
+}
+
+/// What one limit answered for one call.
+///
+/// `remaining` is what is left *after* this call: when the call as a whole was rejected (by
+/// this limit or by another limit checked with it), nothing was taken and `remaining` is what
+/// is left now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Decision {
+    /// Whether this limit, on its own, admits the call.
+    pub admitted: bool,
+    /// The policy's capacity ([`Policy::capacity`]).
+    pub limit: u64,
+    /// Units left after this call.
+    pub remaining: u64,
+    /// Time until the quota is whole again.
+    pub reset_after: Duration,
+    /// When not admitted: the earliest time the same call would be admitted by this limit.
+    pub retry_after: Option<Duration>,
+}
+
+impl Decision {
+    /// Builds a decision; `retry_after` is kept only for a rejection.
+    pub fn new(
+        admitted: bool,
+        limit: u64,
+        remaining: u64,
+        reset_after: Duration,
+        retry_after: Duration,
+    ) -> Self {
+        Self {
+            admitted,
+            limit,
+            remaining,
+            reset_after,
+            retry_after: (!admitted).then_some(retry_after),
+        }
+    }
+}
+
+/// The answer for one call checked against one or more limits at once.
+///
+/// The call is admitted only when every limit admits it; when any limit rejects it, no limit
+/// took anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    decisions: Vec<Decision>,
+}
+
+impl Verdict {
+    /// Wraps the decisions, one per limit, in the order the limits were given.
+    pub fn new(decisions: Vec<Decision>) -> Self {
+        Self { decisions }
+    }
+
+    /// Whether every limit admitted the call.
+    pub fn is_admitted(&self) -> bool {
+        self.decisions.iter().all(|d| d.admitted)
+    }
+
+    /// One decision per limit, in the order the limits were given.
+    pub fn decisions(&self) -> &[Decision] {
+        &self.decisions
+    }
+
+    /// The decision that binds: when rejected, the rejecting limit with the longest
+    /// `retry_after`; when admitted, the limit with the fewest units left. This is the one HTTP
+    /// headers report.
+    pub fn binding(&self) -> Option<&Decision> {
+        if self.is_admitted() {
+            self.decisions.iter().min_by_key(|d| d.remaining)
+        } else {
+            self.decisions
+                .iter()
+                .filter(|d| !d.admitted)
+                .max_by_key(|d| d.retry_after)
+        }
+    }
+
+    /// When rejected: the earliest time the whole call could be admitted (the longest
+    /// `retry_after` among the rejecting limits).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.decisions.iter().filter_map(|d| d.retry_after).max()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_zero_and_impossible_policies() {
+        let s = Duration::from_secs(1);
+        assert_eq!(
+            Policy::new(Algorithm::Fixed, 0, s),
+            Err(PolicyError::ZeroLimit)
+        );
+        assert_eq!(
+            Policy::new(Algorithm::Fixed, 1, Duration::from_micros(999)),
+            Err(PolicyError::ZeroPeriod)
+        );
+        let p = Policy::new(Algorithm::Token, 2, s).unwrap();
+        assert_eq!(p.with_cost(3), Err(PolicyError::CostExceedsCapacity));
+        assert_eq!(p.with_burst(4).unwrap().with_cost(3).unwrap().cost(), 3);
+        assert_eq!(p.with_burst(0), Err(PolicyError::ZeroBurst));
+        assert_eq!(
+            Policy::new(Algorithm::Fixed, 1, Duration::from_secs(200 * 365 * 86400)),
+            Err(PolicyError::PeriodTooLong)
+        );
+    }
+
+    #[test]
+    fn verdict_binding_picks_the_longest_wait_or_the_fewest_left() {
+        let ms = Duration::from_millis;
+        let a = Decision::new(true, 10, 3, ms(5), ms(0));
+        let b = Decision::new(false, 5, 0, ms(50), ms(40));
+        let c = Decision::new(false, 5, 0, ms(90), ms(80));
+        let v = Verdict::new(vec![a, b, c]);
+        assert!(!v.is_admitted());
+        assert_eq!(v.binding(), Some(&c));
+        assert_eq!(v.retry_after(), Some(ms(80)));
+        let d = Decision::new(true, 10, 1, ms(5), ms(0));
+        let v = Verdict::new(vec![a, d]);
+        assert!(v.is_admitted());
+        assert_eq!(v.binding(), Some(&d));
+        assert_eq!(v.retry_after(), None);
+    }
+}

@@ -1,0 +1,57 @@
+//! Stores: where the state of every limit lives.
+//!
+//! A store has one operation, [`Store::check`]: it checks **a list of limits for one call**
+//! atomically. The call is admitted only if every limit admits it, and when any limit rejects
+//! it, no limit takes anything (SPEC §3). Each store reads time from its own clock (Redis:
+//! `TIME` inside the script; memory: a monotonic [`Clock`]), never from the caller.
+//!
+//! * [`MemoryStore`] — in-process, the embedded default;
+//! * [`RedisStore`] — one Redis server, one `EVALSHA` per check.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::error::StoreError;
+use crate::policy::{Policy, Verdict};
+
+pub mod memory;
+pub mod redis;
+
+pub use self::memory::{Clock, ManualClock, MemoryStore, MonotonicClock};
+pub use self::redis::RedisStore;
+
+/// One limit to check for one call: the full store key (see [`crate::key::build`]) and the
+/// policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    /// The store key of this limit for this caller.
+    pub key: &'a str,
+    /// The limit.
+    pub policy: &'a Policy,
+}
+
+impl<'a> Check<'a> {
+    /// A check of `policy` under `key`.
+    pub fn new(key: &'a str, policy: &'a Policy) -> Self {
+        Self { key, policy }
+    }
+}
+
+/// The future a [`Store`] returns.
+pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Verdict, StoreError>> + Send + 'a>>;
+
+/// Where limits keep their state.
+///
+/// Implementations must be exact under any concurrency: N concurrent calls against a quota of
+/// `num` get exactly `num` admissions.
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// Checks every limit in `checks` for one call, all or nothing.
+    ///
+    /// The returned [`Verdict`] has one [`crate::Decision`] per check, in order. `checks` is
+    /// never empty.
+    fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a>;
+
+    /// A short name for logs and the demo: `"memory"`, `"redis"`, `"redis-cluster"`.
+    fn name(&self) -> &'static str;
+}

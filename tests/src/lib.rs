@@ -1,0 +1,1 @@
+//! Test support: private Redis servers and clusters.
