@@ -106,7 +106,7 @@ pub(crate) async fn run(
 
 /// Plain mode: checks every limit for one call against the process's limiter.
 pub async fn check(limits: &'static [Limit], keys: &[Option<&str>]) -> Result<(), RateLimitError> {
-    let limiter = RateLimiter::global();
-    let keys = keys_for(limiter, limits, keys, |_| None);
-    run(limiter, limits, &keys).await.map(drop)
+    let limiter = RateLimiter::current();
+    let keys = keys_for(&limiter, limits, keys, |_| None);
+    run(&limiter, limits, &keys).await.map(drop)
 }

@@ -278,6 +278,10 @@ impl std::fmt::Debug for RateLimiter {
 
 static GLOBAL: OnceLock<RateLimiter> = OnceLock::new();
 
+tokio::task_local! {
+    static CURRENT: RateLimiter;
+}
+
 impl RateLimiter {
     /// A builder with the defaults: memory store, prefix `ratelimit`, no trusted proxies,
     /// IPv6 grouped by /64, 50 ms timeout, fail open, IETF headers.
@@ -319,6 +323,30 @@ impl RateLimiter {
     /// docs). A malformed URL in the environment is logged and the memory store used.
     pub fn global() -> &'static RateLimiter {
         GLOBAL.get_or_init(Self::from_env)
+    }
+
+    /// The limiter for the current call: the one set by [`RateLimiter::scope`] around the
+    /// running task, else [`RateLimiter::global`].
+    pub fn current() -> RateLimiter {
+        CURRENT
+            .try_with(Clone::clone)
+            .unwrap_or_else(|_| Self::global().clone())
+    }
+
+    /// Runs `fut` with this limiter as the one `#[rate_limit]` uses inside it (instead of the
+    /// installed one): for tests, and for applications that keep several limiters.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), ratelimit_runtime::ConfigError> {
+    /// use ratelimit_runtime::RateLimiter;
+    /// let limiter = RateLimiter::builder().prefix("tenant-a").build().await?;
+    /// let prefix = limiter.clone().scope(async { RateLimiter::current().settings().prefix.clone() }).await;
+    /// assert_eq!(prefix, "tenant-a");
+    /// # Ok(()) }
+    /// ```
+    pub async fn scope<F: std::future::Future>(self, fut: F) -> F::Output {
+        CURRENT.scope(self, fut).await
     }
 
     fn from_env() -> Self {
