@@ -21,20 +21,44 @@ pub mod redis;
 pub use self::memory::{Clock, ManualClock, MemoryStore, MonotonicClock};
 pub use self::redis::RedisStore;
 
-/// One limit to check for one call: the full store key (see [`crate::key::build`]) and the
-/// policy.
+/// One limit to check for one call: the full store key (see [`crate::key::build`]), the
+/// policy, and the scope (the bucket's name, for logs).
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_runtime::{Algorithm, Check, Policy};
+///
+/// let policy = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(60))?;
+/// let check = Check::new("ratelimit:{app::login}:fixed:5:60000", &policy).with_scope("app::login");
+/// assert_eq!(check.scope, "app::login");
+/// # Ok::<(), ratelimit_runtime::PolicyError>(())
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Check<'a> {
     /// The store key of this limit for this caller.
     pub key: &'a str,
     /// The limit.
     pub policy: &'a Policy,
+    /// The scope the key belongs to (empty when unknown). Logs name the scope, never the key:
+    /// keys hold caller values such as IP addresses and user ids.
+    pub scope: &'a str,
 }
 
 impl<'a> Check<'a> {
-    /// A check of `policy` under `key`.
+    /// A check of `policy` under `key`, with no scope.
     pub fn new(key: &'a str, policy: &'a Policy) -> Self {
-        Self { key, policy }
+        Self {
+            key,
+            policy,
+            scope: "",
+        }
+    }
+
+    /// Names the scope of this check, for logs.
+    #[must_use]
+    pub fn with_scope(mut self, scope: &'a str) -> Self {
+        self.scope = scope;
+        self
     }
 }
 
