@@ -1,1 +1,3 @@
 //! Test support: private Redis servers and clusters.
+
+pub mod suite;
