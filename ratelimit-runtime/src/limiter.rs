@@ -1,4 +1,15 @@
 //! The limiter: a store plus the settings every check uses, installed once per process.
+//!
+//! # When the store fails
+//!
+//! Every check is bounded by [`Settings::timeout`]. A store error or a timeout is answered by
+//! the [`FailurePolicy`]. After a failure, a small breaker answers with the policy at once for a
+//! short backoff (100 ms, doubling up to 500 ms) instead of waiting for the timeout on every
+//! call, then lets one check probe the store; the first answer puts every check back on the
+//! store. Warnings are written at most once per store every 5 seconds, with the count of the
+//! events held back. Logs name the scope, never the key or the caller.
+
+mod resilience;
 
 use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
@@ -10,17 +21,23 @@ use crate::net::IpNet;
 use crate::policy::{Decision, Verdict};
 use crate::store::{Check, MemoryStore, RedisStore, Store};
 
+pub use self::resilience::DEFAULT_BLOCKED_CACHE;
+use self::resilience::{BlockedCache, Breaker, Gate, LOG_INTERVAL, LogThrottle};
+
 /// What a check does when the store fails or does not answer in time (SPEC §8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
-    /// Fail open: admit the call and log the failure. The default.
+    /// Fail open: admit the call and log the failure (throttled). The default: a rate limiter
+    /// that is down does not take the application down with it.
     #[default]
     Allow,
     /// Fail closed: reject the call (503 for handlers, [`RateLimitError::StoreUnavailable`] for
-    /// plain functions).
+    /// plain functions). For limits that protect something costly or abusable (logins, SMS,
+    /// payments), where letting everything through is worse than refusing for a while.
     Deny,
-    /// Check the same limits against an in-process memory store until the store answers again.
+    /// Check the same limits against an in-process memory store until the store answers again:
+    /// the limits still hold, per process (N instances admit up to N times the quota).
     Local,
 }
 
@@ -61,6 +78,11 @@ pub struct Settings {
     pub header_style: HeaderStyle,
     /// The message of a 429 body.
     pub message: String,
+    /// Capacity of the blocked-caller cache: callers a remote store rejected are rejected
+    /// locally, without a round trip, until the store's `retry_after` has passed. Default
+    /// [`DEFAULT_BLOCKED_CACHE`] keys; 0 turns it off. The memory store never uses it (a check
+    /// there is as cheap as the cache).
+    pub blocked_cache: usize,
 }
 
 impl Default for Settings {
@@ -73,6 +95,7 @@ impl Default for Settings {
             failure_policy: FailurePolicy::Allow,
             header_style: HeaderStyle::Ietf,
             message: DEFAULT_MESSAGE.to_owned(),
+            blocked_cache: DEFAULT_BLOCKED_CACHE,
         }
     }
 }
@@ -194,6 +217,24 @@ impl Builder {
         self
     }
 
+    /// The capacity of the blocked-caller cache (default [`DEFAULT_BLOCKED_CACHE`] keys; `0`
+    /// turns it off). See [`Settings::blocked_cache`].
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), ratelimit_runtime::ConfigError> {
+    /// use ratelimit_runtime::RateLimiter;
+    /// // Every check goes to Redis, even for callers it just rejected.
+    /// let limiter = RateLimiter::builder()
+    ///     .redis_url("redis://127.0.0.1:6379")
+    ///     .blocked_cache(0)
+    ///     .build_lazy()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn blocked_cache(mut self, capacity: usize) -> Self {
+        self.settings.blocked_cache = capacity;
+        self
+    }
+
     fn settings(mut self) -> Result<(StoreChoice, Settings), ConfigError> {
         if !key::valid_prefix(&self.settings.prefix) {
             return Err(ConfigError::Invalid(format!(
@@ -252,6 +293,9 @@ struct Inner {
     store: Arc<dyn Store>,
     settings: Settings,
     local: Option<MemoryStore>,
+    breaker: Breaker,
+    blocked: Option<BlockedCache>,
+    warnings: LogThrottle,
 }
 
 /// A store with the settings every check uses. Cheap to clone.
@@ -295,11 +339,16 @@ impl RateLimiter {
 
     fn from_parts(store: Arc<dyn Store>, settings: Settings) -> Self {
         let local = (settings.failure_policy == FailurePolicy::Local).then(MemoryStore::new);
+        let blocked = (settings.blocked_cache > 0 && store.name() != "memory")
+            .then(|| BlockedCache::new(settings.blocked_cache));
         Self {
             inner: Arc::new(Inner {
                 store,
                 settings,
                 local,
+                breaker: Breaker::new(),
+                blocked,
+                warnings: LogThrottle::new(LOG_INTERVAL),
             }),
         }
     }
@@ -393,16 +442,57 @@ impl RateLimiter {
 
     /// Checks `checks` for one call (all or nothing), with the timeout and the failure policy
     /// applied. `Err` only when the store failed and the policy is [`FailurePolicy::Deny`].
+    ///
+    /// Behaviour:
+    /// * a caller the store rejected recently is rejected from the blocked-caller cache (remote
+    ///   stores; see [`Settings::blocked_cache`]) without a round trip;
+    /// * otherwise the store is asked, for at most [`Settings::timeout`];
+    /// * a store error or a timeout is answered by the [`FailurePolicy`], and so are the checks
+    ///   made while the store is known to be failing (the breaker; see the module docs), until
+    ///   a probe finds the store answering again.
     pub async fn check(&self, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
-        let settings = &self.inner.settings;
-        let result =
-            match tokio::time::timeout(settings.timeout, self.inner.store.check(checks)).await {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout(settings.timeout)),
-            };
+        let inner = &*self.inner;
+        if let Some(blocked) = &inner.blocked
+            && let Some(verdict) = blocked.lookup(checks, tokio::time::Instant::now())
+        {
+            log_rejection(checks, &verdict, "blocked-cache");
+            return Ok(verdict);
+        }
+        let probe = match inner.breaker.gate() {
+            Gate::Open => return self.on_failure(checks, None).await,
+            Gate::Closed => None,
+            Gate::Probe(guard) => Some(guard),
+        };
+        let sent_at = tokio::time::Instant::now();
+        let timeout = inner.settings.timeout;
+        let result = match tokio::time::timeout(timeout, inner.store.check(checks)).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(timeout)),
+        };
         match result {
-            Ok(verdict) => Ok(verdict),
-            Err(error) => self.on_failure(checks, error).await,
+            Ok(verdict) => {
+                if inner.breaker.success() {
+                    let held_back = inner.warnings.reset();
+                    tracing::warn!(
+                        store = inner.store.name(),
+                        held_back,
+                        "rate-limit store answers again; checks use it again"
+                    );
+                }
+                drop(probe);
+                if !verdict.is_admitted() {
+                    if let Some(blocked) = &inner.blocked {
+                        blocked.record(checks, &verdict, sent_at);
+                    }
+                    log_rejection(checks, &verdict, inner.store.name());
+                }
+                Ok(verdict)
+            }
+            Err(error) => {
+                inner.breaker.failure(&error, probe.is_some());
+                drop(probe);
+                self.on_failure(checks, Some(error)).await
+            }
         }
     }
 
@@ -441,42 +531,99 @@ impl RateLimiter {
         })
     }
 
+    /// Answers a check the store could not: `error` is the failure of this check's own store
+    /// call, `None` when the breaker skipped the store.
     async fn on_failure(
         &self,
         checks: &[Check<'_>],
-        error: StoreError,
+        error: Option<StoreError>,
     ) -> Result<Verdict, StoreError> {
-        match self.inner.settings.failure_policy {
-            FailurePolicy::Allow => {
-                tracing::warn!(store = self.inner.store.name(), %error, "rate-limit store failed; call admitted (failure policy: allow)");
-                Ok(Verdict::new(
-                    checks
-                        .iter()
-                        .map(|c| {
-                            Decision::new(
-                                true,
-                                c.policy.capacity(),
-                                c.policy.capacity(),
-                                Duration::ZERO,
-                                Duration::ZERO,
-                            )
-                        })
-                        .collect(),
-                ))
-            }
-            FailurePolicy::Deny => {
-                tracing::warn!(store = self.inner.store.name(), %error, "rate-limit store failed; call rejected (failure policy: deny)");
-                Err(error)
-            }
-            FailurePolicy::Local => {
-                tracing::warn!(store = self.inner.store.name(), %error, "rate-limit store failed; checked in memory (failure policy: local)");
-                let local = self
-                    .inner
-                    .local
-                    .as_ref()
-                    .unwrap_or_else(|| unreachable!("built with the local policy"));
-                local.check(checks).await
+        let inner = &*self.inner;
+        let policy = inner.settings.failure_policy;
+        if let Some(held_back) = inner.warnings.permit() {
+            let store = inner.store.name();
+            let scope = checks.first().map_or("", |c| c.scope);
+            let policy_name = match policy {
+                FailurePolicy::Allow => "allow",
+                FailurePolicy::Deny => "deny",
+                FailurePolicy::Local => "local",
+            };
+            let action = match policy {
+                FailurePolicy::Allow => "calls are admitted",
+                FailurePolicy::Deny => "calls are rejected",
+                FailurePolicy::Local => "calls are checked in this process's memory",
+            };
+            match &error {
+                Some(error) => tracing::warn!(
+                    store,
+                    scope,
+                    policy = policy_name,
+                    %error,
+                    held_back,
+                    "rate-limit store failed; {action} until it answers again"
+                ),
+                None => tracing::warn!(
+                    store,
+                    scope,
+                    policy = policy_name,
+                    error = %inner.breaker.last_error(),
+                    held_back,
+                    "rate-limit store still failing; {action} until it answers again"
+                ),
             }
         }
+        match policy {
+            FailurePolicy::Allow => Ok(Verdict::new(
+                checks
+                    .iter()
+                    .map(|c| {
+                        let capacity = c.policy.capacity();
+                        Decision::new(true, capacity, capacity, Duration::ZERO, Duration::ZERO)
+                    })
+                    .collect(),
+            )),
+            FailurePolicy::Deny => Err(error.unwrap_or_else(|| inner.breaker.last_error())),
+            FailurePolicy::Local => {
+                let Some(local) = &inner.local else {
+                    // Built with another policy (cannot happen: the policy is fixed at build).
+                    return Err(error.unwrap_or_else(|| inner.breaker.last_error()));
+                };
+                let verdict = local.check(checks).await?;
+                if !verdict.is_admitted() {
+                    log_rejection(checks, &verdict, "local");
+                }
+                Ok(verdict)
+            }
+        }
+    }
+
+    /// Whether the store failed and has not answered since (checks get the failure policy's
+    /// answer).
+    pub fn store_failing(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+}
+
+/// A debug event for a rejection: the scope of the binding limit and the wait, never the key.
+fn log_rejection(checks: &[Check<'_>], verdict: &Verdict, source: &str) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let binding = verdict
+        .decisions()
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| !d.admitted)
+        .max_by_key(|(_, d)| d.retry_after);
+    if let Some((i, d)) = binding {
+        let scope = checks.get(i).map_or("", |c| c.scope);
+        let retry_after_ms = d.retry_after.unwrap_or_default().as_millis();
+        tracing::debug!(
+            scope,
+            source,
+            limit = d.limit,
+            retry_after_ms,
+            "rate limit exceeded"
+        );
     }
 }
