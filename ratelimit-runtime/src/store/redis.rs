@@ -1,32 +1,443 @@
-//! The Redis store. (Skeleton: filled in by the Redis-store work.)
+//! The Redis store: one server, one `EVALSHA` per check, whatever the number of stacked limits.
+//!
+//! # Behaviour
+//!
+//! * **Atomic.** Each check is one Lua script (`src/scripts/*.lua`) that reads the server's
+//!   clock (`TIME`, in microseconds), evaluates every limit of the call, and writes only when
+//!   all of them admit it: a rejected call leaves every key byte-for-byte as it was.
+//! * **One round trip.** The scripts are loaded once (at [`RedisStore::connect`], or on the
+//!   first check) and invoked by their SHA1 with `EVALSHA`; after a `NOSCRIPT` (a restarted or
+//!   flushed server) the script is loaded again and the call repeated once.
+//! * **TTL on every key.** No key outlives its state: fixed = the window's end, sliding = newest
+//!   entry + period, token = time until full, leaky = time until empty. A key is never created
+//!   without its TTL in the same command.
+//! * **Shared connection.** A [`redis::aio::ConnectionManager`]: one multiplexed connection per
+//!   store, shared by every task, reconnecting by itself after the server restarts or the
+//!   connection drops.
+//!
+//! # URLs
+//!
+//! `redis://[<user>][:<password>@]<host>[:<port>][/<db>]`, handled by the `redis` crate: a
+//! username and password in the URL are sent with `AUTH` (percent-encode special characters).
+//! `rediss://…` is TLS and needs this crate's **`tls`** feature (rustls, with the system's
+//! root certificates; `rediss://host/#insecure` skips certificate checks). `unix:///path` and
+//! `redis+unix:///path` reach a Unix socket.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ratelimit_runtime::ConfigError> {
+//! use ratelimit_runtime::{RateLimiter, RedisStore};
+//!
+//! let store = RedisStore::connect("redis://:secret@127.0.0.1:6379/0").await?;
+//! let limiter = RateLimiter::builder().store(store).build().await?;
+//! # let _ = limiter; Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, Script, Value};
+use tokio::sync::OnceCell;
 
 use super::{Check, Store, StoreFuture};
-use crate::error::ConfigError;
+use crate::error::{ConfigError, StoreError};
+use crate::policy::{Algorithm, Decision, Verdict};
 
-/// One Redis server, one `EVALSHA` per check.
-#[derive(Debug)]
-pub struct RedisStore {}
+const PRELUDE: &str = include_str!("../scripts/prelude.lua");
+const FIXED: &str = include_str!("../scripts/fixed.lua");
+const SLIDING: &str = include_str!("../scripts/sliding.lua");
+const LEAKY: &str = include_str!("../scripts/leaky.lua");
+const TOKEN: &str = include_str!("../scripts/token.lua");
+const DRIVER: &str = include_str!("../scripts/driver.lua");
 
-impl RedisStore {
-    /// Parses `url` and connects; loads the scripts.
-    pub async fn connect(url: &str) -> Result<Self, ConfigError> {
-        let _ = url;
-        todo!()
+fn source(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::Fixed => FIXED,
+        Algorithm::Sliding => SLIDING,
+        Algorithm::Leaky => LEAKY,
+        Algorithm::Token => TOKEN,
+    }
+}
+
+/// The scripts: one per algorithm (prelude + that algorithm + driver) and one with all four,
+/// for calls that stack different algorithms. Each is hashed once.
+struct Scripts {
+    single: [Script; 4],
+    combined: Script,
+}
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    single: Algorithm::ALL.map(|a| Script::new(&[PRELUDE, source(a), DRIVER].concat())),
+    combined: Script::new(&[PRELUDE, FIXED, SLIDING, LEAKY, TOKEN, DRIVER].concat()),
+});
+
+impl Scripts {
+    /// The smallest script that knows every algorithm in `checks`.
+    fn for_checks(&self, checks: &[Check<'_>]) -> &Script {
+        let Some(first) = checks.first() else {
+            return &self.combined;
+        };
+        let algorithm = first.policy.algorithm();
+        if checks.iter().all(|c| c.policy.algorithm() == algorithm) {
+            &self.single[usize::from(algorithm.code() - 1)]
+        } else {
+            &self.combined
+        }
     }
 
-    /// Parses `url`; connects at the first check.
+    fn all(&self) -> impl Iterator<Item = &Script> {
+        self.single.iter().chain(std::iter::once(&self.combined))
+    }
+}
+
+/// Loads every script into the server's script cache (`SCRIPT LOAD`), so that the first
+/// checks need no `NOSCRIPT` round trip.
+pub(crate) async fn load_scripts<C>(conn: &mut C) -> Result<(), redis::RedisError>
+where
+    C: ConnectionLike + Send,
+{
+    for script in SCRIPTS.all() {
+        script.load_async(conn).await?;
+    }
+    Ok(())
+}
+
+/// Checks every limit of one call in one script invocation (`EVALSHA`, plus a `SCRIPT LOAD`
+/// and a second `EVALSHA` after `NOSCRIPT`).
+///
+/// Generic over the connection so that any Redis deployment whose connection sends all keys of
+/// the call to one node (a single server, or a cluster with hash-tagged keys) reuses it.
+pub(crate) async fn eval_checks<C>(
+    conn: &mut C,
+    checks: &[Check<'_>],
+) -> Result<Verdict, StoreError>
+where
+    C: ConnectionLike + Send,
+{
+    if checks.is_empty() {
+        return Ok(Verdict::new(Vec::new()));
+    }
+    let mut invocation = SCRIPTS.for_checks(checks).prepare_invoke();
+    for check in checks {
+        let p = check.policy;
+        invocation
+            .key(check.key)
+            .arg(p.algorithm().code())
+            .arg(p.limit())
+            .arg(p.period_ms().saturating_mul(1000))
+            .arg(p.burst())
+            .arg(p.cost());
+    }
+    let reply: Value = invocation.invoke_async(conn).await?;
+    parse_reply(&reply, checks)
+}
+
+/// Reads the script's reply: one `[admitted, remaining, reset_after_us, retry_after_us]` per
+/// check, every element an integer in range. Anything else is [`StoreError::BadReply`].
+pub(crate) fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
+    let bad = |what: String| StoreError::BadReply(what);
+    let Value::Array(rows) = reply else {
+        return Err(bad(format!("expected an array, got {reply:?}")));
+    };
+    if rows.len() != checks.len() {
+        return Err(bad(format!(
+            "expected {} decisions, got {}",
+            checks.len(),
+            rows.len()
+        )));
+    }
+    let int = |v: &Value| -> Result<u64, StoreError> {
+        match v {
+            Value::Int(n) => u64::try_from(*n).map_err(|_| bad(format!("negative number {n}"))),
+            other => Err(bad(format!("expected an integer, got {other:?}"))),
+        }
+    };
+    let decisions = rows
+        .iter()
+        .zip(checks)
+        .map(|(row, check)| {
+            let Value::Array(fields) = row else {
+                return Err(bad(format!("expected a decision array, got {row:?}")));
+            };
+            let [admitted, remaining, reset_us, retry_us] = fields.as_slice() else {
+                return Err(bad(format!(
+                    "expected 4 numbers per decision, got {}",
+                    fields.len()
+                )));
+            };
+            let admitted = match int(admitted)? {
+                0 => false,
+                1 => true,
+                n => return Err(bad(format!("admitted must be 0 or 1, got {n}"))),
+            };
+            let limit = check.policy.capacity();
+            let remaining = int(remaining)?;
+            if remaining > limit {
+                return Err(bad(format!(
+                    "remaining {remaining} is larger than the limit {limit}"
+                )));
+            }
+            Ok(Decision::new(
+                admitted,
+                limit,
+                remaining,
+                Duration::from_micros(int(reset_us)?),
+                Duration::from_micros(int(retry_us)?),
+            ))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Verdict::new(decisions))
+}
+
+/// Parses a Redis URL into a client, with errors that never repeat the URL (it may hold a
+/// password).
+fn client(url: &str) -> Result<Client, ConfigError> {
+    let url = url.trim();
+    if url.is_empty() {
+        return Err(ConfigError::InvalidUrl("the URL is empty".to_owned()));
+    }
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(ConfigError::InvalidUrl(
+            "expected redis://[user][:password@]host[:port][/db], rediss://… (TLS) or unix:///path"
+                .to_owned(),
+        ));
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "redis" | "valkey" | "unix" | "redis+unix" | "valkey+unix" => {}
+        "rediss" | "valkeys" => {
+            if !cfg!(feature = "tls") {
+                return Err(ConfigError::InvalidUrl(
+                    "rediss:// (TLS) needs the `tls` feature: ratelimit-runtime = { version = \"…\", features = [\"tls\"] }"
+                        .to_owned(),
+                ));
+            }
+        }
+        other => {
+            let shown: String = other.chars().take(16).collect();
+            return Err(ConfigError::InvalidUrl(format!(
+                "unsupported scheme `{shown}`: expected redis://, rediss:// (TLS) or unix://"
+            )));
+        }
+    }
+    Client::open(url).map_err(|e| {
+        // The redis crate's messages name the problem, not the URL; a detail quoting part of
+        // the URL is blanked all the same.
+        let mut message = e.to_string();
+        if let Some(detail) = e.detail().filter(|d| !d.is_empty() && url.contains(d)) {
+            message = message.replace(detail, "…");
+        }
+        ConfigError::InvalidUrl(message)
+    })
+}
+
+/// How the connection manager connects and reconnects: a few quick retries with a short
+/// backoff, so an unreachable server is reported within seconds and a restarted one is found
+/// again quickly. Each check is bounded by the limiter's own timeout on top of this.
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_millis(500))
+}
+
+async fn connect_manager(client: Client) -> Result<ConnectionManager, redis::RedisError> {
+    let mut manager = ConnectionManager::new_with_config(client, manager_config()).await?;
+    load_scripts(&mut manager).await?;
+    Ok(manager)
+}
+
+/// One Redis server, one `EVALSHA` per check (see the [module docs](self) for the behaviour and
+/// the accepted URLs).
+///
+/// Cheap to share: wrap it in an `Arc` or hand it to [`crate::Builder::store`].
+pub struct RedisStore {
+    client: Option<Client>,
+    manager: OnceCell<ConnectionManager>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The client's connection info holds the password: never print it.
+        f.debug_struct("RedisStore")
+            .field("connected", &self.manager.initialized())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Parses `url`, connects and loads the scripts.
+    ///
+    /// A malformed URL is [`ConfigError::InvalidUrl`] (the message never repeats the URL); a
+    /// server that does not answer, or refuses the credentials, is [`ConfigError::Unreachable`].
+    pub async fn connect(url: &str) -> Result<Self, ConfigError> {
+        let client = client(url)?;
+        let manager = connect_manager(client.clone())
+            .await
+            .map_err(|e| ConfigError::Unreachable(e.to_string()))?;
+        Ok(Self {
+            client: Some(client),
+            manager: OnceCell::new_with(Some(manager)),
+        })
+    }
+
+    /// Parses `url` and returns at once; the store connects at its first check. A failed
+    /// connection fails that check (the limiter's failure policy decides) and is tried again
+    /// by the next one.
+    ///
+    /// ```
+    /// use ratelimit_runtime::RedisStore;
+    /// assert!(RedisStore::lazy("redis://127.0.0.1:6379").is_ok());
+    /// assert!(RedisStore::lazy("127.0.0.1:6379").is_err());
+    /// ```
     pub fn lazy(url: &str) -> Result<Self, ConfigError> {
-        let _ = url;
-        todo!()
+        Ok(Self {
+            client: Some(client(url)?),
+            manager: OnceCell::new(),
+        })
+    }
+
+    /// A store on a connection manager the application built itself (to tune its timeouts or
+    /// retries). The scripts are loaded by the first check that needs them.
+    pub fn from_connection_manager(manager: ConnectionManager) -> Self {
+        Self {
+            client: None,
+            manager: OnceCell::new_with(Some(manager)),
+        }
+    }
+
+    async fn manager(&self) -> Result<ConnectionManager, StoreError> {
+        self.manager
+            .get_or_try_init(|| async {
+                match &self.client {
+                    Some(client) => connect_manager(client.clone()).await,
+                    // `from_connection_manager` fills the cell at construction.
+                    None => Err(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "no connection manager",
+                    ))),
+                }
+            })
+            .await
+            .cloned()
+            .map_err(StoreError::from)
     }
 }
 
 impl Store for RedisStore {
-    fn check<'a>(&'a self, _checks: &'a [Check<'a>]) -> StoreFuture<'a> {
-        todo!()
+    fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        Box::pin(async move {
+            let mut conn = self.manager().await?;
+            eval_checks(&mut conn, checks).await
+        })
     }
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Policy;
+
+    fn policy(a: Algorithm) -> Policy {
+        Policy::new(a, 5, Duration::from_secs(1)).unwrap()
+    }
+
+    #[test]
+    fn malformed_replies_are_errors_not_panics() {
+        let p = policy(Algorithm::Fixed);
+        let checks = [Check::new("k", &p)];
+        let row = |v: Vec<Value>| Value::Array(vec![Value::Array(v)]);
+        let cases = [
+            Value::Nil,
+            Value::Int(1),
+            Value::Array(vec![]),
+            row(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
+            row(vec![
+                Value::Int(2),
+                Value::Int(2),
+                Value::Int(3),
+                Value::Int(0),
+            ]),
+            row(vec![
+                Value::Int(1),
+                Value::Int(-1),
+                Value::Int(3),
+                Value::Int(0),
+            ]),
+            row(vec![
+                Value::Int(1),
+                Value::Int(6),
+                Value::Int(3),
+                Value::Int(0),
+            ]),
+            row(vec![
+                Value::Int(1),
+                Value::BulkString(b"2".to_vec()),
+                Value::Int(3),
+                Value::Int(0),
+            ]),
+        ];
+        for case in cases {
+            assert!(
+                matches!(parse_reply(&case, &checks), Err(StoreError::BadReply(_))),
+                "{case:?}"
+            );
+        }
+        let ok = row(vec![
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(1500),
+            Value::Int(700),
+        ]);
+        let v = parse_reply(&ok, &checks).unwrap();
+        let d = v.decisions()[0];
+        assert!(!d.admitted);
+        assert_eq!(d.limit, 5);
+        assert_eq!(d.reset_after, Duration::from_micros(1500));
+        assert_eq!(d.retry_after, Some(Duration::from_micros(700)));
+    }
+
+    #[test]
+    fn one_script_per_algorithm_and_one_for_mixed_calls() {
+        let (f, t) = (policy(Algorithm::Fixed), policy(Algorithm::Token));
+        let same = [Check::new("a", &t), Check::new("b", &t)];
+        let mixed = [Check::new("a", &t), Check::new("b", &f)];
+        assert_eq!(
+            SCRIPTS.for_checks(&same).get_hash(),
+            SCRIPTS.single[3].get_hash()
+        );
+        assert_eq!(
+            SCRIPTS.for_checks(&mixed).get_hash(),
+            SCRIPTS.combined.get_hash()
+        );
+    }
+
+    #[test]
+    fn url_errors_are_clear_and_never_echo_the_password() {
+        for url in [
+            "",
+            "localhost:6379",
+            "http://user:hunter2@host",
+            "redis://user:hunter2@",
+            "redis://:hunter2@host:notaport",
+            "redis://:hunter2@host/notadb",
+        ] {
+            match RedisStore::lazy(url) {
+                Err(ConfigError::InvalidUrl(m)) => assert!(!m.contains("hunter2"), "{m}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        if !cfg!(feature = "tls") {
+            let Err(ConfigError::InvalidUrl(m)) = RedisStore::lazy("rediss://host") else {
+                panic!("rediss without the tls feature must be rejected");
+            };
+            assert!(m.contains("`tls` feature"), "{m}");
+        }
+        assert!(RedisStore::lazy("redis://user:pw@127.0.0.1:6380/2").is_ok());
     }
 }

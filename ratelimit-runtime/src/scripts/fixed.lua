@@ -1,0 +1,48 @@
+-- fixed window (code 1): one string counter whose TTL is the window's end.
+--
+-- The window starts at the first ADMITTED call and lasts `period`: it is created
+-- by `SET key cost PX period` (value and TTL in one command, so the counter can
+-- never be left immortal) and later calls `INCRBY` it, which keeps the TTL; the
+-- TTL is never moved. A rejected call writes nothing.
+ALGOS[1] = {
+  evaluate = function(key, p)
+    local count = 0
+    local left_us = 0
+    local live = false
+    local value = redis.call('GET', key)
+    if value then
+      local pttl = redis.call('PTTL', key)
+      -- A counter without a TTL (written by someone else) or about to expire is
+      -- treated as no window: an admitted call replaces it with a fresh one.
+      if pttl > 0 then
+        local n = tonumber(value)
+        if n ~= nil and n >= 0 then
+          live = true
+          count = n
+          left_us = pttl * 1000
+        end
+      end
+    end
+    local admitted = count + p.cost <= p.limit
+    local d = {
+      admitted = admitted,
+      now_remaining = p.limit - count,
+      now_reset = left_us,
+      after_remaining = p.limit - count - p.cost,
+      after_reset = live and left_us or p.period,
+      retry = 0,
+      write = live,
+    }
+    if not admitted then
+      d.retry = left_us
+    end
+    return d
+  end,
+  commit = function(key, p, d)
+    if d.write then
+      redis.call('INCRBY', key, int(p.cost))
+    else
+      redis.call('SET', key, int(p.cost), 'PX', int(p.period / 1000))
+    end
+  end,
+}

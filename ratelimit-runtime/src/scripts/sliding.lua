@@ -1,0 +1,59 @@
+-- sliding log (code 2): a sorted set of admission times (score = µs).
+--
+-- Admitted calls are the entries t with now - period < t. Scores strictly
+-- increase (a call in the same µs as the newest entry is written at newest + 1
+-- µs) and the member is the score as a string, so two calls in the same
+-- millisecond, or microsecond, are two entries. Expired entries are trimmed
+-- only by an admitted call (a rejected call writes nothing), so the set never
+-- holds more than `limit` entries. The TTL is newest + period.
+ALGOS[2] = {
+  evaluate = function(key, p)
+    local floor = now - p.period
+    local n = redis.call('ZCOUNT', key, '(' .. int(floor), '+inf')
+    local newest = nil
+    if n > 0 then
+      local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      newest = tonumber(last[2])
+    end
+    local admitted = n + p.cost <= p.limit
+    local first = now
+    if newest ~= nil and newest >= now then
+      first = newest + 1
+    end
+    local after_newest = first + p.cost - 1
+    local d = {
+      admitted = admitted,
+      now_remaining = p.limit - n,
+      now_reset = newest and math.max(newest + p.period - now, 0) or 0,
+      after_remaining = p.limit - n - p.cost,
+      after_reset = after_newest + p.period - now,
+      retry = 0,
+      write = { first = first, floor = floor, newest = after_newest },
+    }
+    if not admitted then
+      -- The call fits once the (n + cost - limit)-th oldest live entry expires.
+      local k = n + p.cost - p.limit
+      local entry = redis.call('ZRANGEBYSCORE', key, '(' .. int(floor), '+inf', 'WITHSCORES', 'LIMIT', int(k - 1), 1)
+      d.retry = math.max(tonumber(entry[2]) + p.period - now, 0)
+    end
+    return d
+  end,
+  commit = function(key, p, d)
+    local w = d.write
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(w.floor))
+    -- ZADD in batches: `unpack` is bounded by Lua's C stack.
+    local i = 0
+    while i < p.cost do
+      local args = {}
+      local last = math.min(i + 500, p.cost)
+      while i < last do
+        local score = int(w.first + i)
+        args[#args + 1] = score
+        args[#args + 1] = score
+        i = i + 1
+      end
+      redis.call('ZADD', key, unpack(args))
+    end
+    redis.call('PEXPIRE', key, ttl_ms(w.newest + p.period - now))
+  end,
+}
