@@ -14,6 +14,7 @@
 use crate::error::RateLimitError;
 use crate::key;
 use crate::limiter::RateLimiter;
+pub use crate::http::{HttpCaller, Limited, RequireActix, RequireAxum, RequireHttp, check_http};
 pub use crate::policy::{Algorithm, Policy};
 use crate::store::Check;
 

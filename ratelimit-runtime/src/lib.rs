@@ -13,6 +13,7 @@
 //! integrations.
 
 pub mod error;
+pub mod http;
 pub mod key;
 pub mod limiter;
 pub mod net;
@@ -23,6 +24,7 @@ pub mod store;
 pub mod __private;
 
 pub use error::{ConfigError, RateLimitError, StoreError};
+pub use http::UserId;
 pub use limiter::{Builder, FailurePolicy, HeaderStyle, RateLimiter, Settings};
 pub use net::IpNet;
 pub use policy::{Algorithm, Decision, Policy, PolicyError, Verdict};

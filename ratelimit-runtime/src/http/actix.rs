@@ -1,0 +1,78 @@
+//! Actix-web 4: `HttpCaller` is a `FromRequest`, `Limited<T>` a `Responder`.
+
+use std::future::{Ready, ready};
+
+use actix_web::body::EitherBody;
+use actix_web::dev::Payload;
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, Responder, web};
+
+use super::UserId;
+use super::caller::{Framework, HttpCaller, Limited, Outcome};
+use super::response::{Fields, Refusal};
+use crate::limiter::RateLimiter;
+
+impl FromRequest for HttpCaller {
+    type Error = actix_web::Error;
+    type Future = Ready<Result<Self, Self::Error>>;
+
+    fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
+        // actix-web 4 speaks `http` 0.2: the headers are copied into `http` 1 types.
+        let mut headers = http::HeaderMap::with_capacity(req.headers().len());
+        for (name, value) in req.headers() {
+            if let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(name.as_str().as_bytes()),
+                http::HeaderValue::from_bytes(value.as_bytes()),
+            ) {
+                headers.append(name, value);
+            }
+        }
+        let limiter = req.app_data::<RateLimiter>().cloned().or_else(|| {
+            req.app_data::<web::Data<RateLimiter>>()
+                .map(|data| RateLimiter::clone(data))
+        });
+        ready(Ok(Self {
+            peer: req.peer_addr().map(|addr| addr.ip()),
+            path: http::uri::PathAndQuery::try_from(req.path()).ok(),
+            headers,
+            user: req.extensions().get::<UserId>().cloned(),
+            limiter,
+            framework: Framework::Actix,
+        }))
+    }
+}
+
+fn refusal_response(refusal: Refusal) -> HttpResponse {
+    let status = StatusCode::from_u16(refusal.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = HttpResponse::build(status);
+    response.insert_header((header::CONTENT_TYPE, "application/json"));
+    let mut response = response.body(refusal.body);
+    add_fields(&mut response, refusal.fields);
+    response
+}
+
+fn add_fields<B>(response: &mut HttpResponse<B>, fields: Fields) {
+    for (name, value) in fields {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            response
+                .headers_mut()
+                .insert(HeaderName::from_static(name), value);
+        }
+    }
+}
+
+impl<T: Responder> Responder for Limited<T> {
+    type Body = EitherBody<T::Body>;
+
+    fn respond_to(self, req: &HttpRequest) -> HttpResponse<Self::Body> {
+        match self.0 {
+            Outcome::Admitted(inner, fields) => {
+                let mut response = inner.respond_to(req);
+                add_fields(&mut response, fields);
+                response.map_into_left_body()
+            }
+            Outcome::Refused(refusal) => refusal_response(refusal).map_into_right_body(),
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Axum 0.8: `HttpCaller` is a `FromRequestParts`, `Limited<T>` an `IntoResponse`.
+
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::UserId;
+use super::caller::{Framework, HttpCaller, Limited, Outcome};
+use super::response::{Fields, Refusal};
+use crate::limiter::RateLimiter;
+
+impl<S: Send + Sync> FromRequestParts<S> for HttpCaller {
+    /// Never used: the extractor does not fail; `check_http` answers for missing parts.
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self {
+            peer: parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|ConnectInfo(addr)| addr.ip()),
+            path: parts.uri.path_and_query().cloned(),
+            headers: parts.headers.clone(),
+            user: parts.extensions.get::<UserId>().cloned(),
+            limiter: parts.extensions.get::<RateLimiter>().cloned(),
+            framework: Framework::Axum,
+        })
+    }
+}
+
+fn add_fields(headers: &mut HeaderMap, fields: Fields) {
+    for (name, value) in fields {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = (
+            status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            self.body,
+        )
+            .into_response();
+        add_fields(response.headers_mut(), self.fields);
+        response
+    }
+}
+
+impl<T: IntoResponse> IntoResponse for Limited<T> {
+    fn into_response(self) -> Response {
+        match self.0 {
+            Outcome::Admitted(inner, fields) => {
+                let mut response = inner.into_response();
+                add_fields(response.headers_mut(), fields);
+                response
+            }
+            Outcome::Refused(refusal) => refusal.into_response(),
+        }
+    }
+}

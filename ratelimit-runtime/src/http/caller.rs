@@ -1,0 +1,343 @@
+//! The hidden extractor, the check and the response wrapper of HTTP-mode handlers.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::UserId;
+use super::ip;
+use super::response::{Fields, Refusal, rate_fields};
+use crate::__private::{By, Limit};
+use crate::key;
+use crate::limiter::{RateLimiter, Settings};
+use crate::store::Check;
+
+/// Which framework a request came through (for the message of a missing peer address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framework {
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    Axum,
+    #[cfg_attr(not(feature = "actix"), allow(dead_code))]
+    Actix,
+}
+
+/// What a limited handler needs from its request, captured by the hidden extractor that
+/// `#[rate_limit]` puts in front of the handler's parameters: the peer address, the path, the
+/// headers, the [`UserId`] and the limiter found in the request, if any.
+///
+/// An Axum `FromRequestParts` (feature `axum`) and an Actix-web `FromRequest` (feature
+/// `actix`); it never rejects a request by itself — [`check_http`] decides.
+pub struct HttpCaller {
+    pub(crate) peer: Option<IpAddr>,
+    pub(crate) path: Option<http::uri::PathAndQuery>,
+    pub(crate) headers: http::HeaderMap,
+    pub(crate) user: Option<UserId>,
+    pub(crate) limiter: Option<RateLimiter>,
+    pub(crate) framework: Framework,
+}
+
+impl fmt::Debug for HttpCaller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Headers may hold credentials: not printed.
+        f.debug_struct("HttpCaller")
+            .field("peer", &self.peer)
+            .field("path", &self.path())
+            .field("user", &self.user)
+            .field("framework", &self.framework)
+            .finish_non_exhaustive()
+    }
+}
+
+static MISSING_CONNECT_INFO_LOGGED: AtomicBool = AtomicBool::new(false);
+
+const MISSING_CONNECT_INFO: &str = "rate limiting by IP needs the client address, which this request does not carry: \
+     serve the router with `into_make_service_with_connect_info::<SocketAddr>()`, e.g. \
+     `axum::serve(listener, app.into_make_service_with_connect_info::<std::net::SocketAddr>())`";
+
+const MISSING_PEER_ADDR: &str = "rate limiting by IP needs the peer address of the connection, which this request does not carry \
+     (a test request? set it with `TestRequest::peer_addr`)";
+
+impl HttpCaller {
+    fn path(&self) -> &str {
+        self.path
+            .as_ref()
+            .map_or("/", http::uri::PathAndQuery::path)
+    }
+
+    /// The first value of header `name`, unless it is blank.
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        let value = self.headers.get(name)?.as_bytes();
+        (!value.trim_ascii().is_empty()).then_some(value)
+    }
+
+    /// The value `by` identifies this caller with (`None` for `global`), or the response that
+    /// replaces the handler's when the request lacks it.
+    fn by_value(&self, by: By, settings: &Settings) -> Result<Option<Cow<'_, [u8]>>, Refusal> {
+        Ok(Some(match by {
+            By::Global => return Ok(None),
+            By::Ip => {
+                let Some(peer) = self.peer else {
+                    return Err(self.missing_peer());
+                };
+                let client = ip::client_ip(peer, &self.headers, settings);
+                Cow::Owned(ip::bucket(client, settings).into_bytes())
+            }
+            By::Url => Cow::Borrowed(self.path().as_bytes()),
+            By::User => match &self.user {
+                Some(user) if !user.as_str().is_empty() => Cow::Borrowed(user.as_str().as_bytes()),
+                _ => {
+                    return Err(Refusal::new(
+                        401,
+                        "unauthorized",
+                        "user info empty: this endpoint is limited per user and the request carries no authenticated user",
+                    ));
+                }
+            },
+            By::AppId => match self.header("appid") {
+                Some(v) => Cow::Borrowed(v),
+                None => {
+                    return Err(Refusal::new(400, "bad_request", "appId must not be empty"));
+                }
+            },
+            By::Header(name) => match self.header(name) {
+                Some(v) => Cow::Borrowed(v),
+                None => {
+                    return Err(Refusal::new(
+                        400,
+                        "bad_request",
+                        &format!("header {name} must not be empty"),
+                    ));
+                }
+            },
+        }))
+    }
+
+    fn missing_peer(&self) -> Refusal {
+        let message = match self.framework {
+            Framework::Axum => MISSING_CONNECT_INFO,
+            Framework::Actix => MISSING_PEER_ADDR,
+        };
+        if !MISSING_CONNECT_INFO_LOGGED.swap(true, Ordering::Relaxed) {
+            tracing::error!("{message}");
+        }
+        Refusal::new(500, "internal_error", message)
+    }
+
+    /// The store keys of `limits` for this caller.
+    fn keys(
+        &self,
+        settings: &Settings,
+        limits: &[Limit],
+        templates: &[Option<&str>],
+    ) -> Result<Vec<String>, Refusal> {
+        limits
+            .iter()
+            .enumerate()
+            .map(|(i, limit)| {
+                let by = self.by_value(limit.by, settings)?;
+                let mut parts: [&[u8]; 2] = [&[], &[]];
+                let mut n = 0;
+                if let Some(Some(t)) = templates.get(i) {
+                    parts[n] = t.as_bytes();
+                    n += 1;
+                }
+                if let Some(b) = &by {
+                    parts[n] = b;
+                    n += 1;
+                }
+                Ok(key::build(
+                    &settings.prefix,
+                    limit.scope,
+                    &parts[..n],
+                    &limit.policy,
+                ))
+            })
+            .collect()
+    }
+}
+
+/// What a limited handler returns: the handler's own response with the rate-limit fields
+/// added, or the response that replaced it (429, 503, or 400/401/500 when the request lacks
+/// what a limit is `by`).
+///
+/// An Axum `IntoResponse` when `T` is one (feature `axum`) and an Actix-web `Responder` when
+/// `T` is one (feature `actix`).
+pub struct Limited<T>(pub(crate) Outcome<T>);
+
+pub(crate) enum Outcome<T> {
+    Admitted(T, Fields),
+    Refused(Refusal),
+}
+
+impl<T> Limited<T> {
+    /// The status of the response that replaced the handler's, or `None` when the handler ran.
+    pub fn refused_status(&self) -> Option<u16> {
+        match &self.0 {
+            Outcome::Admitted(..) => None,
+            Outcome::Refused(r) => Some(r.status),
+        }
+    }
+
+    /// The handler's output, when it ran.
+    pub fn into_inner(self) -> Option<T> {
+        match self.0 {
+            Outcome::Admitted(t, _) => Some(t),
+            Outcome::Refused(_) => None,
+        }
+    }
+}
+
+impl<T> fmt::Debug for Limited<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Outcome::Admitted(_, fields) => f
+                .debug_struct("Limited::Admitted")
+                .field("fields", fields)
+                .finish_non_exhaustive(),
+            Outcome::Refused(r) => f.debug_tuple("Limited::Refused").field(r).finish(),
+        }
+    }
+}
+
+/// Checks every limit of a handler for one request (one store round trip), then runs the
+/// handler and adds the rate-limit fields to its response, or answers 429 (quota spent), 503
+/// (store down under the deny failure policy) or 400/401/500 (the request lacks what a limit
+/// is `by`) without running it.
+///
+/// `templates[i]` is the rendered `key` template of `limits[i]`, if it has one.
+pub async fn check_http<F, Fut>(
+    limits: &'static [Limit],
+    caller: HttpCaller,
+    templates: &[Option<&str>],
+    handler: F,
+) -> Limited<Fut::Output>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future,
+{
+    if limits.is_empty() {
+        return Limited(Outcome::Admitted(handler().await, Vec::new()));
+    }
+    let limiter = match &caller.limiter {
+        Some(l) => l.clone(),
+        None => RateLimiter::current(),
+    };
+    let settings = limiter.settings();
+    let keys = match caller.keys(settings, limits, templates) {
+        Ok(keys) => keys,
+        Err(refusal) => return Limited(Outcome::Refused(refusal)),
+    };
+    drop(caller);
+    let checks: Vec<Check<'_>> = limits
+        .iter()
+        .zip(&keys)
+        .map(|(l, k)| Check::new(k, &l.policy).with_scope(l.scope))
+        .collect();
+    let verdict = limiter.check(&checks).await;
+    drop(checks);
+    match verdict {
+        Ok(v) if v.is_admitted() => {
+            let fields = rate_fields(limits, &v, settings.header_style);
+            Limited(Outcome::Admitted(handler().await, fields))
+        }
+        Ok(v) => Limited(Outcome::Refused(Refusal::too_many_requests(
+            limits, &v, settings,
+        ))),
+        Err(_) => Limited(Outcome::Refused(Refusal::store_unavailable())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Algorithm, Policy};
+
+    fn caller(headers: &[(&str, &[u8])]) -> HttpCaller {
+        let mut map = http::HeaderMap::new();
+        for (n, v) in headers {
+            map.append(
+                http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                http::HeaderValue::from_bytes(v).unwrap(),
+            );
+        }
+        HttpCaller {
+            peer: Some("192.0.2.1".parse().unwrap()),
+            path: Some(http::uri::PathAndQuery::from_static("/a/b?q=1")),
+            headers: map,
+            user: None,
+            limiter: None,
+            framework: Framework::Axum,
+        }
+    }
+
+    fn limit(by: By) -> Limit {
+        Limit {
+            policy: Policy::from_parts(Algorithm::Fixed, 1, 1000, 1, 1).unwrap(),
+            scope: "s",
+            by,
+        }
+    }
+
+    #[test]
+    fn sources_read_the_request() {
+        let s = Settings::default();
+        let c = caller(&[("appId", b" a1 "), ("x-key", b"k")]);
+        let v = |by| c.by_value(by, &s).unwrap().map(Cow::into_owned);
+        assert_eq!(v(By::Global), None);
+        assert_eq!(v(By::Ip), Some(b"192.0.2.1".to_vec()));
+        assert_eq!(v(By::Url), Some(b"/a/b".to_vec()));
+        assert_eq!(v(By::AppId), Some(b" a1 ".to_vec()));
+        assert_eq!(v(By::Header("x-key")), Some(b"k".to_vec()));
+    }
+
+    #[test]
+    fn missing_sources_are_client_errors_with_a_message() {
+        let s = Settings::default();
+        let mut c = caller(&[("appid", b"  "), ("x-key", b"")]);
+        let status = |c: &HttpCaller, by| c.by_value(by, &s).unwrap_err();
+        assert_eq!(status(&c, By::User).status, 401);
+        let r = status(&c, By::AppId);
+        assert_eq!(r.status, 400);
+        assert!(r.body.contains("appId must not be empty"), "{}", r.body);
+        let r = status(&c, By::Header("x-key"));
+        assert!(
+            r.body.contains("header x-key must not be empty"),
+            "{}",
+            r.body
+        );
+        let r = status(&c, By::Header("x-other"));
+        assert!(r.body.contains("x-other"), "{}", r.body);
+        c.user = Some(UserId::new(""));
+        assert_eq!(status(&c, By::User).status, 401);
+        c.peer = None;
+        let r = status(&c, By::Ip);
+        assert_eq!(r.status, 500);
+        assert!(r.body.contains("into_make_service_with_connect_info"));
+    }
+
+    #[test]
+    fn header_values_of_any_content_give_bounded_distinct_keys() {
+        let s = Settings::default();
+        let limits = [limit(By::Header("x-k"))];
+        let values: Vec<Vec<u8>> = vec![
+            vec![b'a'; 10 * 1024],
+            vec![b'a'; 10 * 1024 - 1],
+            b"{".to_vec(),
+            b"}".to_vec(),
+            b"a:b".to_vec(),
+            b"a}:{b".to_vec(),
+            b"\xff\xfe".to_vec(),
+            b"\xff\xfd".to_vec(),
+            b"plain".to_vec(),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for v in &values {
+            let key = caller(&[("x-k", v)]).keys(&s, &limits, &[None]).unwrap();
+            assert!(key[0].len() < 100, "{}", key[0]);
+            assert_eq!(key[0].matches('{').count(), 1);
+            assert!(seen.insert(key[0].clone()));
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! Stand-ins when no HTTP integration is enabled: the same names and signatures, never
+//! constructed, so that HTTP-mode code fails with the one clear error of `RequireHttp`.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+
+use crate::__private::Limit;
+
+/// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
+pub struct HttpCaller {
+    never: Infallible,
+}
+
+impl fmt::Debug for HttpCaller {
+    fn fmt(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.never {}
+    }
+}
+
+/// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
+pub struct Limited<T> {
+    never: Infallible,
+    output: PhantomData<T>,
+}
+
+impl<T> fmt::Debug for Limited<T> {
+    fn fmt(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let _ = &self.output;
+        match self.never {}
+    }
+}
+
+/// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
+#[allow(clippy::unused_async)]
+pub async fn check_http<F, Fut>(
+    limits: &'static [Limit],
+    caller: HttpCaller,
+    templates: &[Option<&str>],
+    handler: F,
+) -> Limited<Fut::Output>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future,
+{
+    let _ = (limits, templates, handler);
+    match caller.never {}
+}

@@ -1,0 +1,207 @@
+//! The Axum and Actix-web integrations (features `axum` and `actix`): what `#[rate_limit]`
+//! handlers read from a request and what they answer.
+//!
+//! A handler whose limit is `by` an HTTP source gets a hidden extractor in front of its own
+//! parameters, so `State`, `Path`, `Json`, `web::Data` and body extractors keep working:
+//!
+//! ```
+//! # #[cfg(feature = "axum")] mod demo {
+//! use axum::{extract::State, response::IntoResponse};
+//! use ratelimit_runtime::rate_limit;
+//!
+//! #[derive(Clone)]
+//! pub struct AppState;
+//!
+//! #[rate_limit(algo = "sliding", num = 3, time = 10, by = "ip")]
+//! pub async fn login(State(_s): State<AppState>, user: String) -> impl IntoResponse {
+//!     format!("welcome {user}")
+//! }
+//! # }
+//! ```
+//!
+//! # Sources (`by`)
+//!
+//! * `ip` — the peer address of the connection. Axum needs the router served with
+//!   `into_make_service_with_connect_info::<SocketAddr>()`; without it every limited request
+//!   gets a 500 that says so (logged once). `Forwarded`, `X-Forwarded-For` and `X-Real-IP` are
+//!   read **only when the peer is one of the configured trusted proxies**
+//!   ([`crate::Builder::trusted_proxies`]), walking right to left to the first untrusted hop;
+//!   with no trusted proxies, spoofed headers change nothing. IPv6 clients are grouped by
+//!   their /64 ([`crate::Builder::ipv6_prefix`]).
+//! * `url` — the request path, without the query.
+//! * `user` — the [`UserId`] that the application's auth layer put in the request extensions;
+//!   missing: 401.
+//! * `app_id` — the header `appId` (any case); missing or blank: 400 "appId must not be empty".
+//! * `header:<name>` — any header; missing or blank: 400 naming the header.
+//! * `global` — one bucket for the scope.
+//!
+//! Header values of any length and content (non-UTF-8 bytes, braces, colons) go into keys
+//! safely: long or unusual values are hashed ([`crate::key`]).
+//!
+//! # Responses
+//!
+//! * admitted: the handler's response plus `RateLimit-Policy` and `RateLimit`
+//!   (draft-ietf-httpapi-ratelimit-headers), e.g. `"login";q=3;w=10` and `"login";r=2;t=10`;
+//! * rejected: 429 with `Retry-After` (whole seconds, rounded up), the same fields and
+//!   `{"error":"too_many_requests","message":…,"retry_after":…}`;
+//! * store failed under [`crate::FailurePolicy::Deny`]: 503 with a JSON message.
+//!
+//! [`crate::HeaderStyle`] adds the legacy `X-RateLimit-Limit/Remaining/Reset`.
+//!
+//! # Which limiter
+//!
+//! A [`crate::RateLimiter`] in the request extensions (Axum: `.layer(Extension(limiter))`) or
+//! the app data (Actix: `.app_data(limiter)` or `.app_data(web::Data::new(limiter))`), else
+//! [`crate::RateLimiter::current`].
+
+use std::fmt;
+use std::sync::Arc;
+
+#[cfg(any(feature = "axum", feature = "actix"))]
+mod ip;
+#[cfg(any(feature = "axum", feature = "actix"))]
+mod response;
+
+#[cfg(any(feature = "axum", feature = "actix"))]
+mod caller;
+#[cfg(any(feature = "axum", feature = "actix"))]
+pub use caller::{HttpCaller, Limited, check_http};
+
+#[cfg(feature = "actix")]
+mod actix;
+#[cfg(feature = "axum")]
+mod axum;
+
+#[cfg(not(any(feature = "axum", feature = "actix")))]
+mod disabled;
+#[cfg(not(any(feature = "axum", feature = "actix")))]
+pub use disabled::{HttpCaller, Limited, check_http};
+
+/// The identity of an authenticated caller, for `by = "user"`: the application's auth layer
+/// puts one in the request extensions.
+///
+/// ```
+/// use ratelimit_runtime::UserId;
+/// # #[cfg(feature = "axum")] {
+/// async fn auth(mut req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+///     if let Some(user) = req.headers().get("x-user").and_then(|v| v.to_str().ok()) {
+///         let user = UserId::new(user);
+///         req.extensions_mut().insert(user);
+///     }
+///     next.run(req).await
+/// }
+/// # }
+/// assert_eq!(UserId::new("alice").as_str(), "alice");
+/// ```
+///
+/// An empty id counts as no user (401).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct UserId(Arc<str>);
+
+impl UserId {
+    /// A user id.
+    pub fn new(id: impl Into<Arc<str>>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for UserId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("UserId").field(&self.as_str()).finish()
+    }
+}
+
+impl fmt::Display for UserId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<&str> for UserId {
+    fn from(id: &str) -> Self {
+        Self::new(id)
+    }
+}
+
+impl From<String> for UserId {
+    fn from(id: String) -> Self {
+        Self::new(id)
+    }
+}
+
+/// The address that identifies the client of a request, as `by = "ip"` computes it before
+/// grouping: `peer` itself unless it is a trusted proxy, else the right-most hop of
+/// `Forwarded` (RFC 7239 `for=`), `X-Forwarded-For` or `X-Real-IP` that is not a trusted proxy.
+/// IPv4-mapped IPv6 addresses are returned as IPv4.
+///
+/// ```
+/// # #[cfg(any(feature = "axum", feature = "actix"))] {
+/// use ratelimit_runtime::{RateLimiter, http::client_ip};
+///
+/// let limiter = RateLimiter::builder().trusted_proxies(["10.0.0.0/8"]).build_lazy().unwrap();
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.0.0.2".parse().unwrap());
+/// let peer = "10.0.0.1".parse().unwrap();
+/// assert_eq!(client_ip(peer, &headers, limiter.settings()).to_string(), "203.0.113.7");
+/// // An untrusted peer is the client, whatever it sends.
+/// let peer = "198.51.100.1".parse().unwrap();
+/// assert_eq!(client_ip(peer, &headers, limiter.settings()).to_string(), "198.51.100.1");
+/// # }
+/// ```
+#[cfg(any(feature = "axum", feature = "actix"))]
+pub fn client_ip(
+    peer: std::net::IpAddr,
+    headers: &http::HeaderMap,
+    settings: &crate::Settings,
+) -> std::net::IpAddr {
+    ip::client_ip(peer, headers, settings)
+}
+
+const INTEGRATION_ENABLED: bool = cfg!(any(feature = "axum", feature = "actix"));
+
+/// `RequireHttp::<()>::OK` compiles only when an HTTP integration is enabled: the macro
+/// evaluates it, spanned at `by = "ip"` (or another HTTP source), so that a missing feature is
+/// one clear error.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct RequireHttp<T>(T);
+
+impl<T> RequireHttp<T> {
+    /// `()`, or a compile error naming the features to enable.
+    pub const OK: () = assert!(
+        INTEGRATION_ENABLED,
+        "an HTTP source (`by = \"ip\" | \"url\" | \"user\" | \"app_id\" | \"header:…\"`) needs an HTTP integration: enable the `axum` or `actix` feature of ratelimit-runtime"
+    );
+}
+
+/// `RequireAxum::<()>::OK` compiles only with the `axum` feature (for `framework = "axum"`).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct RequireAxum<T>(T);
+
+impl<T> RequireAxum<T> {
+    /// `()`, or a compile error naming the feature to enable.
+    pub const OK: () = assert!(
+        cfg!(feature = "axum"),
+        "`framework = \"axum\"` needs the `axum` feature of ratelimit-runtime"
+    );
+}
+
+/// `RequireActix::<()>::OK` compiles only with the `actix` feature (for
+/// `framework = "actix"`).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct RequireActix<T>(T);
+
+impl<T> RequireActix<T> {
+    /// `()`, or a compile error naming the feature to enable.
+    pub const OK: () = assert!(
+        cfg!(feature = "actix"),
+        "`framework = \"actix\"` needs the `actix` feature of ratelimit-runtime"
+    );
+}

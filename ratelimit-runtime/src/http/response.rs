@@ -1,0 +1,248 @@
+//! What a limited handler answers (SPEC §7), independent of the framework: the rate-limit
+//! header fields of a verdict and the bodies of the refusals.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::__private::Limit;
+use crate::limiter::{HeaderStyle, Settings};
+use crate::policy::Verdict;
+
+/// Header fields to add to a response: lower-case static names, ASCII values.
+pub(crate) type Fields = Vec<(&'static str, String)>;
+
+/// A response that replaces the handler's: status, fields and a JSON body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub(crate) status: u16,
+    pub(crate) fields: Fields,
+    pub(crate) body: String,
+}
+
+impl Refusal {
+    /// A refusal with `{"error":<error>,"message":<message>}`.
+    pub(crate) fn new(status: u16, error: &str, message: &str) -> Self {
+        let mut body = String::with_capacity(32 + message.len());
+        body.push_str("{\"error\":");
+        push_json_string(&mut body, error);
+        body.push_str(",\"message\":");
+        push_json_string(&mut body, message);
+        body.push('}');
+        Self {
+            status,
+            fields: Vec::new(),
+            body,
+        }
+    }
+
+    /// 429: the quota is spent.
+    pub(crate) fn too_many_requests(
+        limits: &[Limit],
+        verdict: &Verdict,
+        settings: &Settings,
+    ) -> Self {
+        let wait = whole_seconds(verdict.retry_after().unwrap_or_default()).max(1);
+        let mut body = String::with_capacity(80 + settings.message.len());
+        body.push_str("{\"error\":\"too_many_requests\",\"message\":");
+        push_json_string(&mut body, &settings.message);
+        let _ = write!(body, ",\"retry_after\":{wait}}}");
+        let mut fields = rate_fields(limits, verdict, settings.header_style);
+        fields.push(("retry-after", wait.to_string()));
+        Self {
+            status: 429,
+            fields,
+            body,
+        }
+    }
+
+    /// 503: the store failed and the failure policy is `deny`.
+    pub(crate) fn store_unavailable() -> Self {
+        Self::new(
+            503,
+            "rate_limit_unavailable",
+            "The rate-limit store is unavailable; please try again later.",
+        )
+    }
+}
+
+/// Rounds up to whole seconds.
+pub(crate) fn whole_seconds(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// The `RateLimit-Policy` / `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers) and/or
+/// the legacy `X-RateLimit-*` ones for a verdict over `limits`.
+///
+/// Each limit is one list member, named after the last segment of its scope (a function name
+/// by default, never the module path): `"login";q=3;w=10` and `"login";r=2;t=10`. `q` is the
+/// limit's capacity, `w` the time it takes to grant that capacity (omitted when it is not a
+/// whole number of seconds), `r` the units left and `t` the seconds, rounded up, until the quota
+/// is whole again. The legacy fields describe the binding limit.
+pub(crate) fn rate_fields(limits: &[Limit], verdict: &Verdict, style: HeaderStyle) -> Fields {
+    let mut fields = Vec::with_capacity(3);
+    let decisions = verdict.decisions();
+    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+        let mut policy = String::with_capacity(24 * limits.len());
+        let mut state = String::with_capacity(24 * limits.len());
+        for (i, (limit, decision)) in limits.iter().zip(decisions).enumerate() {
+            if i > 0 {
+                policy.push_str(", ");
+                state.push_str(", ");
+            }
+            push_name(&mut policy, limits, i);
+            let _ = write!(policy, ";q={}", decision.limit);
+            let p = &limit.policy;
+            // Time to grant `capacity` units at `limit` per period.
+            let window_ms =
+                u128::from(p.period_ms()) * u128::from(p.capacity()) / u128::from(p.limit());
+            if window_ms % 1000 == 0 {
+                let _ = write!(policy, ";w={}", window_ms / 1000);
+            }
+            push_name(&mut state, limits, i);
+            let _ = write!(
+                state,
+                ";r={};t={}",
+                decision.remaining,
+                whole_seconds(decision.reset_after)
+            );
+        }
+        fields.push(("ratelimit-policy", policy));
+        fields.push(("ratelimit", state));
+    }
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both)
+        && let Some(d) = verdict.binding()
+    {
+        fields.push(("x-ratelimit-limit", d.limit.to_string()));
+        fields.push(("x-ratelimit-remaining", d.remaining.to_string()));
+        fields.push((
+            "x-ratelimit-reset",
+            whole_seconds(d.reset_after).to_string(),
+        ));
+    }
+    fields
+}
+
+/// The policy name of `limits[i]` as a structured-field string: the last segment of its scope,
+/// with `-<i+1>` appended when an earlier limit already has that name.
+fn push_name(out: &mut String, limits: &[Limit], i: usize) {
+    let name = short_name(limits[i].scope);
+    out.push('"');
+    // Scopes are made of `A-Z a-z 0-9 _ : . - /` (key::valid_scope): no escaping needed.
+    out.push_str(name);
+    if limits[..i].iter().any(|l| short_name(l.scope) == name) {
+        let _ = write!(out, "-{}", i + 1);
+    }
+    out.push('"');
+}
+
+fn short_name(scope: &str) -> &str {
+    let tail = scope.rsplit("::").next().unwrap_or(scope);
+    tail.rsplit('/').next().unwrap_or(tail)
+}
+
+/// Appends `s` as a JSON string literal.
+pub(crate) fn push_json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::__private::By;
+    use crate::policy::{Algorithm, Decision, Policy};
+
+    fn limit(scope: &'static str, algo: Algorithm, num: u64, ms: u64, burst: u64) -> Limit {
+        Limit {
+            policy: Policy::from_parts(algo, num, ms, burst, 1).unwrap(),
+            scope,
+            by: By::Ip,
+        }
+    }
+
+    #[test]
+    fn ietf_fields_name_each_policy_and_round_seconds_up() {
+        let limits = [
+            limit("app::login", Algorithm::Sliding, 3, 10_000, 3),
+            limit("app::login", Algorithm::Token, 5, 1_000, 10),
+            limit("app::daily", Algorithm::Fixed, 100, 1_500, 100),
+        ];
+        let ms = Duration::from_millis;
+        let v = Verdict::new(vec![
+            Decision::new(true, 3, 2, ms(9_001), ms(0)),
+            Decision::new(true, 10, 9, ms(100), ms(0)),
+            Decision::new(true, 100, 99, ms(1_500), ms(0)),
+        ]);
+        let f = rate_fields(&limits, &v, HeaderStyle::Ietf);
+        assert_eq!(
+            f,
+            vec![
+                (
+                    "ratelimit-policy",
+                    "\"login\";q=3;w=10, \"login-2\";q=10;w=2, \"daily\";q=100".to_owned()
+                ),
+                (
+                    "ratelimit",
+                    "\"login\";r=2;t=10, \"login-2\";r=9;t=1, \"daily\";r=99;t=2".to_owned()
+                ),
+            ]
+        );
+        let legacy = rate_fields(&limits[..1], &v, HeaderStyle::Legacy);
+        assert_eq!(
+            legacy,
+            vec![
+                ("x-ratelimit-limit", "3".to_owned()),
+                ("x-ratelimit-remaining", "2".to_owned()),
+                ("x-ratelimit-reset", "10".to_owned()),
+            ]
+        );
+        assert_eq!(rate_fields(&limits, &v, HeaderStyle::Both).len(), 5);
+    }
+
+    #[test]
+    fn a_429_waits_whole_seconds_rounded_up_and_at_least_one() {
+        let limits = [limit("login", Algorithm::Sliding, 3, 10_000, 3)];
+        let settings = Settings {
+            message: "slow \"down\"\n".to_owned(),
+            ..Settings::default()
+        };
+        for (wait_ms, secs) in [(1, 1), (0, 1), (1_000, 1), (1_001, 2), (9_999, 10)] {
+            let v = Verdict::new(vec![Decision::new(
+                false,
+                3,
+                0,
+                Duration::from_secs(10),
+                Duration::from_millis(wait_ms),
+            )]);
+            let r = Refusal::too_many_requests(&limits, &v, &settings);
+            assert_eq!(r.status, 429);
+            assert!(r.fields.contains(&("retry-after", secs.to_string())));
+            assert_eq!(
+                r.body,
+                format!(
+                    "{{\"error\":\"too_many_requests\",\"message\":\"slow \\\"down\\\"\\n\",\"retry_after\":{secs}}}"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        let mut s = String::new();
+        push_json_string(&mut s, "a\"b\\c\u{1}é");
+        assert_eq!(s, "\"a\\\"b\\\\c\\u0001é\"");
+    }
+}
