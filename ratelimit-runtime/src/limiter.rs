@@ -627,3 +627,236 @@ fn log_rejection(checks: &[Check<'_>], verdict: &Verdict, source: &str) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fmt::Write as _;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::policy::{Algorithm, Policy};
+    use crate::store::StoreFuture;
+
+    /// A store that fails (or rejects) every call and counts them.
+    #[derive(Debug, Default)]
+    struct FakeStore {
+        calls: AtomicUsize,
+        reject: bool,
+    }
+
+    impl Store for FakeStore {
+        fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let reject = self.reject;
+            Box::pin(async move {
+                if reject {
+                    Ok(Verdict::new(
+                        checks
+                            .iter()
+                            .map(|c| {
+                                let limit = c.policy.capacity();
+                                let wait = Duration::from_secs(30);
+                                Decision::new(false, limit, 0, wait, wait)
+                            })
+                            .collect(),
+                    ))
+                } else {
+                    Err(StoreError::Redis("connection refused".to_owned()))
+                }
+            })
+        }
+
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+    }
+
+    /// Collects the events of the current thread as `LEVEL field=value …`.
+    ///
+    /// A process-wide subscriber writing to a per-thread sink: with per-thread subscribers,
+    /// tests running in parallel race on tracing's per-callsite interest cache.
+    #[derive(Debug, Clone)]
+    struct Capture(Arc<Mutex<Vec<String>>>);
+
+    std::thread_local! {
+        static SINK: std::cell::RefCell<Option<Capture>> = const { std::cell::RefCell::new(None) };
+    }
+
+    impl Capture {
+        /// Starts capturing this thread's events (until the thread ends).
+        fn start() -> Self {
+            static GLOBAL: std::sync::Once = std::sync::Once::new();
+            GLOBAL.call_once(|| {
+                let _ = tracing::subscriber::set_global_default(Global);
+            });
+            let capture = Self(Arc::default());
+            SINK.with(|s| *s.borrow_mut() = Some(capture.clone()));
+            capture
+        }
+
+        fn lines(&self) -> Vec<String> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    struct Global;
+
+    struct Fields<'a>(&'a mut String);
+
+    impl tracing::field::Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
+
+    impl tracing::Subscriber for Global {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            SINK.with(|sink| {
+                if let Some(capture) = &*sink.borrow() {
+                    let mut line = event.metadata().level().to_string();
+                    event.record(&mut Fields(&mut line));
+                    capture.0.lock().unwrap().push(line);
+                }
+            });
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    const KEY: &str = "ratelimit:{app::login:=203.0.113.7}:fixed:1:60000";
+
+    fn limiter(store: &Arc<FakeStore>, policy: FailurePolicy) -> RateLimiter {
+        RateLimiter::builder()
+            .shared_store(store.clone())
+            .failure_policy(policy)
+            .build_lazy()
+            .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_store_is_skipped_for_the_backoff_and_logged_once_with_the_count() {
+        let capture = Capture::start();
+        let store = Arc::new(FakeStore::default());
+        let limiter = limiter(&store, FailurePolicy::Allow);
+        let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60)).unwrap();
+        let checks = [Check::new(KEY, &policy).with_scope("app::login")];
+        for _ in 0..100 {
+            assert!(limiter.check(&checks).await.unwrap().is_admitted());
+        }
+        assert_eq!(
+            store.calls.load(Ordering::SeqCst),
+            1,
+            "the breaker skips the store"
+        );
+        assert!(limiter.store_failing());
+        // Calls keep coming: the store is probed about once per backoff, never more.
+        for _ in 0..400 {
+            tokio::time::advance(Duration::from_millis(10)).await;
+            assert!(limiter.check(&checks).await.unwrap().is_admitted());
+        }
+        let probes = store.calls.load(Ordering::SeqCst) - 1;
+        assert!((4..=40).contains(&probes), "{probes} probes in 4 s");
+        tokio::time::advance(LOG_INTERVAL).await;
+        assert!(limiter.check(&checks).await.unwrap().is_admitted());
+
+        let lines = capture.lines();
+        let warnings: Vec<&String> = lines.iter().filter(|l| l.starts_with("WARN")).collect();
+        assert_eq!(warnings.len(), 2, "{lines:#?}");
+        assert!(warnings[0].contains("held_back=0"), "{}", warnings[0]);
+        assert!(
+            warnings[0].contains("scope=\"app::login\""),
+            "{}",
+            warnings[0]
+        );
+        assert!(warnings[0].contains("policy=\"allow\""), "{}", warnings[0]);
+        assert!(warnings[1].contains("held_back=499"), "{}", warnings[1]);
+        for line in &lines {
+            assert!(
+                !line.contains("203.0.113.7") && !line.contains(KEY),
+                "{line}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deny_and_local_answer_while_the_breaker_is_open() {
+        let store = Arc::new(FakeStore::default());
+        let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60)).unwrap();
+        let checks = [Check::new(KEY, &policy)];
+        let deny = limiter(&store, FailurePolicy::Deny);
+        for _ in 0..5 {
+            let err = deny.acquire(&checks).await.unwrap_err();
+            assert!(err.is_store_unavailable(), "{err}");
+            assert!(err.to_string().contains("connection refused"), "{err}");
+        }
+        let local = limiter(&store, FailurePolicy::Local);
+        let admitted = {
+            let mut n = 0;
+            for _ in 0..10 {
+                n += usize::from(local.check(&checks).await.unwrap().is_admitted());
+            }
+            n
+        };
+        assert_eq!(admitted, 3, "the local fallback keeps the quota");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rejections_are_cached_for_remote_stores_and_logged_without_the_key() {
+        let capture = Capture::start();
+        let store = Arc::new(FakeStore {
+            reject: true,
+            ..FakeStore::default()
+        });
+        let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60)).unwrap();
+        let checks = [Check::new(KEY, &policy).with_scope("app::login")];
+        let cached = limiter(&store, FailurePolicy::Allow);
+        for _ in 0..10 {
+            let v = cached.check(&checks).await.unwrap();
+            assert!(!v.is_admitted());
+            assert!(v.retry_after().unwrap() <= Duration::from_secs(30));
+        }
+        assert_eq!(store.calls.load(Ordering::SeqCst), 1);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert!(!cached.check(&checks).await.unwrap().is_admitted());
+        assert_eq!(
+            store.calls.load(Ordering::SeqCst),
+            2,
+            "expired with Redis's wait"
+        );
+
+        let uncached = RateLimiter::builder()
+            .shared_store(store.clone())
+            .blocked_cache(0)
+            .build_lazy()
+            .unwrap();
+        for _ in 0..3 {
+            assert!(!uncached.check(&checks).await.unwrap().is_admitted());
+        }
+        assert_eq!(store.calls.load(Ordering::SeqCst), 5);
+
+        let lines = capture.lines();
+        let debug: Vec<&String> = lines.iter().filter(|l| l.starts_with("DEBUG")).collect();
+        assert_eq!(debug.len(), 14, "{lines:#?}");
+        assert!(debug.iter().all(|l| l.contains("scope=\"app::login\"")));
+        assert!(
+            debug[1].contains("source=\"blocked-cache\""),
+            "{}",
+            debug[1]
+        );
+        for line in &lines {
+            assert!(
+                !line.contains("203.0.113.7") && !line.contains(KEY),
+                "{line}"
+            );
+        }
+    }
+}
