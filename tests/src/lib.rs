@@ -1,3 +1,4 @@
 //! Test support: private Redis servers and clusters.
 
+pub mod redis_server;
 pub mod suite;

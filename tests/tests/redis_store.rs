@@ -1,0 +1,572 @@
+//! The Redis store against a real `redis-server` started by each test: the shared scenario
+//! suite on 8 connections, plus what only Redis can show (TTLs, sorted-set entries, DUMPs of
+//! untouched keys, round trips counted by the server, URLs and unreachable servers).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratelimit_runtime::{
+    Algorithm, Check, ConfigError, Policy, RedisStore, Store, StoreError, Verdict, key,
+};
+use ratelimit_tests::redis_server::{RedisProcess, RedisServer, free_port};
+use ratelimit_tests::suite::{self, Harness};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use tokio::task::JoinSet;
+
+/// How many independent connections (`ConnectionManager`s) the suite's harness spreads its
+/// calls over.
+const CONNECTIONS: usize = 8;
+
+#[allow(
+    clippy::duration_suboptimal_units,
+    reason = "Duration::from_mins is newer than the workspace's rust-version"
+)]
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// The suite's harness: one private server, 8 stores each with its own `ConnectionManager`.
+struct RedisHarness {
+    // Kept alive (and killed) with the harness.
+    _server: RedisServer,
+    stores: Vec<Arc<dyn Store>>,
+    name: &'static str,
+}
+
+impl RedisHarness {
+    async fn start(name: &'static str) -> Self {
+        let server = RedisServer::start();
+        let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+        for _ in 0..CONNECTIONS {
+            stores.push(Arc::new(RedisStore::from_connection_manager(
+                server.connection_manager().await,
+            )));
+        }
+        Self {
+            _server: server,
+            stores,
+            name,
+        }
+    }
+}
+
+impl Harness for RedisHarness {
+    fn store(&self, conn: usize) -> Arc<dyn Store> {
+        self.stores[conn % self.stores.len()].clone()
+    }
+
+    fn pass(&self, d: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(d)
+    }
+
+    /// The same name gives the same prefix (scenarios rebuild keys from it); every test has
+    /// its own server, so names only need to differ within one test.
+    fn unique(&self, name: &str) -> String {
+        format!("rl-{}-{name}", self.name)
+    }
+}
+
+// ---- the shared suite -------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_exactness() {
+    let h = RedisHarness::start("exactness").await;
+    for algo in Algorithm::ALL {
+        suite::exactness(&h, algo).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_fixed_admits_again_after_window() {
+    let h = RedisHarness::start("fixed-again").await;
+    suite::fixed_admits_again_after_window(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_sliding_has_no_boundary_burst() {
+    let h = RedisHarness::start("boundary").await;
+    suite::sliding_has_no_boundary_burst(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_buckets_refill_at_rate() {
+    let h = RedisHarness::start("refill").await;
+    for algo in [Algorithm::Leaky, Algorithm::Token] {
+        suite::buckets_refill_at_rate(&h, algo).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_cost_takes_units() {
+    let h = RedisHarness::start("cost").await;
+    for algo in Algorithm::ALL {
+        suite::cost_takes_units(&h, algo).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_decision_numbers() {
+    let h = RedisHarness::start("numbers").await;
+    for algo in Algorithm::ALL {
+        suite::decision_numbers(&h, algo).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_stacked_rejection_consumes_nothing() {
+    let h = RedisHarness::start("stacked").await;
+    suite::stacked_rejection_consumes_nothing(&h).await;
+}
+
+// ---- helpers ----------------------------------------------------------------------------
+
+fn policy(algo: Algorithm, limit: u64, period: Duration) -> Policy {
+    suite::policy(algo, limit, period, limit, 1)
+}
+
+async fn check(store: &RedisStore, limits: &[(&str, &Policy)]) -> Verdict {
+    let checks: Vec<Check<'_>> = limits.iter().map(|&(k, p)| Check::new(k, p)).collect();
+    store
+        .check(&checks)
+        .await
+        .unwrap_or_else(|e| panic!("check failed: {e}"))
+}
+
+async fn dump(conn: &mut MultiplexedConnection, key: &str) -> Vec<u8> {
+    let bytes: Option<Vec<u8>> = redis::cmd("DUMP")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("DUMP: {e}"));
+    bytes.unwrap_or_else(|| panic!("{key} does not exist"))
+}
+
+async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
+    conn.pttl(key).await.unwrap_or_else(|e| panic!("PTTL: {e}"))
+}
+
+/// `calls` and `failed_calls` of one command from `INFO commandstats` (0 when never called).
+async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("INFO: {e}"));
+    let prefix = format!("cmdstat_{command}:");
+    let Some(line) = info.lines().find(|l| l.starts_with(&prefix)) else {
+        return (0, 0);
+    };
+    let field = |name: &str| -> u64 {
+        line[prefix.len()..]
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .map_or(0, |v| v.parse().unwrap_or_else(|e| panic!("{line}: {e}")))
+    };
+    (field("calls"), field("failed_calls"))
+}
+
+/// Every key matching `pattern` (`SCAN MATCH`).
+async fn scan(conn: &mut MultiplexedConnection, pattern: &str) -> HashSet<String> {
+    let mut keys = HashSet::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await
+            .unwrap_or_else(|e| panic!("SCAN: {e}"));
+        keys.extend(batch);
+        cursor = next;
+        if cursor == 0 {
+            return keys;
+        }
+    }
+}
+
+// ---- Redis-specific behaviour -----------------------------------------------------------
+
+/// Calls over 10,000 distinct keys (2,500 per algorithm, some stacked, some rejected): every key
+/// under the prefix has a TTL, none longer than its state needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_key_has_a_ttl_after_ten_thousand_keys() {
+    let server = RedisServer::start();
+    let mut stores = Vec::new();
+    for _ in 0..CONNECTIONS {
+        stores.push(Arc::new(server.store().await));
+    }
+    let period = MINUTE;
+    // Buckets of 10 per minute: one call's state is gone (full / empty) after 6 s.
+    let policies: Arc<[Policy]> = Algorithm::ALL
+        .map(|a| policy(a, 10, period))
+        .to_vec()
+        .into();
+    let per_algo = 2_500;
+    let mut tasks = JoinSet::new();
+    for (worker, store) in stores.iter().enumerate() {
+        let (store, policies) = (store.clone(), policies.clone());
+        tasks.spawn(async move {
+            for i in (worker..per_algo).step_by(CONNECTIONS) {
+                let ip = format!("10.0.{}.{}", i / 256, i % 256);
+                let keys: Vec<String> = policies
+                    .iter()
+                    .map(|p| key::build("ttl", "app::ttl", &[ip.as_bytes()], p))
+                    .collect();
+                let checks: Vec<Check<'_>> = keys
+                    .iter()
+                    .zip(policies.iter())
+                    .map(|(k, p)| Check::new(k, p))
+                    .collect();
+                // Each caller: one stacked call over all four algorithms, then one call per
+                // algorithm alone; every fifth caller also hammers its fixed key past the limit.
+                let v = store.check(&checks).await.unwrap_or_else(|e| panic!("{e}"));
+                assert!(v.is_admitted());
+                for c in &checks {
+                    store
+                        .check(std::slice::from_ref(c))
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}"));
+                }
+                if i % 5 == 0 {
+                    for _ in 0..10 {
+                        store
+                            .check(&checks[..1])
+                            .await
+                            .unwrap_or_else(|e| panic!("{e}"));
+                    }
+                }
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap_or_else(|e| panic!("worker failed: {e}"));
+    }
+
+    let mut conn = server.connection().await;
+    let keys = scan(&mut conn, "ttl:*").await;
+    assert_eq!(keys.len(), 4 * per_algo, "distinct keys under the prefix");
+    let keys: Vec<String> = keys.into_iter().collect();
+    let mut by_algo: HashMap<&str, usize> = HashMap::new();
+    for chunk in keys.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for k in chunk {
+            pipe.pttl(k);
+        }
+        let ttls: Vec<i64> = pipe
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("PTTL: {e}"));
+        for (k, ttl) in chunk.iter().zip(ttls) {
+            assert_ne!(ttl, -1, "{k} has no TTL");
+            assert!(ttl > 0, "{k}: PTTL {ttl}");
+            let algo = k.rsplit(':').nth(2).unwrap_or_default();
+            // Fixed: the window's end; sliding: newest + period; token/leaky: 2 units at most
+            // (12 s) until full / empty.
+            let max = match algo {
+                "fixed" | "sliding" => 60_000,
+                "token" | "leaky" => 12_000,
+                other => panic!("unexpected key {k} ({other})"),
+            };
+            assert!(
+                ttl <= max,
+                "{k}: PTTL {ttl} ms is longer than its state needs ({max})"
+            );
+            *by_algo
+                .entry(match algo {
+                    "fixed" => "fixed",
+                    "sliding" => "sliding",
+                    "token" => "token",
+                    _ => "leaky",
+                })
+                .or_default() += 1;
+        }
+    }
+    for algo in Algorithm::ALL {
+        assert_eq!(by_algo.get(algo.as_str()), Some(&per_algo), "{algo} keys");
+    }
+}
+
+/// 50 concurrent calls against a sliding limit of 100 leave exactly 50 entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_sliding_calls_leave_fifty_entries() {
+    let server = RedisServer::start();
+    let store = Arc::new(server.store().await);
+    let p = policy(Algorithm::Sliding, 100, MINUTE);
+    let key: Arc<str> = key::build("zset", "app::zset", &[], &p).into();
+    let barrier = Arc::new(tokio::sync::Barrier::new(50));
+    let mut tasks = JoinSet::new();
+    for _ in 0..50 {
+        let (store, key, barrier) = (store.clone(), key.clone(), barrier.clone());
+        tasks.spawn(async move {
+            barrier.wait().await;
+            store.check(&[Check::new(&key, &p)]).await
+        });
+    }
+    let mut remaining = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        let v = r
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(v.is_admitted());
+        remaining.push(v.decisions()[0].remaining);
+    }
+    remaining.sort_unstable();
+    assert_eq!(remaining, (50..100).collect::<Vec<u64>>());
+    let mut conn = server.connection().await;
+    let entries: Vec<(String, f64)> = conn
+        .zrange_withscores(&*key, 0, -1)
+        .await
+        .unwrap_or_else(|e| panic!("ZRANGE: {e}"));
+    assert_eq!(entries.len(), 50, "ZCARD");
+    let card: u64 = conn.zcard(&*key).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(card, 50);
+    for (member, score) in &entries {
+        assert_eq!(member, &format!("{score:.0}"), "member is the score in µs");
+    }
+}
+
+/// Two calls in the same millisecond (or microsecond) are two entries: a call of cost 2 writes
+/// two entries at one instant, and pairs of calls sent back to back in one pipeline (the server
+/// runs them within microseconds) each leave two entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_in_the_same_millisecond_are_two_entries() {
+    let server = RedisServer::start();
+    let store = Arc::new(server.store().await);
+    let mut conn = server.connection().await;
+    let p2 = suite::policy(Algorithm::Sliding, 10, MINUTE, 10, 2);
+    let key = key::build("ms", "app::cost2", &[], &p2);
+    let v = check(&store, &[(&key, &p2)]).await;
+    assert_eq!(v.decisions()[0].remaining, 8);
+    let scores: Vec<(String, u64)> = conn.zrange_withscores(&key, 0, -1).await.unwrap();
+    assert_eq!(scores.len(), 2, "cost 2 at one instant: {scores:?}");
+    assert_eq!(scores[1].1, scores[0].1 + 1, "one µs apart: {scores:?}");
+
+    let p = policy(Algorithm::Sliding, 10, MINUTE);
+    let mut same_ms = 0;
+    for round in 0..20 {
+        let key = key::build("ms", &format!("app::pair{round}"), &[], &p);
+        let limits = [(key.as_str(), &p)];
+        let (a, b) = tokio::join!(check(&store, &limits), check(&store, &limits));
+        assert!(a.is_admitted() && b.is_admitted());
+        let mut left = [a.decisions()[0].remaining, b.decisions()[0].remaining];
+        left.sort_unstable();
+        assert_eq!(left, [8, 9]);
+        let scores: Vec<(String, u64)> = conn.zrange_withscores(&key, 0, -1).await.unwrap();
+        assert_eq!(scores.len(), 2, "round {round}: {scores:?}");
+        assert!(scores[1].1 > scores[0].1);
+        if scores[0].1 / 1000 == scores[1].1 / 1000 {
+            same_ms += 1;
+        }
+    }
+    eprintln!("{same_ms} of 20 pairs landed in the same millisecond");
+}
+
+/// A rejected call leaves every key byte-for-byte as it was, and does not extend its TTL: for
+/// each algorithm alone, and for a stacked call where only one limit rejects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rejected_calls_leave_every_key_unchanged() {
+    let server = RedisServer::start();
+    let store = server.store().await;
+    let mut conn = server.connection().await;
+    let period = MINUTE;
+    for algo in Algorithm::ALL {
+        let p = policy(algo, 3, period);
+        let key = key::build("dump", "app::alone", &[], &p);
+        while check(&store, &[(&key, &p)]).await.is_admitted() {}
+        let (before, ttl_before) = (dump(&mut conn, &key).await, pttl(&mut conn, &key).await);
+        for _ in 0..3 {
+            let v = check(&store, &[(&key, &p)]).await;
+            assert!(!v.is_admitted(), "{algo}");
+        }
+        assert_eq!(
+            dump(&mut conn, &key).await,
+            before,
+            "{algo}: a rejection wrote"
+        );
+        let ttl_after = pttl(&mut conn, &key).await;
+        assert!(
+            0 < ttl_after && ttl_after <= ttl_before,
+            "{algo}: TTL {ttl_before} -> {ttl_after}"
+        );
+    }
+
+    for (a, b) in [
+        (Algorithm::Token, Algorithm::Fixed),
+        (Algorithm::Fixed, Algorithm::Token),
+        (Algorithm::Sliding, Algorithm::Leaky),
+        (Algorithm::Leaky, Algorithm::Sliding),
+    ] {
+        let tight = policy(a, 2, period);
+        let loose = policy(b, 10, period);
+        let (tk, lk) = (
+            key::build("dump", "app::stacked", &[a.as_str().as_bytes()], &tight),
+            key::build("dump", "app::stacked", &[a.as_str().as_bytes()], &loose),
+        );
+        let limits = [(tk.as_str(), &tight), (lk.as_str(), &loose)];
+        while check(&store, &limits).await.is_admitted() {}
+        let before = (dump(&mut conn, &tk).await, dump(&mut conn, &lk).await);
+        let v = check(&store, &limits).await;
+        assert!(
+            !v.decisions()[0].admitted && v.decisions()[1].admitted,
+            "{v:?}"
+        );
+        let after = (dump(&mut conn, &tk).await, dump(&mut conn, &lk).await);
+        assert_eq!(after, before, "{a} + {b}: a rejected stacked call wrote");
+        assert_eq!(v.decisions()[1].remaining, 8, "{a} + {b}");
+    }
+}
+
+/// A stacked token + fixed check is one `EVALSHA`, counted by the server; after `SCRIPT FLUSH`
+/// it is one failed `EVALSHA` (NOSCRIPT), one `SCRIPT LOAD` and one more `EVALSHA`, no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stacked_check_is_one_round_trip() {
+    let server = RedisServer::start();
+    let store = server.store().await;
+    let mut conn = server.connection().await;
+    let token = policy(Algorithm::Token, 5, Duration::from_secs(1));
+    let fixed = policy(Algorithm::Fixed, 100, suite::HOUR);
+    let (tk, fk) = (
+        key::build("rt", "app::rt", &[b"u1"], &token),
+        key::build("rt", "app::rt", &[b"u1"], &fixed),
+    );
+    let limits = [(tk.as_str(), &token), (fk.as_str(), &fixed)];
+
+    let evalsha = command_calls(&mut conn, "evalsha").await;
+    let eval = command_calls(&mut conn, "eval").await;
+    let script = command_calls(&mut conn, "script|load").await;
+    let v = check(&store, &limits).await;
+    assert!(v.is_admitted());
+    assert_eq!(v.decisions()[0].remaining, 4);
+    assert_eq!(v.decisions()[1].remaining, 99);
+    let after = command_calls(&mut conn, "evalsha").await;
+    assert_eq!(
+        after.0 - evalsha.0,
+        1,
+        "EVALSHA calls for one stacked check"
+    );
+    assert_eq!(after.1, evalsha.1, "no failed EVALSHA");
+    assert_eq!(command_calls(&mut conn, "eval").await, eval, "no EVAL");
+    assert_eq!(command_calls(&mut conn, "script|load").await, script);
+
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (evalsha, script) = (after, command_calls(&mut conn, "script|load").await);
+    let v = check(&store, &limits).await;
+    assert!(v.is_admitted(), "the script was reloaded after NOSCRIPT");
+    assert_eq!(v.decisions()[1].remaining, 98);
+    let after = command_calls(&mut conn, "evalsha").await;
+    assert_eq!(
+        after.0 - evalsha.0,
+        2,
+        "EVALSHA calls after a flush: NOSCRIPT + retry"
+    );
+    assert_eq!(after.1 - evalsha.1, 1, "one NOSCRIPT failure");
+    assert_eq!(
+        command_calls(&mut conn, "script|load").await.0 - script.0,
+        1,
+        "one SCRIPT LOAD"
+    );
+}
+
+/// Bad URLs are `ConfigError::InvalidUrl` (never a panic, never the password); a port where
+/// nothing listens is `ConfigError::Unreachable`; a lazy store fails its checks until the
+/// server comes up and then works, without being rebuilt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_urls_and_unreachable_servers_are_clear_errors() {
+    for url in [
+        "",
+        "not a url",
+        "redis//:pw@host",
+        "redis://:s3cret@host:99999",
+        "ftp://h",
+    ] {
+        match RedisStore::connect(url).await {
+            Err(ConfigError::InvalidUrl(m)) => {
+                assert!(!m.contains("s3cret"), "{m}");
+                assert!(!m.is_empty());
+            }
+            other => panic!("{url:?}: expected InvalidUrl, got {other:?}"),
+        }
+        assert!(matches!(
+            RedisStore::lazy(url),
+            Err(ConfigError::InvalidUrl(_))
+        ));
+    }
+
+    let port = free_port().unwrap();
+    let url = format!("redis://:s3cret@127.0.0.1:{port}");
+    match RedisStore::connect(&url).await {
+        Err(e @ ConfigError::Unreachable(_)) => {
+            assert!(!e.to_string().contains("s3cret"), "{e}");
+        }
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+
+    let lazy = RedisStore::lazy(&format!("redis://127.0.0.1:{port}")).unwrap();
+    let p = policy(Algorithm::Fixed, 2, MINUTE);
+    let key = key::build("lazy", "app::lazy", &[], &p);
+    let err = lazy.check(&[Check::new(&key, &p)]).await;
+    assert!(matches!(err, Err(StoreError::Redis(_))), "{err:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let _server = RedisProcess::spawn(port, dir.path(), &[]).unwrap_or_else(|e| panic!("{e}"));
+    let v = check(&lazy, &[(&key, &p)]).await;
+    assert!(
+        v.is_admitted(),
+        "the lazy store connected once the server came up"
+    );
+    assert_eq!(v.decisions()[0].remaining, 1);
+}
+
+/// A password from the URL is sent; a wrong one is refused at connect time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn password_from_the_url() {
+    let server = RedisServer::start_with(&["--requirepass", "pa55"]);
+    let port = server.port();
+    let store = RedisStore::connect(&format!("redis://:pa55@127.0.0.1:{port}"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let p = policy(Algorithm::Token, 2, Duration::from_secs(1));
+    assert!(check(&store, &[("pw:{a}:token", &p)]).await.is_admitted());
+    let wrong = RedisStore::connect(&format!("redis://:nope@127.0.0.1:{port}")).await;
+    assert!(
+        matches!(wrong, Err(ConfigError::Unreachable(_))),
+        "{wrong:?}"
+    );
+}
+
+/// The store survives a server restart (new connection, empty script cache) without being
+/// rebuilt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn survives_a_server_restart() {
+    let mut server = RedisServer::start();
+    let store = server.store().await;
+    let p = policy(Algorithm::Sliding, 5, MINUTE);
+    let key = key::build("restart", "app::restart", &[], &p);
+    assert_eq!(
+        check(&store, &[(&key, &p)]).await.decisions()[0].remaining,
+        4
+    );
+    server.restart();
+    let mut last = None;
+    for _ in 0..50 {
+        match store.check(&[Check::new(&key, &p)]).await {
+            Ok(v) => {
+                last = Some(v);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let v = last.unwrap_or_else(|| panic!("no successful check within 5 s of the restart"));
+    assert_eq!(
+        v.decisions()[0].remaining,
+        4,
+        "the restarted server is empty"
+    );
+}
