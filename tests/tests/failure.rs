@@ -1,0 +1,579 @@
+//! When Redis fails (SPEC §8, issue 5), against `redis-server` processes these tests start,
+//! kill, restart and pause: every call returns within the timeout (+ 50 ms of scheduling slack)
+//! with the failure policy's answer, the limiter goes back to Redis by itself within 2 s of
+//! Redis answering again, a flushed script cache costs nothing, and the blocked-caller cache
+//! saves round trips without ever admitting a call Redis would reject.
+//!
+//! Timing assertions are upper bounds the issue requires (a call's latency, the recovery
+//! delay), measured with `Instant`; nothing asserts that the machine is fast.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ratelimit_runtime::{
+    Algorithm, Check, FailurePolicy, Policy, RateLimitError, RateLimiter, RedisStore, Settings,
+};
+use ratelimit_tests::redis_server::RedisServer;
+use tokio::task::JoinSet;
+
+/// The callers that hammer the limiter at once.
+const TASKS: usize = 8;
+
+/// Slack over the timeout a call may take (scheduling on a loaded machine).
+const SLACK: Duration = Duration::from_millis(50);
+
+/// How soon after Redis answers again checks must use it again.
+const RECOVERY: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Admitted,
+    Rejected,
+    Unavailable,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    start: Instant,
+    end: Instant,
+    outcome: Outcome,
+}
+
+impl Call {
+    fn took(&self) -> Duration {
+        self.end - self.start
+    }
+}
+
+async fn call(limiter: &RateLimiter, key: &str, policy: &Policy) -> Call {
+    let start = Instant::now();
+    let result = limiter
+        .check(&[Check::new(key, policy).with_scope("failure-test")])
+        .await;
+    let end = Instant::now();
+    let outcome = match result {
+        Ok(v) if v.is_admitted() => Outcome::Admitted,
+        Ok(_) => Outcome::Rejected,
+        Err(_) => Outcome::Unavailable,
+    };
+    Call {
+        start,
+        end,
+        outcome,
+    }
+}
+
+/// `TASKS` tasks calling `limiter` on `key` continuously until told to stop.
+struct Hammer {
+    stop: Arc<AtomicBool>,
+    tasks: JoinSet<Vec<Call>>,
+}
+
+impl Hammer {
+    fn start(limiter: &RateLimiter, key: &str, policy: Policy) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = JoinSet::new();
+        for _ in 0..TASKS {
+            let (limiter, key, stop) = (limiter.clone(), key.to_owned(), stop.clone());
+            tasks.spawn(async move {
+                let mut calls = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    calls.push(call(&limiter, &key, &policy).await);
+                    // Continuous, but leaving the two cores some room for Redis itself.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                calls
+            });
+        }
+        Self { stop, tasks }
+    }
+
+    /// Stops the callers; a panic in any of them fails the test.
+    async fn finish(mut self) -> Vec<Call> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut calls = Vec::new();
+        while let Some(joined) = self.tasks.join_next().await {
+            match joined {
+                Ok(c) => calls.extend(c),
+                Err(e) => panic!("a calling task failed: {e}"),
+            }
+        }
+        calls.sort_by_key(|c| c.start);
+        calls
+    }
+}
+
+fn assert_all_within(calls: &[Call], bound: Duration) {
+    let slowest = calls.iter().map(Call::took).max().unwrap_or_default();
+    assert!(
+        slowest <= bound,
+        "a call took {slowest:?}, more than {bound:?} ({} calls)",
+        calls.len()
+    );
+}
+
+fn between(calls: &[Call], from: Instant, to: Instant) -> Vec<Call> {
+    calls
+        .iter()
+        .filter(|c| c.start >= from && c.end <= to)
+        .copied()
+        .collect()
+}
+
+async fn limiter(server: &RedisServer, policy: FailurePolicy) -> RateLimiter {
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    RateLimiter::builder()
+        .store(store)
+        .failure_policy(policy)
+        // The outage tests exhaust the quota first; cached rejections would hide the policy.
+        .blocked_cache(0)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("build: {e}"))
+}
+
+/// One quota of 5 per minute: spent in the first milliseconds, so Redis rejects from then on
+/// and a freshly restarted (empty) Redis admits again.
+fn quota() -> Policy {
+    Policy::new(Algorithm::Fixed, 5, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// What happened around one kill and restart of Redis under `TASKS` continuous callers.
+struct Outage {
+    calls: Vec<Call>,
+    /// Just before the kill.
+    killing: Instant,
+    /// The process is gone.
+    killed: Instant,
+    /// Just before the restart.
+    restarting: Instant,
+    /// The new process answers `PING`.
+    restarted: Instant,
+}
+
+impl Outage {
+    async fn run(policy: FailurePolicy) -> Self {
+        let server = RedisServer::start();
+        let limiter = limiter(&server, policy).await;
+        let hammer = Hammer::start(
+            &limiter,
+            "ratelimit:{failure:outage}:fixed:5:60000",
+            quota(),
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let killing = Instant::now();
+        let (mut server, killed) = tokio::task::spawn_blocking(move || {
+            let mut server = server;
+            server.kill();
+            (server, Instant::now())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let restarting = Instant::now();
+        let (server, restarted) = tokio::task::spawn_blocking(move || {
+            server.restart();
+            (server, Instant::now())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        tokio::time::sleep(RECOVERY + Duration::from_millis(500)).await;
+        let calls = hammer.finish().await;
+        drop(server);
+        Self {
+            calls,
+            killing,
+            killed,
+            restarting,
+            restarted,
+        }
+    }
+
+    /// The calls made while Redis was down.
+    fn down(&self) -> Vec<Call> {
+        between(&self.calls, self.killed, self.restarting)
+    }
+
+    /// How long after Redis answered again the first call with `outcome` (which only Redis
+    /// gives at this point) ended; fails when there was none.
+    fn recovery(&self, outcome: Outcome) -> Duration {
+        let first = self
+            .calls
+            .iter()
+            .filter(|c| c.end > self.restarting && c.outcome == outcome)
+            .map(|c| c.end)
+            .min()
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {outcome:?} call after the restart: Redis was never used again ({} calls)",
+                    self.calls.len()
+                )
+            });
+        let recovery = first.saturating_duration_since(self.restarted);
+        assert!(
+            recovery <= RECOVERY,
+            "checks went back to Redis {recovery:?} after it restarted, more than {RECOVERY:?}"
+        );
+        recovery
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_under_8_callers_allow_admits_within_the_timeout_and_recovers() {
+    let outage = Outage::run(FailurePolicy::Allow).await;
+    assert_all_within(&outage.calls, Settings::default().timeout + SLACK);
+    let down = outage.down();
+    assert!(
+        down.len() >= TASKS,
+        "too few calls while down: {}",
+        down.len()
+    );
+    assert!(
+        down.iter().all(|c| c.outcome == Outcome::Admitted),
+        "fail open admits every call while Redis is down"
+    );
+    // Redis rejected before the kill (quota spent) and, once restarted and empty, spends the
+    // quota again at once: the first rejection after the restart is Redis answering.
+    let before = between(&outage.calls, outage.calls[0].start, outage.killing);
+    assert!(before.iter().any(|c| c.outcome == Outcome::Rejected));
+    let recovery = outage.recovery(Outcome::Rejected);
+    eprintln!(
+        "allow: {} calls, {} while down, slowest {:?}, back on Redis {recovery:?} after restart",
+        outage.calls.len(),
+        down.len(),
+        outage
+            .calls
+            .iter()
+            .map(Call::took)
+            .max()
+            .unwrap_or_default()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_under_8_callers_deny_rejects_within_the_timeout_and_recovers() {
+    let outage = Outage::run(FailurePolicy::Deny).await;
+    assert_all_within(&outage.calls, Settings::default().timeout + SLACK);
+    let down = outage.down();
+    assert!(
+        down.len() >= TASKS,
+        "too few calls while down: {}",
+        down.len()
+    );
+    assert!(
+        down.iter().all(|c| c.outcome == Outcome::Unavailable),
+        "fail closed answers every call with the store error while Redis is down"
+    );
+    let recovery = outage.recovery(Outcome::Admitted);
+    eprintln!(
+        "deny: {} calls, {} while down, back on Redis {recovery:?} after restart",
+        outage.calls.len(),
+        down.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_under_8_callers_local_keeps_the_quota_per_process_and_recovers() {
+    let outage = Outage::run(FailurePolicy::Local).await;
+    assert_all_within(&outage.calls, Settings::default().timeout + SLACK);
+    let down = outage.down();
+    assert!(
+        down.len() >= TASKS,
+        "too few calls while down: {}",
+        down.len()
+    );
+    assert!(down.iter().all(|c| c.outcome != Outcome::Unavailable));
+    // Redis's quota was spent before the kill, so every admission that ended after the kill
+    // began and before the restart came from the local fallback: at most the quota, and the
+    // fallback does admit (it is not a silent deny).
+    let local_admitted = outage
+        .calls
+        .iter()
+        .filter(|c| {
+            c.end > outage.killing && c.end < outage.restarting && c.outcome == Outcome::Admitted
+        })
+        .count();
+    assert!(
+        (1..=5).contains(&local_admitted),
+        "the local fallback admitted {local_admitted} calls for a quota of 5"
+    );
+    // The local quota is spent for a minute; only the restarted (empty) Redis admits again.
+    let recovery = outage.recovery(Outcome::Admitted);
+    eprintln!(
+        "local: {} calls, {} while down, {local_admitted} admitted locally, back on Redis {recovery:?} after restart",
+        outage.calls.len(),
+        down.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_gives_plain_callers_the_store_unavailable_error() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Deny).await;
+    let policy = quota();
+    let checks = [Check::new(
+        "ratelimit:{failure:deny}:fixed:5:60000",
+        &policy,
+    )];
+    assert!(limiter.acquire(&checks).await.is_ok());
+    tokio::task::block_in_place(|| server.kill());
+    for _ in 0..3 {
+        let start = Instant::now();
+        let err = limiter.acquire(&checks).await.unwrap_err();
+        assert!(start.elapsed() <= Settings::default().timeout + SLACK);
+        assert!(err.is_store_unavailable(), "{err}");
+        assert!(matches!(err, RateLimitError::StoreUnavailable(_)));
+        assert!(err.to_string().starts_with("rate-limit store unavailable"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_between_two_calls_the_second_succeeds() {
+    let server = RedisServer::start();
+    // Deny: a failed second call would be an error, not a silently admitted call.
+    let limiter = limiter(&server, FailurePolicy::Deny).await;
+    let policy = quota();
+    let key = "ratelimit:{failure:flush}:fixed:5:60000";
+    let checks = [Check::new(key, &policy)];
+    let first = limiter.check(&checks).await.unwrap();
+    assert_eq!(first.decisions()[0].remaining, 4);
+    let mut conn = server.connection().await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let second = limiter.check(&checks).await.unwrap();
+    assert!(second.is_admitted());
+    // Counted by Redis: this is its answer, not a fallback.
+    assert_eq!(second.decisions()[0].remaining, 3);
+    let count: u64 = redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(count, 2);
+    assert!(!limiter.store_failing());
+}
+
+/// `CLIENT PAUSE 2000`: Redis holds every command; calls must come back within the timeout with
+/// the policy's answer, and go back to Redis once the pause ends.
+async fn client_pause(policy: FailurePolicy, expected: Outcome) {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, policy).await;
+    // A quota of 1, spent: Redis rejects, so any other answer is the policy's.
+    let one = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60)).unwrap();
+    let key = "ratelimit:{failure:pause}:fixed:1:60000";
+    assert_eq!(call(&limiter, key, &one).await.outcome, Outcome::Admitted);
+    assert_eq!(call(&limiter, key, &one).await.outcome, Outcome::Rejected);
+    let hammer = Hammer::start(&limiter, key, one);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pausing = Instant::now();
+    server.pause(Duration::from_millis(2000)).await;
+    let paused = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2000) + RECOVERY).await;
+    let calls = hammer.finish().await;
+    assert_all_within(&calls, Settings::default().timeout + SLACK);
+    // Calls that started after the pause took effect and ended before it could have ended.
+    let during = between(&calls, paused, pausing + Duration::from_millis(2000));
+    assert!(during.len() >= TASKS, "too few calls during the pause");
+    assert!(
+        during.iter().all(|c| c.outcome == expected),
+        "every call during the pause gets the policy's answer {expected:?}"
+    );
+    let pause_end = paused + Duration::from_millis(2000);
+    let back = calls
+        .iter()
+        .filter(|c| c.start > pause_end && c.outcome == Outcome::Rejected)
+        .map(|c| c.end)
+        .min()
+        .unwrap_or_else(|| panic!("Redis was not used again after the pause"));
+    let recovery = back.saturating_duration_since(pause_end);
+    assert!(
+        recovery <= RECOVERY,
+        "back on Redis {recovery:?} after the pause"
+    );
+    eprintln!(
+        "pause ({policy:?}): {} calls, {} during the pause, slowest {:?}, back on Redis {recovery:?} after it",
+        calls.len(),
+        during.len(),
+        calls.iter().map(Call::took).max().unwrap_or_default()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn client_pause_allow_admits_within_the_timeout() {
+    client_pause(FailurePolicy::Allow, Outcome::Admitted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn client_pause_deny_rejects_within_the_timeout() {
+    client_pause(FailurePolicy::Deny, Outcome::Unavailable).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lazy_store_connects_once_redis_is_up_without_a_new_limiter() {
+    let mut server = RedisServer::start();
+    tokio::task::block_in_place(|| server.kill());
+    let limiter = RateLimiter::builder()
+        .redis_url(server.url())
+        .failure_policy(FailurePolicy::Deny)
+        .build_lazy()
+        .unwrap();
+    let policy = quota();
+    let key = "ratelimit:{failure:lazy}:fixed:5:60000";
+    for _ in 0..5 {
+        let c = call(&limiter, key, &policy).await;
+        assert_eq!(c.outcome, Outcome::Unavailable);
+        assert!(
+            c.took() <= Settings::default().timeout + SLACK,
+            "{:?}",
+            c.took()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let server = tokio::task::block_in_place(move || {
+        server.restart();
+        server
+    });
+    let restarted = Instant::now();
+    loop {
+        let c = call(&limiter, key, &policy).await;
+        assert!(
+            c.took() <= Settings::default().timeout + SLACK,
+            "{:?}",
+            c.took()
+        );
+        if c.outcome == Outcome::Admitted {
+            break;
+        }
+        assert!(
+            restarted.elapsed() <= RECOVERY,
+            "the lazy store did not connect within {RECOVERY:?} of Redis starting"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut conn = server.connection().await;
+    let count: u64 = redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(count, 1, "the admission was counted by Redis");
+}
+
+/// `calls=` of `cmdstat_evalsha` in `INFO commandstats`.
+async fn evalsha_calls(server: &RedisServer) -> u64 {
+    let mut conn = server.connection().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn blocked_cache_spares_redis_and_never_admits_what_redis_rejects() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = RateLimiter::builder().store(store).build().await.unwrap();
+    const NUM: u64 = 3;
+    const PERIOD: Duration = Duration::from_secs(1);
+    let policy = Policy::new(Algorithm::Fixed, NUM, PERIOD).unwrap();
+    let key = "ratelimit:{failure:blocked}:fixed:3:1000";
+    let mut conn = server.connection().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    // One caller hammering (a few tasks sending its requests) for about two and a half windows.
+    let hammer = Hammer::start(&limiter, key, policy);
+    tokio::time::sleep(PERIOD * 5 / 2).await;
+    let calls = hammer.finish().await;
+    let elapsed = start.elapsed();
+    let redis_calls = evalsha_calls(&server).await;
+    // Fixed windows start at an admitted call and last PERIOD: at most this many windows
+    // overlap the run.
+    let windows = u64::try_from(elapsed.as_millis() / PERIOD.as_millis()).unwrap() + 1;
+    let admitted = calls
+        .iter()
+        .filter(|c| c.outcome == Outcome::Admitted)
+        .count();
+    let admitted = u64::try_from(admitted).unwrap();
+    assert!(
+        admitted <= NUM * windows,
+        "admitted {admitted} in {windows} windows of {NUM}"
+    );
+    assert!(admitted >= NUM, "the limit admits its quota");
+    // Per window: the admissions, the rejections in flight before the first one was cached,
+    // and a couple near the window's end (the cache expires a round trip early).
+    let per_window = NUM + u64::try_from(TASKS).unwrap() + 4;
+    assert!(
+        redis_calls <= per_window * windows,
+        "{redis_calls} EVALSHA for {} calls over {windows} windows",
+        calls.len()
+    );
+    assert!(calls.len() > usize::try_from(redis_calls).unwrap() * 4);
+    assert!(calls.iter().all(|c| c.outcome != Outcome::Unavailable));
+    eprintln!(
+        "blocked cache: {} calls, {admitted} admitted, {redis_calls} EVALSHA over {elapsed:?}",
+        calls.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_cache_rejects_without_a_round_trip_and_never_outlives_redis() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .store(RedisStore::connect(&server.url()).await.unwrap())
+        .build()
+        .await
+        .unwrap();
+    // A second store to ask Redis itself; a rejected check changes nothing there.
+    let direct = RedisStore::connect(&server.url()).await.unwrap();
+    for algorithm in [
+        Algorithm::Fixed,
+        Algorithm::Sliding,
+        Algorithm::Token,
+        Algorithm::Leaky,
+    ] {
+        let policy = Policy::new(algorithm, 2, Duration::from_secs(5)).unwrap();
+        let key = format!("ratelimit:{{failure:outlive}}:{algorithm}:2:5000");
+        let checks = [Check::new(&key, &policy)];
+        for _ in 0..2 {
+            assert!(limiter.check(&checks).await.unwrap().is_admitted());
+        }
+        let by_redis = limiter.check(&checks).await.unwrap();
+        assert!(!by_redis.is_admitted());
+        let before = evalsha_calls(&server).await;
+        let t1 = Instant::now();
+        let cached = limiter.check(&checks).await.unwrap();
+        let asked = Instant::now();
+        let from_redis = ratelimit_runtime::Store::check(&direct, &checks)
+            .await
+            .unwrap();
+        let t2 = Instant::now();
+        // The cached rejection cost no round trip (the direct check is the one EVALSHA).
+        assert_eq!(evalsha_calls(&server).await, before + 1, "{algorithm}");
+        assert!(!cached.is_admitted() && !from_redis.is_admitted());
+        let cached_wait = cached.retry_after().unwrap();
+        let redis_wait = from_redis.retry_after().unwrap();
+        // Redis's wait, read up to (t2 - t1) later, plus its microsecond rounding, bounds the
+        // cache's: the cache never holds a caller longer than Redis would.
+        assert!(
+            cached_wait <= redis_wait + (t2 - t1) + Duration::from_millis(1),
+            "{algorithm}: cache {cached_wait:?} > Redis {redis_wait:?} + {:?}",
+            t2 - t1
+        );
+        assert!(cached_wait > Duration::ZERO && asked >= t1);
+    }
+}
