@@ -1,10 +1,67 @@
-//! The `#[rate_limit]` attribute. Use it through `ratelimit-runtime`, which re-exports it.
+//! The `#[rate_limit]` attribute. Use it through `ratelimit-runtime`, which re-exports it:
+//! `use ratelimit_runtime::rate_limit;`.
+//!
+//! The crate is split by phase: [`attr`] reads one attribute's arguments, [`valid`]
+//! cross-checks them against each other and the function, [`expand`] generates the code.
+
+mod attr;
+mod expand;
+mod valid;
 
 use proc_macro::TokenStream;
 
-/// Puts a rate limit on an async function. See `ratelimit_runtime` for the arguments.
+/// Puts a rate limit on an async function.
+///
+/// ```ignore
+/// use ratelimit_runtime::{rate_limit, RateLimitError};
+///
+/// #[rate_limit(algo = "sliding", num = 3, time = 10, key = "sms:{phone}")]
+/// async fn send_sms(phone: &str) -> Result<(), RateLimitError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// # Arguments
+///
+/// | argument | meaning | default |
+/// | --- | --- | --- |
+/// | `algo` | `"fixed"`, `"sliding"`, `"leaky"` or `"token"` | `"fixed"` |
+/// | `num` | calls allowed per `time` (a positive integer); for the buckets, the refill/drain amount per `time` and the capacity unless `burst` is given | required |
+/// | `time` | the period: integer seconds, or `"500ms"`, `"10s"`, `"1m"`, `"1h"`, `"1d"` | required |
+/// | `by` | what identifies a caller: `"global"`, `"ip"`, `"url"`, `"user"`, `"app_id"`, `"header:<name>"` | `"global"` |
+/// | `key` | a fixed key (`"login"`) or a template over the arguments: `"sms:{phone}"`, `"{form.phone}"`, `"{self.tenant}"`; `{{` and `}}` are literal braces; values are formatted with `Display` | none |
+/// | `burst` | bucket capacity for `"leaky"`/`"token"` when it differs from `num` | `num` |
+/// | `cost` | units one call takes (at most the capacity) | `1` |
+/// | `scope` | the bucket's name: functions with the same scope share quota; 1–200 of `A-Z a-z 0-9 _ : . - /` | the module path and function name |
+/// | `framework` | `"axum"` or `"actix"`: makes the function a handler of that framework (checked against the enabled features) | none |
+///
+/// A caller's bucket is the scope, the rendered `key` and the `by` value together.
+///
+/// # Modes
+///
+/// * **Plain** (`by = "global"`, no `framework`): free functions, methods (`&self`,
+///   `&mut self`, `self`), generic functions, `async fn` in trait impls. The function must
+///   return `Result<T, E>` with `E: From<RateLimitError>`; a rejected call returns
+///   `Err(E::from(error))` without running the body. The signature is unchanged.
+/// * **HTTP handler** (an HTTP `by`, or `framework`): a hidden extractor parameter is added in
+///   front of the handler's own, and the return type becomes a wrapper that answers 429 (with
+///   the rate-limit headers) when the call is rejected. Needs the `axum` or `actix` feature of
+///   `ratelimit-runtime`; handlers cannot take `self`.
+///
+/// # Stacking
+///
+/// Several `#[rate_limit]` on one function all apply, checked in one call (one Redis round
+/// trip): the call runs only if every limit admits it, and a rejected call takes nothing from
+/// any limit.
+///
+/// # Mistakes
+///
+/// Every mistake is a compile error at the offending token, saying what is accepted, and the
+/// function is still emitted as written so the rest of the crate keeps compiling.
+///
+/// Methods of different types with the same name in one module share the default scope: give
+/// them a `scope` when that is not what you want.
 #[proc_macro_attribute]
 pub fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
-    let _ = args;
-    item
+    expand::rate_limit(args.into(), item.into()).into()
 }

@@ -9,7 +9,8 @@
 //!   an inner `async fn`, and `check_http(&LIMITS, caller, &[keys…], || inner(args…)).await`,
 //!   whose `Limited<T>` return type is both an Axum `IntoResponse` and an Actix `Responder`.
 //!
-//! `keys[i]` is the rendered `key` template of limit `i` (`None` when it has none).
+//! `keys[i]` is the rendered `key` template of limit `i` (`None` when it has none): a fixed
+//! key is a string literal, a template is rendered once per call by [`render`].
 
 use crate::error::RateLimitError;
 use crate::key;
@@ -44,6 +45,45 @@ pub struct Limit {
     pub scope: &'static str,
     /// Who a caller is.
     pub by: By,
+}
+
+/// One piece of a `key` template: literal text, or an argument formatted with `Display`.
+#[derive(Clone, Copy)]
+pub enum Piece<'a> {
+    /// Literal text.
+    Text(&'static str),
+    /// An argument (`{phone}`, `{form.phone}`).
+    Arg(&'a dyn std::fmt::Display),
+}
+
+impl std::fmt::Debug for Piece<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Text(t) => f.debug_tuple("Text").field(t).finish(),
+            Self::Arg(a) => f.debug_tuple("Arg").field(&format_args!("{a}")).finish(),
+        }
+    }
+}
+
+/// Renders a `key` template: the only allocation the macro adds per call.
+///
+/// ```
+/// use ratelimit_runtime::__private::{render, Piece};
+/// let phone = "+15550100";
+/// assert_eq!(render(&[Piece::Text("sms:"), Piece::Arg(&phone)]), "sms:+15550100");
+/// ```
+pub fn render(pieces: &[Piece<'_>]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => out.push_str(t),
+            Piece::Arg(a) => {
+                let _ = write!(out, "{a}");
+            }
+        }
+    }
+    out
 }
 
 /// A policy from the macro's already-checked arguments; evaluated at compile time, where an

@@ -1,0 +1,749 @@
+//! Parsing one `#[rate_limit(...)]` attribute's arguments into typed values, each keeping the
+//! span of the token it came from so that later checks can point at it.
+//!
+//! Syntax errors (`num 5`, a trailing `=`) stop the parse; every other mistake (an unknown
+//! name, a bad value, a duplicate) is collected so that all of them are reported at once.
+
+use proc_macro2::Span;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned as _;
+use syn::{Expr, ExprLit, Ident, Lit, LitStr, Token};
+
+/// The argument names, in the order the docs list them.
+pub(crate) const KNOWN: &[&str] = &[
+    "algo",
+    "num",
+    "time",
+    "by",
+    "key",
+    "burst",
+    "cost",
+    "scope",
+    "framework",
+];
+
+/// Names people write for an argument by habit (other libraries' words), and the right one.
+const ALIASES: &[(&str, &str)] = &[
+    ("algorithm", "algo"),
+    ("algos", "algo"),
+    ("strategy", "algo"),
+    ("kind", "algo"),
+    ("limit", "num"),
+    ("count", "num"),
+    ("max", "num"),
+    ("rate", "num"),
+    ("requests", "num"),
+    ("calls", "num"),
+    ("number", "num"),
+    ("period", "time"),
+    ("window", "time"),
+    ("duration", "time"),
+    ("interval", "time"),
+    ("per", "time"),
+    ("seconds", "time"),
+    ("secs", "time"),
+    ("key_by", "by"),
+    ("source", "by"),
+    ("identifier", "by"),
+    ("capacity", "burst"),
+    ("bucket", "burst"),
+    ("weight", "cost"),
+    ("units", "cost"),
+    ("tokens", "cost"),
+    ("name", "scope"),
+    ("namespace", "scope"),
+];
+
+/// The algorithms `algo` accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Algo {
+    Fixed,
+    Sliding,
+    Leaky,
+    Token,
+}
+
+impl Algo {
+    /// The variant of `ratelimit_runtime::Algorithm`.
+    pub(crate) fn variant(self) -> &'static str {
+        match self {
+            Self::Fixed => "Fixed",
+            Self::Sliding => "Sliding",
+            Self::Leaky => "Leaky",
+            Self::Token => "Token",
+        }
+    }
+
+    pub(crate) fn is_bucket(self) -> bool {
+        matches!(self, Self::Leaky | Self::Token)
+    }
+}
+
+/// What `by` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum By {
+    Global,
+    Ip,
+    Url,
+    User,
+    AppId,
+    /// A lower-cased header name.
+    Header(String),
+}
+
+impl By {
+    /// Whether this source needs an HTTP request.
+    pub(crate) fn is_http(&self) -> bool {
+        !matches!(self, Self::Global)
+    }
+}
+
+/// The HTTP frameworks `framework` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framework {
+    Axum,
+    Actix,
+}
+
+/// One piece of a `key` template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Piece {
+    /// Literal text (braces already unescaped).
+    Text(String),
+    /// `{arg}` or `{arg.field.0}`: the argument's name, then the fields.
+    Arg(Vec<String>),
+}
+
+/// A `key` argument: the literal and its parsed pieces.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyTemplate {
+    pub(crate) lit: LitStr,
+    pub(crate) pieces: Vec<Piece>,
+}
+
+impl KeyTemplate {
+    /// The names of the arguments the template reads, in order of first use.
+    pub(crate) fn arg_roots(&self) -> Vec<&str> {
+        let mut roots: Vec<&str> = Vec::new();
+        for piece in &self.pieces {
+            if let Piece::Arg(path) = piece {
+                let root = path[0].as_str();
+                if !roots.contains(&root) {
+                    roots.push(root);
+                }
+            }
+        }
+        roots
+    }
+}
+
+/// A value and the span of the token it was written with.
+#[derive(Debug, Clone)]
+pub(crate) struct Spanned<T> {
+    pub(crate) value: T,
+    pub(crate) span: Span,
+}
+
+/// One attribute's arguments, each `None` when not written (or written wrong: the error is in
+/// `errors`).
+#[derive(Debug, Clone)]
+pub(crate) struct Args {
+    /// The span of the whole argument list, for "missing `num`".
+    pub(crate) span: Span,
+    pub(crate) algo: Option<Spanned<Algo>>,
+    pub(crate) num: Option<Spanned<u64>>,
+    /// The period in milliseconds.
+    pub(crate) time: Option<Spanned<u64>>,
+    pub(crate) by: Option<Spanned<By>>,
+    pub(crate) key: Option<KeyTemplate>,
+    pub(crate) burst: Option<Spanned<u64>>,
+    pub(crate) cost: Option<Spanned<u64>>,
+    pub(crate) scope: Option<Spanned<String>>,
+    pub(crate) framework: Option<Spanned<Framework>>,
+    /// Every mistake found while reading the values.
+    pub(crate) errors: Vec<syn::Error>,
+    /// The names written, right or wrong (an alias counts as the name it stands for), so that
+    /// `num = 0` or `period = 60` is not also reported as a missing `num` / `time`.
+    pub(crate) written: Vec<&'static str>,
+    /// The list could not be parsed at all: `errors` says why, and no "missing `num`" is added.
+    pub(crate) broken: bool,
+}
+
+/// `name = value`, as written.
+struct RawArg {
+    name: Ident,
+    value: Expr,
+}
+
+impl Parse for RawArg {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let name: Ident = input.call(syn::ext::IdentExt::parse_any).map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                format!(
+                    "expected `name = value` arguments; the names are {}",
+                    known_list()
+                ),
+            )
+        })?;
+        let lookahead = input.lookahead1();
+        if !lookahead.peek(Token![=]) {
+            return Err(syn::Error::new(
+                name.span(),
+                format!("`{name}` needs a value: write `{name} = ...`"),
+            ));
+        }
+        input.parse::<Token![=]>()?;
+        let value: Expr = input.parse()?;
+        Ok(Self { name, value })
+    }
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let span = input.span();
+        let raw = Punctuated::<RawArg, Token![,]>::parse_terminated(input)?;
+        let mut args = Self::empty(span);
+        let mut seen: Vec<Ident> = Vec::new();
+        for arg in raw {
+            args.set(&arg, &mut seen);
+        }
+        Ok(args)
+    }
+}
+
+impl Args {
+    /// Parses an argument list; a syntax error gives a `broken` list carrying that error.
+    pub(crate) fn from_tokens(tokens: proc_macro2::TokenStream, span: Span) -> Self {
+        match syn::parse::Parser::parse2(Self::parse, tokens) {
+            Ok(mut args) => {
+                args.span = span;
+                args
+            }
+            Err(e) => {
+                let mut args = Self::empty(span);
+                args.errors.push(e);
+                args.broken = true;
+                args
+            }
+        }
+    }
+
+    /// No arguments (also the fallback when the list could not be parsed at all).
+    pub(crate) fn empty(span: Span) -> Self {
+        Self {
+            span,
+            algo: None,
+            num: None,
+            time: None,
+            by: None,
+            key: None,
+            burst: None,
+            cost: None,
+            scope: None,
+            framework: None,
+            errors: Vec::new(),
+            written: Vec::new(),
+            broken: false,
+        }
+    }
+
+    fn set(&mut self, arg: &RawArg, seen: &mut Vec<Ident>) {
+        let name = arg.name.to_string();
+        let Some(known) = KNOWN.iter().find(|k| **k == name) else {
+            let lower = name.to_ascii_lowercase();
+            if let Some((_, right)) = ALIASES.iter().find(|(alias, _)| *alias == lower) {
+                self.written.push(right);
+            }
+            self.errors.push(unknown_argument(&arg.name));
+            return;
+        };
+        self.written.push(known);
+        if let Err(e) = reject_duplicate(&arg.name, seen) {
+            self.errors.push(e);
+            return;
+        }
+        let value = &arg.value;
+        let result = match name.as_str() {
+            "algo" => parse_algo(value).map(|v| self.algo = Some(v)),
+            "num" => positive("num", value).map(|v| self.num = Some(v)),
+            "time" => parse_time(value).map(|v| self.time = Some(v)),
+            "by" => parse_by(value).map(|v| self.by = Some(v)),
+            "key" => parse_key(value).map(|v| self.key = Some(v)),
+            "burst" => positive("burst", value).map(|v| self.burst = Some(v)),
+            "cost" => positive("cost", value).map(|v| self.cost = Some(v)),
+            "scope" => parse_scope(value).map(|v| self.scope = Some(v)),
+            "framework" => parse_framework(value).map(|v| self.framework = Some(v)),
+            _ => unreachable!("every known name has a parser"),
+        };
+        if let Err(e) = result {
+            self.errors.push(e);
+        }
+    }
+}
+
+/// The one place duplicates are rejected: the second `name` is the error, noting the first.
+fn reject_duplicate(name: &Ident, seen: &mut Vec<Ident>) -> syn::Result<()> {
+    if let Some(first) = seen.iter().find(|s| *s == name) {
+        let mut e = syn::Error::new(
+            name.span(),
+            format!("duplicate argument `{name}`: give each argument once"),
+        );
+        e.combine(syn::Error::new(
+            first.span(),
+            format!("`{name}` first given here"),
+        ));
+        return Err(e);
+    }
+    seen.push(name.clone());
+    Ok(())
+}
+
+fn known_list() -> String {
+    KNOWN
+        .iter()
+        .map(|k| format!("`{k}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn unknown_argument(name: &Ident) -> syn::Error {
+    let written = name.to_string();
+    let lower = written.to_ascii_lowercase();
+    let suggestion = ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == lower)
+        .map(|(_, right)| *right)
+        .or_else(|| {
+            KNOWN
+                .iter()
+                .copied()
+                .filter(|k| edit_distance(k, &lower) <= 2)
+                .min_by_key(|k| edit_distance(k, &lower))
+        });
+    let mut msg = format!(
+        "unknown argument `{written}`; the arguments are {}",
+        known_list()
+    );
+    if let Some(right) = suggestion {
+        msg = format!(
+            "unknown argument `{written}`: did you mean `{right}`? The arguments are {}",
+            known_list()
+        );
+    }
+    syn::Error::new(name.span(), msg)
+}
+
+/// Levenshtein distance, for "did you mean".
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+fn lit_str(name: &str, value: &Expr, accepted: &str) -> syn::Result<LitStr> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Ok(s.clone()),
+        other => Err(syn::Error::new(
+            other.span(),
+            format!("`{name}` takes a string: {accepted}"),
+        )),
+    }
+}
+
+const ALGOS: &str = "\"fixed\" (the default), \"sliding\", \"leaky\" or \"token\"";
+
+fn parse_algo(value: &Expr) -> syn::Result<Spanned<Algo>> {
+    let lit = lit_str("algo", value, ALGOS)?;
+    let algo = match lit.value().as_str() {
+        "fixed" => Algo::Fixed,
+        "sliding" => Algo::Sliding,
+        "leaky" => Algo::Leaky,
+        "token" => Algo::Token,
+        other @ ("gcra" | "sliding_counter") => {
+            return Err(syn::Error::new(
+                lit.span(),
+                format!("algo = \"{other}\" is not implemented yet; use {ALGOS}"),
+            ));
+        }
+        other => {
+            return Err(syn::Error::new(
+                lit.span(),
+                format!("unknown algo \"{other}\": expected {ALGOS}"),
+            ));
+        }
+    };
+    Ok(Spanned {
+        value: algo,
+        span: lit.span(),
+    })
+}
+
+/// A positive integer literal (`num`, `burst`, `cost`).
+fn positive(name: &str, value: &Expr) -> syn::Result<Spanned<u64>> {
+    let expected = format!("`{name}` must be a positive integer, such as `{name} = 10`");
+    let Expr::Lit(ExprLit {
+        lit: Lit::Int(int), ..
+    }) = value
+    else {
+        return Err(syn::Error::new(value.span(), expected));
+    };
+    let n: u64 = int.base10_parse().map_err(|_| {
+        syn::Error::new(
+            int.span(),
+            format!(
+                "`{name}` must be a positive integer no larger than {}",
+                u64::MAX
+            ),
+        )
+    })?;
+    if n == 0 {
+        return Err(syn::Error::new(
+            int.span(),
+            format!("`{name}` must be a positive integer, not 0"),
+        ));
+    }
+    Ok(Spanned {
+        value: n,
+        span: int.span(),
+    })
+}
+
+const TIME_FORMS: &str = "integer seconds (`time = 10`) or a duration string: \"500ms\", \"10s\", \"1m\", \"1h\", \"1d\"";
+
+/// `time`: integer seconds, or `"<n>ms|s|m|h|d"`; the result is in milliseconds.
+fn parse_time(value: &Expr) -> syn::Result<Spanned<u64>> {
+    let (ms, span) = match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(int), ..
+        }) => {
+            let secs: u64 = int.base10_parse().map_err(|_| {
+                syn::Error::new(int.span(), format!("`time` is too large; use {TIME_FORMS}"))
+            })?;
+            let ms = secs.checked_mul(1000).ok_or_else(|| {
+                syn::Error::new(int.span(), "`time` is too large: at most 100 years")
+            })?;
+            (ms, int.span())
+        }
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => (parse_duration(&s.value(), s.span())?, s.span()),
+        other => {
+            return Err(syn::Error::new(
+                other.span(),
+                format!("`time` takes {TIME_FORMS}"),
+            ));
+        }
+    };
+    if ms == 0 {
+        return Err(syn::Error::new(
+            span,
+            "`time` must be positive: a period of 0 admits nothing",
+        ));
+    }
+    Ok(Spanned { value: ms, span })
+}
+
+fn parse_duration(text: &str, span: Span) -> syn::Result<u64> {
+    let bad = || {
+        syn::Error::new(
+            span,
+            format!("cannot read the duration \"{text}\": `time` takes {TIME_FORMS}"),
+        )
+    };
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = text.split_at(digits);
+    if number.is_empty() {
+        return Err(bad());
+    }
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let factor: u64 = match unit {
+        "ms" => 1,
+        "" | "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(factor)
+        .ok_or_else(|| syn::Error::new(span, "`time` is too large: at most 100 years"))
+}
+
+const BYS: &str =
+    "\"global\" (the default), \"ip\", \"url\", \"user\", \"app_id\" or \"header:<name>\"";
+
+fn parse_by(value: &Expr) -> syn::Result<Spanned<By>> {
+    let lit = lit_str("by", value, BYS)?;
+    let text = lit.value();
+    let by = match text.as_str() {
+        "global" => By::Global,
+        "ip" => By::Ip,
+        "url" => By::Url,
+        "user" => By::User,
+        "app_id" => By::AppId,
+        other => match other.strip_prefix("header:") {
+            Some(name) => {
+                let name = name.trim();
+                if name.is_empty() || !name.bytes().all(is_header_name_byte) {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        format!(
+                            "invalid header name \"{name}\" in by = \"{other}\": use letters, digits and !#$%&'*+-.^_`|~, as in by = \"header:x-api-key\""
+                        ),
+                    ));
+                }
+                By::Header(name.to_ascii_lowercase())
+            }
+            None => {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    format!("unknown by \"{other}\": expected {BYS}"),
+                ));
+            }
+        },
+    };
+    Ok(Spanned {
+        value: by,
+        span: lit.span(),
+    })
+}
+
+/// RFC 9110 `tchar`.
+fn is_header_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+fn parse_key(value: &Expr) -> syn::Result<KeyTemplate> {
+    let lit = lit_str(
+        "key",
+        value,
+        "a fixed key such as \"login\", or a template over the arguments such as \"sms:{phone}\"",
+    )?;
+    let pieces = parse_template(&lit.value()).map_err(|msg| {
+        syn::Error::new(
+            lit.span(),
+            format!("{msg} in the key template; write {{arg}} or {{arg.field}} for an argument, {{{{ and }}}} for literal braces"),
+        )
+    })?;
+    Ok(KeyTemplate { lit, pieces })
+}
+
+/// Splits a template into text and `{arg.field}` pieces.
+pub(crate) fn parse_template(text: &str) -> Result<Vec<Piece>, String> {
+    let mut pieces = Vec::new();
+    let mut buf = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' if chars.peek() == Some(&'{') => {
+                chars.next();
+                buf.push('{');
+            }
+            '}' if chars.peek() == Some(&'}') => {
+                chars.next();
+                buf.push('}');
+            }
+            '}' => return Err("unmatched `}`".to_owned()),
+            '{' => {
+                let mut inner = String::new();
+                loop {
+                    match chars.next() {
+                        Some('}') => break,
+                        Some('{') | None => return Err("unclosed `{`".to_owned()),
+                        Some(c) => inner.push(c),
+                    }
+                }
+                let inner = inner.trim();
+                if inner.is_empty() {
+                    return Err("empty `{}`".to_owned());
+                }
+                let path: Vec<String> = inner
+                    .split('.')
+                    .map(|s| s.trim().trim_start_matches("r#").to_owned())
+                    .collect();
+                for (i, seg) in path.iter().enumerate() {
+                    let ident = seg.starts_with(|c: char| c.is_alphabetic() || c == '_')
+                        && seg.chars().all(|c| c.is_alphanumeric() || c == '_');
+                    let index = i > 0 && !seg.is_empty() && seg.bytes().all(|b| b.is_ascii_digit());
+                    if !(ident || index) {
+                        return Err(format!("`{{{inner}}}` is not an argument name"));
+                    }
+                }
+                if !buf.is_empty() {
+                    pieces.push(Piece::Text(std::mem::take(&mut buf)));
+                }
+                pieces.push(Piece::Arg(path));
+            }
+            c => buf.push(c),
+        }
+    }
+    if !buf.is_empty() {
+        pieces.push(Piece::Text(buf));
+    }
+    Ok(pieces)
+}
+
+/// The same rule as `ratelimit_runtime::key::valid_scope`.
+pub(crate) fn valid_scope(scope: &str) -> bool {
+    !scope.is_empty()
+        && scope.len() <= 200
+        && scope
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b':' | b'.' | b'-' | b'/'))
+}
+
+fn parse_scope(value: &Expr) -> syn::Result<Spanned<String>> {
+    let lit = lit_str("scope", value, "a bucket name such as \"sms\"")?;
+    let scope = lit.value();
+    if !valid_scope(&scope) {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "invalid scope \"{}\": use 1 to 200 characters of A-Z a-z 0-9 _ : . - /",
+                scope.escape_default()
+            ),
+        ));
+    }
+    Ok(Spanned {
+        value: scope,
+        span: lit.span(),
+    })
+}
+
+fn parse_framework(value: &Expr) -> syn::Result<Spanned<Framework>> {
+    let accepted = "\"axum\" or \"actix\"";
+    let lit = lit_str("framework", value, accepted)?;
+    let framework = match lit.value().as_str() {
+        "axum" => Framework::Axum,
+        "actix" | "actix-web" | "actix_web" => Framework::Actix,
+        other => {
+            return Err(syn::Error::new(
+                lit.span(),
+                format!("unknown framework \"{other}\": expected {accepted}"),
+            ));
+        }
+    };
+    Ok(Spanned {
+        value: framework,
+        span: lit.span(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(tokens: proc_macro2::TokenStream) -> Args {
+        syn::parse2(tokens).unwrap()
+    }
+
+    #[test]
+    fn reads_every_argument() {
+        let a = args(quote::quote!(
+            algo = "token",
+            num = 5,
+            time = "500ms",
+            by = "header:X-Api-Key",
+            key = "sms:{phone}",
+            burst = 10,
+            cost = 2,
+            scope = "sms",
+            framework = "axum"
+        ));
+        assert!(a.errors.is_empty(), "{:?}", a.errors);
+        assert_eq!(a.algo.unwrap().value, Algo::Token);
+        assert_eq!(a.num.unwrap().value, 5);
+        assert_eq!(a.time.unwrap().value, 500);
+        assert_eq!(a.by.unwrap().value, By::Header("x-api-key".into()));
+        assert_eq!(a.key.unwrap().arg_roots(), ["phone"]);
+        assert_eq!(a.burst.unwrap().value, 10);
+        assert_eq!(a.cost.unwrap().value, 2);
+        assert_eq!(a.scope.unwrap().value, "sms");
+        assert_eq!(a.framework.unwrap().value, Framework::Axum);
+    }
+
+    #[test]
+    fn durations() {
+        let s = Span::call_site();
+        assert_eq!(parse_duration("500ms", s).unwrap(), 500);
+        assert_eq!(parse_duration("10s", s).unwrap(), 10_000);
+        assert_eq!(parse_duration("1m", s).unwrap(), 60_000);
+        assert_eq!(parse_duration("1h", s).unwrap(), 3_600_000);
+        assert_eq!(parse_duration("1d", s).unwrap(), 86_400_000);
+        assert_eq!(parse_duration("7", s).unwrap(), 7_000);
+        for bad in [
+            "",
+            "ms",
+            "10x",
+            "1.5s",
+            "-1s",
+            "10 s",
+            "99999999999999999999s",
+        ] {
+            assert!(parse_duration(bad, s).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn templates() {
+        assert_eq!(
+            parse_template("a{{b}}:{form.phone}{x.0}").unwrap(),
+            vec![
+                Piece::Text("a{b}:".into()),
+                Piece::Arg(vec!["form".into(), "phone".into()]),
+                Piece::Arg(vec!["x".into(), "0".into()]),
+            ]
+        );
+        for bad in ["{", "}", "{}", "{a b}", "{0}", "{a.}", "{a{b}}"] {
+            assert!(parse_template(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn collects_every_mistake() {
+        let a = args(quote::quote!(
+            algorithm = "x",
+            num = 0,
+            num = 3,
+            time = "1y",
+            by = "ipv4"
+        ));
+        assert_eq!(a.errors.len(), 5);
+        let msgs: Vec<String> = a.errors.iter().map(ToString::to_string).collect();
+        assert!(msgs[0].contains("did you mean `algo`"), "{msgs:?}");
+        assert!(msgs[2].contains("duplicate argument `num`"), "{msgs:?}");
+    }
+
+    #[test]
+    fn suggestions() {
+        for (wrong, right) in [
+            ("limit", "num"),
+            ("period", "time"),
+            ("window", "time"),
+            ("nmu", "num"),
+            ("scop", "scope"),
+        ] {
+            let e = unknown_argument(&Ident::new(wrong, Span::call_site())).to_string();
+            assert!(
+                e.contains(&format!("did you mean `{right}`")),
+                "{wrong}: {e}"
+            );
+        }
+        let e = unknown_argument(&Ident::new("zzzzzz", Span::call_site())).to_string();
+        assert!(
+            !e.contains("did you mean") && e.contains("`framework`"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,537 @@
+//! Code generation: one `static` holding the limits and one call into
+//! `ratelimit_runtime::__private` before the body.
+//!
+//! Names and spans: generated locals are `__ratelimit_*` idents with `Span::mixed_site()`, so
+//! they can neither clash with nor be seen by the user's code; everything else is spanned at
+//! the call site (so clippy knows it comes from a macro) and, where a type error could arise,
+//! *located* at the user's token so the compiler points there.
+
+use proc_macro2::{Ident, Literal, Span, TokenStream};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::spanned::Spanned as _;
+use syn::{AttrStyle, Attribute, FnArg, ItemFn, Meta, Pat, ReturnType};
+
+use crate::attr::{Args, By, Framework, KeyTemplate, Piece};
+use crate::valid::{self, Checked, Mode};
+
+/// The whole attribute: never fails; mistakes become `compile_error!`s next to the user's
+/// function, which is emitted as written (minus the stacked `#[rate_limit]`s, which were
+/// checked here) so that IDEs and the rest of the crate keep working.
+#[allow(clippy::needless_pass_by_value)] // the proc-macro entry point hands over ownership
+pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
+    let Ok(mut func) = syn::parse2::<ItemFn>(item.clone()) else {
+        let e = syn::Error::new(
+            Span::call_site(),
+            "#[rate_limit] goes on an `async fn` with a body: a free function, a method, or an `async fn` in a trait impl",
+        )
+        .into_compile_error();
+        return quote!(#item #e);
+    };
+    let mut all = vec![Args::from_tokens(args, Span::call_site())];
+    all.extend(take_stacked(&mut func.attrs));
+    match valid::check(all, &func) {
+        Ok(checked) => generate(&func, &checked),
+        Err(e) => {
+            let e = e.into_compile_error();
+            quote!(#func #e)
+        }
+    }
+}
+
+fn is_rate_limit(attr: &Attribute) -> bool {
+    attr.path()
+        .segments
+        .last()
+        .is_some_and(|s| s.ident == "rate_limit")
+}
+
+/// Removes the other `#[rate_limit]` attributes on the same function and parses them: the
+/// first expansion handles them all, so one call checks every limit.
+fn take_stacked(attrs: &mut Vec<Attribute>) -> Vec<Args> {
+    let mut stacked = Vec::new();
+    attrs.retain(|attr| {
+        if !is_rate_limit(attr) {
+            return true;
+        }
+        stacked.push(match &attr.meta {
+            Meta::List(list) => {
+                Args::from_tokens(list.tokens.clone(), list.delimiter.span().join())
+            }
+            Meta::Path(path) => Args::from_tokens(TokenStream::new(), path.span()),
+            Meta::NameValue(nv) => {
+                let mut args = Args::empty(nv.span());
+                args.errors.push(syn::Error::new(
+                    nv.eq_token.span,
+                    "write the arguments in parentheses: #[rate_limit(num = 10, time = 60)]",
+                ));
+                args.broken = true;
+                args
+            }
+        });
+        false
+    });
+    stacked
+}
+
+/// `::ratelimit_runtime::__private`.
+fn private() -> TokenStream {
+    quote!(::ratelimit_runtime::__private)
+}
+
+/// A call-site span (so lints treat the tokens as macro output) shown at `at`.
+fn at(at: Span) -> Span {
+    Span::call_site().located_at(at)
+}
+
+fn local(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
+}
+
+fn generate(func: &ItemFn, checked: &Checked) -> TokenStream {
+    let p = private();
+    let limits_ident = local("__RATELIMIT_LIMITS");
+    let n = checked.limits.len();
+    let fn_name = {
+        let s = func.sig.ident.to_string();
+        s.strip_prefix("r#").unwrap_or(&s).to_owned()
+    };
+    let limits = checked.limits.iter().map(|l| {
+        let algo = Ident::new(l.algo.variant(), Span::call_site());
+        let num = Literal::u64_unsuffixed(l.num);
+        let ms = Literal::u64_unsuffixed(l.period_ms);
+        let burst = Literal::u64_unsuffixed(l.burst);
+        let cost = Literal::u64_unsuffixed(l.cost);
+        let scope = l.scope.as_ref().map_or_else(
+            || quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
+            |s| quote!(#s),
+        );
+        let by = match &l.by {
+            By::Global => quote!(#p::By::Global),
+            By::Ip => quote!(#p::By::Ip),
+            By::Url => quote!(#p::By::Url),
+            By::User => quote!(#p::By::User),
+            By::AppId => quote!(#p::By::AppId),
+            By::Header(h) => quote!(#p::By::Header(#h)),
+        };
+        quote! {
+            #p::Limit {
+                policy: #p::policy(#p::Algorithm::#algo, #num, #ms, #burst, #cost),
+                scope: #scope,
+                by: #by,
+            }
+        }
+    });
+    let statics = quote! {
+        static #limits_ident: [#p::Limit; #n] = [#(#limits),*];
+    };
+
+    let http = matches!(checked.mode, Mode::Http { .. });
+    let mut key_lets = Vec::new();
+    let mut key_refs = Vec::new();
+    for (i, limit) in checked.limits.iter().enumerate() {
+        let Some(key) = &limit.key else {
+            key_refs.push(quote!(::core::option::Option::None));
+            continue;
+        };
+        if key.arg_roots().is_empty() {
+            let text: String = key
+                .pieces
+                .iter()
+                .map(|piece| match piece {
+                    Piece::Text(t) => t.as_str(),
+                    Piece::Arg(_) => "",
+                })
+                .collect();
+            key_refs.push(quote!(::core::option::Option::Some(#text)));
+            continue;
+        }
+        let ident = local(&format!("__ratelimit_key{i}"));
+        let render = render(key);
+        let value = if http {
+            let binds = http_bindings(func, checked, key);
+            quote!({ #(#binds)* #render })
+        } else {
+            render
+        };
+        key_lets.push(quote!(let #ident: ::std::string::String = #value;));
+        key_refs.push(quote!(::core::option::Option::Some(#ident.as_str())));
+    }
+
+    match &checked.mode {
+        Mode::Plain { ret } => plain(func, *ret, &statics, &key_lets, &key_refs),
+        Mode::Http { http, framework } => http_handler(
+            func,
+            *http,
+            framework.as_ref(),
+            &statics,
+            &key_lets,
+            &key_refs,
+        ),
+    }
+}
+
+/// `render(&[Piece::Text("sms:"), Piece::Arg(&phone)])`, with the argument expressions
+/// located at the `key` literal so a type without `Display` is reported there.
+fn render(key: &KeyTemplate) -> TokenStream {
+    let p = private();
+    let span = at(key.lit.span());
+    let pieces = key.pieces.iter().map(|piece| match piece {
+        Piece::Text(t) => quote!(#p::Piece::Text(#t)),
+        Piece::Arg(path) => {
+            let mut expr = TokenStream::new();
+            for (i, seg) in path.iter().enumerate() {
+                if i > 0 {
+                    quote_spanned!(span=> .).to_tokens(&mut expr);
+                }
+                if seg.bytes().all(|b| b.is_ascii_digit()) {
+                    syn::Index {
+                        index: seg.parse().unwrap_or_default(),
+                        span,
+                    }
+                    .to_tokens(&mut expr);
+                } else {
+                    segment_ident(seg, span).to_tokens(&mut expr);
+                }
+            }
+            quote_spanned!(span=> #p::Piece::Arg(&#expr))
+        }
+    });
+    quote!(#p::render(&[#(#pieces),*]))
+}
+
+/// An identifier for a template segment: `self`, a plain name, or a raw one for a keyword.
+fn segment_ident(seg: &str, span: Span) -> Ident {
+    if seg == "self" || syn::parse_str::<Ident>(seg).is_ok() {
+        Ident::new(seg, span)
+    } else {
+        Ident::new_raw(seg, span)
+    }
+}
+
+/// In HTTP mode the user's parameters are moved into the inner fn, so the template reads them
+/// through `let <pattern> = &__ratelimit_argN;` (binding modes stripped, since the bindings
+/// become references).
+fn http_bindings(func: &ItemFn, checked: &Checked, key: &KeyTemplate) -> Vec<TokenStream> {
+    let roots = key.arg_roots();
+    let typed: Vec<&syn::PatType> = func
+        .sig
+        .inputs
+        .iter()
+        .filter_map(|a| match a {
+            FnArg::Typed(t) => Some(t),
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
+    checked
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(_, names)| names.iter().any(|n| roots.contains(&n.as_str())))
+        .map(|(i, _)| {
+            let mut pat = (*typed[i].pat).clone();
+            strip_binding_modes(&mut pat);
+            let arg = local(&format!("__ratelimit_arg{i}"));
+            quote! {
+                #[allow(unused_variables, clippy::all, clippy::pedantic)]
+                let #pat = &#arg;
+            }
+        })
+        .collect()
+}
+
+fn strip_binding_modes(pat: &mut Pat) {
+    match pat {
+        Pat::Ident(p) => {
+            p.by_ref = None;
+            p.mutability = None;
+            if let Some((_, sub)) = &mut p.subpat {
+                strip_binding_modes(sub);
+            }
+        }
+        Pat::Tuple(t) => t.elems.iter_mut().for_each(strip_binding_modes),
+        Pat::TupleStruct(t) => t.elems.iter_mut().for_each(strip_binding_modes),
+        Pat::Struct(s) => s
+            .fields
+            .iter_mut()
+            .for_each(|f| strip_binding_modes(&mut f.pat)),
+        Pat::Slice(s) => s.elems.iter_mut().for_each(strip_binding_modes),
+        Pat::Reference(r) => strip_binding_modes(&mut r.pat),
+        Pat::Paren(p) => strip_binding_modes(&mut p.pat),
+        Pat::Type(t) => strip_binding_modes(&mut t.pat),
+        _ => {}
+    }
+}
+
+fn split_attrs(attrs: &[Attribute]) -> (Vec<&Attribute>, Vec<&Attribute>) {
+    attrs
+        .iter()
+        .partition(|a| matches!(a.style, AttrStyle::Outer))
+}
+
+/// Plain mode: the signature untouched, the check prepended to the body.
+fn plain(
+    func: &ItemFn,
+    ret: Span,
+    statics: &TokenStream,
+    key_lets: &[TokenStream],
+    key_refs: &[TokenStream],
+) -> TokenStream {
+    let p = private();
+    let (outer, inner) = split_attrs(&func.attrs);
+    let (vis, sig, stmts) = (&func.vis, &func.sig, &func.block.stmts);
+    let limits = local("__RATELIMIT_LIMITS");
+    let err = local("__ratelimit_error");
+    // Spanned at the return type, so a missing `From<RateLimitError>` is reported there.
+    let from = quote_spanned!(ret=> ::core::convert::From::from({ #err }));
+    quote! {
+        #(#outer)*
+        #vis #sig {
+            #(#inner)*
+            #[allow(unused_braces, clippy::all, clippy::pedantic)]
+            {
+                #statics
+                #(#key_lets)*
+                if let ::core::result::Result::Err(#err) =
+                    #p::check(&#limits, &[#(#key_refs),*]).await
+                {
+                    return ::core::result::Result::Err(#from);
+                }
+            }
+            #(#stmts)*
+        }
+    }
+}
+
+/// HTTP mode, as the contract with the runtime says: a hidden `HttpCaller` first, the user's
+/// function moved into an inner `async fn`, and `check_http` deciding whether it runs.
+fn http_handler(
+    func: &ItemFn,
+    http: Span,
+    framework: Option<&crate::attr::Spanned<Framework>>,
+    statics: &TokenStream,
+    key_lets: &[TokenStream],
+    key_refs: &[TokenStream],
+) -> TokenStream {
+    let p = private();
+    let (outer, _) = split_attrs(&func.attrs);
+    let inner_attrs = func
+        .attrs
+        .iter()
+        .filter(|a| !matches!(a.style, AttrStyle::Outer));
+    let vis = &func.vis;
+    let sig = &func.sig;
+    let (asyncness, fn_token, ident, generics) =
+        (&sig.asyncness, &sig.fn_token, &sig.ident, &sig.generics);
+    let where_clause = &generics.where_clause;
+    let caller = local("__ratelimit_caller");
+    let inner = local("__ratelimit_inner");
+    let limits = local("__RATELIMIT_LIMITS");
+
+    let mut args = Vec::new();
+    let mut params = Vec::new();
+    for (i, input) in sig
+        .inputs
+        .iter()
+        .filter_map(|a| match a {
+            FnArg::Typed(t) => Some(t),
+            FnArg::Receiver(_) => None,
+        })
+        .enumerate()
+    {
+        let arg = local(&format!("__ratelimit_arg{i}"));
+        let ty = &input.ty;
+        params.push(quote!(#arg: #ty));
+        args.push(arg);
+    }
+    let output = match &sig.output {
+        ReturnType::Default => quote!(()),
+        ReturnType::Type(_, ty) => ty.to_token_stream(),
+    };
+    let mut inner_sig = sig.clone();
+    inner_sig.ident = inner.clone();
+    let stmts = &func.block.stmts;
+    let require = match framework.map(|f| (f.value, f.span)) {
+        None => {
+            quote_spanned!(http=> const _: () = ::ratelimit_runtime::__private::RequireHttp::<()>::OK;)
+        }
+        Some((Framework::Axum, span)) => {
+            quote_spanned!(span=> const _: () = ::ratelimit_runtime::__private::RequireAxum::<()>::OK;)
+        }
+        Some((Framework::Actix, span)) => {
+            quote_spanned!(span=> const _: () = ::ratelimit_runtime::__private::RequireActix::<()>::OK;)
+        }
+    };
+    quote! {
+        #(#outer)*
+        #vis #asyncness #fn_token #ident #generics (
+            #caller: #p::HttpCaller,
+            #(#params),*
+        ) -> #p::Limited<#output> #where_clause {
+            #[allow(clippy::all, clippy::pedantic)]
+            #inner_sig {
+                #(#inner_attrs)*
+                #(#stmts)*
+            }
+            #require
+            #statics
+            #(#key_lets)*
+            #p::check_http(
+                &#limits,
+                #caller,
+                &[#(#key_refs),*],
+                move || #inner(#(#args),*),
+            ).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand(args: TokenStream, item: TokenStream) -> ItemFn {
+        let out = rate_limit(args, item);
+        syn::parse2(out.clone()).unwrap_or_else(|e| panic!("{e}: {out}"))
+    }
+
+    fn param_names(f: &ItemFn) -> Vec<String> {
+        f.sig
+            .inputs
+            .iter()
+            .map(|a| match a {
+                FnArg::Typed(t) => t.pat.to_token_stream().to_string(),
+                FnArg::Receiver(r) => r.to_token_stream().to_string(),
+            })
+            .collect()
+    }
+
+    fn compact(t: impl ToTokens) -> String {
+        t.to_token_stream().to_string().replace(' ', "")
+    }
+
+    #[test]
+    fn http_mode_follows_the_contract() {
+        let f = expand(
+            quote!(algo = "sliding", num = 3, time = 10, by = "ip"),
+            quote! {
+                /// Logs in.
+                pub async fn login(State(s): State<AppState>, Json(form): Json<LoginForm>) -> impl IntoResponse { s.go(form) }
+            },
+        );
+        assert_eq!(
+            param_names(&f),
+            ["__ratelimit_caller", "__ratelimit_arg0", "__ratelimit_arg1"]
+        );
+        assert!(f.attrs.iter().any(|a| a.path().is_ident("doc")));
+        assert_eq!(
+            compact(&f.sig.output),
+            "->::ratelimit_runtime::__private::Limited<implIntoResponse>"
+        );
+        let FnArg::Typed(caller) = &f.sig.inputs[0] else {
+            panic!()
+        };
+        assert_eq!(
+            compact(&caller.ty),
+            "::ratelimit_runtime::__private::HttpCaller"
+        );
+        let body = compact(&f.block);
+        assert!(
+            body.contains("asyncfn__ratelimit_inner(State(s):State<AppState>,Json(form):Json<LoginForm>)->implIntoResponse{s.go(form)}"),
+            "{body}"
+        );
+        assert!(
+            body.contains("#[allow(clippy::all,clippy::pedantic)]"),
+            "{body}"
+        );
+        assert!(body.contains("RequireHttp::<()>::OK"), "{body}");
+        assert!(
+            body.contains(
+                "static__RATELIMIT_LIMITS:[::ratelimit_runtime::__private::Limit;1usize]"
+            ),
+            "{body}"
+        );
+        assert!(
+            body.contains("policy(::ratelimit_runtime::__private::Algorithm::Sliding,3,10000,3,1)"),
+            "{body}"
+        );
+        assert!(
+            body.contains("by:::ratelimit_runtime::__private::By::Ip"),
+            "{body}"
+        );
+        assert!(
+            body.contains("check_http(&__RATELIMIT_LIMITS,__ratelimit_caller,&[::core::option::Option::None],move||__ratelimit_inner(__ratelimit_arg0,__ratelimit_arg1),).await"),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn http_mode_renders_templates_from_borrowed_patterns() {
+        let f = expand(
+            quote!(
+                num = 3,
+                time = "1m",
+                by = "header:X-Tenant",
+                key = "login:{form.phone}",
+                framework = "axum"
+            ),
+            quote! {
+                async fn login<T: Clone>(Json(mut form): Json<LoginForm>) where T: Send {}
+            },
+        );
+        assert_eq!(
+            compact(&f.sig.output),
+            "->::ratelimit_runtime::__private::Limited<()>"
+        );
+        assert_eq!(compact(&f.sig.generics), "<T:Clone>");
+        let body = compact(&f.block);
+        assert!(body.contains("letJson(form)=&__ratelimit_arg0;"), "{body}");
+        assert!(body.contains("Piece::Arg(&form.phone)"), "{body}");
+        assert!(body.contains("RequireAxum::<()>::OK"), "{body}");
+        assert!(body.contains("By::Header(\"x-tenant\")"), "{body}");
+        assert!(
+            body.contains(
+                "asyncfn__ratelimit_inner<T:Clone>(Json(mutform):Json<LoginForm>)whereT:Send{}"
+            ),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn stacked_attributes_become_one_check() {
+        let f = expand(
+            quote!(algo = "token", num = 5, time = 1),
+            quote! {
+                #[rate_limit(num = 20, time = "1m")]
+                #[ratelimit_runtime::rate_limit(num = 100, time = "1d", key = "sms:{phone}")]
+                async fn send(&self, phone: &str) -> Result<(), E> { Ok(()) }
+            },
+        );
+        assert!(f.attrs.is_empty());
+        assert_eq!(param_names(&f), ["& self", "phone"]);
+        let body = compact(&f.block);
+        assert_eq!(body.matches("::check(").count(), 1, "{body}");
+        assert!(body.contains("Limit;3usize]"), "{body}");
+        assert!(body.contains("Piece::Arg(&phone)"), "{body}");
+        assert!(body.contains("&[::core::option::Option::None,::core::option::Option::None,::core::option::Option::Some(__ratelimit_key2.as_str())]"), "{body}");
+    }
+
+    #[test]
+    fn errors_keep_the_function() {
+        let out = rate_limit(
+            quote!(num = 0, time = 1, by = "ipv4"),
+            quote!(
+                #[rate_limit(limit = 3)]
+                async fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        )
+        .to_string();
+        assert!(out.contains("async fn f"), "{out}");
+        assert!(!out.contains("limit = 3"), "{out}");
+        assert!(out.contains("positive integer, not 0"), "{out}");
+        assert!(out.contains("unknown by"), "{out}");
+        assert!(out.contains("did you mean `num`"), "{out}");
+        assert!(out.contains("missing `time`"), "{out}");
+    }
+}

@@ -1,0 +1,290 @@
+//! Cross-checks: the arguments of every stacked attribute against each other and against the
+//! function they are on. Every rule that spans more than one argument lives here.
+
+use proc_macro2::Span;
+use syn::spanned::Spanned as _;
+use syn::{FnArg, ItemFn, Pat, ReturnType, Type};
+
+use crate::attr::{Algo, Args, By, Framework, KeyTemplate, Spanned};
+
+/// The longest period the stores accept (the runtime's `MAX_PERIOD_MS`: 100 years).
+const MAX_PERIOD_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// One checked limit, ready for code generation.
+#[derive(Debug)]
+pub(crate) struct Limit {
+    pub(crate) algo: Algo,
+    pub(crate) num: u64,
+    pub(crate) period_ms: u64,
+    pub(crate) burst: u64,
+    pub(crate) cost: u64,
+    pub(crate) by: By,
+    pub(crate) key: Option<KeyTemplate>,
+    pub(crate) scope: Option<String>,
+}
+
+/// How the function is called.
+#[derive(Debug)]
+pub(crate) enum Mode {
+    /// A plain async fn returning `Result`; the span is the return type's.
+    Plain { ret: Span },
+    /// An HTTP handler. `http` is the span of the first token that made it one (for the
+    /// "needs an HTTP integration" error), `framework` the named framework, if any.
+    Http {
+        http: Span,
+        framework: Option<Spanned<Framework>>,
+    },
+}
+
+/// Everything code generation needs.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    pub(crate) limits: Vec<Limit>,
+    pub(crate) mode: Mode,
+    /// For each parameter (receiver excluded), the names its pattern binds.
+    pub(crate) params: Vec<Vec<String>>,
+}
+
+/// Checks every attribute's arguments (errors found while parsing them included) and the
+/// function; all mistakes come back combined.
+pub(crate) fn check(attrs: Vec<Args>, func: &ItemFn) -> syn::Result<Checked> {
+    let mut errors: Vec<syn::Error> = Vec::new();
+    let sig = &func.sig;
+
+    if sig.asyncness.is_none() {
+        errors.push(syn::Error::new(
+            sig.fn_token.span,
+            "#[rate_limit] works on `async fn` only: make this function `async`",
+        ));
+    }
+
+    let receiver = sig.receiver().map(syn::Receiver::span);
+    let params: Vec<Vec<String>> = sig
+        .inputs
+        .iter()
+        .filter_map(|arg| match arg {
+            FnArg::Typed(t) => {
+                let mut names = Vec::new();
+                bound_names(&t.pat, &mut names);
+                Some(names)
+            }
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
+
+    let mut limits = Vec::new();
+    let mut http: Option<Span> = None;
+    let mut framework: Option<Spanned<Framework>> = None;
+
+    for mut args in attrs {
+        errors.append(&mut args.errors);
+        if args.broken {
+            continue;
+        }
+        if let Some(f) = &args.framework {
+            http.get_or_insert(f.span);
+            match &framework {
+                Some(first) if first.value != f.value => {
+                    let mut e = syn::Error::new(
+                        f.span,
+                        "stacked #[rate_limit] attributes name different frameworks: a handler belongs to one framework",
+                    );
+                    e.combine(syn::Error::new(
+                        first.span,
+                        "the other framework is named here",
+                    ));
+                    errors.push(e);
+                }
+                Some(_) => {}
+                None => framework = Some(f.clone()),
+            }
+        }
+        if let Some(by) = args.by.as_ref().filter(|b| b.value.is_http()) {
+            http.get_or_insert(by.span);
+        }
+        if let Some(key) = &args.key {
+            check_template(key, receiver.is_some(), &params, &mut errors);
+        }
+        if let Some(limit) = limit_of(&args, &mut errors) {
+            limits.push(limit);
+        }
+    }
+
+    let mode = if let Some(http) = http {
+        if let Some(recv) = receiver {
+            let mut e = syn::Error::new(
+                http,
+                "this makes the function an HTTP handler, and handlers cannot take `self`: use a free function, or by = \"global\" with a `key` template on a method",
+            );
+            e.combine(syn::Error::new(recv, "`self` is taken here"));
+            errors.push(e);
+        }
+        Mode::Http { http, framework }
+    } else {
+        if let Err(e) = check_result(sig) {
+            errors.push(e);
+        }
+        Mode::Plain {
+            ret: match &sig.output {
+                ReturnType::Type(_, ty) => ty.span(),
+                ReturnType::Default => sig.paren_token.span.close(),
+            },
+        }
+    };
+
+    let name = sig.ident.to_string();
+    let name = name.strip_prefix("r#").unwrap_or(&name);
+    if !crate::attr::valid_scope(name) && limits.iter().any(|l| l.scope.is_none()) {
+        errors.push(syn::Error::new(
+            sig.ident.span(),
+            "the default scope is the function's module path and name, which must be ASCII: give this function a `scope = \"...\"`",
+        ));
+    }
+
+    match errors.into_iter().reduce(|mut a, b| {
+        a.combine(b);
+        a
+    }) {
+        Some(e) => Err(e),
+        None => Ok(Checked {
+            limits,
+            mode,
+            params,
+        }),
+    }
+}
+
+/// The policy rules of `ratelimit_runtime::Policy::from_parts`, with spans.
+fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
+    let before = errors.len();
+    if !args.written.contains(&"num") {
+        errors.push(syn::Error::new(
+            args.span,
+            "missing `num`: how many calls are allowed per `time`, e.g. #[rate_limit(num = 10, time = 60)]",
+        ));
+    }
+    if !args.written.contains(&"time") {
+        errors.push(syn::Error::new(
+            args.span,
+            "missing `time`: the period, in seconds or as \"500ms\"/\"10s\"/\"1m\"/\"1h\"/\"1d\", e.g. #[rate_limit(num = 10, time = 60)]",
+        ));
+    }
+    let algo = args.algo.as_ref().map_or(Algo::Fixed, |a| a.value);
+    if let (Some(time), true) = (
+        &args.time,
+        args.time.as_ref().is_some_and(|t| t.value > MAX_PERIOD_MS),
+    ) {
+        errors.push(syn::Error::new(
+            time.span,
+            "`time` is too long: at most 100 years",
+        ));
+    }
+    if let Some(burst) = args.burst.as_ref().filter(|_| !algo.is_bucket()) {
+        errors.push(syn::Error::new(
+                burst.span,
+                "`burst` is the capacity of a bucket: it applies to algo = \"leaky\" or \"token\" only (for \"fixed\" and \"sliding\" the capacity is `num`)",
+            ));
+    }
+    let (num, time) = (args.num.as_ref()?, args.time.as_ref()?);
+    let burst = args.burst.as_ref().map_or(num.value, |b| b.value);
+    let cost = args.cost.as_ref().map_or(1, |c| c.value);
+    let capacity = if algo.is_bucket() { burst } else { num.value };
+    if let Some(c) = args.cost.as_ref().filter(|c| c.value > capacity) {
+        errors.push(syn::Error::new(
+                c.span,
+                format!(
+                    "`cost` ({}) is larger than the capacity ({capacity}, from `{}`): no call could ever be admitted",
+                    c.value,
+                    if algo.is_bucket() && args.burst.is_some() { "burst" } else { "num" }
+                ),
+            ));
+    }
+    if errors.len() > before {
+        return None;
+    }
+    Some(Limit {
+        algo,
+        num: num.value,
+        period_ms: time.value,
+        burst,
+        cost,
+        by: args.by.as_ref().map_or(By::Global, |b| b.value.clone()),
+        key: args.key.clone(),
+        scope: args.scope.as_ref().map(|s| s.value.clone()),
+    })
+}
+
+fn check_template(
+    key: &KeyTemplate,
+    has_self: bool,
+    params: &[Vec<String>],
+    errors: &mut Vec<syn::Error>,
+) {
+    for root in key.arg_roots() {
+        let found = (root == "self" && has_self) || params.iter().flatten().any(|n| n == root);
+        if !found {
+            let mut names: Vec<String> =
+                params.iter().flatten().map(|n| format!("`{n}`")).collect();
+            if has_self {
+                names.insert(0, "`self`".to_owned());
+            }
+            let known = if names.is_empty() {
+                "it has no arguments".to_owned()
+            } else {
+                format!("its arguments are {}", names.join(", "))
+            };
+            errors.push(syn::Error::new(
+                key.lit.span(),
+                format!("the key template reads `{{{root}}}`, but the function has no argument `{root}`: {known}"),
+            ));
+        }
+    }
+}
+
+/// The names a parameter pattern binds (`phone`, `Json(form)` → `form`, `(a, b)` → `a`, `b`).
+fn bound_names(pat: &Pat, out: &mut Vec<String>) {
+    match pat {
+        Pat::Ident(p) => {
+            out.push(syn::ext::IdentExt::unraw(&p.ident).to_string());
+            if let Some((_, sub)) = &p.subpat {
+                bound_names(sub, out);
+            }
+        }
+        Pat::Tuple(t) => t.elems.iter().for_each(|p| bound_names(p, out)),
+        Pat::TupleStruct(t) => t.elems.iter().for_each(|p| bound_names(p, out)),
+        Pat::Struct(s) => s.fields.iter().for_each(|f| bound_names(&f.pat, out)),
+        Pat::Slice(s) => s.elems.iter().for_each(|p| bound_names(p, out)),
+        Pat::Reference(r) => bound_names(&r.pat, out),
+        Pat::Paren(p) => bound_names(&p.pat, out),
+        Pat::Type(t) => bound_names(&t.pat, out),
+        _ => {}
+    }
+}
+
+/// A plain function must return `Result<T, E>` (or an alias whose name ends in `Result`).
+fn check_result(sig: &syn::Signature) -> syn::Result<()> {
+    let msg = "a rate-limited plain function must return `Result<T, E>` with `E: From<ratelimit_runtime::RateLimitError>`, so that a rejected call can return the error";
+    match &sig.output {
+        ReturnType::Default => Err(syn::Error::new(
+            sig.paren_token.span.close(),
+            format!("{msg}; this one returns nothing"),
+        )),
+        ReturnType::Type(_, ty) => {
+            let ok = match &**ty {
+                Type::Path(p) => {
+                    p.qself.is_none()
+                        && p.path
+                            .segments
+                            .last()
+                            .is_some_and(|s| s.ident.to_string().ends_with("Result"))
+                }
+                _ => false,
+            };
+            if ok {
+                Ok(())
+            } else {
+                Err(syn::Error::new(ty.span(), msg))
+            }
+        }
+    }
+}

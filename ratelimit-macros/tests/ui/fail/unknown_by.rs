@@ -1,0 +1,8 @@
+use ratelimit_runtime::{RateLimitError, rate_limit};
+
+#[rate_limit(num = 5, time = 60, by = "session")]
+async fn f() -> Result<(), RateLimitError> {
+    Ok(())
+}
+
+fn main() {}
