@@ -1,4 +1,5 @@
 //! Test support: private Redis servers and clusters.
 
+pub mod redis_cluster;
 pub mod redis_server;
 pub mod suite;

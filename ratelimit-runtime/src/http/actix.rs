@@ -76,3 +76,21 @@ impl<T: Responder> Responder for Limited<T> {
         }
     }
 }
+
+/// A handler can take the [`UserId`] its auth layer set; without one, the same 401 as
+/// `by = "user"`.
+impl FromRequest for UserId {
+    type Error = actix_web::Error;
+    type Future = Ready<Result<Self, Self::Error>>;
+
+    fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
+        ready(match req.extensions().get::<UserId>() {
+            Some(user) if !user.as_str().is_empty() => Ok(user.clone()),
+            _ => Err(actix_web::error::InternalError::from_response(
+                "no authenticated user",
+                refusal_response(Refusal::no_user()),
+            )
+            .into()),
+        })
+    }
+}

@@ -68,3 +68,16 @@ impl<T: IntoResponse> IntoResponse for Limited<T> {
         }
     }
 }
+
+/// A handler can take the [`UserId`] its auth layer set; without one, the same 401 as
+/// `by = "user"`.
+impl<S: Send + Sync> FromRequestParts<S> for UserId {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        match parts.extensions.get::<UserId>() {
+            Some(user) if !user.as_str().is_empty() => Ok(user.clone()),
+            _ => Err(Refusal::no_user().into_response()),
+        }
+    }
+}

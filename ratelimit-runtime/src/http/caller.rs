@@ -87,13 +87,7 @@ impl HttpCaller {
             By::Url => Cow::Borrowed(self.path().as_bytes()),
             By::User => match &self.user {
                 Some(user) if !user.as_str().is_empty() => Cow::Borrowed(user.as_str().as_bytes()),
-                _ => {
-                    return Err(Refusal::new(
-                        401,
-                        "unauthorized",
-                        "user info empty: this endpoint is limited per user and the request carries no authenticated user",
-                    ));
-                }
+                _ => return Err(Refusal::no_user()),
             },
             By::AppId => match self.header("appid") {
                 Some(v) => Cow::Borrowed(v),

@@ -55,6 +55,15 @@ impl Refusal {
         }
     }
 
+    /// 401: `by = "user"` and no [`super::UserId`] in the request.
+    pub(crate) fn no_user() -> Self {
+        Self::new(
+            401,
+            "unauthorized",
+            "user info empty: this endpoint is limited per user and the request carries no authenticated user",
+        )
+    }
+
     /// 503: the store failed and the failure policy is `deny`.
     pub(crate) fn store_unavailable() -> Self {
         Self::new(

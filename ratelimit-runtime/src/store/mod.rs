@@ -6,7 +6,8 @@
 //! `TIME` inside the script; memory: a monotonic [`Clock`]), never from the caller.
 //!
 //! * [`MemoryStore`] — in-process, the embedded default;
-//! * [`RedisStore`] — one Redis server, one `EVALSHA` per check.
+//! * [`RedisStore`] — one Redis server, one `EVALSHA` per check;
+//! * `RedisClusterStore` — a Redis Cluster, the same scripts (cargo feature `cluster`).
 
 use std::fmt;
 use std::future::Future;
@@ -17,9 +18,13 @@ use crate::policy::{Policy, Verdict};
 
 pub mod memory;
 pub mod redis;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 
 pub use self::memory::{Clock, ManualClock, MemoryStore, MonotonicClock};
 pub use self::redis::RedisStore;
+#[cfg(feature = "cluster")]
+pub use self::cluster::RedisClusterStore;
 
 /// One limit to check for one call: the full store key (see [`crate::key::build`]), the
 /// policy, and the scope (the bucket's name, for logs).

@@ -1,0 +1,461 @@
+//! The Redis Cluster store: the Redis store's scripts on `redis::cluster_async` (cargo feature
+//! **`cluster`**).
+//!
+//! # Behaviour
+//!
+//! * **Same scripts, same keys.** Every check runs the scripts of [`super::RedisStore`]
+//!   (`EVALSHA`, reloaded after `NOSCRIPT`, time from the server's `TIME`). Keys are
+//!   `<prefix>:{<scope>:<identity>}:<suffix>`: the braces are a hash tag, so every limit of one
+//!   caller in one scope lands in one slot.
+//! * **Redirections and failover are the client's job.** The cluster client keeps the slot map,
+//!   follows `MOVED`/`ASK`, waits out `TRYAGAIN`/`CLUSTERDOWN`, and refreshes the topology when
+//!   a node fails or a replica is promoted; it retries a few times with a short backoff (tens to
+//!   hundreds of milliseconds). The limiter's timeout bounds each check on top of that, and its
+//!   failure policy decides while a failover is under way.
+//! * **Stacked limits in one slot: atomic.** The limits of one call are grouped by slot. One
+//!   slot (the usual case: several limits of one scope) is one script and one round trip, all
+//!   or nothing, exactly as on a single server.
+//! * **Stacked limits across slots: compensated.** Limits of one call in different slots (for
+//!   instance a per-IP limit and a global one) cannot share a script. Each slot's group is
+//!   checked in turn, in the order the limits were given; when a group rejects, the groups
+//!   checked before it, which admitted and took their units, get them back (a refund script),
+//!   and the groups after it are only read. So a call that any limit rejects still ends up
+//!   consuming nothing, and no limit ever admits more than its quota — but not atomically:
+//!   between a take and its refund (one round trip), a concurrent call may see the limit
+//!   lower than it will be and be rejected. What a refund gives back, per algorithm, is
+//!   documented in `src/scripts/refund.lua`; in short, remaining is restored exactly, and
+//!   nothing is given back that the call did not take. A store error in a later group leaves
+//!   what earlier groups took (the failure policy decides about the call; the error never
+//!   makes a limit admit more).
+//!
+//! # Configuration
+//!
+//! Seed nodes are `redis://` URLs (`rediss://` with the `tls` feature), with the username and
+//! password of the cluster when it needs them; the client discovers the other nodes. In the
+//! environment, [`NODES_ENV`] (`RATELIMIT_REDIS_CLUSTER_NODES`) holds them comma-separated.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ratelimit_runtime::ConfigError> {
+//! use ratelimit_runtime::{RateLimiter, RedisClusterStore};
+//!
+//! let store = RedisClusterStore::connect([
+//!     "redis://10.0.0.1:6379",
+//!     "redis://10.0.0.2:6379",
+//!     "redis://10.0.0.3:6379",
+//! ])
+//! .await?;
+//! let limiter = RateLimiter::builder().store(store).build().await?;
+//! limiter.install()?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
+use redis::{IntoConnectionInfo, Script, Value};
+use tokio::sync::OnceCell;
+
+use super::redis::{eval_checks, load_scripts, parse_reply};
+use super::{Check, Store, StoreFuture};
+use crate::error::{ConfigError, StoreError};
+use crate::policy::{Decision, Verdict};
+
+/// The environment variable that lists the seed nodes of a cluster, comma-separated:
+/// `RATELIMIT_REDIS_CLUSTER_NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379`.
+pub const NODES_ENV: &str = "RATELIMIT_REDIS_CLUSTER_NODES";
+
+/// The companion script of multi-slot calls: the prelude, all four algorithms and
+/// `refund.lua` (peek and refund modes) instead of the driver.
+static COMPENSATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        &[
+            include_str!("../scripts/prelude.lua"),
+            include_str!("../scripts/fixed.lua"),
+            include_str!("../scripts/sliding.lua"),
+            include_str!("../scripts/leaky.lua"),
+            include_str!("../scripts/token.lua"),
+            include_str!("../scripts/refund.lua"),
+        ]
+        .concat(),
+    )
+});
+
+/// Splits a comma-separated list of seed nodes (the format of [`NODES_ENV`]), dropping blanks.
+///
+/// ```
+/// use ratelimit_runtime::store::cluster::split_nodes;
+/// assert_eq!(
+///     split_nodes(" redis://a:7000, redis://b:7001 ,,"),
+///     ["redis://a:7000", "redis://b:7001"]
+/// );
+/// ```
+pub fn split_nodes(list: &str) -> Vec<&str> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Checks one seed URL; errors never repeat the URL (it may hold a password).
+fn node_info(url: &str) -> Result<redis::ConnectionInfo, ConfigError> {
+    let url = url.trim();
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(ConfigError::InvalidUrl(
+            "expected cluster seed nodes as redis://[user][:password@]host:port (rediss://… for TLS)"
+                .to_owned(),
+        ));
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "redis" | "valkey" => {}
+        "rediss" | "valkeys" if cfg!(feature = "tls") => {}
+        "rediss" | "valkeys" => {
+            return Err(ConfigError::InvalidUrl(
+                "rediss:// (TLS) needs the `tls` feature: ratelimit-runtime = { version = \"…\", features = [\"cluster\", \"tls\"] }"
+                    .to_owned(),
+            ));
+        }
+        other => {
+            let shown: String = other.chars().take(16).collect();
+            return Err(ConfigError::InvalidUrl(format!(
+                "unsupported scheme `{shown}` for a cluster seed node: expected redis:// or rediss://"
+            )));
+        }
+    }
+    url.into_connection_info().map_err(|e| {
+        let mut message = e.to_string();
+        if let Some(detail) = e.detail().filter(|d| !d.is_empty() && url.contains(d)) {
+            message = message.replace(detail, "…");
+        }
+        ConfigError::InvalidUrl(message)
+    })
+}
+
+/// The cluster client: the seed nodes, short retries and timeouts (see the module docs).
+fn cluster_client<I, S>(nodes: I) -> Result<ClusterClient, ConfigError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let infos = nodes
+        .into_iter()
+        .map(|n| node_info(n.as_ref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    if infos.is_empty() {
+        return Err(ConfigError::InvalidUrl(
+            "no cluster seed node given: name at least one redis://host:port".to_owned(),
+        ));
+    }
+    ClusterClientBuilder::new(infos)
+        // A redirection or a refreshed slot map costs one retry; a failover takes the cluster
+        // about its node timeout plus an election. Waits of 10 ms doubling up to 500 ms, 6
+        // times, span about a second: enough for redirections and short outages, while the
+        // limiter's own timeout bounds every check anyway.
+        .retries(6)
+        .min_retry_wait(10)
+        .max_retry_wait(500)
+        .retry_wait_formula(10, 2)
+        .connection_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_secs(1))
+        .overall_response_timeout(Some(Duration::from_secs(3)))
+        .build()
+        .map_err(|e| ConfigError::InvalidUrl(e.to_string()))
+}
+
+async fn connect_cluster(client: &ClusterClient) -> Result<ClusterConnection, redis::RedisError> {
+    let mut conn = client.get_async_connection().await?;
+    load_scripts(&mut conn).await?;
+    COMPENSATE.load_async(&mut conn).await?;
+    Ok(conn)
+}
+
+/// A Redis Cluster (see the [module docs](self) for the behaviour and how stacked limits in
+/// different slots are handled).
+///
+/// Cheap to share: wrap it in an `Arc` or hand it to [`crate::Builder::store`].
+pub struct RedisClusterStore {
+    client: ClusterClient,
+    conn: OnceCell<ClusterConnection>,
+}
+
+impl fmt::Debug for RedisClusterStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The client holds the password: never print it.
+        f.debug_struct("RedisClusterStore")
+            .field("connected", &self.conn.initialized())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisClusterStore {
+    /// Checks the seed nodes, connects to the cluster and loads the scripts on every master.
+    ///
+    /// A malformed URL (or none at all) is [`ConfigError::InvalidUrl`] (the message never
+    /// repeats the URL); a cluster that does not answer is [`ConfigError::Unreachable`].
+    pub async fn connect<I, S>(nodes: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let client = cluster_client(nodes)?;
+        let conn = connect_cluster(&client)
+            .await
+            .map_err(|e| ConfigError::Unreachable(e.to_string()))?;
+        Ok(Self {
+            client,
+            conn: OnceCell::new_with(Some(conn)),
+        })
+    }
+
+    /// Checks the seed nodes and returns at once; the store connects at its first check. A
+    /// failed connection fails that check (the limiter's failure policy decides) and is tried
+    /// again by the next one.
+    ///
+    /// ```
+    /// use ratelimit_runtime::RedisClusterStore;
+    /// assert!(RedisClusterStore::lazy(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]).is_ok());
+    /// assert!(RedisClusterStore::lazy(["127.0.0.1:7000"]).is_err());
+    /// assert!(RedisClusterStore::lazy(Vec::<String>::new()).is_err());
+    /// ```
+    pub fn lazy<I, S>(nodes: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Ok(Self {
+            client: cluster_client(nodes)?,
+            conn: OnceCell::new(),
+        })
+    }
+
+    /// A lazy store on the seed nodes listed in [`NODES_ENV`], or `None` when it is unset or
+    /// blank.
+    ///
+    /// ```
+    /// use ratelimit_runtime::RedisClusterStore;
+    /// if let Some(store) = RedisClusterStore::from_env() {
+    ///     let store = store?; // a malformed list is an error, never a panic
+    ///     # let _ = store;
+    /// }
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
+    pub fn from_env() -> Option<Result<Self, ConfigError>> {
+        let list = std::env::var(NODES_ENV).ok()?;
+        let nodes = split_nodes(&list);
+        if nodes.is_empty() {
+            return None;
+        }
+        Some(Self::lazy(nodes))
+    }
+
+    async fn connection(&self) -> Result<ClusterConnection, StoreError> {
+        self.conn
+            .get_or_try_init(|| connect_cluster(&self.client))
+            .await
+            .cloned()
+            .map_err(StoreError::from)
+    }
+
+    /// Checks limits whose keys fall in several slots: each slot's group in turn, refunding the
+    /// earlier groups and peeking at the later ones when a group rejects.
+    async fn check_across_slots(
+        conn: &mut ClusterConnection,
+        checks: &[Check<'_>],
+        groups: &[Vec<usize>],
+    ) -> Result<Verdict, StoreError> {
+        let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
+        // The admitted groups, with when their check was sent (to bound the refund's delay).
+        let mut taken: Vec<(usize, Instant, Verdict)> = Vec::new();
+        for (g, group) in groups.iter().enumerate() {
+            let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
+            let sent = Instant::now();
+            let verdict = eval_checks(conn, &sub).await?;
+            if verdict.is_admitted() {
+                taken.push((g, sent, verdict));
+                continue;
+            }
+            fill(&mut decisions, group, verdict.decisions());
+            for (earlier, sent, admitted) in &taken {
+                let group = &groups[*earlier];
+                let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
+                match compensate(conn, Mode::Refund(*sent, admitted), &sub).await {
+                    Ok(now) => fill(&mut decisions, group, now.decisions()),
+                    Err(error) => {
+                        tracing::warn!(%error, "redis cluster: a refund failed; the limits of another slot keep what this rejected call took");
+                        fill(&mut decisions, group, admitted.decisions());
+                    }
+                }
+            }
+            for group in &groups[g + 1..] {
+                let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
+                match compensate(conn, Mode::Peek, &sub).await {
+                    Ok(now) => fill(&mut decisions, group, now.decisions()),
+                    Err(error) => {
+                        // The call is rejected either way; these limits' numbers are unknown
+                        // and reported as untouched.
+                        tracing::warn!(%error, "redis cluster: could not read the limits of another slot of a rejected call");
+                        for &i in group {
+                            let cap = checks[i].policy.capacity();
+                            decisions[i] = Some(Decision::new(
+                                true,
+                                cap,
+                                cap,
+                                Duration::ZERO,
+                                Duration::ZERO,
+                            ));
+                        }
+                    }
+                }
+            }
+            return collect(decisions);
+        }
+        for (g, _, verdict) in &taken {
+            fill(&mut decisions, &groups[*g], verdict.decisions());
+        }
+        collect(decisions)
+    }
+}
+
+/// What the companion script does.
+enum Mode<'v> {
+    /// Read only.
+    Peek,
+    /// Give back what the check sent at that instant, which answered this verdict, took.
+    Refund(Instant, &'v Verdict),
+}
+
+async fn compensate(
+    conn: &mut ClusterConnection,
+    mode: Mode<'_>,
+    checks: &[Check<'_>],
+) -> Result<Verdict, StoreError> {
+    let mut invocation = COMPENSATE.prepare_invoke();
+    let (name, elapsed, admitted) = match mode {
+        Mode::Peek => ("peek", Duration::ZERO, None),
+        Mode::Refund(sent, verdict) => ("refund", sent.elapsed(), Some(verdict)),
+    };
+    invocation
+        .arg(name)
+        .arg(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX));
+    for (i, check) in checks.iter().enumerate() {
+        let p = check.policy;
+        let reset = admitted.and_then(|v| v.decisions().get(i)).map_or(0, |d| {
+            u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX)
+        });
+        invocation
+            .key(check.key)
+            .arg(p.algorithm().code())
+            .arg(p.limit())
+            .arg(p.period_ms().saturating_mul(1000))
+            .arg(p.burst())
+            .arg(p.cost())
+            .arg(reset);
+    }
+    let reply: Value = invocation.invoke_async(conn).await?;
+    parse_reply(&reply, checks)
+}
+
+fn fill(decisions: &mut [Option<Decision>], group: &[usize], found: &[Decision]) {
+    for (&i, d) in group.iter().zip(found) {
+        decisions[i] = Some(*d);
+    }
+}
+
+fn collect(decisions: Vec<Option<Decision>>) -> Result<Verdict, StoreError> {
+    decisions
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .map(Verdict::new)
+        .ok_or_else(|| StoreError::BadReply("a limit of the call got no decision".to_owned()))
+}
+
+/// The indices of `checks` grouped by the cluster slot of their key, groups in the order of
+/// their first limit.
+fn group_by_slot(checks: &[Check<'_>]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut index: HashMap<Slot, usize> = HashMap::new();
+    for (i, check) in checks.iter().enumerate() {
+        let g = *index
+            .entry(Slot::for_key(check.key.as_bytes()))
+            .or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            });
+        groups[g].push(i);
+    }
+    groups
+}
+
+impl Store for RedisClusterStore {
+    fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        Box::pin(async move {
+            let mut conn = self.connection().await?;
+            let groups = group_by_slot(checks);
+            if groups.len() <= 1 {
+                return eval_checks(&mut conn, checks).await;
+            }
+            Self::check_across_slots(&mut conn, checks, &groups).await
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "redis-cluster"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Algorithm, Policy};
+
+    #[test]
+    fn limits_of_one_scope_share_a_group_and_other_scopes_split() {
+        let p = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(1)).unwrap();
+        let q = Policy::new(Algorithm::Token, 9, Duration::from_secs(1)).unwrap();
+        let a1 = crate::key::build("rl", "login", &[b"10.0.0.1"], &p);
+        let a2 = crate::key::build("rl", "login", &[b"10.0.0.1"], &q);
+        let global = crate::key::build("rl", "login", &[], &p);
+        let checks = [
+            Check::new(&a1, &p),
+            Check::new(&global, &p),
+            Check::new(&a2, &q),
+        ];
+        assert_ne!(
+            Slot::for_key(a1.as_bytes()),
+            Slot::for_key(global.as_bytes())
+        );
+        assert_eq!(group_by_slot(&checks), vec![vec![0, 2], vec![1]]);
+        assert_eq!(group_by_slot(&checks[..1]), vec![vec![0]]);
+    }
+
+    #[test]
+    fn seed_node_errors_are_clear_and_never_echo_the_password() {
+        for bad in [
+            "",
+            "   ",
+            "10.0.0.1:7000",
+            "http://x:7000",
+            "redis://:hunter2@[::1",
+        ] {
+            let e = RedisClusterStore::lazy([bad]).unwrap_err();
+            assert!(matches!(e, ConfigError::InvalidUrl(_)), "{bad}: {e}");
+            assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
+        assert!(RedisClusterStore::lazy(["redis://a:1", "bad"]).is_err());
+        assert!(RedisClusterStore::lazy(Vec::<&str>::new()).is_err());
+        let store = RedisClusterStore::lazy(["redis://user:hunter2@127.0.0.1:7000"]).unwrap();
+        assert!(!format!("{store:?}").contains("hunter2"));
+        assert_eq!(store.name(), "redis-cluster");
+    }
+
+    #[test]
+    fn env_list_is_split_on_commas() {
+        assert_eq!(split_nodes(""), Vec::<&str>::new());
+        assert_eq!(split_nodes(" , "), Vec::<&str>::new());
+        assert_eq!(split_nodes("redis://a:1"), ["redis://a:1"]);
+    }
+}

@@ -1,0 +1,554 @@
+//! The Redis Cluster store against a real local cluster (3 masters + 3 replicas, started by the
+//! tests): the shared scenarios for all four algorithms with keys on every master, stacked
+//! limits in one slot (one atomic script) and across slots (refund compensation), and a master
+//! killed under load.
+//!
+//! Each test starts its own cluster (a few seconds) and kills it on drop.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ratelimit_runtime::store::StoreFuture;
+use ratelimit_runtime::{
+    Algorithm, Check, FailurePolicy, Policy, RateLimiter, RedisClusterStore, Store, key,
+};
+use ratelimit_tests::redis_cluster::{MASTERS, RedisCluster};
+use ratelimit_tests::suite::{self, HOUR, Harness, policy};
+use tokio::task::JoinSet;
+
+/// A cluster store that records every key it was asked about, so the test can show where the
+/// scenarios' keys live.
+#[derive(Debug)]
+struct Recording {
+    inner: RedisClusterStore,
+    keys: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl Store for Recording {
+    fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        if let Ok(mut keys) = self.keys.lock() {
+            keys.extend(checks.iter().map(|c| c.key.to_owned()));
+        }
+        self.inner.check(checks)
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+}
+
+struct ClusterHarness {
+    stores: Vec<Arc<dyn Store>>,
+    keys: Arc<Mutex<BTreeSet<String>>>,
+    run: String,
+}
+
+impl ClusterHarness {
+    /// Four independent cluster connections (each its own client) on the cluster.
+    async fn new(cluster: &RedisCluster) -> Self {
+        let keys = Arc::new(Mutex::new(BTreeSet::new()));
+        let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+        for _ in 0..4 {
+            let inner = RedisClusterStore::connect(cluster.urls())
+                .await
+                .unwrap_or_else(|e| panic!("cannot connect to the test cluster: {e}"));
+            stores.push(Arc::new(Recording {
+                inner,
+                keys: Arc::clone(&keys),
+            }));
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Self {
+            stores,
+            keys,
+            run: format!("c{}-{nanos}", std::process::id()),
+        }
+    }
+}
+
+impl Harness for ClusterHarness {
+    fn store(&self, conn: usize) -> Arc<dyn Store> {
+        Arc::clone(&self.stores[conn % self.stores.len()])
+    }
+
+    fn pass(&self, d: Duration) -> impl std::future::Future<Output = ()> + Send {
+        tokio::time::sleep(d)
+    }
+
+    fn unique(&self, name: &str) -> String {
+        format!("{}:{name}", self.run)
+    }
+}
+
+/// Keys by the port of the master that serves them (`CLUSTER KEYSLOT` + `CLUSTER NODES`).
+async fn keys_by_master(cluster: &RedisCluster, keys: &[String]) -> BTreeMap<u16, Vec<String>> {
+    let masters = cluster.masters().await;
+    assert_eq!(masters.len(), MASTERS, "{masters:?}");
+    let mut by_master: BTreeMap<u16, Vec<String>> = BTreeMap::new();
+    for k in keys {
+        let slot = cluster.keyslot(k).await;
+        let master = masters
+            .iter()
+            .find(|m| m.serves(slot))
+            .unwrap_or_else(|| panic!("no master serves slot {slot} of {k}"));
+        by_master.entry(master.port).or_default().push(k.clone());
+    }
+    by_master
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_passes_for_every_algorithm_with_keys_on_all_three_masters() {
+    let cluster = RedisCluster::start().await;
+    let h = ClusterHarness::new(&cluster).await;
+
+    let t = Instant::now();
+    suite::all(&h).await;
+    eprintln!("suite::all on the cluster took {:?}", t.elapsed());
+
+    let keys: Vec<String> = h
+        .keys
+        .lock()
+        .map(|k| k.iter().cloned().collect())
+        .unwrap_or_default();
+    assert!(!keys.is_empty());
+    let by_master = keys_by_master(&cluster, &keys).await;
+    for (port, keys) in &by_master {
+        eprintln!("master {port}: {} keys, e.g. {}", keys.len(), keys[0]);
+    }
+    assert_eq!(
+        by_master.len(),
+        MASTERS,
+        "the scenarios' keys must live on every master: {by_master:?}"
+    );
+    // The exactness scenario of every algorithm ran against the cluster; say where.
+    for algo in Algorithm::ALL {
+        let tag = format!("{{exactness-{algo}}}");
+        assert!(
+            keys.iter().any(|k| k.contains(&tag)),
+            "no exactness key for {algo}"
+        );
+    }
+}
+
+/// `INFO commandstats` calls of one command on one node.
+async fn command_calls(cluster: &RedisCluster, port: u16, command: &str) -> u64 {
+    let mut conn = cluster.node(port).await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("INFO commandstats on {port}: {e}"));
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn reset_stats(cluster: &RedisCluster) {
+    for port in cluster.live_ports() {
+        let mut conn = cluster.node(port).await;
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("CONFIG RESETSTAT on {port}: {e}"));
+    }
+}
+
+/// Script calls (`EVALSHA` + `EVAL`) over every node.
+async fn script_calls(cluster: &RedisCluster) -> BTreeMap<u16, u64> {
+    let mut out = BTreeMap::new();
+    for port in cluster.live_ports() {
+        let n = command_calls(cluster, port, "evalsha").await
+            + command_calls(cluster, port, "eval").await;
+        if n > 0 {
+            out.insert(port, n);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stacked_limits_one_slot_atomic_and_across_slots_compensated() {
+    let cluster = RedisCluster::start().await;
+    let store = RedisClusterStore::connect(cluster.urls())
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let run = format!("s{}", std::process::id());
+
+    // One slot: a token bucket (2 per hour) and a fixed cap per day of one caller in one scope
+    // share the hash tag: one script, one round trip, on the master of that slot.
+    let per_hour = policy(Algorithm::Token, 2, HOUR, 2, 1);
+    let per_day = policy(Algorithm::Fixed, 3, HOUR * 24, 3, 1);
+    let (ks, kd) = (
+        key::build(&run, "sms", &[b"+15550001"], &per_hour),
+        key::build(&run, "sms", &[b"+15550001"], &per_day),
+    );
+    let slot = cluster.keyslot(&ks).await;
+    assert_eq!(slot, cluster.keyslot(&kd).await, "one caller, one slot");
+    let master = cluster.master_of_slot(slot).await;
+    reset_stats(&cluster).await;
+    let checks = [Check::new(&ks, &per_hour), Check::new(&kd, &per_day)];
+    let v = store.check(&checks).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(v.is_admitted());
+    let calls = script_calls(&cluster).await;
+    assert_eq!(
+        calls,
+        BTreeMap::from([(master.port, 1)]),
+        "one script call, on the slot's master"
+    );
+    // All or nothing within the slot: the bucket (2) rejects the third call, which leaves the
+    // daily cap untouched.
+    assert!(
+        store
+            .check(&checks)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_admitted()
+    );
+    let v = store.check(&checks).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(!v.is_admitted());
+    assert!(!v.decisions()[0].admitted);
+    assert_eq!(v.decisions()[1].remaining, 1, "the daily cap kept its unit");
+
+    // Across slots: a per-IP limit (10 per hour, every algorithm in turn) stacked with a
+    // global fixed limit (3 per hour) of the same scope: two hash tags, two slots.
+    for algo in Algorithm::ALL {
+        let scope = format!("api-{algo}");
+        let per_ip = policy(algo, 10, HOUR, 10, 1);
+        let global = policy(Algorithm::Fixed, 3, HOUR, 3, 1);
+        let ki = key::build(&run, &scope, &[b"10.1.2.3"], &per_ip);
+        let kg = key::build(&run, &scope, &[], &global);
+        assert_ne!(
+            cluster.keyslot(&ki).await,
+            cluster.keyslot(&kg).await,
+            "{algo}: the two limits must be in different slots"
+        );
+        let ip_first = [Check::new(&ki, &per_ip), Check::new(&kg, &global)];
+        let global_first = [Check::new(&kg, &global), Check::new(&ki, &per_ip)];
+        for n in 1..=3 {
+            let v = store
+                .check(&ip_first)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(v.is_admitted(), "{algo}: call {n}");
+            assert_eq!(v.decisions()[0].remaining, 10 - n, "{algo}: call {n}");
+            assert_eq!(v.decisions()[1].remaining, 3 - n, "{algo}: call {n}");
+        }
+        // The per-IP group runs first and takes a unit; the global group rejects; the refund
+        // gives the unit back, and the verdict reports the per-IP limit as it is now.
+        for _ in 0..3 {
+            let v = store
+                .check(&ip_first)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(!v.is_admitted(), "{algo}");
+            let (di, dg) = (v.decisions()[0], v.decisions()[1]);
+            assert!(di.admitted, "{algo}: the per-IP limit admits on its own");
+            assert_eq!(di.remaining, 7, "{algo}: the refund restores remaining");
+            assert!(!dg.admitted && dg.retry_after.is_some(), "{algo}: {dg:?}");
+            assert_eq!(v.binding(), Some(&dg));
+            // The global group rejects first: the per-IP limit is only read.
+            let v = store
+                .check(&global_first)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(!v.is_admitted(), "{algo}");
+            assert_eq!(v.decisions()[1].remaining, 7, "{algo}: peeked, not taken");
+            assert!(v.decisions()[1].admitted);
+        }
+        // Alone, the per-IP limit shows that the six rejected calls took nothing.
+        let v = store
+            .check(&[Check::new(&ki, &per_ip)])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(v.is_admitted());
+        assert_eq!(v.decisions()[0].remaining, 6, "{algo}: per-IP alone");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn across_slots_concurrent_calls_never_over_admit_and_refunds_are_exact() {
+    let cluster = RedisCluster::start().await;
+    let run = format!("x{}", std::process::id());
+    // Four callers (one slot each, 100 per hour: never binding) and a global sliding limit of
+    // 30 per hour (another slot). 200 concurrent calls over 8 connections: exactly 30 pass,
+    // and every caller's limit took exactly its own admitted calls.
+    let per_ip = policy(Algorithm::Fixed, 100, HOUR, 100, 1);
+    let global = policy(Algorithm::Sliding, 30, HOUR, 30, 1);
+    let kg: Arc<str> = key::build(&run, "upload", &[], &global).into();
+    let kis: Vec<Arc<str>> = (0..4)
+        .map(|i| key::build(&run, "upload", &[format!("10.0.0.{i}").as_bytes()], &per_ip).into())
+        .collect();
+    let mut stores = Vec::new();
+    for _ in 0..8 {
+        stores.push(Arc::new(
+            RedisClusterStore::connect(cluster.urls())
+                .await
+                .unwrap_or_else(|e| panic!("connect: {e}")),
+        ));
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(200));
+    let mut tasks = JoinSet::new();
+    for n in 0..200usize {
+        let store = Arc::clone(&stores[n % stores.len()]);
+        let (kg, ki) = (Arc::clone(&kg), Arc::clone(&kis[n % kis.len()]));
+        let barrier = Arc::clone(&barrier);
+        tasks.spawn(async move {
+            let (ip, g) = (Check::new(&ki, &per_ip), Check::new(&kg, &global));
+            let checks = if n % 2 == 0 { [ip, g] } else { [g, ip] };
+            barrier.wait().await;
+            let v = store.check(&checks).await.unwrap_or_else(|e| panic!("{e}"));
+            (n % 4, v.is_admitted())
+        });
+    }
+    let mut admitted = [0u64; 4];
+    while let Some(joined) = tasks.join_next().await {
+        let (ip, ok) = joined.unwrap_or_else(|e| panic!("a task failed: {e}"));
+        if ok {
+            admitted[ip] += 1;
+        }
+    }
+    assert_eq!(admitted.iter().sum::<u64>(), 30, "{admitted:?}");
+    let store = &stores[0];
+    for (i, ki) in kis.iter().enumerate() {
+        let v = store
+            .check(&[Check::new(ki, &per_ip)])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            v.decisions()[0].remaining,
+            100 - admitted[i] - 1,
+            "caller {i}: its limit holds exactly its admitted calls (plus this one)"
+        );
+    }
+    let v = store
+        .check(&[Check::new(&kg, &global)])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!v.is_admitted());
+    assert_eq!(v.decisions()[0].remaining, 0);
+}
+
+/// What one call under load answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Outcome {
+    /// The store answered.
+    Answered,
+    /// The store failed; the allow policy admitted the call.
+    FailedOpen,
+    /// The store failed; the deny policy rejected the call.
+    FailedClosed,
+}
+
+const BEFORE: u8 = 0;
+const FAILING_OVER: u8 = 1;
+const AFTER: u8 = 2;
+
+/// Keys of callers of one scope, three on each master: `(key, port of its master)`.
+async fn keys_on_every_master(cluster: &RedisCluster, policy: &Policy) -> Vec<(String, u16)> {
+    let run = format!("f{}", std::process::id());
+    let masters = cluster.masters().await;
+    let mut keys: Vec<(String, u16)> = Vec::new();
+    let mut per_master: HashMap<u16, usize> = HashMap::new();
+    for i in 0..1000 {
+        if masters
+            .iter()
+            .all(|m| per_master.get(&m.port).copied().unwrap_or(0) >= 3)
+        {
+            break;
+        }
+        let k = key::build(&run, "load", &[format!("user{i}").as_bytes()], policy);
+        let port = cluster.master_of_slot(cluster.keyslot(&k).await).await.port;
+        let count = per_master.entry(port).or_default();
+        if *count < 3 {
+            *count += 1;
+            keys.push((k, port));
+        }
+    }
+    assert_eq!(keys.len(), 3 * MASTERS, "{per_master:?}");
+    keys
+}
+
+/// Outcomes counted by (phase, whether the key is on the killed master, outcome).
+type Seen = BTreeMap<(u8, bool, Outcome), usize>;
+
+/// One worker of the steady load: a bounded loop of calls over every key, alternating the
+/// allow and deny limiters, until `stop`.
+async fn load_worker(
+    w: usize,
+    limiters: [RateLimiter; 2],
+    keys: Arc<Vec<(String, u16)>>,
+    victim: u16,
+    flags: (Arc<AtomicU8>, Arc<AtomicBool>, Arc<AtomicUsize>),
+    policy: Policy,
+) -> Seen {
+    let (phase, stop, calls) = flags;
+    let [allow, deny] = limiters;
+    let mut seen = Seen::new();
+    for i in 0..100_000usize {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let (k, port) = &keys[(i + w) % keys.len()];
+        let at = phase.load(Ordering::Relaxed);
+        let check = [Check::new(k, &policy)];
+        let outcome = if (i + w) % 2 == 0 {
+            let v = allow
+                .check(&check)
+                .await
+                .unwrap_or_else(|e| panic!("the allow policy never errs: {e}"));
+            assert!(v.is_admitted(), "fail open or a generous limit: {v:?}");
+            // A store answer counts the call; a fail-open answer shows the full quota.
+            if v.decisions()[0].remaining == policy.capacity() {
+                Outcome::FailedOpen
+            } else {
+                Outcome::Answered
+            }
+        } else {
+            match deny.check(&check).await {
+                Ok(v) => {
+                    assert!(v.is_admitted(), "{v:?}");
+                    Outcome::Answered
+                }
+                Err(_) => Outcome::FailedClosed,
+            }
+        };
+        *seen.entry((at, *port == victim, outcome)).or_default() += 1;
+        calls.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn master_killed_under_load_fails_over_and_calls_follow_the_failure_policy() {
+    let mut cluster = RedisCluster::start().await;
+    let store: Arc<dyn Store> = Arc::new(
+        RedisClusterStore::connect(cluster.urls())
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e}")),
+    );
+    let timeout = Duration::from_millis(300);
+    let allow = RateLimiter::builder()
+        .shared_store(Arc::clone(&store))
+        .timeout(timeout)
+        .failure_policy(FailurePolicy::Allow)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deny = RateLimiter::builder()
+        .shared_store(Arc::clone(&store))
+        .timeout(timeout)
+        .failure_policy(FailurePolicy::Deny)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let generous = policy(Algorithm::Fixed, 1_000_000, HOUR, 1_000_000, 1);
+    let keys = keys_on_every_master(&cluster, &generous).await;
+    let victim = keys[0].1;
+    let keys: Arc<Vec<(String, u16)>> = Arc::new(keys);
+
+    // The steady load: a bounded loop of calls over every key, alternating the two policies.
+    let phase = Arc::new(AtomicU8::new(BEFORE));
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut workers = JoinSet::new();
+    for w in 0..4usize {
+        let flags = (Arc::clone(&phase), Arc::clone(&stop), Arc::clone(&calls));
+        let limiters = [allow.clone(), deny.clone()];
+        workers.spawn(load_worker(
+            w,
+            limiters,
+            Arc::clone(&keys),
+            victim,
+            flags,
+            generous,
+        ));
+    }
+
+    // Let the load run on a healthy cluster, then kill the master of the first key.
+    let start = Instant::now();
+    while calls.load(Ordering::Relaxed) < 200 && start.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    phase.store(FAILING_OVER, Ordering::Relaxed);
+    let killed_at = Instant::now();
+    let promoted = cluster.kill_master_and_wait_failover(victim).await;
+    let failover = killed_at.elapsed();
+    phase.store(AFTER, Ordering::Relaxed);
+
+    // After the promotion the client finds the new master: soon every key is answered again.
+    let mut recovered = None;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let mut all = true;
+        for (k, _) in keys.iter() {
+            if deny.check(&[Check::new(k, &generous)]).await.is_err() {
+                all = false;
+            }
+        }
+        if all {
+            recovered = Some(killed_at.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Keep the load going on the recovered cluster for a moment.
+    let after = calls.load(Ordering::Relaxed);
+    let start = Instant::now();
+    while calls.load(Ordering::Relaxed) < after + 200 && start.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+
+    let mut seen = Seen::new();
+    while let Some(joined) = workers.join_next().await {
+        let worker = joined.unwrap_or_else(|e| panic!("a load worker panicked: {e}"));
+        for (k, n) in worker {
+            *seen.entry(k).or_default() += n;
+        }
+    }
+    eprintln!(
+        "killed master {victim}, replica {promoted} promoted after {failover:?}, all keys answered after {recovered:?}; outcomes (phase, on killed master, outcome): {seen:?}"
+    );
+    let count = |at: u8, victim: Option<bool>, outcome: Outcome| -> usize {
+        seen.iter()
+            .filter(|((a, v, o), _)| *a == at && victim.is_none_or(|x| x == *v) && *o == outcome)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    assert!(count(BEFORE, None, Outcome::Answered) > 0);
+    assert!(
+        recovered.is_some(),
+        "checks did not proceed after the failover: {seen:?}"
+    );
+    // While the master was down, calls for its keys followed the failure policy: admitted by
+    // `allow`, rejected by `deny`.
+    assert!(
+        count(FAILING_OVER, Some(true), Outcome::FailedOpen) > 0,
+        "{seen:?}"
+    );
+    assert!(
+        count(FAILING_OVER, Some(true), Outcome::FailedClosed) > 0,
+        "{seen:?}"
+    );
+    // After the failover the store answers again, for the promoted master's keys too.
+    assert!(count(AFTER, Some(true), Outcome::Answered) > 0, "{seen:?}");
+    let on_promoted = keys.iter().find(|(_, p)| *p == victim).map(|(k, _)| k);
+    let v = deny
+        .check(&[Check::new(
+            on_promoted.map_or("", String::as_str),
+            &generous,
+        )])
+        .await
+        .unwrap_or_else(|e| panic!("after the failover: {e}"));
+    assert!(v.decisions()[0].remaining < generous.capacity());
+}
