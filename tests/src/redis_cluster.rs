@@ -13,13 +13,14 @@
 //! # }
 //! ```
 //!
-//! Each node is `redis-server --cluster-enabled yes --cluster-node-timeout 1000` with no
-//! persistence, its own temp dir (`nodes.conf`, log) and a free port whose cluster-bus port
-//! (port + 10000) is free too. The nodes are joined with
+//! Each node is a [`RedisProcess`] (the standalone harness's building block: no persistence,
+//! log in the temp dir, killed on drop) started with `--cluster-enabled yes
+//! --cluster-config-file <tmp>/nodes-<port>.conf --cluster-node-timeout 1000` on a free port
+//! whose cluster-bus port (port + 10000) is free too. The nodes are joined with
 //! `redis-cli --cluster create … --cluster-replicas 1 --cluster-yes`; [`RedisCluster::start`]
-//! returns once every node reports `cluster_state:ok`, knows all six nodes, and every replica's
-//! link to its master is up (bounded waits; a timeout panics with the nodes' logs). Every
-//! process is killed when the cluster is dropped.
+//! returns once every node reports `cluster_state:ok` with all 16384 slots served, knows all six
+//! nodes and sees three serving masters, and every replica's link to its master is up (bounded
+//! waits; a timeout is an error carrying the nodes' logs, and the start is tried three times).
 //!
 //! Test support panics on failure (with a message saying what failed): a cluster that cannot
 //! start is a broken test environment, not a case to handle.

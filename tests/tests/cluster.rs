@@ -302,7 +302,11 @@ async fn across_slots_concurrent_calls_never_over_admit_and_refunds_are_exact() 
         let barrier = Arc::clone(&barrier);
         tasks.spawn(async move {
             let (ip, g) = (Check::new(&ki, &per_ip), Check::new(&kg, &global));
-            let checks = if n % 2 == 0 { [ip, g] } else { [g, ip] };
+            let checks = if n.is_multiple_of(2) {
+                [ip, g]
+            } else {
+                [g, ip]
+            };
             barrier.wait().await;
             let v = store.check(&checks).await.unwrap_or_else(|e| panic!("{e}"));
             (n % 4, v.is_admitted())
@@ -399,7 +403,7 @@ async fn load_worker(
         let (k, port) = &keys[(i + w) % keys.len()];
         let at = phase.load(Ordering::Relaxed);
         let check = [Check::new(k, &policy)];
-        let outcome = if (i + w) % 2 == 0 {
+        let outcome = if (i + w).is_multiple_of(2) {
             let v = allow
                 .check(&check)
                 .await
@@ -425,6 +429,29 @@ async fn load_worker(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     seen
+}
+
+/// Waits (at most `within`) until one round of checks over every key is answered by the store.
+async fn every_key_answered(
+    limiter: &RateLimiter,
+    keys: &[(String, u16)],
+    policy: &Policy,
+    within: Duration,
+) -> Option<()> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let mut all = true;
+        for (k, _) in keys {
+            if limiter.check(&[Check::new(k, policy)]).await.is_err() {
+                all = false;
+            }
+        }
+        if all {
+            return Some(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -486,21 +513,9 @@ async fn master_killed_under_load_fails_over_and_calls_follow_the_failure_policy
     phase.store(AFTER, Ordering::Relaxed);
 
     // After the promotion the client finds the new master: soon every key is answered again.
-    let mut recovered = None;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        let mut all = true;
-        for (k, _) in keys.iter() {
-            if deny.check(&[Check::new(k, &generous)]).await.is_err() {
-                all = false;
-            }
-        }
-        if all {
-            recovered = Some(killed_at.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let recovered = every_key_answered(&deny, &keys, &generous, Duration::from_secs(20))
+        .await
+        .map(|()| killed_at.elapsed());
     // Keep the load going on the recovered cluster for a moment.
     let after = calls.load(Ordering::Relaxed);
     let start = Instant::now();
