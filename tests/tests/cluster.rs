@@ -270,6 +270,27 @@ async fn stacked_limits_one_slot_atomic_and_across_slots_compensated() {
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(v.is_admitted());
         assert_eq!(v.decisions()[0].remaining, 6, "{algo}: per-IP alone");
+
+        // A new caller against the spent global limit: its first call creates the per-IP key
+        // (a window, a log entry, a bucket level), the refund removes it again.
+        let fresh = key::build(&run, &scope, &[b"10.9.9.9"], &per_ip);
+        let v = store
+            .check(&[Check::new(&fresh, &per_ip), Check::new(&kg, &global)])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!v.is_admitted(), "{algo}");
+        assert_eq!(v.decisions()[0].remaining, 10, "{algo}: fresh caller");
+        let owner = cluster.master_of_slot(cluster.keyslot(&fresh).await).await;
+        let mut node = cluster.node(owner.port).await;
+        let exists: u8 = redis::cmd("EXISTS")
+            .arg(&fresh)
+            .query_async(&mut node)
+            .await
+            .unwrap_or_else(|e| panic!("EXISTS: {e}"));
+        assert_eq!(
+            exists, 0,
+            "{algo}: the refund left the new caller's key behind"
+        );
     }
 }
 
