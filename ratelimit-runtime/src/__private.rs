@@ -140,7 +140,7 @@ pub(crate) async fn run(
     let checks: Vec<Check<'_>> = limits
         .iter()
         .zip(keys)
-        .map(|(l, k)| Check::new(k, &l.policy))
+        .map(|(l, k)| Check::new(k, &l.policy).with_scope(l.scope))
         .collect();
     limiter.acquire(&checks).await
 }

@@ -407,25 +407,23 @@ impl RateLimiter {
                     .filter(|v| !v.trim().is_empty())
                     .map(|v| (var, v))
             });
-        match url {
-            Some((var, url)) => match Self::builder().redis_url(url).build_lazy() {
-                Ok(limiter) => {
-                    tracing::info!(source = var, "rate limits are kept in Redis");
-                    limiter
-                }
-                Err(e) => {
-                    tracing::error!(source = var, error = %e, "cannot use Redis; rate limits are kept in this process's memory");
-                    Self::builder()
-                        .build_lazy()
-                        .unwrap_or_else(|_| unreachable!("the default settings are valid"))
-                }
-            },
-            None => {
-                tracing::warn!(
-                    "no rate limiter installed and neither RATELIMIT_REDIS_URL nor REDIS_URL is set: \
-                     rate limits are kept in this process's memory (per process, not shared between instances)"
-                );
-                Self::from_parts(Arc::new(MemoryStore::new()), Settings::default())
+        let Some((var, url)) = url else {
+            tracing::warn!(
+                "no rate limiter installed and neither RATELIMIT_REDIS_URL nor REDIS_URL is set: \
+                 rate limits are kept in this process's memory (per process, not shared between instances)"
+            );
+            return Self::from_parts(Arc::new(MemoryStore::new()), Settings::default());
+        };
+        match Self::builder().redis_url(url).build_lazy() {
+            Ok(limiter) => {
+                tracing::info!(source = var, "rate limits are kept in Redis");
+                limiter
+            }
+            Err(e) => {
+                tracing::error!(source = var, error = %e, "cannot use Redis; rate limits are kept in this process's memory");
+                Self::builder()
+                    .build_lazy()
+                    .unwrap_or_else(|_| unreachable!("the default settings are valid"))
             }
         }
     }
@@ -553,24 +551,18 @@ impl RateLimiter {
                 FailurePolicy::Deny => "calls are rejected",
                 FailurePolicy::Local => "calls are checked in this process's memory",
             };
-            match &error {
-                Some(error) => tracing::warn!(
-                    store,
-                    scope,
-                    policy = policy_name,
-                    %error,
-                    held_back,
-                    "rate-limit store failed; {action} until it answers again"
-                ),
-                None => tracing::warn!(
-                    store,
-                    scope,
-                    policy = policy_name,
-                    error = %inner.breaker.last_error(),
-                    held_back,
-                    "rate-limit store still failing; {action} until it answers again"
-                ),
-            }
+            let (error, what) = match &error {
+                Some(error) => (error.clone(), "failed"),
+                None => (inner.breaker.last_error(), "still failing"),
+            };
+            tracing::warn!(
+                store,
+                scope,
+                policy = policy_name,
+                %error,
+                held_back,
+                "rate-limit store {what}; {action} until it answers again"
+            );
         }
         match policy {
             FailurePolicy::Allow => Ok(Verdict::new(

@@ -26,6 +26,9 @@ const SLACK: Duration = Duration::from_millis(50);
 /// How soon after Redis answers again checks must use it again.
 const RECOVERY: Duration = Duration::from_secs(2);
 
+/// How long `CLIENT PAUSE` holds Redis.
+const PAUSE: Duration = Duration::from_secs(2);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
     Admitted,
@@ -135,10 +138,10 @@ async fn limiter(server: &RedisServer, policy: FailurePolicy) -> RateLimiter {
         .unwrap_or_else(|e| panic!("build: {e}"))
 }
 
-/// One quota of 5 per minute: spent in the first milliseconds, so Redis rejects from then on
+/// One quota of 5 per 90 s: spent in the first milliseconds, so Redis rejects from then on
 /// and a freshly restarted (empty) Redis admits again.
 fn quota() -> Policy {
-    Policy::new(Algorithm::Fixed, 5, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"))
+    Policy::new(Algorithm::Fixed, 5, Duration::from_secs(90)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// What happened around one kill and restart of Redis under `TASKS` continuous callers.
@@ -160,7 +163,7 @@ impl Outage {
         let limiter = limiter(&server, policy).await;
         let hammer = Hammer::start(
             &limiter,
-            "ratelimit:{failure:outage}:fixed:5:60000",
+            "ratelimit:{failure:outage}:fixed:5:90000",
             quota(),
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -172,7 +175,7 @@ impl Outage {
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let restarting = Instant::now();
         let (server, restarted) = tokio::task::spawn_blocking(move || {
             server.restart();
@@ -315,7 +318,7 @@ async fn deny_gives_plain_callers_the_store_unavailable_error() {
     let limiter = limiter(&server, FailurePolicy::Deny).await;
     let policy = quota();
     let checks = [Check::new(
-        "ratelimit:{failure:deny}:fixed:5:60000",
+        "ratelimit:{failure:deny}:fixed:5:90000",
         &policy,
     )];
     assert!(limiter.acquire(&checks).await.is_ok());
@@ -336,7 +339,7 @@ async fn script_flush_between_two_calls_the_second_succeeds() {
     // Deny: a failed second call would be an error, not a silently admitted call.
     let limiter = limiter(&server, FailurePolicy::Deny).await;
     let policy = quota();
-    let key = "ratelimit:{failure:flush}:fixed:5:60000";
+    let key = "ratelimit:{failure:flush}:fixed:5:90000";
     let checks = [Check::new(key, &policy)];
     let first = limiter.check(&checks).await.unwrap();
     assert_eq!(first.decisions()[0].remaining, 4);
@@ -365,26 +368,26 @@ async fn client_pause(policy: FailurePolicy, expected: Outcome) {
     let server = RedisServer::start();
     let limiter = limiter(&server, policy).await;
     // A quota of 1, spent: Redis rejects, so any other answer is the policy's.
-    let one = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60)).unwrap();
-    let key = "ratelimit:{failure:pause}:fixed:1:60000";
+    let one = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(90)).unwrap();
+    let key = "ratelimit:{failure:pause}:fixed:1:90000";
     assert_eq!(call(&limiter, key, &one).await.outcome, Outcome::Admitted);
     assert_eq!(call(&limiter, key, &one).await.outcome, Outcome::Rejected);
     let hammer = Hammer::start(&limiter, key, one);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let pausing = Instant::now();
-    server.pause(Duration::from_millis(2000)).await;
+    server.pause(PAUSE).await;
     let paused = Instant::now();
-    tokio::time::sleep(Duration::from_millis(2000) + RECOVERY).await;
+    tokio::time::sleep(PAUSE + RECOVERY).await;
     let calls = hammer.finish().await;
     assert_all_within(&calls, Settings::default().timeout + SLACK);
     // Calls that started after the pause took effect and ended before it could have ended.
-    let during = between(&calls, paused, pausing + Duration::from_millis(2000));
+    let during = between(&calls, paused, pausing + PAUSE);
     assert!(during.len() >= TASKS, "too few calls during the pause");
     assert!(
         during.iter().all(|c| c.outcome == expected),
         "every call during the pause gets the policy's answer {expected:?}"
     );
-    let pause_end = paused + Duration::from_millis(2000);
+    let pause_end = paused + PAUSE;
     let back = calls
         .iter()
         .filter(|c| c.start > pause_end && c.outcome == Outcome::Rejected)
@@ -424,7 +427,7 @@ async fn lazy_store_connects_once_redis_is_up_without_a_new_limiter() {
         .build_lazy()
         .unwrap();
     let policy = quota();
-    let key = "ratelimit:{failure:lazy}:fixed:5:60000";
+    let key = "ratelimit:{failure:lazy}:fixed:5:90000";
     for _ in 0..5 {
         let c = call(&limiter, key, &policy).await;
         assert_eq!(c.outcome, Outcome::Unavailable);
@@ -481,11 +484,11 @@ async fn evalsha_calls(server: &RedisServer) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn blocked_cache_spares_redis_and_never_admits_what_redis_rejects() {
+    const NUM: u64 = 3;
+    const PERIOD: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let limiter = RateLimiter::builder().store(store).build().await.unwrap();
-    const NUM: u64 = 3;
-    const PERIOD: Duration = Duration::from_secs(1);
     let policy = Policy::new(Algorithm::Fixed, NUM, PERIOD).unwrap();
     let key = "ratelimit:{failure:blocked}:fixed:3:1000";
     let mut conn = server.connection().await;
