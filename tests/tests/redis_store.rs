@@ -570,3 +570,79 @@ async fn survives_a_server_restart() {
         "the restarted server is empty"
     );
 }
+
+/// `rediss://` reaches a TLS server and verifies its certificate: a store on a client that
+/// trusts the server's (self-signed) certificate works; a `rediss://` URL, which trusts only the
+/// system's roots, is refused at connect time.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_with_the_tls_feature() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let status = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE", "-keyout"])
+        .arg(&key_file)
+        .arg("-out")
+        .arg(&cert)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap_or_else(|e| {
+            panic!("the TLS test needs the `openssl` command (apt-get install openssl): {e}")
+        });
+    assert!(status.success(), "openssl could not make a certificate");
+    let pem = std::fs::read(&cert).unwrap();
+    let tls_port = free_port().unwrap().to_string();
+    let (cert, key_file) = (cert.to_string_lossy(), key_file.to_string_lossy());
+    let _server = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key_file,
+        "--tls-ca-cert-file",
+        &cert,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let client = redis::Client::build_with_tls(
+        url.as_str(),
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let manager = redis::aio::ConnectionManager::new(client)
+        .await
+        .unwrap_or_else(|e| panic!("TLS connection: {e}"));
+    let store = RedisStore::from_connection_manager(manager);
+    let p = policy(Algorithm::Fixed, 2, MINUTE);
+    let key = key::build("tls", "app::tls", &[], &p);
+    assert_eq!(
+        check(&store, &[(&key, &p)]).await.decisions()[0].remaining,
+        1
+    );
+    assert_eq!(
+        check(&store, &[(&key, &p)]).await.decisions()[0].remaining,
+        0
+    );
+    assert!(!check(&store, &[(&key, &p)]).await.is_admitted());
+
+    let untrusted = RedisStore::connect(&url).await;
+    assert!(
+        matches!(untrusted, Err(ConfigError::Unreachable(_))),
+        "a self-signed certificate must not verify: {untrusted:?}"
+    );
+}

@@ -19,7 +19,10 @@ ALGOS[1] = {
         if n ~= nil and n >= 0 then
           live = true
           count = n
-          left_us = pttl * 1000
+          -- The key is gone once the clock passes its expiry millisecond: at
+          -- now_ms + pttl + 1 ms, i.e. (pttl + 1) ms less the part of the
+          -- current millisecond already gone (rounded up, never early).
+          left_us = pttl * 1000 + 1000 - math.fmod(now, 1000)
         end
       end
     end

@@ -19,9 +19,12 @@
 //!
 //! `redis://[<user>][:<password>@]<host>[:<port>][/<db>]`, handled by the `redis` crate: a
 //! username and password in the URL are sent with `AUTH` (percent-encode special characters).
-//! `rediss://…` is TLS and needs this crate's **`tls`** feature (rustls, with the system's
-//! root certificates; `rediss://host/#insecure` skips certificate checks). `unix:///path` and
-//! `redis+unix:///path` reach a Unix socket.
+//! `rediss://…` is TLS and needs this crate's **`tls`** feature (rustls; the server's
+//! certificate is verified against the system's root certificates; certificate checks cannot be
+//! turned off). For a private CA or client certificates, build a client with
+//! `redis::Client::build_with_tls` and hand its `ConnectionManager` to
+//! [`RedisStore::from_connection_manager`]. `unix:///path` and `redis+unix:///path` reach a Unix
+//! socket.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ratelimit_runtime::ConfigError> {
@@ -438,6 +441,10 @@ mod tests {
             };
             assert!(m.contains("`tls` feature"), "{m}");
         }
+        assert_eq!(
+            RedisStore::lazy("rediss://127.0.0.1:6380").is_ok(),
+            cfg!(feature = "tls")
+        );
         assert!(RedisStore::lazy("redis://user:pw@127.0.0.1:6380/2").is_ok());
     }
 }
