@@ -220,78 +220,90 @@ async fn stacked_limits_one_slot_atomic_and_across_slots_compensated() {
     // Across slots: a per-IP limit (10 per hour, every algorithm in turn) stacked with a
     // global fixed limit (3 per hour) of the same scope: two hash tags, two slots.
     for algo in Algorithm::ALL {
-        let scope = format!("api-{algo}");
-        let per_ip = policy(algo, 10, HOUR, 10, 1);
-        let global = policy(Algorithm::Fixed, 3, HOUR, 3, 1);
-        let ki = key::build(&run, &scope, &[b"10.1.2.3"], &per_ip);
-        let kg = key::build(&run, &scope, &[], &global);
-        assert_ne!(
-            cluster.keyslot(&ki).await,
-            cluster.keyslot(&kg).await,
-            "{algo}: the two limits must be in different slots"
-        );
-        let ip_first = [Check::new(&ki, &per_ip), Check::new(&kg, &global)];
-        let global_first = [Check::new(&kg, &global), Check::new(&ki, &per_ip)];
-        for n in 1..=3 {
-            let v = store
-                .check(&ip_first)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert!(v.is_admitted(), "{algo}: call {n}");
-            assert_eq!(v.decisions()[0].remaining, 10 - n, "{algo}: call {n}");
-            assert_eq!(v.decisions()[1].remaining, 3 - n, "{algo}: call {n}");
-        }
-        // The per-IP group runs first and takes a unit; the global group rejects; the refund
-        // gives the unit back, and the verdict reports the per-IP limit as it is now.
-        for _ in 0..3 {
-            let v = store
-                .check(&ip_first)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert!(!v.is_admitted(), "{algo}");
-            let (di, dg) = (v.decisions()[0], v.decisions()[1]);
-            assert!(di.admitted, "{algo}: the per-IP limit admits on its own");
-            assert_eq!(di.remaining, 7, "{algo}: the refund restores remaining");
-            assert!(!dg.admitted && dg.retry_after.is_some(), "{algo}: {dg:?}");
-            assert_eq!(v.binding(), Some(&dg));
-            // The global group rejects first: the per-IP limit is only read.
-            let v = store
-                .check(&global_first)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert!(!v.is_admitted(), "{algo}");
-            assert_eq!(v.decisions()[1].remaining, 7, "{algo}: peeked, not taken");
-            assert!(v.decisions()[1].admitted);
-        }
-        // Alone, the per-IP limit shows that the six rejected calls took nothing.
+        cross_slot_refunds(&cluster, &store, &run, algo).await;
+    }
+}
+
+/// A per-IP limit of `algo` (10 per hour) stacked with a global fixed limit (3 per hour) in
+/// another slot: refunds restore remaining, peeks take nothing, a refunded new caller leaves
+/// no key.
+async fn cross_slot_refunds(
+    cluster: &RedisCluster,
+    store: &RedisClusterStore,
+    run: &str,
+    algo: Algorithm,
+) {
+    let scope = format!("api-{algo}");
+    let per_ip = policy(algo, 10, HOUR, 10, 1);
+    let global = policy(Algorithm::Fixed, 3, HOUR, 3, 1);
+    let ki = key::build(run, &scope, &[b"10.1.2.3"], &per_ip);
+    let kg = key::build(run, &scope, &[], &global);
+    assert_ne!(
+        cluster.keyslot(&ki).await,
+        cluster.keyslot(&kg).await,
+        "{algo}: the two limits must be in different slots"
+    );
+    let ip_first = [Check::new(&ki, &per_ip), Check::new(&kg, &global)];
+    let global_first = [Check::new(&kg, &global), Check::new(&ki, &per_ip)];
+    for n in 1..=3 {
         let v = store
-            .check(&[Check::new(&ki, &per_ip)])
+            .check(&ip_first)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert!(v.is_admitted());
-        assert_eq!(v.decisions()[0].remaining, 6, "{algo}: per-IP alone");
-
-        // A new caller against the spent global limit: its first call creates the per-IP key
-        // (a window, a log entry, a bucket level), the refund removes it again.
-        let fresh = key::build(&run, &scope, &[b"10.9.9.9"], &per_ip);
+        assert!(v.is_admitted(), "{algo}: call {n}");
+        assert_eq!(v.decisions()[0].remaining, 10 - n, "{algo}: call {n}");
+        assert_eq!(v.decisions()[1].remaining, 3 - n, "{algo}: call {n}");
+    }
+    // The per-IP group runs first and takes a unit; the global group rejects; the refund
+    // gives the unit back, and the verdict reports the per-IP limit as it is now.
+    for _ in 0..3 {
         let v = store
-            .check(&[Check::new(&fresh, &per_ip), Check::new(&kg, &global)])
+            .check(&ip_first)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(!v.is_admitted(), "{algo}");
-        assert_eq!(v.decisions()[0].remaining, 10, "{algo}: fresh caller");
-        let owner = cluster.master_of_slot(cluster.keyslot(&fresh).await).await;
-        let mut node = cluster.node(owner.port).await;
-        let exists: u8 = redis::cmd("EXISTS")
-            .arg(&fresh)
-            .query_async(&mut node)
+        let (di, dg) = (v.decisions()[0], v.decisions()[1]);
+        assert!(di.admitted, "{algo}: the per-IP limit admits on its own");
+        assert_eq!(di.remaining, 7, "{algo}: the refund restores remaining");
+        assert!(!dg.admitted && dg.retry_after.is_some(), "{algo}: {dg:?}");
+        assert_eq!(v.binding(), Some(&dg));
+        // The global group rejects first: the per-IP limit is only read.
+        let v = store
+            .check(&global_first)
             .await
-            .unwrap_or_else(|e| panic!("EXISTS: {e}"));
-        assert_eq!(
-            exists, 0,
-            "{algo}: the refund left the new caller's key behind"
-        );
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!v.is_admitted(), "{algo}");
+        assert_eq!(v.decisions()[1].remaining, 7, "{algo}: peeked, not taken");
+        assert!(v.decisions()[1].admitted);
     }
+    // Alone, the per-IP limit shows that the six rejected calls took nothing.
+    let v = store
+        .check(&[Check::new(&ki, &per_ip)])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(v.is_admitted());
+    assert_eq!(v.decisions()[0].remaining, 6, "{algo}: per-IP alone");
+
+    // A new caller against the spent global limit: its first call creates the per-IP key
+    // (a window, a log entry, a bucket level), the refund removes it again.
+    let fresh = key::build(run, &scope, &[b"10.9.9.9"], &per_ip);
+    let v = store
+        .check(&[Check::new(&fresh, &per_ip), Check::new(&kg, &global)])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!v.is_admitted(), "{algo}");
+    assert_eq!(v.decisions()[0].remaining, 10, "{algo}: fresh caller");
+    let owner = cluster.master_of_slot(cluster.keyslot(&fresh).await).await;
+    let mut node = cluster.node(owner.port).await;
+    let exists: u8 = redis::cmd("EXISTS")
+        .arg(&fresh)
+        .query_async(&mut node)
+        .await
+        .unwrap_or_else(|e| panic!("EXISTS: {e}"));
+    assert_eq!(
+        exists, 0,
+        "{algo}: the refund left the new caller's key behind"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
