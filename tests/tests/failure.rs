@@ -333,6 +333,28 @@ async fn deny_gives_plain_callers_the_store_unavailable_error() {
     }
 }
 
+static BODY_RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+#[ratelimit_runtime::rate_limit(algo = "fixed", num = 5, time = 90, key = "send")]
+async fn send_code() -> Result<u32, RateLimitError> {
+    BODY_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(7)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_makes_a_rate_limited_plain_function_return_store_unavailable() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Deny).await;
+    assert_eq!(limiter.clone().scope(send_code()).await.unwrap(), 7);
+    tokio::task::block_in_place(|| server.kill());
+    let start = Instant::now();
+    let err = limiter.clone().scope(send_code()).await.unwrap_err();
+    assert!(start.elapsed() <= Settings::default().timeout + SLACK);
+    assert!(err.is_store_unavailable(), "{err}");
+    assert_eq!(err.retry_after(), None);
+    assert_eq!(BODY_RUNS.load(Ordering::SeqCst), 1, "the body did not run");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_between_two_calls_the_second_succeeds() {
     let server = RedisServer::start();
