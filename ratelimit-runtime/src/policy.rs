@@ -352,17 +352,17 @@ mod tests {
     #[test]
     fn verdict_binding_picks_the_longest_wait_or_the_fewest_left() {
         let ms = Duration::from_millis;
-        let a = Decision::new(true, 10, 3, ms(5), ms(0));
-        let b = Decision::new(false, 5, 0, ms(50), ms(40));
-        let c = Decision::new(false, 5, 0, ms(90), ms(80));
-        let v = Verdict::new(vec![a, b, c]);
-        assert!(!v.is_admitted());
-        assert_eq!(v.binding(), Some(&c));
-        assert_eq!(v.retry_after(), Some(ms(80)));
-        let d = Decision::new(true, 10, 1, ms(5), ms(0));
-        let v = Verdict::new(vec![a, d]);
+        let roomy = Decision::new(true, 10, 3, ms(5), ms(0));
+        let short_wait = Decision::new(false, 5, 0, ms(50), ms(40));
+        let long_wait = Decision::new(false, 5, 0, ms(90), ms(80));
+        let rejected = Verdict::new(vec![roomy, short_wait, long_wait]);
+        assert!(!rejected.is_admitted());
+        assert_eq!(rejected.binding(), Some(&long_wait));
+        assert_eq!(rejected.retry_after(), Some(ms(80)));
+        let tight = Decision::new(true, 10, 1, ms(5), ms(0));
+        let v = Verdict::new(vec![roomy, tight]);
         assert!(v.is_admitted());
-        assert_eq!(v.binding(), Some(&d));
+        assert_eq!(v.binding(), Some(&tight));
         assert_eq!(v.retry_after(), None);
     }
 }
