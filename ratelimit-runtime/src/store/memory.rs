@@ -420,18 +420,34 @@ impl Inner {
     /// One limit: one shard, no allocation but a new key's.
     fn check_one(&self, check: &Check<'_>) -> Decision {
         let p = Params::new(check.policy);
-        let mut shard = lock(&self.shards[self.shard_of(check.key)]);
+        let mut guard = lock(&self.shards[self.shard_of(check.key)]);
+        let shard = &mut *guard;
         let now = self.now();
-        let base = shard.base(check.key, now);
-        match take(base, Pending::Untouched, &p, now) {
+        // One lookup for a known key: evaluate and write through the same reference.
+        if let Some(entry) = shard.map.get_mut(check.key) {
+            let base = entry.live(now).then_some(&entry.state);
+            return match take(base, Pending::Untouched, &p, now) {
+                Ok(pending) => {
+                    let (remaining, reset) = numbers(base, pending, &p, now);
+                    update(entry, pending, &p, now);
+                    shard.next_idle = shard.next_idle.min(entry.idle_at);
+                    decision(true, &p, remaining, reset, 0)
+                }
+                Err(retry) => {
+                    let (remaining, reset) = numbers(base, Pending::Untouched, &p, now);
+                    decision(false, &p, remaining, reset, retry)
+                }
+            };
+        }
+        match take(None, Pending::Untouched, &p, now) {
             Ok(pending) => {
-                let (remaining, reset) = numbers(base, pending, &p, now);
+                let (remaining, reset) = numbers(None, pending, &p, now);
                 let max = self.max_per_shard();
-                shard.commit(check.key, pending, &p, now, max, &|k| k == check.key);
+                shard.insert(check.key, pending, &p, now, max, &|_| false);
                 decision(true, &p, remaining, reset, 0)
             }
             Err(retry) => {
-                let (remaining, reset) = numbers(base, Pending::Untouched, &p, now);
+                let (remaining, reset) = numbers(None, Pending::Untouched, &p, now);
                 decision(false, &p, remaining, reset, retry)
             }
         }
@@ -543,6 +559,11 @@ fn decision(admitted: bool, p: &Params, remaining: u64, reset_ns: u64, retry_ns:
 struct Shard {
     map: HashMap<Box<str>, Entry>,
     inserts_since_sweep: usize,
+    /// Entries left by the last sweep: the next one comes after as many inserts.
+    len_after_sweep: usize,
+    /// No entry becomes idle before this instant (a lower bound): sweeping earlier is a no-op,
+    /// so an idle janitor or a shard full of live entries costs nothing to sweep.
+    next_idle: u64,
 }
 
 impl Shard {
@@ -553,10 +574,23 @@ impl Shard {
 
     /// Removes idle entries; returns how many.
     fn sweep(&mut self, now: u64) -> usize {
-        let before = self.map.len();
-        self.map.retain(|_, e| e.live(now));
         self.inserts_since_sweep = 0;
+        if now < self.next_idle {
+            self.len_after_sweep = self.map.len();
+            return 0;
+        }
+        let before = self.map.len();
+        let mut next_idle = u64::MAX;
+        self.map.retain(|_, e| {
+            let live = e.live(now);
+            if live {
+                next_idle = next_idle.min(e.idle_at);
+            }
+            live
+        });
+        self.next_idle = next_idle;
         let len = self.map.len();
+        self.len_after_sweep = len;
         if self.map.capacity() > 1024 && len < self.map.capacity() / 4 {
             self.map.shrink_to(len * 2);
         }
@@ -577,19 +611,33 @@ impl Shard {
             return;
         }
         if let Some(entry) = self.map.get_mut(key) {
-            let live = entry.live(now);
-            let old = std::mem::replace(&mut entry.state, State::Fixed { end: 0, count: 0 });
-            *entry = written(live.then_some(old), pending, p, now);
-            return;
+            update(entry, pending, p, now);
+            self.next_idle = self.next_idle.min(entry.idle_at);
+        } else {
+            self.insert(key, pending, p, now, max, in_call);
         }
+    }
+
+    /// Adds a key that is not held yet (`in_call`: keys that must not be evicted for room).
+    fn insert(
+        &mut self,
+        key: &str,
+        pending: Pending,
+        p: &Params,
+        now: u64,
+        max: usize,
+        in_call: &dyn Fn(&str) -> bool,
+    ) {
         self.make_room(now, max, in_call);
-        self.map.insert(key.into(), written(None, pending, p, now));
+        let entry = written(None, pending, p, now);
+        self.next_idle = self.next_idle.min(entry.idle_at);
+        self.map.insert(key.into(), entry);
     }
 
     /// Before a new key: sweep when enough inserts went by, and keep within `max` entries.
     fn make_room(&mut self, now: u64, max: usize, in_call: &dyn Fn(&str) -> bool) {
         self.inserts_since_sweep += 1;
-        if self.inserts_since_sweep >= MIN_INSERTS_PER_SWEEP.max(self.map.len()) {
+        if self.inserts_since_sweep >= MIN_INSERTS_PER_SWEEP.max(self.len_after_sweep) {
             self.sweep(now);
         }
         if self.map.len() < max {
@@ -896,6 +944,13 @@ fn whole_units(scaled: u128, p: &Params) -> u64 {
     u64::try_from(scaled / u128::from(p.period)).unwrap_or(u64::MAX)
 }
 
+/// Writes what an admitted call takes into a held entry (idle or not).
+fn update(entry: &mut Entry, pending: Pending, p: &Params, now: u64) {
+    let live = entry.live(now);
+    let old = std::mem::replace(&mut entry.state, State::Fixed { end: 0, count: 0 });
+    *entry = written(live.then_some(old), pending, p, now);
+}
+
 /// The entry an admitted call leaves: the new state and when it becomes idle.
 fn written(base: Option<State>, pending: Pending, p: &Params, now: u64) -> Entry {
     match pending {
@@ -1090,6 +1145,32 @@ mod tests {
             assert_eq!(store.held(), 0);
             assert!(store.is_empty());
         }
+    }
+
+    /// A shard skips sweeping until its earliest entry can be idle, and a write that becomes
+    /// idle sooner than everything else moves that instant forward.
+    #[test]
+    fn sweeping_tracks_the_earliest_idle_entry() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        let long = policy(Algorithm::Fixed, 1, HOUR, 1);
+        let short = policy(Algorithm::Token, 1000, MS, 1000);
+        for i in 0..200 {
+            assert!(one(&store, &format!("long{i}"), &long).admitted);
+        }
+        assert_eq!(store.sweep(), 0);
+        for i in 0..200 {
+            assert!(one(&store, &format!("short{i}"), &short).admitted);
+        }
+        clock.advance(MS);
+        assert_eq!(store.len(), 200);
+        assert_eq!(store.sweep(), 200, "the short entries are idle");
+        assert_eq!(store.held(), 200);
+        // Re-using an idle key that no sweep removed yet starts it fresh.
+        let fixed = policy(Algorithm::Fixed, 2, MS, 2);
+        assert_eq!(one(&store, "again", &fixed).remaining, 1);
+        clock.advance(MS);
+        assert_eq!(one(&store, "again", &fixed).remaining, 1);
     }
 
     /// A sliding window keeps at most `limit` admission times, however many calls are made.

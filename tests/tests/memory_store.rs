@@ -1,0 +1,314 @@
+//! The memory store: the shared scenario suite on a manual clock (exact numbers), plus what only
+//! the memory store promises (eviction of idle keys, bounded memory, lock ordering across
+//! shards).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ratelimit_runtime::store::ManualClock;
+use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy, Store};
+use ratelimit_tests::suite::{self, Harness};
+
+/// A memory store on a manual clock: `pass` moves the clock, every connection is the store.
+struct Memory {
+    store: Arc<MemoryStore>,
+    clock: ManualClock,
+}
+
+impl Memory {
+    fn new() -> Self {
+        let clock = ManualClock::new();
+        Self {
+            store: Arc::new(MemoryStore::with_clock(clock.clone())),
+            clock,
+        }
+    }
+}
+
+impl Harness for Memory {
+    fn store(&self, _conn: usize) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    fn pass(&self, d: Duration) -> impl Future<Output = ()> + Send {
+        self.clock.advance(d);
+        std::future::ready(())
+    }
+
+    fn unique(&self, name: &str) -> String {
+        // One store per test: the name alone keeps scenarios apart.
+        format!("mem-{name}")
+    }
+}
+
+macro_rules! per_algorithm {
+    ($scenario:ident, $flavor:literal, [$(($test:ident, $algo:ident)),*]) => {
+        $(
+            #[tokio::test(flavor = $flavor)]
+            async fn $test() {
+                suite::$scenario(&Memory::new(), Algorithm::$algo).await;
+            }
+        )*
+    };
+}
+
+per_algorithm!(
+    exactness,
+    "multi_thread",
+    [
+        (exactness_fixed, Fixed),
+        (exactness_sliding, Sliding),
+        (exactness_leaky, Leaky),
+        (exactness_token, Token)
+    ]
+);
+per_algorithm!(
+    cost_takes_units,
+    "current_thread",
+    [
+        (cost_takes_units_fixed, Fixed),
+        (cost_takes_units_sliding, Sliding),
+        (cost_takes_units_leaky, Leaky),
+        (cost_takes_units_token, Token)
+    ]
+);
+per_algorithm!(
+    decision_numbers,
+    "current_thread",
+    [
+        (decision_numbers_fixed, Fixed),
+        (decision_numbers_sliding, Sliding),
+        (decision_numbers_leaky, Leaky),
+        (decision_numbers_token, Token)
+    ]
+);
+per_algorithm!(
+    buckets_refill_at_rate,
+    "current_thread",
+    [
+        (buckets_refill_at_rate_leaky, Leaky),
+        (buckets_refill_at_rate_token, Token)
+    ]
+);
+
+#[tokio::test]
+async fn fixed_admits_again_after_window() {
+    suite::fixed_admits_again_after_window(&Memory::new()).await;
+}
+
+#[tokio::test]
+async fn sliding_has_no_boundary_burst() {
+    suite::sliding_has_no_boundary_burst(&Memory::new()).await;
+}
+
+#[tokio::test]
+async fn stacked_rejection_consumes_nothing() {
+    suite::stacked_rejection_consumes_nothing(&Memory::new()).await;
+}
+
+/// The whole suite on one store, several times over on the same multi-thread runtime: the
+/// scenarios do not depend on running alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn whole_suite_on_one_store() {
+    let h = Memory::new();
+    suite::all(&h).await;
+}
+
+/// 1,000,000 distinct keys, each touched once, then left idle past their window: the janitor
+/// brings the store back to empty without any call for those keys. The keys are written from
+/// two threads with the synchronous `check_now` (the same code path as `Store::check`) so the
+/// loop stays quick in debug builds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_idle_keys_are_evicted_without_calls() {
+    const KEYS: u64 = 1_000_000;
+    let clock = ManualClock::new();
+    let store = Arc::new(
+        MemoryStore::with_clock(clock.clone()).with_sweep_interval(Duration::from_millis(10)),
+    );
+    let policies = [
+        Policy::new(Algorithm::Fixed, 5, Duration::from_secs(1)).unwrap(),
+        Policy::new(Algorithm::Sliding, 5, Duration::from_secs(1)).unwrap(),
+        Policy::new(Algorithm::Token, 5, Duration::from_secs(1)).unwrap(),
+        Policy::new(Algorithm::Leaky, 5, Duration::from_secs(1)).unwrap(),
+    ];
+    // Started inside the runtime: the janitor runs from here on.
+    assert!(
+        store
+            .check_now(&[Check::new("warm-up", &policies[0])])
+            .is_admitted()
+    );
+    assert!(store.has_janitor());
+    std::thread::scope(|s| {
+        for half in 0..2 {
+            let store = &store;
+            let policies = &policies;
+            s.spawn(move || {
+                let mut key = String::with_capacity(32);
+                for i in (half..KEYS).step_by(2) {
+                    key.clear();
+                    key.push_str("ratelimit:{idle:");
+                    push_decimal(&mut key, i);
+                    key.push('}');
+                    let p = &policies[usize::try_from(i % 4).unwrap()];
+                    assert!(store.check_now(&[Check::new(&key, p)]).is_admitted());
+                }
+            });
+        }
+    });
+    let held = store.held();
+    assert!(
+        held >= usize::try_from(KEYS).unwrap(),
+        "held {held} entries"
+    );
+    assert_eq!(store.len(), held, "every entry is live");
+
+    // Every entry is idle after one period (the buckets: 1/5 s per unit taken).
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(store.len(), 0, "idle entries are not live");
+    // No call and no sweep() from here: the janitor alone empties the store.
+    let mut waited = 0;
+    while store.held() > 0 {
+        assert!(
+            waited < 6000,
+            "the janitor did not evict the idle entries: {} held",
+            store.held()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += 1;
+    }
+    assert_eq!(store.held(), 0);
+    assert!(store.is_empty());
+}
+
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + u8::try_from(n % 10).unwrap();
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[i..].iter().map(|&b| char::from(b)));
+}
+
+/// Without a runtime (so without a janitor) and without `sweep()`, the shards sweep themselves
+/// on inserts: keys that come and go never pile up.
+#[test]
+fn shards_sweep_themselves_on_inserts() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let p = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(1)).unwrap();
+    let per_round = 10_000;
+    let mut most = 0;
+    for round in 0..10 {
+        for i in 0..per_round {
+            let key = format!("churn:{round}:{i}");
+            assert!(store.check_now(&[Check::new(&key, &p)]).is_admitted());
+        }
+        most = most.max(store.held());
+        assert_eq!(store.len(), per_round, "round {round}");
+        clock.advance(Duration::from_secs(1));
+    }
+    assert!(!store.has_janitor());
+    // 100,000 keys went through; at most two rounds' worth (plus slack) were ever held.
+    assert!(most <= 2 * per_round + 64 * 64, "held up to {most}");
+}
+
+/// More live keys than `max_keys`: the store stays within the bound, and a key just written
+/// is never the one dropped.
+#[test]
+fn memory_is_bounded_by_max_keys() {
+    let store = MemoryStore::with_clock(ManualClock::new()).with_max_keys(6400);
+    assert_eq!(store.max_keys(), 6400);
+    let p = Policy::new(Algorithm::Sliding, 2, suite::HOUR).unwrap();
+    for i in 0..100_000 {
+        let key = format!("flood:{i}");
+        let checks = [Check::new(&key, &p)];
+        assert!(store.check_now(&checks).is_admitted());
+        let second = store.check_now(&checks);
+        assert!(
+            second.is_admitted(),
+            "the key {i} was dropped as soon as written"
+        );
+        assert!(!store.check_now(&checks).is_admitted());
+        assert!(store.held() <= 6400);
+    }
+    assert!(store.held() > 6400 / 2, "the bound is not used at all");
+}
+
+/// Stacked checks over many keys in different shards, in different orders, from many tasks at
+/// once: no deadlock, no over-admission, and every rejected call took nothing (each key's count
+/// of admitted calls is exactly what its remaining says).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stacked_checks_across_shards_neither_deadlock_nor_over_admit() {
+    const KEYS: usize = 24;
+    const LIMIT: u64 = 40;
+    let store = Arc::new(MemoryStore::with_clock(ManualClock::new()));
+    let p = Policy::new(Algorithm::Fixed, LIMIT, suite::HOUR).unwrap();
+    let keys: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("stacked:{{k{i}}}")).collect());
+    let counts: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..16u64 {
+        let (store, keys, counts) = (store.clone(), keys.clone(), counts.clone());
+        tasks.spawn(async move {
+            let mut seed = task.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            for _ in 0..200 {
+                // 2 to 6 distinct keys, in a random order.
+                let mut picked: Vec<usize> = Vec::new();
+                let want = 2 + usize::try_from(next(&mut seed) % 5).unwrap();
+                while picked.len() < want {
+                    let k = usize::try_from(next(&mut seed) % KEYS as u64).unwrap();
+                    if !picked.contains(&k) {
+                        picked.push(k);
+                    }
+                }
+                let checks: Vec<Check<'_>> =
+                    picked.iter().map(|&k| Check::new(&keys[k], &p)).collect();
+                let v = store.check(&checks).await.unwrap();
+                if v.is_admitted() {
+                    for &k in &picked {
+                        counts[k].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+    }
+    let all = async {
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(100), all)
+        .await
+        .expect("stacked checks deadlocked");
+    let mut admitted_somewhere = 0;
+    for (k, key) in keys.iter().enumerate() {
+        let taken = counts[k].load(Ordering::Relaxed);
+        assert!(taken <= LIMIT, "key {k} admitted {taken} > {LIMIT}");
+        admitted_somewhere += taken;
+        // One more call on the key alone shows what is left: exactly LIMIT - taken.
+        let d = store.check_now(&[Check::new(key, &p)]).decisions()[0];
+        if taken < LIMIT {
+            assert!(d.admitted);
+            assert_eq!(d.remaining, LIMIT - taken - 1, "key {k}");
+        } else {
+            assert!(!d.admitted, "key {k}");
+            assert_eq!(d.remaining, 0);
+        }
+    }
+    assert!(admitted_somewhere > 0);
+}
+
+fn next(seed: &mut u64) -> u64 {
+    // xorshift64
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
