@@ -12,7 +12,7 @@ use proc_macro::TokenStream;
 
 /// Puts a rate limit on an async function.
 ///
-/// ```ignore
+/// ```
 /// use ratelimit_runtime::{rate_limit, RateLimitError};
 ///
 /// #[rate_limit(algo = "sliding", num = 3, time = 10, key = "sms:{phone}")]
