@@ -21,7 +21,7 @@ pub mod redis;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 
-pub use self::memory::{Clock, ManualClock, MemoryStore, MonotonicClock};
+pub use self::memory::{Clock, ManualClock, MemoryStore, MonotonicClock, TokioClock};
 pub use self::redis::RedisStore;
 #[cfg(feature = "cluster")]
 pub use self::cluster::RedisClusterStore;
