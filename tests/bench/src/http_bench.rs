@@ -1,0 +1,209 @@
+//! Table 4: the macro's overhead. One Axum server (a child process of this binary, with the
+//! limiter installed as an application would) serves the same handler twice: `/plain` without
+//! the attribute and `/limited` with a limit no run reaches. `wrk` loads each in turn.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use ratelimit_runtime::{RateLimiter, RedisStore, rate_limit};
+
+use crate::Config;
+use crate::report::{Table, median, paired_ratio, rate, ratio, verdict};
+use crate::server::RedisServer;
+
+/// The handler without the attribute.
+async fn plain() -> &'static str {
+    "ok"
+}
+
+/// The same handler with a per-IP limit that no run reaches.
+#[rate_limit(algo = "fixed", num = 1_000_000_000, time = 60, by = "ip")]
+async fn limited() -> &'static str {
+    "ok"
+}
+
+/// The child process: installs the limiter on `store` (`memory` or a Redis URL), serves on a
+/// free loopback port, prints `PORT <n>` and serves until killed.
+pub fn serve(store: &str) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let builder = RateLimiter::builder();
+        let builder = if store == "memory" {
+            builder.memory()
+        } else {
+            builder.store(
+                RedisStore::connect(store)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )
+        };
+        builder
+            .build()
+            .await
+            .map_err(|e| e.to_string())?
+            .install()
+            .map_err(|e| e.to_string())?;
+        let app = Router::new()
+            .route("/plain", get(plain))
+            .route("/limited", get(limited));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
+        let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+        println!("PORT {port}");
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .map_err(|e| e.to_string())
+    })
+}
+
+struct ServerChild {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for ServerChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_server(store: &str) -> Result<ServerChild, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .args(["serve", store])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let port = line
+        .trim()
+        .strip_prefix("PORT ")
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("the server did not start: {line:?}"))?;
+    Ok(ServerChild { child, port })
+}
+
+/// What one `wrk` run reported.
+struct Wrk {
+    per_sec: f64,
+    requests: u64,
+    non_2xx: u64,
+}
+
+/// `wrk -t1 -c50 -d<dur>`.
+fn wrk(port: u16, path: &str, dur: Duration) -> Result<Wrk, String> {
+    let out = Command::new("wrk")
+        .args(["-t1", "-c50", &format!("-d{}s", dur.as_secs().max(1))])
+        .arg(format!("http://127.0.0.1:{port}{path}"))
+        .output()
+        .map_err(|e| format!("wrk (apt-get install wrk): {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rps = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("cannot read wrk's output: {text}"))?;
+    let non_2xx = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Non-2xx or 3xx responses:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let requests = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in "))
+        .and_then(|(n, _)| n.trim().parse().ok())
+        .ok_or_else(|| format!("cannot read wrk's request count: {text}"))?;
+    Ok(Wrk {
+        per_sec: rps,
+        requests,
+        non_2xx,
+    })
+}
+
+/// The count the Redis store holds for the `/limited` handler's one caller (127.0.0.1).
+fn counted_in_redis(server: &RedisServer) -> Result<u64, String> {
+    let keys = server.cli(&[
+        "--scan",
+        "--pattern",
+        "ratelimit:{*limited:=127.0.0.1}:fixed:*",
+    ])?;
+    let key = keys
+        .lines()
+        .next()
+        .ok_or("the limited handler wrote no key")?;
+    server
+        .cli(&["GET", key])?
+        .trim()
+        .parse()
+        .map_err(|e| format!("the handler's counter: {e}"))
+}
+
+/// Table 4.
+pub fn table(redis: &RedisServer, cfg: &Config) -> Result<String, String> {
+    let mut table = Table::new(&[
+        "store",
+        "handler without the attribute (req/s)",
+        "with `#[rate_limit(… by = \"ip\")]` (req/s)",
+        "ratio (median of rounds)",
+        "non-2xx",
+        "limited requests counted by the store",
+        "target ≥ 0.9",
+    ]);
+    let url = redis.url();
+    for (name, store) in [("memory", "memory"), ("Redis", url.as_str())] {
+        let server = spawn_server(store)?;
+        let mut sent = 0;
+        wrk(server.port, "/plain", cfg.warmup)?;
+        sent += wrk(server.port, "/limited", cfg.warmup)?.requests;
+        let (mut p, mut l, mut bad) = (Vec::new(), Vec::new(), 0);
+        for _ in 0..cfg.rounds {
+            let a = wrk(server.port, "/plain", cfg.http_run)?;
+            let b = wrk(server.port, "/limited", cfg.http_run)?;
+            p.push(a.per_sec);
+            l.push(b.per_sec);
+            bad += a.non_2xx + b.non_2xx;
+            sent += b.requests;
+        }
+        // With Redis, every limited request must have been counted there: a check answered
+        // by the failure policy (timeout, breaker) would make the figure meaningless.
+        let counted = if store == "memory" {
+            "— (in the server process)".to_owned()
+        } else {
+            format!(
+                "{} of {} that wrk completed",
+                rate(counted_in_redis(redis)? as f64),
+                rate(sent as f64)
+            )
+        };
+        let r = paired_ratio(&l, &p);
+        table.row(vec![
+            name.to_owned(),
+            rate(median(&p)),
+            rate(median(&l)),
+            ratio(r),
+            bad.to_string(),
+            counted,
+            verdict(r >= 0.9).to_owned(),
+        ]);
+        eprintln!("  table 4: {name} done");
+    }
+    Ok(table.markdown())
+}

@@ -1,0 +1,234 @@
+//! The benchmark suite: `cargo run --release --manifest-path tests/bench/Cargo.toml`.
+//!
+//! Starts its own `redis-server` (free port, no persistence, temp dir), measures the six
+//! tables of BENCHMARKS.md and prints them in Markdown on stdout (progress goes to stderr).
+//! Every figure that has a target is a ratio of two contenders measured side by side in this
+//! one run, in interleaved rounds (A B A B …), and the median of the per-round ratios is
+//! reported: absolute numbers on a shared 2-core machine are noise, ratios much less so.
+//!
+//! Arguments: `--quick` (short runs, for trying the harness), `--only 1,3` (some tables).
+//! `serve <memory|redis-url>` is the HTTP server child of table 4.
+
+mod http_bench;
+mod memory_bench;
+mod redis_bench;
+mod report;
+mod server;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Run lengths.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Interleaved rounds per comparison.
+    pub rounds: usize,
+    /// One timed Redis run.
+    pub run: Duration,
+    /// One timed memory-store run.
+    pub mem_run: Duration,
+    /// One `wrk` run.
+    pub http_run: Duration,
+    /// A warm-up run before each comparison.
+    pub warmup: Duration,
+    /// Samples per latency row.
+    pub latency_samples: usize,
+    /// Callers in the memory-per-key table.
+    pub memory_keys: usize,
+}
+
+impl Config {
+    fn full() -> Self {
+        Self {
+            rounds: 5,
+            run: Duration::from_secs(2),
+            mem_run: Duration::from_secs(1),
+            http_run: Duration::from_secs(3),
+            warmup: Duration::from_secs(1),
+            latency_samples: 20_000,
+            memory_keys: 100_000,
+        }
+    }
+
+    fn quick() -> Self {
+        Self {
+            rounds: 2,
+            run: Duration::from_millis(500),
+            mem_run: Duration::from_millis(200),
+            http_run: Duration::from_secs(1),
+            warmup: Duration::from_millis(200),
+            latency_samples: 2_000,
+            memory_keys: 100_000,
+        }
+    }
+}
+
+/// A tiny deterministic PRNG for picking callers (no dependency, no shared state).
+#[derive(Debug)]
+pub struct XorShift(u64);
+
+impl XorShift {
+    /// A generator from a non-zero seed.
+    #[must_use]
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        #[allow(clippy::cast_possible_truncation)]
+        let i = (x % n as u64) as usize;
+        i
+    }
+}
+
+fn sh(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd).args(args).output().map_or_else(
+        |e| format!("({cmd}: {e})"),
+        |o| String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+    )
+}
+
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map_or("unknown", |v| v.trim_start_matches([' ', '\t', ':']));
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .map_or("unknown".to_owned(), |v| {
+            let kb: f64 = v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .unwrap_or(0.0);
+            format!("{:.1} GiB", kb / 1024.0 / 1024.0)
+        });
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
+    format!(
+        "- date: {}\n- machine: {cores} cores (nproc), {model}, {mem} RAM, {}\n- {}; {}; {}\n",
+        sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        sh("uname", &["-sr"]),
+        sh("redis-server", &["--version"]),
+        sh("rustc", &["--version"]),
+        sh("wrk", &["--version"])
+            .lines()
+            .next()
+            .unwrap_or("wrk: not installed"),
+    )
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("serve") {
+        let store = args.get(1).map_or("memory", String::as_str);
+        if let Err(e) = http_bench::serve(store) {
+            eprintln!("server: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let cfg = if quick {
+        Config::quick()
+    } else {
+        Config::full()
+    };
+    let only: Option<Vec<u8>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|list| {
+            list.split(',')
+                .filter_map(|n| n.trim().parse().ok())
+                .collect()
+        });
+    let wanted = |n: u8| only.as_ref().is_none_or(|o| o.contains(&n));
+    if let Err(e) = run(&cfg, quick, &wanted) {
+        eprintln!("benchmark failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// A table: its number, its title, and what measures it.
+type Section<'a> = (u8, &'a str, &'a dyn Fn() -> Result<String, String>);
+
+fn run(cfg: &Config, quick: bool, wanted: &dyn Fn(u8) -> bool) -> Result<(), String> {
+    let started = Instant::now();
+    let server = server::RedisServer::start()?;
+    eprintln!(
+        "redis-server on port {} (pid {})",
+        server.port(),
+        server.pid()
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    println!("## Machine and run\n");
+    print!("{}", machine());
+    println!(
+        "- {} rounds per comparison, interleaved; Redis runs {:?}, memory runs {:?}, wrk runs {:?}{}\n",
+        cfg.rounds,
+        cfg.run,
+        cfg.mem_run,
+        cfg.http_run,
+        if quick {
+            " (--quick: NOT the published figures)"
+        } else {
+            ""
+        },
+    );
+    let sections: [Section<'_>; 6] = [
+        (
+            1,
+            "1. Redis store vs `redis-benchmark` EVALSHA of the same script",
+            &|| redis_bench::table_store_vs_redis_benchmark(&rt, &server, cfg),
+        ),
+        (2, "2. Redis store vs the Rust Redis peers", &|| {
+            redis_bench::table_peers(&rt, &server, cfg)
+        }),
+        (
+            3,
+            "3. Memory store vs governor's keyed limiter (2 threads)",
+            &|| Ok(memory_bench::table(cfg)),
+        ),
+        (
+            4,
+            "4. The macro's overhead on an Axum handler (wrk, loopback)",
+            &|| http_bench::table(&server, cfg),
+        ),
+        (5, "5. Latency of one Redis-backed check vs PING", &|| {
+            redis_bench::table_latency(&rt, &server, cfg)
+        }),
+        (
+            6,
+            "6. Redis memory per active key (100,000 callers, one call each)",
+            &|| redis_bench::table_memory_per_key(&rt, &server, cfg),
+        ),
+    ];
+    for (n, title, f) in sections {
+        if !wanted(n) {
+            continue;
+        }
+        eprintln!("table {n} …");
+        let t = Instant::now();
+        let body = f()?;
+        println!("### {title}\n\n{body}");
+        eprintln!("table {n}: {:.0} s", t.elapsed().as_secs_f64());
+    }
+    println!(
+        "Measured in {:.0} s (after the build).",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! The benchmark's own `redis-server`: a free loopback port, no persistence, its files in a
+//! temp dir, killed on drop. Never the server on 127.0.0.1:6379.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// A running `redis-server` owned by the benchmark.
+pub struct RedisServer {
+    child: Child,
+    port: u16,
+    _dir: TempDir,
+}
+
+impl RedisServer {
+    /// Starts `redis-server` on a free port and waits until it answers `PING`.
+    pub fn start() -> Result<Self, String> {
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+            let port = free_port()?;
+            let log = dir.path().join("redis.log");
+            let child = Command::new("redis-server")
+                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(dir.path())
+                .arg("--logfile")
+                .arg(&log)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("cannot start redis-server (is it installed?): {e}"))?;
+            let mut server = Self {
+                child,
+                port,
+                _dir: dir,
+            };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if server.cli(&["PING"]).is_ok_and(|r| r.trim() == "PONG") {
+                    return Ok(server);
+                }
+                if let Ok(Some(_)) = server.child.try_wait() {
+                    break; // the port was taken between our probe and its bind: try another
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Err("redis-server did not start".to_owned())
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Runs one command with `redis-cli` and returns its raw output.
+    pub fn cli(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .map_err(|e| format!("redis-cli: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The process id, for profiling the server.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> Result<u16, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| format!("local_addr: {e}"))?
+        .port();
+    if port == 6379 {
+        return free_port();
+    }
+    Ok(port)
+}
