@@ -26,6 +26,10 @@ const SLACK: Duration = Duration::from_millis(50);
 /// How soon after Redis answers again checks must use it again.
 const RECOVERY: Duration = Duration::from_secs(2);
 
+/// The tests of this file run one at a time: each measures every call's latency, and eight
+/// callers of another test on the same two cores would only add noise to that.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// How long `CLIENT PAUSE` holds Redis.
 const PAUSE: Duration = Duration::from_secs(2);
 
@@ -224,8 +228,9 @@ impl Outage {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_8_callers_allow_admits_within_the_timeout_and_recovers() {
+    let _serial = SERIAL.lock().await;
     let outage = Outage::run(FailurePolicy::Allow).await;
     assert_all_within(&outage.calls, Settings::default().timeout + SLACK);
     let down = outage.down();
@@ -256,8 +261,9 @@ async fn redis_killed_under_8_callers_allow_admits_within_the_timeout_and_recove
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_8_callers_deny_rejects_within_the_timeout_and_recovers() {
+    let _serial = SERIAL.lock().await;
     let outage = Outage::run(FailurePolicy::Deny).await;
     assert_all_within(&outage.calls, Settings::default().timeout + SLACK);
     let down = outage.down();
@@ -278,8 +284,9 @@ async fn redis_killed_under_8_callers_deny_rejects_within_the_timeout_and_recove
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_8_callers_local_keeps_the_quota_per_process_and_recovers() {
+    let _serial = SERIAL.lock().await;
     let outage = Outage::run(FailurePolicy::Local).await;
     assert_all_within(&outage.calls, Settings::default().timeout + SLACK);
     let down = outage.down();
@@ -314,6 +321,7 @@ async fn redis_killed_under_8_callers_local_keeps_the_quota_per_process_and_reco
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_gives_plain_callers_the_store_unavailable_error() {
+    let _serial = SERIAL.lock().await;
     let mut server = RedisServer::start();
     let limiter = limiter(&server, FailurePolicy::Deny).await;
     let policy = quota();
@@ -343,6 +351,7 @@ async fn send_code() -> Result<u32, RateLimitError> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_makes_a_rate_limited_plain_function_return_store_unavailable() {
+    let _serial = SERIAL.lock().await;
     let mut server = RedisServer::start();
     let limiter = limiter(&server, FailurePolicy::Deny).await;
     assert_eq!(limiter.clone().scope(send_code()).await.unwrap(), 7);
@@ -357,6 +366,7 @@ async fn deny_makes_a_rate_limited_plain_function_return_store_unavailable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_between_two_calls_the_second_succeeds() {
+    let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     // Deny: a failed second call would be an error, not a silently admitted call.
     let limiter = limiter(&server, FailurePolicy::Deny).await;
@@ -429,18 +439,21 @@ async fn client_pause(policy: FailurePolicy, expected: Outcome) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_pause_allow_admits_within_the_timeout() {
+    let _serial = SERIAL.lock().await;
     client_pause(FailurePolicy::Allow, Outcome::Admitted).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_pause_deny_rejects_within_the_timeout() {
+    let _serial = SERIAL.lock().await;
     client_pause(FailurePolicy::Deny, Outcome::Unavailable).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lazy_store_connects_once_redis_is_up_without_a_new_limiter() {
+    let _serial = SERIAL.lock().await;
     let mut server = RedisServer::start();
     tokio::task::block_in_place(|| server.kill());
     let limiter = RateLimiter::builder()
@@ -504,10 +517,11 @@ async fn evalsha_calls(server: &RedisServer) -> u64 {
         .map_or(0, |n| n.parse().unwrap())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_cache_spares_redis_and_never_admits_what_redis_rejects() {
     const NUM: u64 = 3;
     const PERIOD: Duration = Duration::from_secs(1);
+    let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let limiter = RateLimiter::builder().store(store).build().await.unwrap();
@@ -557,6 +571,7 @@ async fn blocked_cache_spares_redis_and_never_admits_what_redis_rejects() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_cache_rejects_without_a_round_trip_and_never_outlives_redis() {
+    let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     let limiter = RateLimiter::builder()
         .store(RedisStore::connect(&server.url()).await.unwrap())
