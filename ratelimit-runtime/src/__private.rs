@@ -13,9 +13,9 @@
 //! key is a string literal, a template is rendered once per call by [`render`].
 
 use crate::error::RateLimitError;
+pub use crate::http::{HttpCaller, Limited, RequireActix, RequireAxum, RequireHttp, check_http};
 use crate::key;
 use crate::limiter::RateLimiter;
-pub use crate::http::{HttpCaller, Limited, RequireActix, RequireAxum, RequireHttp, check_http};
 pub use crate::policy::{Algorithm, Policy};
 use crate::store::Check;
 

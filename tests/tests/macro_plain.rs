@@ -3,6 +3,10 @@
 //! body. Every scenario runs on the memory store (a manual clock, exact numbers) and on a
 //! private `redis-server` started by the test (real time: waits are the `retry_after` the
 //! store answered, so nothing depends on the machine's speed).
+#![allow(
+    clippy::duration_suboptimal_units,
+    reason = "Duration::from_mins is newer than the workspace's rust-version"
+)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
