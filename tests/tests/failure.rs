@@ -394,6 +394,61 @@ async fn script_flush_between_two_calls_the_second_succeeds() {
     assert!(!limiter.store_failing());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_connections_reconnect_by_themselves() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Deny).await;
+    let policy = Policy::new(Algorithm::Fixed, 1000, Duration::from_secs(90)).unwrap();
+    let key = "ratelimit:{failure:dropped}:fixed:1000:90000";
+    let mut admitted = 0u64;
+    for _ in 0..3 {
+        assert_eq!(
+            call(&limiter, key, &policy).await.outcome,
+            Outcome::Admitted
+        );
+        admitted += 1;
+        // Every connection but this one is closed by the server (the limiter's included).
+        let mut conn = server.connection().await;
+        let killed: u64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(killed >= 1);
+        let dropped = Instant::now();
+        loop {
+            let c = call(&limiter, key, &policy).await;
+            assert!(
+                c.took() <= Settings::default().timeout + SLACK,
+                "{:?}",
+                c.took()
+            );
+            if c.outcome == Outcome::Admitted {
+                admitted += 1;
+                break;
+            }
+            assert!(
+                dropped.elapsed() <= RECOVERY,
+                "no reconnection within {RECOVERY:?} of the connection dropping"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    // The same server kept counting: the answers after each drop were Redis's.
+    let mut conn = server.connection().await;
+    let count: u64 = redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(count, admitted);
+}
+
 /// `CLIENT PAUSE 2000`: Redis holds every command; calls must come back within the timeout with
 /// the policy's answer, and go back to Redis once the pause ends.
 async fn client_pause(policy: FailurePolicy, expected: Outcome) {
