@@ -60,7 +60,7 @@ impl Refusal {
         Self::new(
             401,
             "unauthorized",
-            "user info empty: this endpoint is limited per user and the request carries no authenticated user",
+            "user info empty: the request carries no authenticated user (UserId)",
         )
     }
 
