@@ -1,8 +1,8 @@
 //! The `#[rate_limit]` attribute. Use it through `ratelimit-runtime`, which re-exports it:
 //! `use ratelimit_runtime::rate_limit;`.
 //!
-//! The crate is split by phase: [`attr`] reads one attribute's arguments, [`valid`]
-//! cross-checks them against each other and the function, [`expand`] generates the code.
+//! The crate is split by phase: `attr` reads one attribute's arguments, `valid`
+//! cross-checks them against each other and the function, `expand` generates the code.
 
 mod attr;
 mod expand;
