@@ -110,6 +110,10 @@ impl Breaker {
 
     /// The store answered. Returns `true` when this closed an open breaker.
     pub(crate) fn success(&self) -> bool {
+        // Read before writing: a healthy store's checks never write the shared cache line.
+        if self.open_until.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         let was_open = self.open_until.swap(0, Ordering::AcqRel) != 0;
         if was_open {
             self.backoff_ms.store(0, Ordering::Release);
