@@ -246,22 +246,35 @@ struct Blocked {
 /// store admit that key again: the cache only ever rejects, and never rejects a call the store
 /// would admit (unless the key was deleted from the store behind the limiter's back).
 ///
-/// Bounded: when full, expired entries go first, then the ones that expire soonest.
+/// Bounded: when full, expired entries go first, then the ones that expire soonest. Split in
+/// shards (by a hash of the key) so that checks on many cores do not queue on one lock, and an
+/// empty cache costs one atomic load.
 #[derive(Debug)]
 pub(crate) struct BlockedCache {
-    capacity: usize,
-    /// `map.len()`, readable without the lock so an empty cache costs one atomic load.
+    /// The capacity of each shard.
+    per_shard: usize,
+    /// The number of keys held, readable without a lock.
     len: AtomicUsize,
-    map: Mutex<HashMap<Box<str>, Blocked>>,
+    shards: Box<[Shard]>,
+    hasher: std::hash::RandomState,
 }
+
+/// One shard of the cache: key → until when it is blocked.
+type Shard = Mutex<HashMap<Box<str>, Blocked>>;
+
+/// The most shards a cache is split into.
+const SHARDS: usize = 16;
 
 impl BlockedCache {
     /// An empty cache of at most `capacity` keys (`capacity > 0`).
     pub(crate) fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        let shards = capacity.min(SHARDS);
         Self {
-            capacity: capacity.max(1),
+            per_shard: capacity / shards,
             len: AtomicUsize::new(0),
-            map: Mutex::new(HashMap::new()),
+            shards: (0..shards).map(|_| Mutex::default()).collect(),
+            hasher: std::hash::RandomState::new(),
         }
     }
 
@@ -271,6 +284,14 @@ impl BlockedCache {
         self.len.load(Ordering::Acquire)
     }
 
+    fn shard(&self, key: &str) -> &Shard {
+        let hash = std::hash::BuildHasher::hash_one(&self.hasher, key);
+        // The remainder is below the number of shards, so it fits in usize.
+        #[allow(clippy::cast_possible_truncation)]
+        let i = (hash % self.shards.len() as u64) as usize;
+        &self.shards[i]
+    }
+
     /// When a limit of `checks` is known to reject the call at `now`: a rejecting verdict
     /// (the known limits reject with the remaining wait; the others, unknown, are reported as
     /// admitting with their full capacity, since a rejected call takes nothing).
@@ -278,13 +299,15 @@ impl BlockedCache {
         if self.len.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let Ok(mut map) = self.map.lock() else {
-            return None;
-        };
         let mut found = false;
         let mut decisions = Vec::with_capacity(checks.len());
         for check in checks {
             let capacity = check.policy.capacity();
+            let admit = Decision::new(true, capacity, capacity, Duration::ZERO, Duration::ZERO);
+            let Ok(mut map) = self.shard(check.key).lock() else {
+                decisions.push(admit);
+                continue;
+            };
             let decision = match map.get(check.key) {
                 Some(b) if b.until > now && check.policy.cost() >= b.cost => {
                     found = true;
@@ -293,16 +316,15 @@ impl BlockedCache {
                     Decision::new(false, b.limit, b.remaining, reset, retry)
                 }
                 Some(b) => {
-                    if b.until <= now {
-                        map.remove(check.key);
+                    if b.until <= now && map.remove(check.key).is_some() {
+                        self.len.fetch_sub(1, Ordering::AcqRel);
                     }
-                    Decision::new(true, capacity, capacity, Duration::ZERO, Duration::ZERO)
+                    admit
                 }
-                None => Decision::new(true, capacity, capacity, Duration::ZERO, Duration::ZERO),
+                None => admit,
             };
             decisions.push(decision);
         }
-        self.len.store(map.len(), Ordering::Release);
         found.then(|| Verdict::new(decisions))
     }
 
@@ -313,9 +335,6 @@ impl BlockedCache {
             return;
         }
         let now = Instant::now();
-        let Ok(mut map) = self.map.lock() else {
-            return;
-        };
         for (check, decision) in checks.iter().zip(verdict.decisions()) {
             let Some(retry) = decision.retry_after.filter(|_| !decision.admitted) else {
                 continue;
@@ -331,6 +350,9 @@ impl BlockedCache {
                 limit: decision.limit,
                 remaining: decision.remaining,
             };
+            let Ok(mut map) = self.shard(check.key).lock() else {
+                continue;
+            };
             if let Some(old) = map.get_mut(check.key) {
                 // Keep whichever says more: a later end, or a smaller cost already rejected.
                 if old.until <= now || (entry.until >= old.until && entry.cost <= old.cost) {
@@ -338,12 +360,18 @@ impl BlockedCache {
                 }
                 continue;
             }
-            if map.len() >= self.capacity {
-                Self::evict(&mut map, self.capacity, now);
+            let before = map.len();
+            if before >= self.per_shard {
+                Self::evict(&mut map, self.per_shard, now);
             }
             map.insert(check.key.into(), entry);
+            let after = map.len();
+            if after >= before {
+                self.len.fetch_add(after - before, Ordering::AcqRel);
+            } else {
+                self.len.fetch_sub(before - after, Ordering::AcqRel);
+            }
         }
-        self.len.store(map.len(), Ordering::Release);
     }
 
     /// Makes room: drops the expired entries, then, if still full, the eighth of the entries
