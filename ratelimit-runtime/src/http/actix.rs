@@ -9,7 +9,7 @@ use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, Responder, web};
 
 use super::UserId;
-use super::caller::{Framework, HttpCaller, Limited, Outcome};
+use super::caller::{Framework, Head, HttpCaller, Limited, Outcome};
 use super::response::{Fields, Refusal};
 use crate::limiter::RateLimiter;
 
@@ -18,24 +18,16 @@ impl FromRequest for HttpCaller {
     type Future = Ready<Result<Self, Self::Error>>;
 
     fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
-        // actix-web 4 speaks `http` 0.2: the headers are copied into `http` 1 types.
-        let mut headers = http::HeaderMap::with_capacity(req.headers().len());
-        for (name, value) in req.headers() {
-            if let (Ok(name), Ok(value)) = (
-                http::HeaderName::from_bytes(name.as_str().as_bytes()),
-                http::HeaderValue::from_bytes(value.as_bytes()),
-            ) {
-                headers.append(name, value);
-            }
-        }
         let limiter = req.app_data::<RateLimiter>().cloned().or_else(|| {
             req.app_data::<web::Data<RateLimiter>>()
                 .map(|data| RateLimiter::clone(data))
         });
         ready(Ok(Self {
             peer: req.peer_addr().map(|addr| addr.ip()),
-            path: http::uri::PathAndQuery::try_from(req.path()).ok(),
-            headers,
+            head: Head::Actix {
+                uri: req.uri().clone(),
+                headers: req.headers().clone(),
+            },
             user: req.extensions().get::<UserId>().cloned(),
             limiter,
             framework: Framework::Actix,

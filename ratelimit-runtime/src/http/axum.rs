@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::UserId;
-use super::caller::{Framework, HttpCaller, Limited, Outcome};
+use super::caller::{Framework, Head, HttpCaller, Limited, Outcome};
 use super::response::{Fields, Refusal};
 use crate::limiter::RateLimiter;
 
@@ -22,8 +22,10 @@ impl<S: Send + Sync> FromRequestParts<S> for HttpCaller {
                 .extensions
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|ConnectInfo(addr)| addr.ip()),
-            path: parts.uri.path_and_query().cloned(),
-            headers: parts.headers.clone(),
+            head: Head::Http {
+                path: parts.uri.path_and_query().cloned(),
+                headers: parts.headers.clone(),
+            },
             user: parts.extensions.get::<UserId>().cloned(),
             limiter: parts.extensions.get::<RateLimiter>().cloned(),
             framework: Framework::Axum,

@@ -14,6 +14,56 @@ use crate::key;
 use crate::limiter::{RateLimiter, Settings};
 use crate::store::Check;
 
+/// The path and headers of a request, as its framework holds them: cloning them is cheap
+/// (reference-counted bytes), converting them would not be.
+pub(crate) enum Head {
+    /// `http` 1 types (Axum).
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    Http {
+        path: Option<http::uri::PathAndQuery>,
+        headers: http::HeaderMap,
+    },
+    /// Actix-web's own types (`http` 0.2 inside).
+    #[cfg(feature = "actix")]
+    Actix {
+        uri: actix_web::http::Uri,
+        headers: actix_web::http::header::HeaderMap,
+    },
+}
+
+impl Head {
+    fn path(&self) -> &str {
+        match self {
+            Self::Http { path, .. } => path.as_ref().map_or("/", http::uri::PathAndQuery::path),
+            #[cfg(feature = "actix")]
+            Self::Actix { uri, .. } => uri.path(),
+        }
+    }
+
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        match self {
+            Self::Http { headers, .. } => headers.get(name).map(http::HeaderValue::as_bytes),
+            #[cfg(feature = "actix")]
+            Self::Actix { headers, .. } => headers
+                .get(name)
+                .map(actix_web::http::header::HeaderValue::as_bytes),
+        }
+    }
+}
+
+impl ip::ForwardingHeaders for Head {
+    fn values(&self, name: &str) -> Vec<&[u8]> {
+        match self {
+            Self::Http { headers, .. } => ip::ForwardingHeaders::values(headers, name),
+            #[cfg(feature = "actix")]
+            Self::Actix { headers, .. } => headers
+                .get_all(name)
+                .map(actix_web::http::header::HeaderValue::as_bytes)
+                .collect(),
+        }
+    }
+}
+
 /// Which framework a request came through (for the message of a missing peer address).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Framework {
@@ -31,8 +81,7 @@ pub(crate) enum Framework {
 /// `actix`); it never rejects a request by itself — [`check_http`] decides.
 pub struct HttpCaller {
     pub(crate) peer: Option<IpAddr>,
-    pub(crate) path: Option<http::uri::PathAndQuery>,
-    pub(crate) headers: http::HeaderMap,
+    pub(crate) head: Head,
     pub(crate) user: Option<UserId>,
     pub(crate) limiter: Option<RateLimiter>,
     pub(crate) framework: Framework,
@@ -61,14 +110,12 @@ const MISSING_PEER_ADDR: &str = "rate limiting by IP needs the peer address of t
 
 impl HttpCaller {
     fn path(&self) -> &str {
-        self.path
-            .as_ref()
-            .map_or("/", http::uri::PathAndQuery::path)
+        self.head.path()
     }
 
     /// The first value of header `name`, unless it is blank.
     fn header(&self, name: &str) -> Option<&[u8]> {
-        let value = self.headers.get(name)?.as_bytes();
+        let value = self.head.first(name)?;
         (!value.trim_ascii().is_empty()).then_some(value)
     }
 
@@ -81,7 +128,7 @@ impl HttpCaller {
                 let Some(peer) = self.peer else {
                     return Err(self.missing_peer());
                 };
-                let client = ip::client_ip(peer, &self.headers, settings);
+                let client = ip::client_ip(peer, &self.head, settings);
                 Cow::Owned(ip::bucket(client, settings).into_bytes())
             }
             By::Url => Cow::Borrowed(self.path().as_bytes()),
@@ -258,8 +305,10 @@ mod tests {
         }
         HttpCaller {
             peer: Some("192.0.2.1".parse().unwrap()),
-            path: Some(http::uri::PathAndQuery::from_static("/a/b?q=1")),
-            headers: map,
+            head: Head::Http {
+                path: Some(http::uri::PathAndQuery::from_static("/a/b?q=1")),
+                headers: map,
+            },
             user: None,
             limiter: None,
             framework: Framework::Axum,

@@ -10,22 +10,25 @@ use crate::net::{IpNet, canonical};
 /// Where the forwarding headers of one request are read from.
 pub(crate) trait ForwardingHeaders {
     /// Every value of the header `name` (lower-case), in the order received.
-    fn values(&self, name: &str) -> impl Iterator<Item = &[u8]>;
+    fn values(&self, name: &str) -> Vec<&[u8]>;
 }
 
-#[cfg(any(feature = "axum", feature = "actix"))]
 impl ForwardingHeaders for http::HeaderMap {
-    fn values(&self, name: &str) -> impl Iterator<Item = &[u8]> {
-        self.get_all(name).iter().map(http::HeaderValue::as_bytes)
+    fn values(&self, name: &str) -> Vec<&[u8]> {
+        self.get_all(name)
+            .iter()
+            .map(http::HeaderValue::as_bytes)
+            .collect()
     }
 }
 
 #[cfg(test)]
 impl ForwardingHeaders for [(&str, &[u8])] {
-    fn values(&self, name: &str) -> impl Iterator<Item = &[u8]> {
+    fn values(&self, name: &str) -> Vec<&[u8]> {
         self.iter()
-            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| *v)
+            .collect()
     }
 }
 
@@ -59,7 +62,7 @@ pub(crate) fn client_ip<H: ForwardingHeaders + ?Sized>(
         }
     }
     if hops.is_empty()
-        && let Some(value) = headers.values("x-real-ip").next()
+        && let Some(value) = headers.values("x-real-ip").first().copied()
     {
         hops.push(parse_node(value));
     }
