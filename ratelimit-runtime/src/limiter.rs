@@ -110,6 +110,8 @@ impl Settings {
 enum StoreChoice {
     Memory,
     RedisUrl(String),
+    #[cfg(feature = "cluster")]
+    RedisCluster(Vec<String>),
     Store(Arc<dyn Store>),
 }
 
@@ -156,6 +158,18 @@ impl Builder {
     /// Use one Redis server (`redis://`, `rediss://`, with user and password when needed).
     pub fn redis_url(mut self, url: impl Into<String>) -> Self {
         self.store = StoreChoice::RedisUrl(url.into());
+        self
+    }
+
+    /// Use a Redis Cluster, reached through these seed nodes (`redis://host:port` each; the
+    /// client discovers the rest). Needs the `cluster` feature.
+    #[cfg(feature = "cluster")]
+    pub fn redis_cluster<I, S>(mut self, nodes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.store = StoreChoice::RedisCluster(nodes.into_iter().map(Into::into).collect());
         self
     }
 
@@ -271,6 +285,10 @@ impl Builder {
         let store: Arc<dyn Store> = match store {
             StoreChoice::Memory => Arc::new(MemoryStore::new()),
             StoreChoice::RedisUrl(url) => Arc::new(RedisStore::connect(&url).await?),
+            #[cfg(feature = "cluster")]
+            StoreChoice::RedisCluster(nodes) => {
+                Arc::new(crate::store::RedisClusterStore::connect(nodes).await?)
+            }
             StoreChoice::Store(s) => s,
         };
         Ok(RateLimiter::from_parts(store, settings))
@@ -283,6 +301,10 @@ impl Builder {
         let store: Arc<dyn Store> = match store {
             StoreChoice::Memory => Arc::new(MemoryStore::new()),
             StoreChoice::RedisUrl(url) => Arc::new(RedisStore::lazy(&url)?),
+            #[cfg(feature = "cluster")]
+            StoreChoice::RedisCluster(nodes) => {
+                Arc::new(crate::store::RedisClusterStore::lazy(nodes)?)
+            }
             StoreChoice::Store(s) => s,
         };
         Ok(RateLimiter::from_parts(store, settings))
@@ -301,8 +323,9 @@ struct Inner {
 /// A store with the settings every check uses. Cheap to clone.
 ///
 /// `#[rate_limit]` uses the limiter installed for the process ([`RateLimiter::install`]); when
-/// none was installed, the first check builds one from the environment: `RATELIMIT_REDIS_URL`,
-/// then `REDIS_URL`, else the memory store (logged once as a warning).
+/// none was installed, the first check builds one from the environment:
+/// `RATELIMIT_REDIS_CLUSTER_NODES` (with the `cluster` feature), then `RATELIMIT_REDIS_URL`, then
+/// `REDIS_URL`, else the memory store (logged once as a warning).
 ///
 /// **The memory store's limits are per process**: several instances of an application share
 /// limits only through Redis.
@@ -399,6 +422,20 @@ impl RateLimiter {
     }
 
     fn from_env() -> Self {
+        #[cfg(feature = "cluster")]
+        if let Some(cluster) = crate::store::RedisClusterStore::from_env() {
+            let source = crate::store::cluster::NODES_ENV;
+            match cluster {
+                Ok(store) => {
+                    tracing::info!(source, "rate limits are kept in a Redis Cluster");
+                    return Self::from_parts(Arc::new(store), Settings::default());
+                }
+                Err(e) => {
+                    tracing::error!(source, error = %e, "cannot use the Redis Cluster; rate limits are kept in this process's memory");
+                    return Self::from_parts(Arc::new(MemoryStore::new()), Settings::default());
+                }
+            }
+        }
         let url = ["RATELIMIT_REDIS_URL", "REDIS_URL"]
             .into_iter()
             .find_map(|var| {
@@ -407,23 +444,21 @@ impl RateLimiter {
                     .filter(|v| !v.trim().is_empty())
                     .map(|v| (var, v))
             });
-        let Some((var, url)) = url else {
+        let Some((source, url)) = url else {
             tracing::warn!(
                 "no rate limiter installed and neither RATELIMIT_REDIS_URL nor REDIS_URL is set: \
                  rate limits are kept in this process's memory (per process, not shared between instances)"
             );
             return Self::from_parts(Arc::new(MemoryStore::new()), Settings::default());
         };
-        match Self::builder().redis_url(url).build_lazy() {
-            Ok(limiter) => {
-                tracing::info!(source = var, "rate limits are kept in Redis");
-                limiter
+        match RedisStore::lazy(&url) {
+            Ok(store) => {
+                tracing::info!(source, "rate limits are kept in Redis");
+                Self::from_parts(Arc::new(store), Settings::default())
             }
             Err(e) => {
-                tracing::error!(source = var, error = %e, "cannot use Redis; rate limits are kept in this process's memory");
-                Self::builder()
-                    .build_lazy()
-                    .unwrap_or_else(|_| unreachable!("the default settings are valid"))
+                tracing::error!(source, error = %e, "cannot use Redis; rate limits are kept in this process's memory");
+                Self::from_parts(Arc::new(MemoryStore::new()), Settings::default())
             }
         }
     }

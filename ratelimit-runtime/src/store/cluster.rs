@@ -58,8 +58,8 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::{IntoConnectionInfo, Script, Value};
-use tokio::sync::OnceCell;
 
+use super::lazy::LazyConnection;
 use super::redis::{eval_checks, load_scripts, parse_reply};
 use super::{Check, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
@@ -179,14 +179,14 @@ async fn connect_cluster(client: &ClusterClient) -> Result<ClusterConnection, re
 /// Cheap to share: wrap it in an `Arc` or hand it to [`crate::Builder::store`].
 pub struct RedisClusterStore {
     client: ClusterClient,
-    conn: OnceCell<ClusterConnection>,
+    conn: LazyConnection<ClusterConnection>,
 }
 
 impl fmt::Debug for RedisClusterStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The client holds the password: never print it.
         f.debug_struct("RedisClusterStore")
-            .field("connected", &self.conn.initialized())
+            .field("connected", &self.conn.is_connected())
             .finish_non_exhaustive()
     }
 }
@@ -207,7 +207,7 @@ impl RedisClusterStore {
             .map_err(|e| ConfigError::Unreachable(e.to_string()))?;
         Ok(Self {
             client,
-            conn: OnceCell::new_with(Some(conn)),
+            conn: LazyConnection::ready(conn),
         })
     }
 
@@ -228,7 +228,7 @@ impl RedisClusterStore {
     {
         Ok(Self {
             client: cluster_client(nodes)?,
-            conn: OnceCell::new(),
+            conn: LazyConnection::new(),
         })
     }
 
@@ -253,11 +253,10 @@ impl RedisClusterStore {
     }
 
     async fn connection(&self) -> Result<ClusterConnection, StoreError> {
+        let client = self.client.clone();
         self.conn
-            .get_or_try_init(|| connect_cluster(&self.client))
+            .get(|| async move { connect_cluster(&client).await })
             .await
-            .cloned()
-            .map_err(StoreError::from)
     }
 
     /// Checks limits whose keys fall in several slots: each slot's group in turn, refunding the

@@ -16,6 +16,7 @@ use std::pin::Pin;
 use crate::error::StoreError;
 use crate::policy::{Policy, Verdict};
 
+mod lazy;
 pub mod memory;
 pub mod redis;
 #[cfg(feature = "cluster")]

@@ -41,8 +41,8 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script, Value};
-use tokio::sync::OnceCell;
 
+use super::lazy::LazyConnection;
 use super::{Check, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Algorithm, Decision, Verdict};
@@ -257,14 +257,14 @@ async fn connect_manager(client: Client) -> Result<ConnectionManager, redis::Red
 /// Cheap to share: wrap it in an `Arc` or hand it to [`crate::Builder::store`].
 pub struct RedisStore {
     client: Option<Client>,
-    manager: OnceCell<ConnectionManager>,
+    manager: LazyConnection<ConnectionManager>,
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The client's connection info holds the password: never print it.
         f.debug_struct("RedisStore")
-            .field("connected", &self.manager.initialized())
+            .field("connected", &self.manager.is_connected())
             .finish_non_exhaustive()
     }
 }
@@ -281,7 +281,7 @@ impl RedisStore {
             .map_err(|e| ConfigError::Unreachable(e.to_string()))?;
         Ok(Self {
             client: Some(client),
-            manager: OnceCell::new_with(Some(manager)),
+            manager: LazyConnection::ready(manager),
         })
     }
 
@@ -297,7 +297,7 @@ impl RedisStore {
     pub fn lazy(url: &str) -> Result<Self, ConfigError> {
         Ok(Self {
             client: Some(client(url)?),
-            manager: OnceCell::new(),
+            manager: LazyConnection::new(),
         })
     }
 
@@ -306,15 +306,16 @@ impl RedisStore {
     pub fn from_connection_manager(manager: ConnectionManager) -> Self {
         Self {
             client: None,
-            manager: OnceCell::new_with(Some(manager)),
+            manager: LazyConnection::ready(manager),
         }
     }
 
     async fn manager(&self) -> Result<ConnectionManager, StoreError> {
+        let client = self.client.clone();
         self.manager
-            .get_or_try_init(|| async {
-                match &self.client {
-                    Some(client) => connect_manager(client.clone()).await,
+            .get(|| async move {
+                match client {
+                    Some(client) => connect_manager(client).await,
                     // `from_connection_manager` fills the cell at construction.
                     None => Err(redis::RedisError::from((
                         redis::ErrorKind::Client,
@@ -323,8 +324,6 @@ impl RedisStore {
                 }
             })
             .await
-            .cloned()
-            .map_err(StoreError::from)
     }
 }
 
