@@ -23,6 +23,20 @@ pub(crate) struct Limit {
     pub(crate) scope: Option<String>,
 }
 
+impl Limit {
+    /// Whether `other` would share this limit's store key for every call: the runtime's key is
+    /// the scope, the rendered template, the `by` value and the algorithm's parameters.
+    fn same_bucket(&self, other: &Limit) -> bool {
+        self.algo == other.algo
+            && self.num == other.num
+            && self.period_ms == other.period_ms
+            && self.burst == other.burst
+            && self.by == other.by
+            && self.key.as_ref().map(|k| &k.pieces) == other.key.as_ref().map(|k| &k.pieces)
+            && self.scope == other.scope
+    }
+}
+
 /// How the function is called.
 #[derive(Debug)]
 pub(crate) enum Mode {
@@ -106,6 +120,12 @@ pub(crate) fn check(attrs: Vec<Args>, func: &ItemFn) -> syn::Result<Checked> {
             check_template(key, receiver.is_some(), &params, &mut errors);
         }
         if let Some(limit) = limit_of(&args, &mut errors) {
+            if limits.iter().any(|l: &Limit| l.same_bucket(&limit)) {
+                errors.push(syn::Error::new(
+                    args.span,
+                    "this limit uses the same bucket as another #[rate_limit] on this function (same algo, num, time, burst, by, key and scope): every call would be counted twice; remove one, or give it its own `scope`",
+                ));
+            }
             limits.push(limit);
         }
     }
