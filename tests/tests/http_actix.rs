@@ -63,6 +63,13 @@ async fn by_ip() -> &'static str {
     "ip"
 }
 
+/// Under Actix's routing macro (which must come first).
+#[actix_web::get("/routed")]
+#[rate_limit(num = 2, time = 60, by = "ip")]
+async fn routed() -> &'static str {
+    "routed"
+}
+
 /// Starts a server with `limiter` (as plain app data, or wrapped in `web::Data` when
 /// `as_data`) on 127.0.0.1:0; returns its base URL.
 fn start_with(limiter: RateLimiter, as_data: bool) -> String {
@@ -88,7 +95,8 @@ fn start_with(limiter: RateLimiter, as_data: bool) -> String {
             .route("/me", web::get().to(me))
             .route("/api", web::get().to(api))
             .route("/keyed", web::get().to(keyed))
-            .route("/ip", web::get().to(by_ip));
+            .route("/ip", web::get().to(by_ip))
+            .service(routed);
         if as_data {
             app.app_data(web::Data::new(limiter.clone()))
         } else {
@@ -187,6 +195,23 @@ async fn actix_rate_limit_fields_name_the_handler() {
     assert_eq!(a.remaining(), 1);
     assert_eq!(
         statuses(2, || c.get(format!("{base}/ip"))).await,
+        [200, 429]
+    );
+}
+
+#[actix_web::test]
+async fn actix_routing_macro_above_the_attribute() {
+    let b = Backend::memory();
+    let base = start(&b, &[]).await;
+    let c = client();
+    let first = Answer::from(c.get(format!("{base}/routed")).send().await.unwrap()).await;
+    assert_eq!((first.status, first.body.as_str()), (200, "routed"));
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some("\"routed\";q=2;w=60")
+    );
+    assert_eq!(
+        statuses(2, || c.get(format!("{base}/routed"))).await,
         [200, 429]
     );
 }
