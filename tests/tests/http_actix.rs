@@ -215,3 +215,9 @@ async fn actix_routing_macro_above_the_attribute() {
         [200, 429]
     );
 }
+
+#[actix_web::test]
+async fn actix_concurrent_requests_are_exact_redis() {
+    let b = Backend::redis();
+    scenarios::concurrent_requests_are_exact(&start(&b, &[]).await).await;
+}

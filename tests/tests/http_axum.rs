@@ -149,6 +149,18 @@ async fn axum_unusual_header_values_redis() {
     scenarios::unusual_header_values(&start(&b, &[]).await).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axum_concurrent_requests_are_exact_memory() {
+    let b = Backend::memory();
+    scenarios::concurrent_requests_are_exact(&start(&b, &[]).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axum_concurrent_requests_are_exact_redis() {
+    let b = Backend::redis();
+    scenarios::concurrent_requests_are_exact(&start(&b, &[]).await).await;
+}
+
 /// One real request over IPv6 loopback: the peer `[::1]` is the key (grouped by /64).
 #[tokio::test]
 async fn axum_real_ipv6_peer() {

@@ -208,3 +208,27 @@ pub async fn unusual_header_values(base: &str) {
         assert_eq!(got, [200, 200, 429], "value {v:?}");
     }
 }
+
+/// 40 concurrent requests from one client against `num = 2`: exactly 2 are admitted.
+pub async fn concurrent_requests_are_exact(base: &str) {
+    let c = client();
+    let requests = (0..40).map(|_| {
+        let c = c.clone();
+        let url = format!("{base}/ip");
+        async move { c.get(url).send().await.expect("send").status().as_u16() }
+    });
+    let mut handles = Vec::new();
+    for r in requests {
+        handles.push(tokio::spawn(r));
+    }
+    let mut ok = 0;
+    let mut limited = 0;
+    for h in handles {
+        match h.await.expect("join") {
+            200 => ok += 1,
+            429 => limited += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!((ok, limited), (2, 38));
+}
