@@ -37,6 +37,16 @@ impl Limit {
     }
 }
 
+/// An error when `limit` would use the same bucket as one of `earlier` (`span`: its attribute).
+fn shared_bucket(earlier: &[Limit], limit: &Limit, span: Span) -> Option<syn::Error> {
+    earlier.iter().any(|l| l.same_bucket(limit)).then(|| {
+        syn::Error::new(
+            span,
+            "this limit uses the same bucket as another #[rate_limit] on this function (same algo, num, time, burst, by, key and scope): every call would be counted twice; remove one, or give it its own `scope`",
+        )
+    })
+}
+
 /// How the function is called.
 #[derive(Debug)]
 pub(crate) enum Mode {
@@ -120,12 +130,7 @@ pub(crate) fn check(attrs: Vec<Args>, func: &ItemFn) -> syn::Result<Checked> {
             check_template(key, receiver.is_some(), &params, &mut errors);
         }
         if let Some(limit) = limit_of(&args, &mut errors) {
-            if limits.iter().any(|l: &Limit| l.same_bucket(&limit)) {
-                errors.push(syn::Error::new(
-                    args.span,
-                    "this limit uses the same bucket as another #[rate_limit] on this function (same algo, num, time, burst, by, key and scope): every call would be counted twice; remove one, or give it its own `scope`",
-                ));
-            }
+            errors.extend(shared_bucket(&limits, &limit, args.span));
             limits.push(limit);
         }
     }

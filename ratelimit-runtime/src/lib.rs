@@ -29,6 +29,6 @@ pub use limiter::{Builder, FailurePolicy, HeaderStyle, RateLimiter, Settings};
 pub use net::IpNet;
 pub use policy::{Algorithm, Decision, Policy, PolicyError, Verdict};
 pub use ratelimit_macros::rate_limit;
-pub use store::{Check, MemoryStore, RedisStore, Store};
 #[cfg(feature = "cluster")]
 pub use store::RedisClusterStore;
+pub use store::{Check, MemoryStore, RedisStore, Store};

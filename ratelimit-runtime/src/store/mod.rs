@@ -16,16 +16,16 @@ use std::pin::Pin;
 use crate::error::StoreError;
 use crate::policy::{Policy, Verdict};
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 mod lazy;
 pub mod memory;
 pub mod redis;
-#[cfg(feature = "cluster")]
-pub mod cluster;
 
-pub use self::memory::{Clock, ManualClock, MemoryStore, MonotonicClock, TokioClock};
-pub use self::redis::RedisStore;
 #[cfg(feature = "cluster")]
 pub use self::cluster::RedisClusterStore;
+pub use self::memory::{Clock, ManualClock, MemoryStore, MonotonicClock, TokioClock};
+pub use self::redis::RedisStore;
 
 /// One limit to check for one call: the full store key (see [`crate::key::build`]), the
 /// policy, and the scope (the bucket's name, for logs).
