@@ -7,7 +7,8 @@
 //! reported: absolute numbers on a shared 2-core machine are noise, ratios much less so.
 //!
 //! Arguments: `--quick` (short runs, for trying the harness), `--only 1,3` (some tables).
-//! `serve <memory|redis-url>` is the HTTP server child of table 4.
+//! `serve <memory|redis-url>` is the HTTP server child of table 4; `profile <what> [seconds]`
+//! runs one contender alone for `perf record -p`.
 
 mod http_bench;
 mod memory_bench;
@@ -40,10 +41,10 @@ pub struct Config {
 impl Config {
     fn full() -> Self {
         Self {
-            rounds: 5,
+            rounds: 4,
             run: Duration::from_secs(2),
-            mem_run: Duration::from_secs(1),
-            http_run: Duration::from_secs(3),
+            mem_run: Duration::from_millis(500),
+            http_run: Duration::from_secs(2),
             warmup: Duration::from_secs(1),
             latency_samples: 20_000,
             memory_keys: 100_000,
@@ -137,6 +138,13 @@ fn main() {
         }
         return;
     }
+    if args.first().map(String::as_str) == Some("profile") {
+        if let Err(e) = profile(&args[1..]) {
+            eprintln!("profile: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let cfg = if quick {
         Config::quick()
@@ -157,6 +165,25 @@ fn main() {
         eprintln!("benchmark failed: {e}");
         std::process::exit(1);
     }
+}
+
+/// `profile <what> [seconds]`: one contender alone, long enough to attach `perf record -p`
+/// (see BENCHMARKS.md for the commands).
+fn profile(args: &[String]) -> Result<(), String> {
+    let what = args.first().ok_or("profile what?")?;
+    let secs: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let dur = Duration::from_secs(secs);
+    eprintln!("pid {}", std::process::id());
+    if what.starts_with("memory-") {
+        return memory_bench::profile(what, dur);
+    }
+    let server = server::RedisServer::start()?;
+    eprintln!("redis-server pid {}", server.pid());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    redis_bench::profile(&rt, &server, what, dur)
 }
 
 /// A table: its number, its title, and what measures it.

@@ -148,3 +148,35 @@ pub fn table(cfg: &Config) -> String {
     }
     table.markdown()
 }
+
+/// `profile memory-<hot|many>-<algorithm|governor> <seconds>`: one contender alone, for
+/// `perf record -p`.
+pub fn profile(what: &str, dur: Duration) -> Result<(), String> {
+    let rest = what
+        .strip_prefix("memory-")
+        .ok_or("expected memory-<hot|many>-<algo>")?;
+    let (workload, name) = rest
+        .split_once('-')
+        .ok_or("expected memory-<hot|many>-<algo>")?;
+    let n = if workload == "hot" { 1 } else { MANY };
+    let keys = Arc::new(
+        (0..n)
+            .map(|i| {
+                format!(
+                    "ratelimit:{{app::login:=10.0.{}.{}}}:x:100:60000",
+                    i >> 8,
+                    i & 255
+                )
+            })
+            .collect::<Vec<_>>(),
+    );
+    let check = if name == "governor" {
+        governor()
+    } else {
+        let a: Algorithm = name.parse().map_err(|e| format!("{name}: {e}"))?;
+        ours(a, 1_000_000_000_000)
+    };
+    let out = run(&check, &keys, dur);
+    eprintln!("{what}: {} checks/s", rate(out.per_sec));
+    Ok(())
+}

@@ -72,6 +72,52 @@ struct Outcome {
     per_sec: f64,
     admitted: f64,
     errors: u64,
+    /// Answered calls.
+    calls: f64,
+    /// redis-server CPU time per answered call, µs.
+    server_us: f64,
+    /// Client CPU time per answered call, µs (NaN when unknown).
+    client_us: f64,
+}
+
+/// redis-server's CPU time so far (`INFO cpu`: user + system), seconds.
+fn server_cpu(server: &RedisServer) -> f64 {
+    let info = server.cli(&["INFO", "cpu"]).unwrap_or_default();
+    ["used_cpu_sys:", "used_cpu_user:"]
+        .iter()
+        .filter_map(|k| info.lines().find_map(|l| l.strip_prefix(k)))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// This process's CPU time so far (user + system), seconds, from `/proc/self/stat`.
+fn own_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses): utime is the 12th, stime the 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Runs `f` (in this process) and adds the server's and this process's CPU time per call.
+fn timed(server: &RedisServer, f: impl FnOnce() -> Outcome) -> Outcome {
+    let (s0, c0) = (server_cpu(server), own_cpu());
+    let mut o = f();
+    let (s1, c1) = (server_cpu(server), own_cpu());
+    o.server_us = (s1 - s0) * 1e6 / o.calls.max(1.0);
+    o.client_us = (c1 - c0) * 1e6 / o.calls.max(1.0);
+    o
+}
+
+/// The median of a per-call CPU column, formatted.
+fn cpu_us(v: &[Outcome], pick: fn(&Outcome) -> f64) -> String {
+    let m = median(&v.iter().map(pick).collect::<Vec<_>>());
+    if m.is_finite() && m > 0.0 {
+        format!("{m:.1}")
+    } else {
+        "n/a".to_owned()
+    }
 }
 
 /// Runs `tasks` concurrent loops for `dur`, each calling `f(caller index)` back to back over
@@ -123,20 +169,31 @@ where
     let n = done.get() as f64;
     Outcome {
         per_sec: n / elapsed,
+        calls: n,
         admitted: if n > 0.0 {
             admitted.get() as f64 / n
         } else {
             0.0
         },
         errors: errors.get(),
+        ..Outcome::default()
     }
 }
 
-/// `redis-benchmark -c 50 -P 16 -r 100000 -n <n> EVALSHA <sha> 1 <key> <args…>`: requests per
-/// second.
-fn redis_benchmark(port: u16, n: u64, command: &[String]) -> Result<f64, String> {
-    let out = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+/// `redis-benchmark -c 50 -P 16 -r 100000 -n <n> EVALSHA <sha> 1 <key> <args…>`, under
+/// `/usr/bin/time` when it is installed (for the client's CPU time).
+fn redis_benchmark(server: &RedisServer, n: u64, command: &[String]) -> Result<Outcome, String> {
+    let gnu_time = std::path::Path::new("/usr/bin/time").exists();
+    let mut cmd = if gnu_time {
+        let mut c = Command::new("/usr/bin/time");
+        c.args(["-f", "CPU %U %S", "redis-benchmark"]);
+        c
+    } else {
+        Command::new("redis-benchmark")
+    };
+    let s0 = server_cpu(server);
+    let out = cmd
+        .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
         .args([
             "-c",
             &RB_CLIENTS.to_string(),
@@ -158,7 +215,25 @@ fn redis_benchmark(port: u16, n: u64, command: &[String]) -> Result<f64, String>
         .map(|f| f.trim_matches('"'))
         .and_then(|f| f.parse::<f64>().ok())
         .ok_or_else(|| format!("cannot read redis-benchmark's line: {line}"))?;
-    Ok(rps)
+    let calls = n as f64;
+    let client_us = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .find_map(|l| l.strip_prefix("CPU "))
+        .map_or(f64::NAN, |t| {
+            t.split_whitespace()
+                .filter_map(|v| v.parse::<f64>().ok())
+                .sum::<f64>()
+                * 1e6
+                / calls
+        });
+    Ok(Outcome {
+        per_sec: rps,
+        admitted: f64::NAN,
+        errors: 0,
+        calls,
+        server_us: (server_cpu(server) - s0) * 1e6 / calls,
+        client_us,
+    })
 }
 
 /// The redis-benchmark command that runs the store's script exactly as the store calls it.
@@ -238,6 +313,8 @@ pub fn table_store_vs_redis_benchmark(
         "RedisStore checks/s",
         "redis-benchmark EVALSHA/s",
         "ratio (median of rounds)",
+        "server CPU µs/call (store / r-b)",
+        "client CPU µs/call (store / r-b)",
         "admitted",
         "target ≥ 0.8",
     ]);
@@ -256,20 +333,32 @@ pub fn table_store_vs_redis_benchmark(
         let keys = keys(&policy, "bench");
         // Warm up both, and size redis-benchmark's -n to last about one run.
         rt.block_on(ours(store.clone(), policy, keys.clone(), cfg.warmup));
-        let probe = redis_benchmark(server.port(), 20_000, &command)?;
+        let probe = redis_benchmark(server, 20_000, &command)?.per_sec;
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let n = (probe * cfg.run.as_secs_f64()) as u64;
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for _ in 0..cfg.rounds {
-            a.push(rt.block_on(ours(store.clone(), policy, keys.clone(), cfg.run)));
-            b.push(redis_benchmark(server.port(), n.max(10_000), &command)?);
+            a.push(timed(server, || {
+                rt.block_on(ours(store.clone(), policy, keys.clone(), cfg.run))
+            }));
+            b.push(redis_benchmark(server, n.max(10_000), &command)?);
         }
-        let r = paired_ratio(&rates(&a), &b);
+        let r = paired_ratio(&rates(&a), &rates(&b));
         table.row(vec![
             algorithm.to_string(),
             rate(median(&rates(&a))),
-            rate(median(&b)),
+            rate(median(&rates(&b))),
             ratio(r),
+            format!(
+                "{} / {}",
+                cpu_us(&a, |o| o.server_us),
+                cpu_us(&b, |o| o.server_us)
+            ),
+            format!(
+                "{} / {}",
+                cpu_us(&a, |o| o.client_us),
+                cpu_us(&b, |o| o.client_us)
+            ),
             admitted(&a),
             verdict(r >= 0.8).to_owned(),
         ]);
@@ -383,15 +472,17 @@ pub fn table_peers(
     let (mut o, mut lim, mut al_runs, mut aerl_runs) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..cfg.rounds {
-        o.push(run_ours(cfg.run));
-        lim.push(run_limiter(cfg.run));
-        al_runs.push(run_al(cfg.run));
-        aerl_runs.push(run_aerl(cfg.run));
+        o.push(timed(server, || run_ours(cfg.run)));
+        lim.push(timed(server, || run_limiter(cfg.run)));
+        al_runs.push(timed(server, || run_al(cfg.run)));
+        aerl_runs.push(timed(server, || run_aerl(cfg.run)));
     }
     let mut table = Table::new(&[
         "client (fixed window)",
         "checks/s",
         "ratelimit ÷ this (median of rounds)",
+        "server CPU µs/call",
+        "client CPU µs/call",
         "admitted",
         "target ≥ 1.5",
     ]);
@@ -399,6 +490,8 @@ pub fn table_peers(
         "ratelimit `RedisStore::check`".to_owned(),
         rate(median(&rates(&o))),
         "1.00×".to_owned(),
+        cpu_us(&o, |o| o.server_us),
+        cpu_us(&o, |o| o.client_us),
         admitted(&o),
         "—".to_owned(),
     ]);
@@ -407,6 +500,8 @@ pub fn table_peers(
         "ratelimit `RateLimiter::check` (timeout, breaker)".to_owned(),
         rate(median(&rates(&lim))),
         ratio(r),
+        cpu_us(&lim, |o| o.server_us),
+        cpu_us(&lim, |o| o.client_us),
         admitted(&lim),
         "—".to_owned(),
     ]);
@@ -422,6 +517,8 @@ pub fn table_peers(
             name.to_owned(),
             rate(median(&rates(v))),
             ratio(r),
+            cpu_us(v, |o| o.server_us),
+            cpu_us(v, |o| o.client_us),
             admitted(v),
             verdict(r >= 1.5).to_owned(),
         ]);
@@ -675,4 +772,56 @@ pub fn table_memory_per_key(
     )?;
     eprintln!("  table 6 done");
     Ok(table.markdown())
+}
+
+/// `profile <what> <seconds>`: one contender alone under table 1's load, for `perf record -p`.
+/// `what`: `store-<algorithm>` or `aerl`.
+pub fn profile(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    what: &str,
+    dur: Duration,
+) -> Result<(), String> {
+    let out = if let Some(name) = what.strip_prefix("store-") {
+        let algorithm: Algorithm = name.parse().map_err(|e| format!("{name}: {e}"))?;
+        let policy = throughput_policy(algorithm);
+        let store = Rc::new(
+            rt.block_on(RedisStore::connect(&server.url()))
+                .map_err(|e| e.to_string())?,
+        );
+        let keys = keys(&policy, "bench");
+        timed(server, || rt.block_on(ours(store, policy, keys, dur)))
+    } else if what == "aerl" {
+        let client = redis026::Client::open(server.url()).map_err(|e| e.to_string())?;
+        let manager = rt
+            .block_on(redis026::aio::ConnectionManager::new(client))
+            .map_err(|e| e.to_string())?;
+        let aerl = Rc::new(RedisBackend::builder(manager).build());
+        let keys = keys(&throughput_policy(Algorithm::Fixed), "baerl");
+        timed(server, || {
+            rt.block_on(load(TASKS, dur, move |i| {
+                let (aerl, keys) = (aerl.clone(), keys.clone());
+                async move {
+                    let input = SimpleInput {
+                        interval: PERIOD,
+                        max_requests: NEVER,
+                        key: keys[i].clone(),
+                    };
+                    aerl.request(input)
+                        .await
+                        .map(|(d, _, _)| d.is_allowed())
+                        .map_err(|e| e.to_string())
+                }
+            }))
+        })
+    } else {
+        return Err(format!("unknown profile target {what}"));
+    };
+    eprintln!(
+        "{what}: {} calls/s, server {:.1} µs/call, client {:.1} µs/call",
+        rate(out.per_sec),
+        out.server_us,
+        out.client_us
+    );
+    Ok(())
 }
