@@ -40,7 +40,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Script, Value};
+use redis::{Client, ErrorKind, Script, ServerErrorKind, Value};
 
 use super::lazy::LazyConnection;
 use super::{Check, Store, StoreFuture};
@@ -121,18 +121,31 @@ where
     if checks.is_empty() {
         return Ok(Verdict::new(Vec::new()));
     }
-    let mut invocation = SCRIPTS.for_checks(checks).prepare_invoke();
+    let script = SCRIPTS.for_checks(checks);
+    // The packed command is built directly, each argument written once into the command's
+    // buffer (a `ScriptInvocation` would first copy every key and argument into vectors of its
+    // own, then again into the command). Same layout: EVALSHA sha numkeys keys… args….
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(checks.len());
+    for check in checks {
+        cmd.arg(check.key);
+    }
     for check in checks {
         let p = check.policy;
-        invocation
-            .key(check.key)
-            .arg(p.algorithm().code())
+        cmd.arg(p.algorithm().code())
             .arg(p.limit())
             .arg(p.period_ms().saturating_mul(1000))
             .arg(p.burst())
             .arg(p.cost());
     }
-    let reply: Value = invocation.invoke_async(conn).await?;
+    let reply: Value = match cmd.query_async(conn).await {
+        // A restarted or flushed server: load the script and repeat the call once.
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await?
+        }
+        other => other?,
+    };
     parse_reply(&reply, checks)
 }
 
@@ -236,9 +249,13 @@ fn client(url: &str) -> Result<Client, ConfigError> {
 
 /// How the connection manager connects and reconnects: a few quick retries with a short
 /// backoff, so an unreachable server is reported within seconds and a restarted one is found
-/// again quickly. Each check is bounded by the limiter's own timeout on top of this.
+/// again quickly.
+///
+/// No response timeout: the limiter's own timeout ([`crate::Builder::timeout`]) bounds every check
+/// already, and the connection manager's would register a second tokio timer per request.
 fn manager_config() -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
+        .set_response_timeout(None)
         .set_connection_timeout(Some(Duration::from_secs(2)))
         .set_number_of_retries(2)
         .set_min_delay(Duration::from_millis(50))
