@@ -2,12 +2,14 @@
 //!
 //! See [`MemoryStore`] for its behaviour and [`Clock`] for where its time comes from.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
+
+use hashbrown::HashTable;
 
 use super::{Check, Store, StoreFuture};
 use crate::policy::{Algorithm, Decision, Policy, Verdict};
@@ -408,9 +410,16 @@ impl Inner {
         Duration::from_nanos(self.sweep_interval_ns.load(Ordering::Relaxed))
     }
 
-    fn shard_of(&self, key: &str) -> usize {
-        // SHARDS is a power of two far below u64::MAX: the remainder always fits.
-        usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or(0)
+    /// The key's hash, computed once per check: it picks the shard and the slot in its map.
+    fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The shard of a key's hash. From bits 32 and up: the map inside the shard indexes by the
+    /// low bits and tags by the top seven, which must stay spread within one shard.
+    fn shard_of(hash: u64) -> usize {
+        // SHARDS is a power of two far below u32::MAX: the remainder always fits.
+        usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0)
     }
 
     fn max_per_shard(&self) -> usize {
@@ -420,11 +429,12 @@ impl Inner {
     /// One limit: one shard, no allocation but a new key's.
     fn check_one(&self, check: &Check<'_>) -> Decision {
         let p = Params::new(check.policy);
-        let mut guard = lock(&self.shards[self.shard_of(check.key)]);
+        let hash = self.hash(check.key);
+        let mut guard = lock(&self.shards[Self::shard_of(hash)]);
         let shard = &mut *guard;
         let now = self.now();
         // One lookup for a known key: evaluate and write through the same reference.
-        if let Some(entry) = shard.map.get_mut(check.key) {
+        if let Some(entry) = shard.map.get_mut(hash, check.key) {
             let base = entry.live(now).then_some(&entry.state);
             return match take(base, Pending::Untouched, &p, now) {
                 Ok(pending) => {
@@ -443,7 +453,7 @@ impl Inner {
             Ok(pending) => {
                 let (remaining, reset) = numbers(None, pending, &p, now);
                 let max = self.max_per_shard();
-                shard.insert(check.key, pending, &p, now, max, &|_| false);
+                shard.insert(hash, check.key, pending, &p, now, max, &|_| false);
                 decision(true, &p, remaining, reset, 0)
             }
             Err(retry) => {
@@ -465,9 +475,11 @@ impl Inner {
                 slots[i].last = n;
                 i
             } else {
+                let hash = self.hash(c.key);
                 slots.push(Slot {
                     key: c.key,
-                    shard: self.shard_of(c.key),
+                    hash,
+                    shard: Self::shard_of(hash),
                     pending: Pending::Untouched,
                     last: n,
                 });
@@ -487,7 +499,7 @@ impl Inner {
         let mut outcomes: Vec<Result<(u64, u64), u64>> = Vec::with_capacity(checks.len());
         for ((c, p), &s) in checks.iter().zip(&params).zip(&slot_of) {
             let slot = &mut slots[s];
-            let base = guards[guard_of(slot.shard)].base(c.key, now);
+            let base = guards[guard_of(slot.shard)].base(slot.hash, c.key, now);
             outcomes.push(match take(base, slot.pending, p, now) {
                 Ok(pending) => {
                     slot.pending = pending;
@@ -502,6 +514,7 @@ impl Inner {
             let in_call = |k: &str| slots.iter().any(|s| s.key == k);
             for slot in &slots {
                 guards[guard_of(slot.shard)].commit(
+                    slot.hash,
                     slot.key,
                     slot.pending,
                     &params[slot.last],
@@ -520,10 +533,11 @@ impl Inner {
             checks
                 .iter()
                 .zip(&params)
+                .zip(&slot_of)
                 .zip(outcomes)
-                .map(|((c, p), o)| {
-                    let shard = self.shard_of(c.key);
-                    let base = guards[guard_of(shard)].base(c.key, now);
+                .map(|(((c, p), &s), o)| {
+                    let slot = &slots[s];
+                    let base = guards[guard_of(slot.shard)].base(slot.hash, c.key, now);
                     let (remaining, reset) = numbers(base, Pending::Untouched, p, now);
                     match o {
                         Ok(_) => decision(true, p, remaining, reset, 0),
@@ -538,6 +552,7 @@ impl Inner {
 /// A distinct key of one call and what the call would write to it.
 struct Slot<'k> {
     key: &'k str,
+    hash: u64,
     shard: usize,
     pending: Pending,
     /// The last check of the call on this key (its policy is the one written).
@@ -557,7 +572,7 @@ fn decision(admitted: bool, p: &Params, remaining: u64, reset_ns: u64, retry_ns:
 /// One shard: its entries and its amortised-sweep bookkeeping.
 #[derive(Default)]
 struct Shard {
-    map: HashMap<Box<str>, Entry>,
+    map: Map,
     inserts_since_sweep: usize,
     /// Entries left by the last sweep: the next one comes after as many inserts.
     len_after_sweep: usize,
@@ -568,8 +583,11 @@ struct Shard {
 
 impl Shard {
     /// The live state under `key`, if any.
-    fn base(&self, key: &str, now: u64) -> Option<&State> {
-        self.map.get(key).filter(|e| e.live(now)).map(|e| &e.state)
+    fn base(&self, hash: u64, key: &str, now: u64) -> Option<&State> {
+        self.map
+            .get(hash, key)
+            .filter(|e| e.live(now))
+            .map(|e| &e.state)
     }
 
     /// Removes idle entries; returns how many.
@@ -597,9 +615,11 @@ impl Shard {
         before - len
     }
 
-    /// Writes what an admitted call takes under `key`.
+    /// Writes what an admitted call takes under `key` (whose hash is `hash`).
+    #[allow(clippy::too_many_arguments)] // the key's hash travels beside it, computed once
     fn commit(
         &mut self,
+        hash: u64,
         key: &str,
         pending: Pending,
         p: &Params,
@@ -610,17 +630,19 @@ impl Shard {
         if matches!(pending, Pending::Untouched) {
             return;
         }
-        if let Some(entry) = self.map.get_mut(key) {
+        if let Some(entry) = self.map.get_mut(hash, key) {
             update(entry, pending, p, now);
             self.next_idle = self.next_idle.min(entry.idle_at);
         } else {
-            self.insert(key, pending, p, now, max, in_call);
+            self.insert(hash, key, pending, p, now, max, in_call);
         }
     }
 
     /// Adds a key that is not held yet (`in_call`: keys that must not be evicted for room).
+    #[allow(clippy::too_many_arguments)] // the key's hash travels beside it, computed once
     fn insert(
         &mut self,
+        hash: u64,
         key: &str,
         pending: Pending,
         p: &Params,
@@ -631,7 +653,7 @@ impl Shard {
         self.make_room(now, max, in_call);
         let entry = written(None, pending, p, now);
         self.next_idle = self.next_idle.min(entry.idle_at);
-        self.map.insert(key.into(), entry);
+        self.map.insert(hash, key, entry);
     }
 
     /// Before a new key: sweep when enough inserts went by, and keep within `max` entries.
@@ -673,6 +695,66 @@ impl Shard {
                 true
             }
         });
+    }
+}
+
+/// A shard's entries by key, each stored with its key's hash: a check hashes its key once
+/// (for the shard and the slot alike), and growing the table rehashes nothing.
+#[derive(Default)]
+struct Map(HashTable<Held>);
+
+struct Held {
+    hash: u64,
+    key: Box<str>,
+    entry: Entry,
+}
+
+impl Map {
+    fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
+        self.0.find(hash, |h| &*h.key == key).map(|h| &h.entry)
+    }
+
+    fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
+        self.0
+            .find_mut(hash, |h| &*h.key == key)
+            .map(|h| &mut h.entry)
+    }
+
+    /// Adds a key the map does not hold.
+    fn insert(&mut self, hash: u64, key: &str, entry: Entry) {
+        self.0.insert_unique(
+            hash,
+            Held {
+                hash,
+                key: key.into(),
+                entry,
+            },
+            |h| h.hash,
+        );
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&str, &Entry) -> bool) {
+        self.0.retain(|h| keep(&h.key, &h.entry));
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&str, &Entry)> {
+        self.0.iter().map(|h| (&*h.key, &h.entry))
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Entry> {
+        self.0.iter().map(|h| &h.entry)
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+
+    fn shrink_to(&mut self, min_capacity: usize) {
+        self.0.shrink_to(min_capacity, |h| h.hash);
     }
 }
 
@@ -1017,8 +1099,9 @@ mod tests {
     }
 
     fn entry(store: &MemoryStore, key: &str) -> Option<Entry> {
-        let shard = lock(&store.inner.shards[store.inner.shard_of(key)]);
-        shard.map.get(key).cloned()
+        let hash = store.inner.hash(key);
+        let shard = lock(&store.inner.shards[Inner::shard_of(hash)]);
+        shard.map.get(hash, key).cloned()
     }
 
     fn snapshot(store: &MemoryStore) -> Vec<(Box<str>, Entry)> {
@@ -1030,7 +1113,7 @@ mod tests {
                 lock(s)
                     .map
                     .iter()
-                    .map(|(k, e)| (k.clone(), e.clone()))
+                    .map(|(k, e)| (Box::<str>::from(k), e.clone()))
                     .collect::<Vec<_>>()
             })
             .collect();
