@@ -600,3 +600,57 @@ async fn master_killed_under_load_fails_over_and_calls_follow_the_failure_policy
         .unwrap_or_else(|e| panic!("after the failover: {e}"));
     assert!(v.decisions()[0].remaining < generous.capacity());
 }
+
+/// Regression: the limiter's timeout drops a check's future. Across slots, a take and its
+/// refund are separate round trips, so a check dropped between them used to leave the
+/// rejected call holding quota in the first slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_slot_check_cut_short_by_a_timeout_still_refunds() {
+    let cluster = RedisCluster::start().await;
+    let run = format!("t{}", std::process::id());
+    let per_ip = policy(Algorithm::Fixed, 100, HOUR, 100, 1);
+    let global = policy(Algorithm::Fixed, 1, HOUR, 1, 1);
+    let ki = key::build(&run, "upload", &[b"10.0.0.9"], &per_ip);
+    let kg = key::build(&run, "upload", &[], &global);
+    let (slot_i, slot_g) = (cluster.keyslot(&ki).await, cluster.keyslot(&kg).await);
+    assert_ne!(
+        slot_i, slot_g,
+        "the test needs the two limits in different slots"
+    );
+    let store = RedisClusterStore::connect(cluster.urls())
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    // Spend the global limit: from now on every stacked call takes from the per-IP limit
+    // first, is rejected by the global one, and must give the per-IP unit back.
+    let spent = store
+        .check(&[Check::new(&kg, &global)])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(spent.is_admitted());
+    let checks = [Check::new(&ki, &per_ip), Check::new(&kg, &global)];
+    let mut cut_short = 0;
+    for step in 0..60u64 {
+        // Timeouts from 0 to ~3 ms: some land before the take, some between the take and
+        // the refund, some after.
+        let wait = Duration::from_micros(step * 50);
+        match tokio::time::timeout(wait, store.check(&checks)).await {
+            Err(_) => cut_short += 1,
+            Ok(v) => assert!(!v.unwrap_or_else(|e| panic!("{e}")).is_admitted()),
+        }
+    }
+    assert!(
+        cut_short > 0,
+        "no check was cut short: the test proved nothing"
+    );
+    // Let every refund still in flight land, then look: nothing was taken.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let now = store
+        .check(&[Check::new(&ki, &per_ip)])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        now.decisions()[0].remaining,
+        99,
+        "{cut_short} checks were cut short; the per-IP limit holds only this last call"
+    );
+}

@@ -26,7 +26,8 @@
 //!   documented in `src/scripts/refund.lua`; in short, remaining is restored exactly, and
 //!   nothing is given back that the call did not take. A store error in a later group leaves
 //!   what earlier groups took (the failure policy decides about the call; the error never
-//!   makes a limit admit more).
+//!   makes a limit admit more). The takes and refunds run in a task of their own, so a check
+//!   that the limiter's timeout gives up on still finishes its refunds.
 //!
 //! # Configuration
 //!
@@ -63,7 +64,7 @@ use super::lazy::LazyConnection;
 use super::redis::{eval_checks, load_scripts, parse_reply};
 use super::{Check, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
-use crate::policy::{Decision, Verdict};
+use crate::policy::{Decision, Policy, Verdict};
 
 /// The environment variable that lists the seed nodes of a cluster, comma-separated:
 /// `RATELIMIT_REDIS_CLUSTER_NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379`.
@@ -397,7 +398,22 @@ impl Store for RedisClusterStore {
             if groups.len() <= 1 {
                 return eval_checks(&mut conn, checks).await;
             }
-            Self::check_across_slots(&mut conn, checks, &groups).await
+            // A take in one slot and its refund in another are separate round trips. Run them
+            // in a task of their own, so that the limiter's timeout (which drops this future)
+            // cannot stop a refund half way and leave a rejected call holding quota.
+            let owned: Vec<(String, Policy, String)> = checks
+                .iter()
+                .map(|c| (c.key.to_owned(), *c.policy, c.scope.to_owned()))
+                .collect();
+            let task = tokio::spawn(async move {
+                let checks: Vec<Check<'_>> = owned
+                    .iter()
+                    .map(|(key, policy, scope)| Check::new(key, policy).with_scope(scope))
+                    .collect();
+                Self::check_across_slots(&mut conn, &checks, &groups).await
+            });
+            task.await
+                .map_err(|e| StoreError::Redis(format!("the cross-slot check task failed: {e}")))?
         })
     }
 
