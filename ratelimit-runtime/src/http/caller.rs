@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::UserId;
 use super::ip;
-use super::response::{Fields, Refusal, rate_fields};
+use super::response::{Fields, Refusal, static_rate_fields};
 use crate::__private::{By, Limit};
 use crate::key;
 use crate::limiter::{RateLimiter, Settings};
@@ -280,7 +280,7 @@ where
     drop(checks);
     match verdict {
         Ok(v) if v.is_admitted() => {
-            let fields = rate_fields(limits, &v, settings.header_style);
+            let fields = static_rate_fields(limits, &v, settings.header_style);
             Limited(Outcome::Admitted(handler().await, fields))
         }
         Ok(v) => Limited(Outcome::Refused(Refusal::too_many_requests(

@@ -1,7 +1,10 @@
 //! What a limited handler answers (SPEC §7), independent of the framework: the rate-limit
 //! header fields of a verdict and the bodies of the refusals.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
 use crate::__private::Limit;
@@ -88,24 +91,112 @@ pub(crate) fn whole_seconds(d: Duration) -> u64 {
 /// whole number of seconds), `r` the units left and `t` the seconds, rounded up, until the quota
 /// is whole again. The legacy fields describe the binding limit.
 pub(crate) fn rate_fields(limits: &[Limit], verdict: &Verdict, style: HeaderStyle) -> Fields {
+    fields_with(limits, verdict, style, None)
+}
+
+/// [`rate_fields`] for a function's static limits: the `RateLimit-Policy` value depends only
+/// on them (and on the decisions' capacities, which are the limits' own), so it is formatted
+/// once per thread and function and copied into each response.
+pub(crate) fn static_rate_fields(
+    limits: &'static [Limit],
+    verdict: &Verdict,
+    style: HeaderStyle,
+) -> Fields {
+    if !matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+        return fields_with(limits, verdict, style, None);
+    }
+    let decisions = verdict.decisions();
+    let usual = decisions.len() == limits.len()
+        && decisions
+            .iter()
+            .zip(limits)
+            .all(|(d, l)| d.limit == l.policy.capacity());
+    if !usual {
+        return fields_with(limits, verdict, style, None);
+    }
+    thread_local! {
+        /// By the limits' address and length: a static's address is never reused.
+        static POLICIES: RefCell<PolicyCache> = RefCell::new(HashMap::default());
+    }
+    POLICIES.with_borrow_mut(|policies| {
+        let policy = policies
+            .entry((limits.as_ptr().addr(), limits.len()))
+            .or_insert_with(|| {
+                let mut policy = String::with_capacity(24 * limits.len());
+                for (i, limit) in limits.iter().enumerate() {
+                    push_policy(&mut policy, limits, i, limit.policy.capacity());
+                }
+                policy.into_boxed_str()
+            });
+        fields_with(limits, verdict, style, Some(policy))
+    })
+}
+
+/// `RateLimit-Policy` values by the address and length of their limits.
+type PolicyCache = HashMap<(usize, usize), Box<str>, BuildHasherDefault<AddrHasher>>;
+
+/// A hasher for addresses: a multiply and a fold, enough for keys that are distinct pointers.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+/// Appends the `RateLimit-Policy` member of `limits[i]` (after a separator if not the first).
+fn push_policy(policy: &mut String, limits: &[Limit], i: usize, capacity: u64) {
+    if i > 0 {
+        policy.push_str(", ");
+    }
+    push_name(policy, limits, i);
+    let _ = write!(policy, ";q={capacity}");
+    let p = &limits[i].policy;
+    // Time to grant `capacity` units at `limit` per period.
+    let window_ms = u128::from(p.period_ms()) * u128::from(p.capacity()) / u128::from(p.limit());
+    if window_ms % 1000 == 0 {
+        let _ = write!(policy, ";w={}", window_ms / 1000);
+    }
+}
+
+/// The fields, with the `RateLimit-Policy` value given when it is already formatted.
+fn fields_with(
+    limits: &[Limit],
+    verdict: &Verdict,
+    style: HeaderStyle,
+    policy: Option<&str>,
+) -> Fields {
     let mut fields = Vec::with_capacity(3);
     let decisions = verdict.decisions();
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        let mut policy = String::with_capacity(24 * limits.len());
         let mut state = String::with_capacity(24 * limits.len());
-        for (i, (limit, decision)) in limits.iter().zip(decisions).enumerate() {
-            if i > 0 {
-                policy.push_str(", ");
-                state.push_str(", ");
+        let policy = if let Some(policy) = policy {
+            policy.to_owned()
+        } else {
+            let mut policy = String::with_capacity(24 * limits.len());
+            for (i, decision) in decisions.iter().take(limits.len()).enumerate() {
+                push_policy(&mut policy, limits, i, decision.limit);
             }
-            push_name(&mut policy, limits, i);
-            let _ = write!(policy, ";q={}", decision.limit);
-            let p = &limit.policy;
-            // Time to grant `capacity` units at `limit` per period.
-            let window_ms =
-                u128::from(p.period_ms()) * u128::from(p.capacity()) / u128::from(p.limit());
-            if window_ms % 1000 == 0 {
-                let _ = write!(policy, ";w={}", window_ms / 1000);
+            policy
+        };
+        for (i, decision) in decisions.iter().take(limits.len()).enumerate() {
+            if i > 0 {
+                state.push_str(", ");
             }
             push_name(&mut state, limits, i);
             let _ = write!(
@@ -173,6 +264,7 @@ mod tests {
     use super::*;
     use crate::__private::By;
     use crate::policy::{Algorithm, Decision, Policy};
+    use std::sync::LazyLock;
 
     fn limit(scope: &'static str, algo: Algorithm, num: u64, ms: u64, burst: u64) -> Limit {
         Limit {
@@ -246,6 +338,48 @@ mod tests {
                 )
             );
         }
+    }
+
+    #[test]
+    fn static_limits_reuse_their_policy_field_and_match_the_formatted_one() {
+        static LOGIN: LazyLock<[Limit; 2]> = LazyLock::new(|| {
+            [
+                limit("app::login", Algorithm::Sliding, 3, 10_000, 3),
+                limit("app::login", Algorithm::Token, 5, 1_000, 10),
+            ]
+        });
+        static DAILY: LazyLock<[Limit; 1]> =
+            LazyLock::new(|| [limit("app::daily", Algorithm::Fixed, 100, 1_500, 100)]);
+        let ms = Duration::from_millis;
+        let login = Verdict::new(vec![
+            Decision::new(true, 3, 2, ms(9_001), ms(0)),
+            Decision::new(true, 10, 9, ms(100), ms(0)),
+        ]);
+        let daily = Verdict::new(vec![Decision::new(true, 100, 99, ms(1_500), ms(0))]);
+        for _ in 0..2 {
+            for style in [HeaderStyle::Ietf, HeaderStyle::Both, HeaderStyle::Legacy] {
+                for (limits, v) in [(&LOGIN[..], &login), (&DAILY[..], &daily)] {
+                    assert_eq!(
+                        static_rate_fields(limits, v, style),
+                        rate_fields(limits, v, style)
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            static_rate_fields(&DAILY[..], &daily, HeaderStyle::Ietf)[0],
+            ("ratelimit-policy", "\"daily\";q=100".to_owned())
+        );
+        // A verdict that does not match the limits one to one is formatted from its decisions.
+        let other = Verdict::new(vec![Decision::new(true, 7, 6, ms(1_000), ms(0))]);
+        assert_eq!(
+            static_rate_fields(&DAILY[..], &other, HeaderStyle::Ietf)[0],
+            ("ratelimit-policy", "\"daily\";q=7".to_owned())
+        );
+        assert_eq!(
+            static_rate_fields(&LOGIN[..], &daily, HeaderStyle::Ietf),
+            rate_fields(&LOGIN[..], &daily, HeaderStyle::Ietf)
+        );
     }
 
     #[test]
