@@ -329,6 +329,10 @@ struct Inner {
 ///
 /// **The memory store's limits are per process**: several instances of an application share
 /// limits only through Redis.
+///
+/// Checks run on Tokio and use its timer for the timeout: the runtime needs its time driver
+/// (`#[tokio::main]`, `#[tokio::test]`, Axum's and Actix-web's runtimes all have it; a runtime
+/// built by hand needs `enable_time()` or `enable_all()`).
 #[derive(Clone)]
 pub struct RateLimiter {
     inner: Arc<Inner>,
