@@ -148,6 +148,38 @@ fn quota() -> Policy {
     Policy::new(Algorithm::Fixed, 5, Duration::from_secs(90)).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Calls until one is admitted: each answers within the timeout (+ slack), and the store is
+/// back within [`RECOVERY`] of `event`.
+async fn call_until_admitted(limiter: &RateLimiter, key: &str, policy: &Policy, event: &str) {
+    let since = Instant::now();
+    loop {
+        let c = call(limiter, key, policy).await;
+        assert!(
+            c.took() <= Settings::default().timeout + SLACK,
+            "{:?}",
+            c.took()
+        );
+        if c.outcome == Outcome::Admitted {
+            return;
+        }
+        assert!(
+            since.elapsed() <= RECOVERY,
+            "no admission from Redis within {RECOVERY:?} of {event}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The fixed-window counter Redis holds under `key`.
+async fn counter(server: &RedisServer, key: &str) -> u64 {
+    let mut conn = server.connection().await;
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
 /// What happened around one kill and restart of Redis under `TASKS` continuous callers.
 struct Outage {
     calls: Vec<Call>,
@@ -385,12 +417,7 @@ async fn script_flush_between_two_calls_the_second_succeeds() {
     assert!(second.is_admitted());
     // Counted by Redis: this is its answer, not a fallback.
     assert_eq!(second.decisions()[0].remaining, 3);
-    let count: u64 = redis::cmd("GET")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(count, 2);
+    assert_eq!(counter(&server, key).await, 2);
     assert!(!limiter.store_failing());
 }
 
@@ -420,33 +447,11 @@ async fn dropped_connections_reconnect_by_themselves() {
             .await
             .unwrap();
         assert!(killed >= 1);
-        let dropped = Instant::now();
-        loop {
-            let c = call(&limiter, key, &policy).await;
-            assert!(
-                c.took() <= Settings::default().timeout + SLACK,
-                "{:?}",
-                c.took()
-            );
-            if c.outcome == Outcome::Admitted {
-                admitted += 1;
-                break;
-            }
-            assert!(
-                dropped.elapsed() <= RECOVERY,
-                "no reconnection within {RECOVERY:?} of the connection dropping"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        call_until_admitted(&limiter, key, &policy, "the connection dropping").await;
+        admitted += 1;
     }
     // The same server kept counting: the answers after each drop were Redis's.
-    let mut conn = server.connection().await;
-    let count: u64 = redis::cmd("GET")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(count, admitted);
+    assert_eq!(counter(&server, key).await, admitted);
 }
 
 /// `CLIENT PAUSE 2000`: Redis holds every command; calls must come back within the timeout with
@@ -532,30 +537,12 @@ async fn lazy_store_connects_once_redis_is_up_without_a_new_limiter() {
         server.restart();
         server
     });
-    let restarted = Instant::now();
-    loop {
-        let c = call(&limiter, key, &policy).await;
-        assert!(
-            c.took() <= Settings::default().timeout + SLACK,
-            "{:?}",
-            c.took()
-        );
-        if c.outcome == Outcome::Admitted {
-            break;
-        }
-        assert!(
-            restarted.elapsed() <= RECOVERY,
-            "the lazy store did not connect within {RECOVERY:?} of Redis starting"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let mut conn = server.connection().await;
-    let count: u64 = redis::cmd("GET")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(count, 1, "the admission was counted by Redis");
+    call_until_admitted(&limiter, key, &policy, "Redis starting").await;
+    assert_eq!(
+        counter(&server, key).await,
+        1,
+        "the admission was counted by Redis"
+    );
 }
 
 /// `calls=` of `cmdstat_evalsha` in `INFO commandstats`.
