@@ -232,8 +232,17 @@ impl Outage {
     }
 
     /// The calls made while Redis was down.
+    /// The calls made while Redis was down, after checking what holds for every outage: each
+    /// call answered within the timeout (+ slack), and every task called while it was down.
     fn down(&self) -> Vec<Call> {
-        between(&self.calls, self.killed, self.restarting)
+        assert_all_within(&self.calls, Settings::default().timeout + SLACK);
+        let down = between(&self.calls, self.killed, self.restarting);
+        assert!(
+            down.len() >= TASKS,
+            "too few calls while down: {}",
+            down.len()
+        );
+        down
     }
 
     /// How long after Redis answered again the first call with `outcome` (which only Redis
@@ -264,13 +273,7 @@ impl Outage {
 async fn redis_killed_under_8_callers_allow_admits_within_the_timeout_and_recovers() {
     let _serial = SERIAL.lock().await;
     let outage = Outage::run(FailurePolicy::Allow).await;
-    assert_all_within(&outage.calls, Settings::default().timeout + SLACK);
     let down = outage.down();
-    assert!(
-        down.len() >= TASKS,
-        "too few calls while down: {}",
-        down.len()
-    );
     assert!(
         down.iter().all(|c| c.outcome == Outcome::Admitted),
         "fail open admits every call while Redis is down"
@@ -297,13 +300,7 @@ async fn redis_killed_under_8_callers_allow_admits_within_the_timeout_and_recove
 async fn redis_killed_under_8_callers_deny_rejects_within_the_timeout_and_recovers() {
     let _serial = SERIAL.lock().await;
     let outage = Outage::run(FailurePolicy::Deny).await;
-    assert_all_within(&outage.calls, Settings::default().timeout + SLACK);
     let down = outage.down();
-    assert!(
-        down.len() >= TASKS,
-        "too few calls while down: {}",
-        down.len()
-    );
     assert!(
         down.iter().all(|c| c.outcome == Outcome::Unavailable),
         "fail closed answers every call with the store error while Redis is down"
@@ -320,13 +317,7 @@ async fn redis_killed_under_8_callers_deny_rejects_within_the_timeout_and_recove
 async fn redis_killed_under_8_callers_local_keeps_the_quota_per_process_and_recovers() {
     let _serial = SERIAL.lock().await;
     let outage = Outage::run(FailurePolicy::Local).await;
-    assert_all_within(&outage.calls, Settings::default().timeout + SLACK);
     let down = outage.down();
-    assert!(
-        down.len() >= TASKS,
-        "too few calls while down: {}",
-        down.len()
-    );
     assert!(down.iter().all(|c| c.outcome != Outcome::Unavailable));
     // Redis's quota was spent before the kill, so every admission that ended after the kill
     // began and before the restart came from the local fallback: at most the quota, and the
