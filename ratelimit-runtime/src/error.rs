@@ -84,22 +84,53 @@ impl std::error::Error for RateLimitError {
 }
 
 /// A store could not decide.
+///
+/// Two kinds of failure, told apart by [`StoreError::is_transport`]:
+///
+/// * the store could not be asked (a timeout, a refused or dropped connection, a server that is
+///   loading or failing over): every other call is likely to fail the same way, so the limiter's
+///   breaker counts these and answers with the failure policy for a short backoff;
+/// * the store answered, but not something this call can use (a reply that does not parse, a
+///   script error, a memory store with no room for a new key): an error for this call only. It
+///   never opens the breaker, so it never changes another call's answer.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The check took longer than the configured timeout.
     Timeout(Duration),
-    /// Redis (or the connection to it) failed.
+    /// Redis could not be reached or is not serving (connection refused or dropped, loading,
+    /// failing over).
     Redis(String),
-    /// The store answered something this library does not understand (a bug or a foreign
-    /// script under the same name).
+    /// The store answered something this library does not understand, or refused this call
+    /// (a script error). An error for this call only.
     BadReply(String),
+    /// The memory store holds its maximum number of keys and none of them is idle: a new key
+    /// cannot be added without forgetting another caller's state.
+    Full {
+        /// The store's bound ([`crate::MemoryStore::max_keys`]).
+        max_keys: usize,
+    },
 }
 
 impl StoreError {
     /// `true` for a timeout.
     pub fn is_timeout(&self) -> bool {
         matches!(self, Self::Timeout(_))
+    }
+
+    /// `true` when the store could not be asked at all (a timeout or a connection failure),
+    /// which says nothing good about the next call either; `false` when it answered this call
+    /// with something unusable, which says nothing about other calls. Only transport failures
+    /// open the limiter's breaker.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::StoreError;
+    /// assert!(StoreError::Timeout(Duration::from_millis(50)).is_transport());
+    /// assert!(!StoreError::BadReply("remaining -1".into()).is_transport());
+    /// ```
+    pub fn is_transport(&self) -> bool {
+        matches!(self, Self::Timeout(_) | Self::Redis(_))
     }
 }
 
@@ -109,6 +140,10 @@ impl fmt::Display for StoreError {
             Self::Timeout(d) => write!(f, "no answer within {}ms", d.as_millis()),
             Self::Redis(e) => write!(f, "redis: {e}"),
             Self::BadReply(e) => write!(f, "unexpected reply from the store: {e}"),
+            Self::Full { max_keys } => write!(
+                f,
+                "the memory store holds its maximum of {max_keys} keys and none is idle"
+            ),
         }
     }
 }
@@ -116,8 +151,21 @@ impl fmt::Display for StoreError {
 impl std::error::Error for StoreError {}
 
 impl From<redis::RedisError> for StoreError {
+    /// An error reply to the script itself (`ERR …` raised by the script, a wrong type under a
+    /// key, an unexpected reply type) is about this call: [`StoreError::BadReply`]. Everything
+    /// else (I/O, refused or dropped connections, `LOADING`, `MASTERDOWN`, `CLUSTERDOWN`,
+    /// `READONLY`, `BUSY`, …) means the store is not serving: [`StoreError::Redis`].
     fn from(e: redis::RedisError) -> Self {
-        Self::Redis(e.to_string())
+        use redis::{ErrorKind, ServerErrorKind};
+        let about_this_call = matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::ResponseError) | ErrorKind::UnexpectedReturnType
+        ) || e.code() == Some("WRONGTYPE");
+        if about_this_call {
+            Self::BadReply(e.to_string())
+        } else {
+            Self::Redis(e.to_string())
+        }
     }
 }
 

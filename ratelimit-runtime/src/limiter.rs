@@ -525,8 +525,18 @@ impl RateLimiter {
                 }
                 Ok(verdict)
             }
-            Err(error) => {
+            Err(error) if error.is_transport() => {
                 inner.breaker.failure(&error, probe.is_some());
+                drop(probe);
+                self.on_failure(checks, Some(error)).await
+            }
+            Err(error) => {
+                // The store answered, with something this call cannot use: an error for this
+                // call only. Other calls keep their answers, and a probe that got this far
+                // found the store reachable.
+                if inner.breaker.success() {
+                    inner.warnings.reset();
+                }
                 drop(probe);
                 self.on_failure(checks, Some(error)).await
             }
@@ -590,18 +600,30 @@ impl RateLimiter {
                 FailurePolicy::Deny => "calls are rejected",
                 FailurePolicy::Local => "calls are checked in this process's memory",
             };
-            let (error, what) = match &error {
-                Some(error) => (error.clone(), "failed"),
-                None => (inner.breaker.last_error(), "still failing"),
-            };
-            tracing::warn!(
-                store,
-                scope,
-                policy = policy_name,
-                %error,
-                held_back,
-                "rate-limit store {what}; {action} until it answers again"
-            );
+            match &error {
+                Some(error) if !error.is_transport() => tracing::warn!(
+                    store,
+                    scope,
+                    policy = policy_name,
+                    %error,
+                    held_back,
+                    "rate-limit store could not decide this call; the failure policy answers it, other calls are unaffected"
+                ),
+                _ => {
+                    let (error, what) = match &error {
+                        Some(error) => (error.clone(), "failed"),
+                        None => (inner.breaker.last_error(), "still failing"),
+                    };
+                    tracing::warn!(
+                        store,
+                        scope,
+                        policy = policy_name,
+                        %error,
+                        held_back,
+                        "rate-limit store {what}; {action} until it answers again"
+                    );
+                }
+            }
         }
         match policy {
             FailurePolicy::Allow => Ok(Verdict::new(
@@ -700,6 +722,59 @@ mod tests {
 
         fn name(&self) -> &'static str {
             "fake"
+        }
+    }
+
+    /// Answers one key with a reply it cannot parse and every other key from memory.
+    #[derive(Debug, Default)]
+    struct PoisonedKeyStore {
+        memory: MemoryStore,
+    }
+
+    impl Store for PoisonedKeyStore {
+        fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+            Box::pin(async move {
+                if checks.iter().any(|c| c.key == "poison") {
+                    return Err(StoreError::BadReply("remaining -1".to_owned()));
+                }
+                self.memory.check(checks).await
+            })
+        }
+
+        fn name(&self) -> &'static str {
+            "poisoned"
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bad_reply_to_one_call_never_opens_the_breaker_or_changes_other_answers() {
+        let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60)).unwrap();
+        for failure in [
+            FailurePolicy::Allow,
+            FailurePolicy::Deny,
+            FailurePolicy::Local,
+        ] {
+            let limiter = RateLimiter::builder()
+                .store(PoisonedKeyStore::default())
+                .failure_policy(failure)
+                .build_lazy()
+                .unwrap();
+            let other = [Check::new("other", &policy)];
+            let mut admitted = 0;
+            for _ in 0..10 {
+                let poisoned = limiter.check(&[Check::new("poison", &policy)]).await;
+                assert_eq!(
+                    poisoned.is_err(),
+                    failure == FailurePolicy::Deny,
+                    "{failure:?}: {poisoned:?}"
+                );
+                assert!(!limiter.store_failing(), "{failure:?}: the breaker opened");
+                admitted += usize::from(limiter.check(&other).await.unwrap().is_admitted());
+            }
+            assert_eq!(
+                admitted, 3,
+                "{failure:?}: another caller's limit still holds"
+            );
         }
     }
 
