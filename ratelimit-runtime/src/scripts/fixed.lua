@@ -15,6 +15,14 @@ ALGOS[1] = {
       -- A counter without a TTL (written by someone else) or about to expire is
       -- treated as no window: an admitted call replaces it with a fresh one.
       if pttl > 0 then
+        -- A window can never have more than a period left: a longer TTL was
+        -- stamped by a clock ahead of this one (a failover). Treated as a
+        -- window that started now.
+        local period_ms = ceil_div(p.period, 1000)
+        if pttl > period_ms then
+          redis.call('PEXPIRE', key, int(period_ms))
+          pttl = period_ms
+        end
         local n = tonumber(value)
         if n ~= nil and n >= 0 then
           live = true
@@ -22,7 +30,7 @@ ALGOS[1] = {
           -- The key is gone once the clock passes its expiry millisecond: at
           -- now_ms + pttl + 1 ms, i.e. (pttl + 1) ms less the part of the
           -- current millisecond already gone (rounded up, never early).
-          left_us = pttl * 1000 + 1000 - math.fmod(now, 1000)
+          left_us = math.min(pttl * 1000 + 1000 - math.fmod(now, 1000), p.period + 1000)
         end
       end
     end

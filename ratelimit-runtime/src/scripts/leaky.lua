@@ -8,6 +8,7 @@
 -- against a burst of 50 admit exactly 50 (exact while burst * period / g stays
 -- below 2^53).
 ALGOS[3] = {
+  bucket = true,
   evaluate = function(key, p)
     local g = gcd(p.limit, p.period)
     local drain = p.limit / g
@@ -16,6 +17,12 @@ ALGOS[3] = {
     local value = redis.call('GET', key)
     if value then
       local stored, at = string.match(value, '^(%d+):(%d+)$')
+      if stored and tonumber(at) > now then
+        -- Stamped in the future (a clock behind the one that wrote it):
+        -- stamped now, so it flows again from now on.
+        redis.call('SET', key, stored .. ':' .. int(now), 'PX', ttl_ms(ceil_div(tonumber(stored), drain)))
+        at = int(now)
+      end
       if stored then
         local elapsed = math.max(now - tonumber(at), 0)
         level = math.max(tonumber(stored) - elapsed * drain, 0)

@@ -25,9 +25,19 @@ local function int(n)
   return string.format('%.0f', n)
 end
 
--- a / b rounded up, for non-negative integers a and b > 0.
+-- a / b rounded up, for non-negative integers a and b > 0 below 2^53. The
+-- double division may round the quotient to the wrong side of a whole number
+-- when a is large; the remainder, exact in integers, puts it right.
 local function ceil_div(a, b)
-  return math.ceil(a / b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r > 0 then
+    return q + 1
+  end
+  if r <= -b then
+    return q - 1
+  end
+  return q
 end
 
 -- Greatest common divisor of two positive integers (exact below 2^53).
@@ -57,4 +67,11 @@ end
 --       the same call would be admitted, when rejected) and `write`, what
 --       commit needs.
 --   commit(key, p, d) : the writes, each with its TTL.
+--   bucket: true for the buckets, whose capacity is `burst` (else `limit`).
+--
+-- State stamped in the future (a failover to a replica whose clock is behind
+-- the old master's) is treated as stamped now: evaluate rewrites its stamps to
+-- now before deciding, never counting the skew as a charge, so no caller is
+-- locked out beyond the true retry_after. That rewrite is the only write a
+-- rejected call can make, and it never changes what the state admits.
 local ALGOS = {}

@@ -9,6 +9,7 @@
 -- so no fraction ever accumulates (exact while burst * period / g stays below
 -- 2^53).
 ALGOS[4] = {
+  bucket = true,
   evaluate = function(key, p)
     local g = gcd(p.limit, p.period)
     local refill = p.limit / g
@@ -17,6 +18,12 @@ ALGOS[4] = {
     local value = redis.call('GET', key)
     if value then
       local stored, at = string.match(value, '^(%d+):(%d+)$')
+      if stored and tonumber(at) > now then
+        -- Stamped in the future (a clock behind the one that wrote it):
+        -- stamped now, so it flows again from now on.
+        redis.call('SET', key, stored .. ':' .. int(now), 'PX', ttl_ms(ceil_div(tonumber(stored), refill)))
+        at = int(now)
+      end
       if stored then
         local elapsed = math.max(now - tonumber(at), 0)
         missing = math.max(tonumber(stored) - elapsed * refill, 0)

@@ -273,7 +273,7 @@ impl RedisClusterStore {
         for (g, group) in groups.iter().enumerate() {
             let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
             let sent = Instant::now();
-            let verdict = eval_checks(conn, &sub).await?;
+            let verdict = eval_checks(conn, &sub, None).await?;
             if verdict.is_admitted() {
                 taken.push((g, sent, verdict));
                 continue;
@@ -396,7 +396,7 @@ impl Store for RedisClusterStore {
             let mut conn = self.connection().await?;
             let groups = group_by_slot(checks);
             if groups.len() <= 1 {
-                return eval_checks(&mut conn, checks).await;
+                return eval_checks(&mut conn, checks, None).await;
             }
             // A take in one slot and its refund in another are separate round trips. Run them
             // in a task of their own, so that the limiter's timeout (which drops this future)

@@ -111,9 +111,13 @@ where
 ///
 /// Generic over the connection so that any Redis deployment whose connection sends all keys of
 /// the call to one node (a single server, or a cluster with hash-tagged keys) reuses it.
+///
+/// With a `call_id` (1 to 32 lower-case hex digits), an admitted call also leaves a receipt per
+/// limit for the Redis Cluster store's refunds (see `scripts/driver.lua`).
 pub(crate) async fn eval_checks<C>(
     conn: &mut C,
     checks: &[Check<'_>],
+    call_id: Option<&str>,
 ) -> Result<Verdict, StoreError>
 where
     C: ConnectionLike + Send,
@@ -138,6 +142,9 @@ where
             .arg(p.burst())
             .arg(p.cost());
     }
+    if let Some(id) = call_id {
+        cmd.arg(id);
+    }
     let reply: Value = match cmd.query_async(conn).await {
         // A restarted or flushed server: load the script and repeat the call once.
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -150,7 +157,9 @@ where
 }
 
 /// Reads the script's reply: one `[admitted, remaining, reset_after_us, retry_after_us]` per
-/// check, every element an integer in range. Anything else is [`StoreError::BadReply`].
+/// check. Numbers are clamped into range (a negative count is 0, `remaining` is at most the
+/// capacity), so no state under a key can turn into a reply that fails the call; anything that is
+/// not that shape is [`StoreError::BadReply`], an error for this call only.
 pub(crate) fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
     let bad = |what: String| StoreError::BadReply(what);
     let Value::Array(rows) = reply else {
@@ -165,7 +174,7 @@ pub(crate) fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict
     }
     let int = |v: &Value| -> Result<u64, StoreError> {
         match v {
-            Value::Int(n) => u64::try_from(*n).map_err(|_| bad(format!("negative number {n}"))),
+            Value::Int(n) => Ok(u64::try_from(*n).unwrap_or(0)),
             other => Err(bad(format!("expected an integer, got {other:?}"))),
         }
     };
@@ -182,22 +191,16 @@ pub(crate) fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict
                     fields.len()
                 )));
             };
-            let admitted = match int(admitted)? {
-                0 => false,
-                1 => true,
-                n => return Err(bad(format!("admitted must be 0 or 1, got {n}"))),
+            let admitted = match admitted {
+                Value::Int(0) => false,
+                Value::Int(1) => true,
+                other => return Err(bad(format!("admitted must be 0 or 1, got {other:?}"))),
             };
             let limit = check.policy.capacity();
-            let remaining = int(remaining)?;
-            if remaining > limit {
-                return Err(bad(format!(
-                    "remaining {remaining} is larger than the limit {limit}"
-                )));
-            }
             Ok(Decision::new(
                 admitted,
                 limit,
-                remaining,
+                int(remaining)?.min(limit),
                 Duration::from_micros(int(reset_us)?),
                 Duration::from_micros(int(retry_us)?),
             ))
@@ -348,7 +351,7 @@ impl Store for RedisStore {
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
-            eval_checks(&mut conn, checks).await
+            eval_checks(&mut conn, checks, None).await
         })
     }
 
@@ -367,7 +370,7 @@ mod tests {
     }
 
     #[test]
-    fn malformed_replies_are_errors_not_panics() {
+    fn malformed_replies_are_errors_and_out_of_range_numbers_are_clamped() {
         let p = policy(Algorithm::Fixed);
         let checks = [Check::new("k", &p)];
         let row = |v: Vec<Value>| Value::Array(vec![Value::Array(v)]);
@@ -384,18 +387,6 @@ mod tests {
             ]),
             row(vec![
                 Value::Int(1),
-                Value::Int(-1),
-                Value::Int(3),
-                Value::Int(0),
-            ]),
-            row(vec![
-                Value::Int(1),
-                Value::Int(6),
-                Value::Int(3),
-                Value::Int(0),
-            ]),
-            row(vec![
-                Value::Int(1),
                 Value::BulkString(b"2".to_vec()),
                 Value::Int(3),
                 Value::Int(0),
@@ -407,6 +398,23 @@ mod tests {
                 "{case:?}"
             );
         }
+        // Out-of-range numbers are clamped, never an error that fails the call.
+        let negative = row(vec![
+            Value::Int(1),
+            Value::Int(-1),
+            Value::Int(-3),
+            Value::Int(-9),
+        ]);
+        let d = parse_reply(&negative, &checks).unwrap().decisions()[0];
+        assert_eq!((d.remaining, d.reset_after), (0, Duration::ZERO));
+        let above = row(vec![
+            Value::Int(0),
+            Value::Int(6),
+            Value::Int(3),
+            Value::Int(0),
+        ]);
+        let d = parse_reply(&above, &checks).unwrap().decisions()[0];
+        assert_eq!((d.remaining, d.retry_after), (5, Some(Duration::ZERO)));
         let ok = row(vec![
             Value::Int(0),
             Value::Int(0),
