@@ -36,6 +36,20 @@ pub enum By {
     Header(&'static str),
 }
 
+impl By {
+    /// The key source of this `by` value (`None` for `global`).
+    pub(crate) fn source(self) -> Option<key::Source<'static>> {
+        Some(match self {
+            Self::Global => return None,
+            Self::Ip => key::Source::Ip,
+            Self::Url => key::Source::Url,
+            Self::User => key::Source::User,
+            Self::AppId => key::Source::AppId,
+            Self::Header(name) => key::Source::Header(name),
+        })
+    }
+}
+
 /// One `#[rate_limit]` attribute, as the macro wrote it.
 #[derive(Debug)]
 pub struct Limit {
@@ -67,17 +81,32 @@ impl std::fmt::Debug for Piece<'_> {
 
 /// Renders a `key` template: the only allocation the macro adds per call.
 ///
+/// A template with one argument renders as written. With two or more, each argument is
+/// written as its length in bytes, `~`, then itself, so that no two argument lists render
+/// alike (`"{a}:{b}"` with `a = "x:y", b = "z"` and with `a = "x", b = "y:z"` are two callers,
+/// not one).
+///
 /// ```
 /// use ratelimit_runtime::__private::{render, Piece};
 /// let phone = "+15550100";
 /// assert_eq!(render(&[Piece::Text("sms:"), Piece::Arg(&phone)]), "sms:+15550100");
+/// let (a, b) = ("x:y", "z");
+/// assert_eq!(render(&[Piece::Arg(&a), Piece::Text(":"), Piece::Arg(&b)]), "3~x:y:1~z");
 /// ```
 pub fn render(pieces: &[Piece<'_>]) -> String {
     use std::fmt::Write as _;
+    let framed = pieces.iter().filter(|p| matches!(p, Piece::Arg(_))).count() > 1;
     let mut out = String::new();
     for piece in pieces {
         match piece {
             Piece::Text(t) => out.push_str(t),
+            Piece::Arg(a) if framed => {
+                let start = out.len();
+                let _ = write!(out, "{a}");
+                let len = (out.len() - start).to_string();
+                out.insert_str(start, &len);
+                out.insert(start + len.len(), '~');
+            }
             Piece::Arg(a) => {
                 let _ = write!(out, "{a}");
             }
@@ -101,31 +130,31 @@ pub const fn policy(
     }
 }
 
-/// Builds the keys of `limits` for one caller: `parts(i)` gives limit `i`'s by-value (`None`
-/// for `global`), `keys[i]` its rendered template.
-pub(crate) fn keys_for(
-    limiter: &RateLimiter,
+/// Builds the keys of `limits` for one caller: `templates[i]` is limit `i`'s rendered `key`
+/// template (if any), `by_value(by)` its caller's value for `by` (`None` for `global`), or the
+/// reason the caller cannot be keyed. The one place where a limit's key is put together.
+pub(crate) fn keys_for<'c, E>(
+    prefix: &str,
     limits: &[Limit],
-    keys: &[Option<&str>],
-    by_value: impl Fn(usize) -> Option<Vec<u8>>,
-) -> Vec<String> {
-    let prefix = &limiter.settings().prefix;
+    templates: &[Option<&str>],
+    mut by_value: impl FnMut(By) -> Result<Option<std::borrow::Cow<'c, [u8]>>, E>,
+) -> Result<Vec<String>, E> {
     limits
         .iter()
         .enumerate()
         .map(|(i, limit)| {
-            let by = by_value(i);
-            let mut parts: [&[u8]; 2] = [&[], &[]];
+            let by = by_value(limit.by)?;
+            let mut parts = [key::Part::new(key::Source::Key, &[]); 2];
             let mut n = 0;
-            if let Some(Some(k)) = keys.get(i) {
-                parts[n] = k.as_bytes();
+            if let Some(Some(t)) = templates.get(i) {
+                parts[n] = key::Part::new(key::Source::Key, t.as_bytes());
                 n += 1;
             }
-            if let Some(b) = &by {
-                parts[n] = b;
+            if let (Some(value), Some(source)) = (&by, limit.by.source()) {
+                parts[n] = key::Part::new(source, value);
                 n += 1;
             }
-            key::build(prefix, limit.scope, &parts[..n], &limit.policy)
+            Ok(key::build(prefix, limit.scope, &parts[..n], &limit.policy))
         })
         .collect()
 }
@@ -148,6 +177,9 @@ pub(crate) async fn run(
 /// Plain mode: checks every limit for one call against the process's limiter.
 pub async fn check(limits: &'static [Limit], keys: &[Option<&str>]) -> Result<(), RateLimitError> {
     let limiter = RateLimiter::current();
-    let keys = keys_for(&limiter, limits, keys, |_| None);
+    let Ok(keys) =
+        keys_for::<std::convert::Infallible>(&limiter.settings().prefix, limits, keys, |_| {
+            Ok(None)
+        });
     run(&limiter, limits, &keys).await.map(drop)
 }

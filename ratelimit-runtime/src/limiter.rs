@@ -838,7 +838,7 @@ mod tests {
         fn exit(&self, _: &tracing::span::Id) {}
     }
 
-    const KEY: &str = "ratelimit:{app::login:=203.0.113.7}:fixed:1:60000";
+    const KEY: &str = "ratelimit:{app::login:ip=203.0.113.7}:fixed:1:60000";
 
     fn limiter(store: &Arc<FakeStore>, policy: FailurePolicy) -> RateLimiter {
         RateLimiter::builder()

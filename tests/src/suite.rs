@@ -537,6 +537,39 @@ pub async fn stacked_rejection_consumes_nothing(h: &impl Harness) {
 }
 
 /// Every scenario, for every algorithm where it applies.
+/// One call that names the same key twice applies once per limit, in order, each seeing what
+/// the ones before it took; when the second would not fit, the whole call is rejected and takes
+/// nothing. Every store gives exactly these numbers (issue 10: on Redis the two were evaluated
+/// against the old state and both committed, so the counter passed its limit, the reply failed
+/// and the breaker opened for every key).
+pub async fn same_key_twice_applies_in_order(h: &impl Harness, algo: Algorithm) {
+    let pol = policy(algo, 5, HOUR, 5, 1);
+    let key = key_of(h, &format!("twice-{algo}"), &pol);
+    let twice = [(key.as_str(), &pol), (key.as_str(), &pol)];
+    for n in 1..=2 {
+        let v = check_on(h, 0, &twice).await;
+        assert!(v.is_admitted(), "{algo}: call {n}");
+        let left: Vec<u64> = v.decisions().iter().map(|d| d.remaining).collect();
+        assert_eq!(left, [5 - (2 * n - 1), 5 - 2 * n], "{algo}: call {n}");
+    }
+    // One unit left: the first limit alone would fit, the second not; nothing is taken.
+    for _ in 0..3 {
+        let v = check_on(h, 0, &twice).await;
+        assert!(!v.is_admitted(), "{algo}");
+        let ds = v.decisions();
+        assert!(ds[0].admitted && !ds[1].admitted, "{algo}: {ds:?}");
+        assert_eq!((ds[0].remaining, ds[1].remaining), (1, 1), "{algo}: {ds:?}");
+        assert!(
+            ds[1].retry_after.is_some_and(|r| r > Duration::ZERO),
+            "{algo}: {ds:?}"
+        );
+    }
+    let last = check_one(h, &key, &pol).await;
+    assert!(last.admitted, "{algo}: the rejected calls took nothing");
+    assert_eq!(last.remaining, 0, "{algo}");
+    assert!(!check_one(h, &key, &pol).await.admitted, "{algo}");
+}
+
 pub async fn all(h: &impl Harness) {
     for algo in Algorithm::ALL {
         exactness(h, algo).await;
@@ -549,4 +582,7 @@ pub async fn all(h: &impl Harness) {
         buckets_refill_at_rate(h, algo).await;
     }
     stacked_rejection_consumes_nothing(h).await;
+    for algo in Algorithm::ALL {
+        same_key_twice_applies_in_order(h, algo).await;
+    }
 }

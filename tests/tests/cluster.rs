@@ -187,8 +187,18 @@ async fn stacked_limits_one_slot_atomic_and_across_slots_compensated() {
     let per_hour = policy(Algorithm::Token, 2, HOUR, 2, 1);
     let per_day = policy(Algorithm::Fixed, 3, HOUR * 24, 3, 1);
     let (ks, kd) = (
-        key::build(&run, "sms", &[b"+15550001"], &per_hour),
-        key::build(&run, "sms", &[b"+15550001"], &per_day),
+        key::build(
+            &run,
+            "sms",
+            &[key::Part::new(key::Source::Key, b"+15550001")],
+            &per_hour,
+        ),
+        key::build(
+            &run,
+            "sms",
+            &[key::Part::new(key::Source::Key, b"+15550001")],
+            &per_day,
+        ),
     );
     let slot = cluster.keyslot(&ks).await;
     assert_eq!(slot, cluster.keyslot(&kd).await, "one caller, one slot");
@@ -236,7 +246,12 @@ async fn cross_slot_refunds(
     let scope = format!("api-{algo}");
     let per_ip = policy(algo, 10, HOUR, 10, 1);
     let global = policy(Algorithm::Fixed, 3, HOUR, 3, 1);
-    let ki = key::build(run, &scope, &[b"10.1.2.3"], &per_ip);
+    let ki = key::build(
+        run,
+        &scope,
+        &[key::Part::new(key::Source::Key, b"10.1.2.3")],
+        &per_ip,
+    );
     let kg = key::build(run, &scope, &[], &global);
     assert_ne!(
         cluster.keyslot(&ki).await,
@@ -286,7 +301,12 @@ async fn cross_slot_refunds(
 
     // A new caller against the spent global limit: its first call creates the per-IP key
     // (a window, a log entry, a bucket level), the refund removes it again.
-    let fresh = key::build(run, &scope, &[b"10.9.9.9"], &per_ip);
+    let fresh = key::build(
+        run,
+        &scope,
+        &[key::Part::new(key::Source::Key, b"10.9.9.9")],
+        &per_ip,
+    );
     let v = store
         .check(&[Check::new(&fresh, &per_ip), Check::new(&kg, &global)])
         .await
@@ -317,7 +337,18 @@ async fn across_slots_concurrent_calls_never_over_admit_and_refunds_are_exact() 
     let global = policy(Algorithm::Sliding, 30, HOUR, 30, 1);
     let kg: Arc<str> = key::build(&run, "upload", &[], &global).into();
     let kis: Vec<Arc<str>> = (0..4)
-        .map(|i| key::build(&run, "upload", &[format!("10.0.0.{i}").as_bytes()], &per_ip).into())
+        .map(|i| {
+            key::build(
+                &run,
+                "upload",
+                &[key::Part::new(
+                    key::Source::Key,
+                    format!("10.0.0.{i}").as_bytes(),
+                )],
+                &per_ip,
+            )
+            .into()
+        })
         .collect();
     let mut stores = Vec::new();
     for _ in 0..8 {
@@ -401,7 +432,15 @@ async fn keys_on_every_master(cluster: &RedisCluster, policy: &Policy) -> Vec<(S
         {
             break;
         }
-        let k = key::build(&run, "load", &[format!("user{i}").as_bytes()], policy);
+        let k = key::build(
+            &run,
+            "load",
+            &[key::Part::new(
+                key::Source::Key,
+                format!("user{i}").as_bytes(),
+            )],
+            policy,
+        );
         let port = cluster.master_of_slot(cluster.keyslot(&k).await).await.port;
         let count = per_master.entry(port).or_default();
         if *count < 3 {
@@ -610,7 +649,12 @@ async fn a_cross_slot_check_cut_short_by_a_timeout_still_refunds() {
     let run = format!("t{}", std::process::id());
     let per_ip = policy(Algorithm::Fixed, 100, HOUR, 100, 1);
     let global = policy(Algorithm::Fixed, 1, HOUR, 1, 1);
-    let ki = key::build(&run, "upload", &[b"10.0.0.9"], &per_ip);
+    let ki = key::build(
+        &run,
+        "upload",
+        &[key::Part::new(key::Source::Key, b"10.0.0.9")],
+        &per_ip,
+    );
     let kg = key::build(&run, "upload", &[], &global);
     let (slot_i, slot_g) = (cluster.keyslot(&ki).await, cluster.keyslot(&kg).await);
     assert_ne!(

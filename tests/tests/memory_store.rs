@@ -108,6 +108,17 @@ async fn stacked_rejection_consumes_nothing() {
     suite::stacked_rejection_consumes_nothing(&Memory::new()).await;
 }
 
+per_algorithm!(
+    same_key_twice_applies_in_order,
+    "current_thread",
+    [
+        (same_key_twice_applies_in_order_fixed, Fixed),
+        (same_key_twice_applies_in_order_sliding, Sliding),
+        (same_key_twice_applies_in_order_leaky, Leaky),
+        (same_key_twice_applies_in_order_token, Token)
+    ]
+);
+
 /// The whole suite on one store, several times over on the same multi-thread runtime: the
 /// scenarios do not depend on running alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

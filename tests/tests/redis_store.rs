@@ -118,6 +118,14 @@ async fn suite_stacked_rejection_consumes_nothing() {
     suite::stacked_rejection_consumes_nothing(&h).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_same_key_twice_applies_in_order() {
+    let h = RedisHarness::start("twice").await;
+    for algo in Algorithm::ALL {
+        suite::same_key_twice_applies_in_order(&h, algo).await;
+    }
+}
+
 // ---- helpers ----------------------------------------------------------------------------
 
 fn policy(algo: Algorithm, limit: u64, period: Duration) -> Policy {
@@ -213,7 +221,14 @@ async fn every_key_has_a_ttl_after_ten_thousand_keys() {
                 let ip = format!("10.0.{}.{}", i / 256, i % 256);
                 let keys: Vec<String> = policies
                     .iter()
-                    .map(|p| key::build("ttl", "app::ttl", &[ip.as_bytes()], p))
+                    .map(|p| {
+                        key::build(
+                            "ttl",
+                            "app::ttl",
+                            &[key::Part::new(key::Source::Key, ip.as_bytes())],
+                            p,
+                        )
+                    })
                     .collect();
                 let checks: Vec<Check<'_>> = keys
                     .iter()
@@ -402,8 +417,18 @@ async fn rejected_calls_leave_every_key_unchanged() {
         let tight = policy(a, 2, period);
         let loose = policy(b, 10, period);
         let (tk, lk) = (
-            key::build("dump", "app::stacked", &[a.as_str().as_bytes()], &tight),
-            key::build("dump", "app::stacked", &[a.as_str().as_bytes()], &loose),
+            key::build(
+                "dump",
+                "app::stacked",
+                &[key::Part::new(key::Source::Key, a.as_str().as_bytes())],
+                &tight,
+            ),
+            key::build(
+                "dump",
+                "app::stacked",
+                &[key::Part::new(key::Source::Key, a.as_str().as_bytes())],
+                &loose,
+            ),
         );
         let limits = [(tk.as_str(), &tight), (lk.as_str(), &loose)];
         while check(&store, &limits).await.is_admitted() {}
@@ -429,8 +454,18 @@ async fn stacked_check_is_one_round_trip() {
     let token = policy(Algorithm::Token, 5, Duration::from_secs(1));
     let fixed = policy(Algorithm::Fixed, 100, suite::HOUR);
     let (tk, fk) = (
-        key::build("rt", "app::rt", &[b"u1"], &token),
-        key::build("rt", "app::rt", &[b"u1"], &fixed),
+        key::build(
+            "rt",
+            "app::rt",
+            &[key::Part::new(key::Source::Key, b"u1")],
+            &token,
+        ),
+        key::build(
+            "rt",
+            "app::rt",
+            &[key::Part::new(key::Source::Key, b"u1")],
+            &fixed,
+        ),
     );
     let limits = [(tk.as_str(), &token), (fk.as_str(), &fixed)];
 

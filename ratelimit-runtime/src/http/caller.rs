@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::UserId;
 use super::ip;
 use super::response::{Fields, Refusal, static_rate_fields};
-use crate::__private::{By, Limit};
-use crate::key;
+use crate::__private::{By, Limit, keys_for};
 use crate::limiter::{RateLimiter, Settings};
 use crate::store::Check;
 
@@ -173,29 +172,9 @@ impl HttpCaller {
         limits: &[Limit],
         templates: &[Option<&str>],
     ) -> Result<Vec<String>, Refusal> {
-        limits
-            .iter()
-            .enumerate()
-            .map(|(i, limit)| {
-                let by = self.by_value(limit.by, settings)?;
-                let mut parts: [&[u8]; 2] = [&[], &[]];
-                let mut n = 0;
-                if let Some(Some(t)) = templates.get(i) {
-                    parts[n] = t.as_bytes();
-                    n += 1;
-                }
-                if let Some(b) = &by {
-                    parts[n] = b;
-                    n += 1;
-                }
-                Ok(key::build(
-                    &settings.prefix,
-                    limit.scope,
-                    &parts[..n],
-                    &limit.policy,
-                ))
-            })
-            .collect()
+        keys_for(&settings.prefix, limits, templates, |by| {
+            self.by_value(by, settings)
+        })
     }
 }
 

@@ -431,8 +431,18 @@ mod tests {
     fn limits_of_one_scope_share_a_group_and_other_scopes_split() {
         let p = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(1)).unwrap();
         let q = Policy::new(Algorithm::Token, 9, Duration::from_secs(1)).unwrap();
-        let a1 = crate::key::build("rl", "login", &[b"10.0.0.1"], &p);
-        let a2 = crate::key::build("rl", "login", &[b"10.0.0.1"], &q);
+        let a1 = crate::key::build(
+            "rl",
+            "login",
+            &[crate::key::Part::new(crate::key::Source::Key, b"10.0.0.1")],
+            &p,
+        );
+        let a2 = crate::key::build(
+            "rl",
+            "login",
+            &[crate::key::Part::new(crate::key::Source::Key, b"10.0.0.1")],
+            &q,
+        );
         let global = crate::key::build("rl", "login", &[], &p);
         let checks = [
             Check::new(&a1, &p),

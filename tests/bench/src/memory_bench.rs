@@ -82,7 +82,7 @@ fn governor() -> CheckFn {
 pub fn table(cfg: &Config) -> String {
     let key = |i: usize| {
         let ip = format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255);
-        format!("ratelimit:{{app::login:={ip}}}:fixed:100:60000")
+        format!("ratelimit:{{app::login:ip={ip}}}:fixed:100:60000")
     };
     let hot = Arc::new(vec![key(0)]);
     let many = Arc::new((0..MANY).map(key).collect::<Vec<_>>());
@@ -163,7 +163,7 @@ pub fn profile(what: &str, dur: Duration) -> Result<(), String> {
         (0..n)
             .map(|i| {
                 format!(
-                    "ratelimit:{{app::login:=10.0.{}.{}}}:x:100:60000",
+                    "ratelimit:{{app::login:ip=10.0.{}.{}}}:x:100:60000",
                     i >> 8,
                     i & 255
                 )
