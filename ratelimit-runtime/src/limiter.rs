@@ -37,7 +37,10 @@ pub enum FailurePolicy {
     /// payments), where letting everything through is worse than refusing for a while.
     Deny,
     /// Check the same limits against an in-process memory store until the store answers again:
-    /// the limits still hold, per process (N instances admit up to N times the quota).
+    /// the limits still hold, per process (N instances admit up to N times the quota). When that
+    /// local store is full of live entries ([`StoreError::Full`]), a call that needs a new key
+    /// there is rejected as with [`FailurePolicy::Deny`]: no other caller's local state is
+    /// dropped to make room.
     Local,
 }
 

@@ -1,6 +1,6 @@
 //! The memory store: the shared scenario suite on a manual clock (exact numbers), plus what only
-//! the memory store promises (eviction of idle keys, bounded memory, lock ordering across
-//! shards).
+//! the memory store promises (eviction of idle keys, bounded memory that never forgets a live
+//! caller, lock ordering across shards).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ratelimit_runtime::store::ManualClock;
-use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy, Store};
+use ratelimit_runtime::{
+    Algorithm, Check, FailurePolicy, MemoryStore, Policy, RateLimiter, Store, StoreError,
+};
 use ratelimit_tests::suite::{self, Harness};
 
 /// A memory store on a manual clock: `pass` moves the clock, every connection is the store.
@@ -148,6 +150,7 @@ async fn a_million_idle_keys_are_evicted_without_calls() {
     assert!(
         store
             .check_now(&[Check::new("warm-up", &policies[0])])
+            .unwrap()
             .is_admitted()
     );
     assert!(store.has_janitor());
@@ -163,7 +166,12 @@ async fn a_million_idle_keys_are_evicted_without_calls() {
                     push_decimal(&mut key, i);
                     key.push('}');
                     let p = &policies[usize::try_from(i % 4).unwrap()];
-                    assert!(store.check_now(&[Check::new(&key, p)]).is_admitted());
+                    assert!(
+                        store
+                            .check_now(&[Check::new(&key, p)])
+                            .unwrap()
+                            .is_admitted()
+                    );
                 }
             });
         }
@@ -219,7 +227,12 @@ fn shards_sweep_themselves_on_inserts() {
     for round in 0..10 {
         for i in 0..per_round {
             let key = format!("churn:{round}:{i}");
-            assert!(store.check_now(&[Check::new(&key, &p)]).is_admitted());
+            assert!(
+                store
+                    .check_now(&[Check::new(&key, &p)])
+                    .unwrap()
+                    .is_admitted()
+            );
         }
         most = most.max(store.held());
         assert_eq!(store.len(), per_round, "round {round}");
@@ -230,26 +243,91 @@ fn shards_sweep_themselves_on_inserts() {
     assert!(most <= 2 * per_round + 64 * 64, "held up to {most}");
 }
 
-/// More live keys than `max_keys`: the store stays within the bound, and a key just written
-/// is never the one dropped.
+/// More live keys than `max_keys`: the store stays within the bound, the keys beyond it get
+/// `Full`, and no key it took is ever dropped for another (each is still spent at the end).
 #[test]
 fn memory_is_bounded_by_max_keys() {
     let store = MemoryStore::with_clock(ManualClock::new()).with_max_keys(6400);
     assert_eq!(store.max_keys(), 6400);
     let p = Policy::new(Algorithm::Sliding, 2, suite::HOUR).unwrap();
+    let mut taken = Vec::new();
     for i in 0..100_000 {
         let key = format!("flood:{i}");
         let checks = [Check::new(&key, &p)];
-        assert!(store.check_now(&checks).is_admitted());
-        let second = store.check_now(&checks);
-        assert!(
-            second.is_admitted(),
-            "the key {i} was dropped as soon as written"
-        );
-        assert!(!store.check_now(&checks).is_admitted());
+        match store.check_now(&checks) {
+            Ok(first) => {
+                assert!(first.is_admitted());
+                assert!(store.check_now(&checks).unwrap().is_admitted());
+                assert!(!store.check_now(&checks).unwrap().is_admitted());
+                taken.push(key);
+            }
+            Err(StoreError::Full { max_keys }) => assert_eq!(max_keys, 6400),
+            Err(e) => panic!("{e}"),
+        }
         assert!(store.held() <= 6400);
     }
     assert!(store.held() > 6400 / 2, "the bound is not used at all");
+    assert_eq!(store.held(), taken.len(), "a held key was dropped");
+    for key in &taken {
+        let v = store.check_now(&[Check::new(key, &p)]).unwrap();
+        assert!(!v.is_admitted(), "{key} was reset");
+    }
+}
+
+/// A client minting keys fills the store; through a `RateLimiter`, the new key that does not fit
+/// is answered by the failure policy (allow admits, deny errs) for that call only, while a
+/// spent caller stays rejected and the breaker stays closed. Once the entries go idle the store
+/// takes new keys again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_full_memory_store_is_answered_by_the_failure_policy_and_keeps_spent_callers() {
+    for failure in [FailurePolicy::Allow, FailurePolicy::Deny] {
+        let clock = ManualClock::new();
+        let store = Arc::new(MemoryStore::with_clock(clock.clone()).with_max_keys(64));
+        let limiter = RateLimiter::builder()
+            .shared_store(store.clone())
+            .failure_policy(failure)
+            .build_lazy()
+            .unwrap();
+        let p = Policy::new(Algorithm::Fixed, 2, suite::HOUR).unwrap();
+        let spent = [Check::new("ratelimit:{login:=203.0.113.7}", &p)];
+        assert!(limiter.check(&spent).await.unwrap().is_admitted());
+        assert!(limiter.check(&spent).await.unwrap().is_admitted());
+        assert!(!limiter.check(&spent).await.unwrap().is_admitted());
+
+        let mut refused = 0;
+        for i in 0..2000 {
+            let key = format!("ratelimit:{{login:=minted-{i}}}");
+            let answer = limiter.check(&[Check::new(&key, &p)]).await;
+            match (failure, answer) {
+                (_, Ok(v)) if v.decisions()[0].remaining == 1 => {} // the store's answer
+                (FailurePolicy::Allow, Ok(v)) => {
+                    // The failure policy's answer: admitted, nothing taken.
+                    assert!(v.is_admitted());
+                    assert_eq!(v.decisions()[0].remaining, 2);
+                    refused += 1;
+                }
+                (FailurePolicy::Deny, Err(StoreError::Full { max_keys: 64 })) => refused += 1,
+                (_, other) => panic!("{failure:?} {key}: {other:?}"),
+            }
+            assert!(!limiter.store_failing(), "{failure:?}: the breaker opened");
+        }
+        assert_eq!(store.held(), 64, "{failure:?}: every shard is full");
+        assert_eq!(refused, 2000 - 63, "{failure:?}");
+        assert!(
+            !limiter.check(&spent).await.unwrap().is_admitted(),
+            "{failure:?}: the spent caller was reset"
+        );
+
+        clock.advance(suite::HOUR);
+        let fresh = [Check::new("ratelimit:{login:=fresh}", &p)];
+        let v = limiter.check(&fresh).await.unwrap();
+        assert_eq!(
+            v.decisions()[0].remaining,
+            1,
+            "{failure:?}: the store answers"
+        );
+        assert!(limiter.check(&spent).await.unwrap().is_admitted());
+    }
 }
 
 /// Stacked checks over many keys in different shards, in different orders, from many tasks at
@@ -304,7 +382,7 @@ async fn stacked_checks_across_shards_neither_deadlock_nor_over_admit() {
         assert!(taken <= LIMIT, "key {k} admitted {taken} > {LIMIT}");
         admitted_somewhere += taken;
         // One more call on the key alone shows what is left: exactly LIMIT - taken.
-        let d = store.check_now(&[Check::new(key, &p)]).decisions()[0];
+        let d = store.check_now(&[Check::new(key, &p)]).unwrap().decisions()[0];
         if taken < LIMIT {
             assert!(d.admitted);
             assert_eq!(d.remaining, LIMIT - taken - 1, "key {k}");

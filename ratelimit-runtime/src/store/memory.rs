@@ -12,6 +12,7 @@ use std::time::Duration;
 use hashbrown::HashTable;
 
 use super::{Check, Store, StoreFuture};
+use crate::error::StoreError;
 use crate::policy::{Algorithm, Decision, Policy, Verdict};
 
 /// A monotonic time source for the memory store: the time elapsed since an arbitrary origin.
@@ -151,14 +152,19 @@ const MIN_LEAKY_TTL_NS: u64 = 1_000_000;
 ///   tokio task started at the first check made inside a tokio runtime; it holds only a weak
 ///   reference and ends when the store is dropped. Forgetting an idle entry never changes an
 ///   answer.
-/// * **Memory bounded.** A sliding window keeps at most `num` admission times (as
-///   `(time, count)` pairs), every other entry is a few words. The number of keys is bounded by
-///   [`MemoryStore::with_max_keys`] (default [`DEFAULT_MAX_KEYS`], split evenly over the
-///   shards): when a shard is full and sweeping frees nothing, it drops the eighth of its
-///   entries that would become idle soonest (the ones closest to a fresh state) before adding a
-///   key. Those callers then start over with a fresh quota, so under a flood of distinct keys
-///   the store fails open for the keys nearest to idle rather than growing without bound or
-///   rejecting callers it has no room for.
+/// * **Memory bounded, and no caller's state is ever forgotten for room.** A sliding window
+///   keeps at most `num` admission times (as `(time, count)` pairs), every other entry is a few
+///   words. The number of keys is bounded by [`MemoryStore::with_max_keys`] (default
+///   [`DEFAULT_MAX_KEYS`], split evenly over the shards). Only idle entries are ever removed: a
+///   live entry (a caller who spent part of a quota) stays until its state is back to empty,
+///   however many other keys arrive, so minting keys (header values, IPv6 /64s) never resets
+///   another caller's limit. When a call needs a new key and the key's shard is full of live
+///   entries (after sweeping it), the call is answered [`StoreError::Full`] and changes
+///   nothing: no existing entry is touched, and in a call of several limits no key is written
+///   either. A [`crate::RateLimiter`] answers such a call with its [`crate::FailurePolicy`]
+///   (for that call only; the breaker stays closed) and logs it, throttled. Keys already held
+///   keep working normally while the store is full; new keys fit again as soon as entries go
+///   idle.
 ///
 /// ```
 /// use std::time::Duration;
@@ -169,16 +175,16 @@ const MIN_LEAKY_TTL_NS: u64 = 1_000_000;
 /// let store = MemoryStore::with_clock(clock.clone());
 /// let policy = Policy::new(Algorithm::Fixed, 2, Duration::from_secs(10))?;
 /// let checks = [Check::new("ratelimit:{demo}:fixed:2:10000", &policy)];
-/// assert!(store.check_now(&checks).is_admitted());
-/// assert!(store.check_now(&checks).is_admitted());
-/// let third = store.check_now(&checks);
+/// assert!(store.check_now(&checks)?.is_admitted());
+/// assert!(store.check_now(&checks)?.is_admitted());
+/// let third = store.check_now(&checks)?;
 /// assert!(!third.is_admitted());
 /// assert_eq!(third.retry_after(), Some(Duration::from_secs(10)));
 ///
 /// clock.advance(Duration::from_secs(10));
 /// assert_eq!(store.len(), 0); // the window ended: the entry is idle
-/// assert!(store.check_now(&checks).is_admitted());
-/// # Ok::<(), ratelimit_runtime::PolicyError>(())
+/// assert!(store.check_now(&checks)?.is_admitted());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -251,8 +257,38 @@ impl MemoryStore {
     }
 
     /// Bounds the number of keys held (at least 64; default [`DEFAULT_MAX_KEYS`]). The bound is
-    /// kept per shard (`max_keys / 64` each, rounded up); see the type's "Memory bounded" rule
-    /// for what happens when a shard is full.
+    /// kept per shard (`max_keys / 64` each, rounded up), so a new key can find its shard full
+    /// a little before the whole store is. A full shard never drops a live entry: a call that
+    /// needs a new key there is answered [`StoreError::Full`] until entries go idle (see the
+    /// type's "Memory bounded" rule).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy, StoreError};
+    /// use ratelimit_runtime::store::ManualClock;
+    ///
+    /// let clock = ManualClock::new();
+    /// let store = MemoryStore::with_clock(clock.clone()).with_max_keys(64);
+    /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
+    /// let mut full = 0;
+    /// for i in 0..1000 {
+    ///     let key = format!("minted:{i}");
+    ///     match store.check_now(&[Check::new(&key, &policy)]) {
+    ///         Ok(verdict) => assert!(verdict.is_admitted()),
+    ///         Err(StoreError::Full { max_keys }) => {
+    ///             assert_eq!(max_keys, 64);
+    ///             full += 1;
+    ///         }
+    ///         Err(e) => return Err(e.into()),
+    ///     }
+    /// }
+    /// assert_eq!(store.held(), 64); // one key per shard, none dropped for another
+    /// assert_eq!(full, 1000 - 64);
+    ///
+    /// clock.advance(Duration::from_secs(60)); // every window ended: the entries are idle
+    /// assert!(store.check_now(&[Check::new("new", &policy)])?.is_admitted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[must_use]
     pub fn with_max_keys(self, max_keys: usize) -> Self {
         let per_shard = max_keys.div_ceil(SHARDS).max(1);
@@ -325,12 +361,18 @@ impl MemoryStore {
     /// for anything but its shards' locks.
     ///
     /// `checks` may be empty (the answer is an admitted verdict with no decisions).
-    pub fn check_now(&self, checks: &[Check<'_>]) -> Verdict {
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Full`] when the call would be admitted but needs a new key in a shard full
+    /// of live entries (see the type's "Memory bounded" rule); the call then changes nothing.
+    /// A call on keys already held never fails.
+    pub fn check_now(&self, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
         self.start_janitor();
         match checks {
-            [] => Verdict::new(Vec::new()),
-            [one] => Verdict::new(vec![self.inner.check_one(one)]),
-            many => Verdict::new(self.inner.check_many(many)),
+            [] => Ok(Verdict::new(Vec::new())),
+            [one] => Ok(Verdict::new(vec![self.inner.check_one(one)?])),
+            many => Ok(Verdict::new(self.inner.check_many(many)?)),
         }
     }
 
@@ -355,7 +397,7 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
-        Box::pin(async move { Ok(self.check_now(checks)) })
+        Box::pin(async move { self.check_now(checks) })
     }
 
     fn name(&self) -> &'static str {
@@ -426,8 +468,15 @@ impl Inner {
         self.max_per_shard.load(Ordering::Relaxed)
     }
 
+    /// The error of a call whose new key found its shard full of live entries.
+    fn full(&self) -> StoreError {
+        StoreError::Full {
+            max_keys: self.max_per_shard().saturating_mul(SHARDS),
+        }
+    }
+
     /// One limit: one shard, no allocation but a new key's.
-    fn check_one(&self, check: &Check<'_>) -> Decision {
+    fn check_one(&self, check: &Check<'_>) -> Result<Decision, StoreError> {
         let p = Params::new(check.policy);
         let hash = self.hash(check.key);
         let mut guard = lock(&self.shards[Self::shard_of(hash)]);
@@ -436,7 +485,7 @@ impl Inner {
         // One lookup for a known key: evaluate and write through the same reference.
         if let Some(entry) = shard.map.get_mut(hash, check.key) {
             let base = entry.live(now).then_some(&entry.state);
-            return match take(base, Pending::Untouched, &p, now) {
+            return Ok(match take(base, Pending::Untouched, &p, now) {
                 Ok(pending) => {
                     let (remaining, reset) = numbers(base, pending, &p, now);
                     update(entry, pending, &p, now);
@@ -447,25 +496,28 @@ impl Inner {
                     let (remaining, reset) = numbers(base, Pending::Untouched, &p, now);
                     decision(false, &p, remaining, reset, retry)
                 }
-            };
+            });
         }
         match take(None, Pending::Untouched, &p, now) {
             Ok(pending) => {
+                if !shard.make_room(now, self.max_per_shard(), |_| 1) {
+                    return Err(self.full());
+                }
                 let (remaining, reset) = numbers(None, pending, &p, now);
-                let max = self.max_per_shard();
-                shard.insert(hash, check.key, pending, &p, now, max, &|_| false);
-                decision(true, &p, remaining, reset, 0)
+                shard.insert(hash, check.key, pending, &p, now);
+                Ok(decision(true, &p, remaining, reset, 0))
             }
+            // A rejection writes nothing, so it needs no room.
             Err(retry) => {
                 let (remaining, reset) = numbers(None, Pending::Untouched, &p, now);
-                decision(false, &p, remaining, reset, retry)
+                Ok(decision(false, &p, remaining, reset, retry))
             }
         }
     }
 
     /// Several limits as one call: lock their shards in ascending order, evaluate all, write
-    /// only if all admit.
-    fn check_many(&self, checks: &[Check<'_>]) -> Vec<Decision> {
+    /// only if all admit and every new key fits.
+    fn check_many(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
         let params: Vec<Params> = checks.iter().map(|c| Params::new(c.policy)).collect();
         // Distinct keys ("slots"), each with its shard and what this call would write to it.
         let mut slots: Vec<Slot<'_>> = Vec::with_capacity(checks.len());
@@ -510,8 +562,21 @@ impl Inner {
         }
 
         if outcomes.iter().all(Result::is_ok) {
+            // Room for every new key first, in every shard: all of the call is written or
+            // none of it. Making room only sweeps idle entries, which changes no answer.
             let max = self.max_per_shard();
-            let in_call = |k: &str| slots.iter().any(|s| s.key == k);
+            for (&shard, guard) in order.iter().zip(guards.iter_mut()) {
+                let new_keys = |map: &Map| {
+                    slots
+                        .iter()
+                        .filter(|s| s.shard == shard && !matches!(s.pending, Pending::Untouched))
+                        .filter(|s| map.get(s.hash, s.key).is_none())
+                        .count()
+                };
+                if !guard.make_room(now, max, new_keys) {
+                    return Err(self.full());
+                }
+            }
             for slot in &slots {
                 guards[guard_of(slot.shard)].commit(
                     slot.hash,
@@ -519,18 +584,16 @@ impl Inner {
                     slot.pending,
                     &params[slot.last],
                     now,
-                    max,
-                    &in_call,
                 );
             }
-            params
+            Ok(params
                 .iter()
                 .zip(outcomes.into_iter().flatten())
                 .map(|(p, (remaining, reset))| decision(true, p, remaining, reset, 0))
-                .collect()
+                .collect())
         } else {
             // Nothing is written: every decision reports the state as it is now.
-            checks
+            Ok(checks
                 .iter()
                 .zip(&params)
                 .zip(&slot_of)
@@ -544,7 +607,7 @@ impl Inner {
                         Err(retry) => decision(false, p, remaining, reset, retry),
                     }
                 })
-                .collect()
+                .collect())
         }
     }
 }
@@ -615,18 +678,9 @@ impl Shard {
         before - len
     }
 
-    /// Writes what an admitted call takes under `key` (whose hash is `hash`).
-    #[allow(clippy::too_many_arguments)] // the key's hash travels beside it, computed once
-    fn commit(
-        &mut self,
-        hash: u64,
-        key: &str,
-        pending: Pending,
-        p: &Params,
-        now: u64,
-        max: usize,
-        in_call: &dyn Fn(&str) -> bool,
-    ) {
+    /// Writes what an admitted call takes under `key` (whose hash is `hash`). A key not held
+    /// yet needs room made first ([`Shard::make_room`]).
+    fn commit(&mut self, hash: u64, key: &str, pending: Pending, p: &Params, now: u64) {
         if matches!(pending, Pending::Untouched) {
             return;
         }
@@ -634,67 +688,38 @@ impl Shard {
             update(entry, pending, p, now);
             self.next_idle = self.next_idle.min(entry.idle_at);
         } else {
-            self.insert(hash, key, pending, p, now, max, in_call);
+            self.insert(hash, key, pending, p, now);
         }
     }
 
-    /// Adds a key that is not held yet (`in_call`: keys that must not be evicted for room).
-    #[allow(clippy::too_many_arguments)] // the key's hash travels beside it, computed once
-    fn insert(
-        &mut self,
-        hash: u64,
-        key: &str,
-        pending: Pending,
-        p: &Params,
-        now: u64,
-        max: usize,
-        in_call: &dyn Fn(&str) -> bool,
-    ) {
-        self.make_room(now, max, in_call);
+    /// Adds a key that is not held yet, in room made by [`Shard::make_room`].
+    fn insert(&mut self, hash: u64, key: &str, pending: Pending, p: &Params, now: u64) {
         let entry = written(None, pending, p, now);
         self.next_idle = self.next_idle.min(entry.idle_at);
         self.map.insert(hash, key, entry);
     }
 
-    /// Before a new key: sweep when enough inserts went by, and keep within `max` entries.
-    fn make_room(&mut self, now: u64, max: usize, in_call: &dyn Fn(&str) -> bool) {
-        self.inserts_since_sweep += 1;
-        if self.inserts_since_sweep >= MIN_INSERTS_PER_SWEEP.max(self.len_after_sweep) {
-            self.sweep(now);
+    /// Before adding the keys `new_keys` counts (in the map as it is when called): sweeps when
+    /// enough inserts went by or when they would not fit, and tells whether they fit within
+    /// `max` entries. Only idle entries are ever removed, never a live one: a shard full of
+    /// live entries answers `false` and stays as it was.
+    ///
+    /// `new_keys` is counted again after a sweep, which may have removed idle entries of the
+    /// same call's keys (they then need a slot, in the room their removal made).
+    fn make_room(&mut self, now: u64, max: usize, new_keys: impl Fn(&Map) -> usize) -> bool {
+        let n = new_keys(&self.map);
+        if n == 0 {
+            return true;
         }
-        if self.map.len() < max {
-            return;
+        self.inserts_since_sweep = self.inserts_since_sweep.saturating_add(n);
+        let due = self.inserts_since_sweep >= MIN_INSERTS_PER_SWEEP.max(self.len_after_sweep);
+        if !due && self.map.len().saturating_add(n) <= max {
+            return true;
         }
+        // Costs nothing while no entry can be idle yet (`next_idle`), so a flood of new keys
+        // against a full shard does not scan it on every call.
         self.sweep(now);
-        if self.map.len() < max {
-            return;
-        }
-        // Still full of live entries: drop the eighth that would become idle soonest.
-        let mut idle: Vec<u64> = self
-            .map
-            .iter()
-            .filter(|(k, _)| !in_call(k))
-            .map(|(_, e)| e.idle_at)
-            .collect();
-        if idle.is_empty() {
-            return;
-        }
-        let n = (max / 8).clamp(1, idle.len());
-        let (_, &mut threshold, _) = idle.select_nth_unstable(n - 1);
-        // Remove exactly `n`: everything before the threshold, then ties until `n`.
-        let mut ties = n - idle.iter().filter(|&&t| t < threshold).count();
-        self.map.retain(|k, e| {
-            if e.idle_at > threshold || in_call(k) {
-                true
-            } else if e.idle_at < threshold {
-                false
-            } else if ties > 0 {
-                ties -= 1;
-                false
-            } else {
-                true
-            }
-        });
+        self.map.len().saturating_add(new_keys(&self.map)) <= max
     }
 }
 
@@ -737,6 +762,7 @@ impl Map {
         self.0.retain(|h| keep(&h.key, &h.entry));
     }
 
+    #[cfg(test)]
     fn iter(&self) -> impl Iterator<Item = (&str, &Entry)> {
         self.0.iter().map(|h| (&*h.key, &h.entry))
     }
@@ -1095,7 +1121,7 @@ mod tests {
     }
 
     fn one(store: &MemoryStore, key: &str, p: &Policy) -> Decision {
-        store.check_now(&[Check::new(key, p)]).decisions()[0]
+        store.check_now(&[Check::new(key, p)]).unwrap().decisions()[0]
     }
 
     fn entry(store: &MemoryStore, key: &str) -> Option<Entry> {
@@ -1302,10 +1328,10 @@ mod tests {
         let tight = policy(Algorithm::Fixed, 1, 1000 * MS, 1);
         let mut checks: Vec<Check<'_>> = limits.iter().map(|(k, p)| Check::new(k, p)).collect();
         checks.push(Check::new("tight", &tight));
-        assert!(store.check_now(&checks).is_admitted());
+        assert!(store.check_now(&checks).unwrap().is_admitted());
         clock.advance(50 * MS);
         let before = snapshot(&store);
-        let v = store.check_now(&checks);
+        let v = store.check_now(&checks).unwrap();
         assert!(!v.is_admitted());
         assert_eq!(snapshot(&store), before);
         for d in &v.decisions()[..4] {
@@ -1320,11 +1346,11 @@ mod tests {
             let store = MemoryStore::with_clock(ManualClock::new());
             let p = policy(algo, 3, 1000 * MS, 3);
             let twice = [Check::new("k", &p), Check::new("k", &p)];
-            let v = store.check_now(&twice);
+            let v = store.check_now(&twice).unwrap();
             assert!(v.is_admitted(), "{algo}");
             let left: Vec<u64> = v.decisions().iter().map(|d| d.remaining).collect();
             assert_eq!(left, [2, 1], "{algo}");
-            let v = store.check_now(&twice);
+            let v = store.check_now(&twice).unwrap();
             assert!(!v.is_admitted(), "{algo}");
             assert!(
                 v.decisions()[0].admitted && !v.decisions()[1].admitted,
@@ -1371,12 +1397,12 @@ mod tests {
                 }
             }
             let checks: Vec<Check<'_>> = policies.iter().map(|p| Check::new("s", p)).collect();
-            let v = store.check_now(&checks);
+            let v = store.check_now(&checks).unwrap();
             assert_eq!(v.decisions().len(), policies.len());
         }
         assert_eq!(clock.now(), Duration::from_nanos(u64::MAX));
         let _ = store.sweep();
-        assert!(store.check_now(&[]).is_admitted());
+        assert!(store.check_now(&[]).unwrap().is_admitted());
     }
 
     /// Under tokio's paused time the janitor sweeps on its own, and it ends with the store.
@@ -1431,6 +1457,159 @@ mod tests {
         }
     }
 
+    fn try_one(store: &MemoryStore, key: &str, p: &Policy) -> Result<Decision, StoreError> {
+        store
+            .check_now(&[Check::new(key, p)])
+            .map(|v| v.decisions()[0])
+    }
+
+    /// `n` keys `{prefix}{i}` that live in shard `shard`.
+    fn keys_in_shard(store: &MemoryStore, shard: usize, prefix: &str, n: usize) -> Vec<String> {
+        (0..)
+            .map(|i| format!("{prefix}{i}"))
+            .filter(|k| Inner::shard_of(store.inner.hash(k)) == shard)
+            .take(n)
+            .collect()
+    }
+
+    /// A client minting keys (header values, IPv6 /64s) used to fill a shard and make it drop
+    /// the entries nearest to idle, resetting other callers' spent limits. Now only idle
+    /// entries leave: the minted keys beyond the bound get `Full`, the spent callers stay
+    /// rejected with their state untouched, and the keys already held keep answering.
+    #[test]
+    fn a_full_store_never_evicts_a_spent_caller() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone()).with_max_keys(256);
+        let spent: Vec<(String, Policy)> = Algorithm::ALL
+            .into_iter()
+            .map(|a| (format!("spent:{a}"), policy(a, 2, HOUR, 2)))
+            .collect();
+        for (key, p) in &spent {
+            while try_one(&store, key, p).unwrap().admitted {}
+        }
+        let before: Vec<Option<Entry>> = spent.iter().map(|(k, _)| entry(&store, k)).collect();
+        assert!(before.iter().all(Option::is_some));
+
+        let minted = policy(Algorithm::Fixed, 1, HOUR, 1);
+        let (mut held, mut full) = (Vec::new(), 0);
+        for i in 0..10_000 {
+            let key = format!("minted:{i}");
+            match try_one(&store, &key, &minted) {
+                Ok(d) => {
+                    assert!(d.admitted, "{key}: {d:?}");
+                    held.push(key);
+                }
+                Err(StoreError::Full { max_keys }) => {
+                    assert_eq!(max_keys, 256);
+                    full += 1;
+                }
+                Err(e) => panic!("{key}: {e}"),
+            }
+        }
+        assert_eq!(store.held(), 256, "every shard filled up to its bound");
+        assert_eq!(held.len() + spent.len(), 256);
+        assert_eq!(full, 10_000 - held.len());
+
+        for ((key, p), was) in spent.iter().zip(&before) {
+            let d = try_one(&store, key, p).unwrap();
+            assert!(!d.admitted, "{key} was reset: {d:?}");
+            assert_eq!(&entry(&store, key), was, "{key} changed");
+        }
+        // Keys already held keep working in a full store: never `Full`.
+        for key in &held {
+            assert!(!try_one(&store, key, &minted).unwrap().admitted, "{key}");
+        }
+
+        // An hour on, every entry is back to empty: new keys fit again (one per shard here, so
+        // that none finds its shard full of the new keys themselves).
+        clock.advance(HOUR);
+        for shard in 0..SHARDS {
+            for key in keys_in_shard(&store, shard, "fresh:", 1) {
+                assert!(try_one(&store, &key, &minted).unwrap().admitted, "{key}");
+            }
+        }
+        for (key, p) in &spent {
+            assert!(
+                try_one(&store, key, p).unwrap().admitted,
+                "{key} after its period"
+            );
+        }
+    }
+
+    /// A stacked call whose new keys do not all fit writes none of them, and touches none of
+    /// its known keys; a call that is rejected anyway, or one on known keys only, needs no room.
+    #[test]
+    fn a_stacked_call_whose_new_keys_do_not_fit_writes_nothing() {
+        let clock = ManualClock::new();
+        // Two keys per shard.
+        let store = MemoryStore::with_clock(clock.clone()).with_max_keys(128);
+        let zero = keys_in_shard(&store, 0, "zero:", 3);
+        let (a, b, c) = (&zero[0], &zero[1], &zero[2]);
+        let other = &keys_in_shard(&store, 1, "one:", 1)[0];
+        let quota = policy(Algorithm::Fixed, 3, HOUR, 3);
+        let stacked = |keys: &[&String]| {
+            let checks: Vec<Check<'_>> = keys.iter().map(|k| Check::new(k, &quota)).collect();
+            store.check_now(&checks)
+        };
+        let full =
+            |r: Result<Verdict, StoreError>| matches!(r, Err(StoreError::Full { max_keys: 128 }));
+
+        assert_eq!(try_one(&store, a, &quota).unwrap().remaining, 2);
+        // Shard 0 has room for one more key; this call brings two.
+        let before = snapshot(&store);
+        assert!(full(stacked(&[a, b, c])));
+        assert!(full(stacked(&[b, other, c])));
+        assert_eq!(snapshot(&store), before, "a refused call wrote something");
+        assert_eq!(store.held(), 1);
+
+        // One new key in shard 0, one in shard 1: it fits.
+        let verdict = stacked(&[a, b, other]).unwrap();
+        assert!(verdict.is_admitted());
+        assert_eq!(verdict.decisions()[0].remaining, 1);
+        // Shard 0 is full now: a call bringing `c` is refused, one on known keys is not, even
+        // naming a key twice.
+        let before = snapshot(&store);
+        assert!(full(stacked(&[a, c])));
+        assert_eq!(snapshot(&store), before);
+        let verdict = stacked(&[a, b, b]).unwrap();
+        assert!(verdict.is_admitted());
+        assert_eq!(verdict.decisions()[0].remaining, 0);
+        // Rejected by `a` anyway: nothing would be written, so no room is needed.
+        let verdict = stacked(&[a, c]).unwrap();
+        assert!(!verdict.is_admitted());
+        assert!(verdict.decisions()[1].admitted);
+        assert!(entry(&store, c).is_none());
+
+        // Idle entries make room: once the hour is over, `c` fits beside the swept ones.
+        clock.advance(HOUR);
+        assert!(stacked(&[a, c]).unwrap().is_admitted());
+        assert_eq!(store.len(), 2);
+    }
+
+    /// A shard full of live entries refuses a new key, and one idle entry in it is enough: the
+    /// sweep removes it (and only it) to make room.
+    #[test]
+    fn a_full_shard_makes_room_only_from_idle_entries() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone()).with_max_keys(128);
+        let keys = keys_in_shard(&store, 7, "seven:", 3);
+        let short = policy(Algorithm::Fixed, 5, 1000 * MS, 5);
+        let long = policy(Algorithm::Fixed, 5, HOUR, 5);
+        assert!(try_one(&store, &keys[0], &short).unwrap().admitted);
+        assert!(try_one(&store, &keys[1], &long).unwrap().admitted);
+        assert!(matches!(
+            try_one(&store, &keys[2], &long),
+            Err(StoreError::Full { .. })
+        ));
+        clock.advance(1000 * MS);
+        assert_eq!(try_one(&store, &keys[2], &long).unwrap().remaining, 4);
+        assert!(
+            entry(&store, &keys[0]).is_none(),
+            "the idle entry made room"
+        );
+        assert_eq!(try_one(&store, &keys[1], &long).unwrap().remaining, 3);
+    }
+
     #[test]
     fn stacked_shards_are_locked_in_order_once() {
         let store = MemoryStore::with_clock(ManualClock::new());
@@ -1438,7 +1617,7 @@ mod tests {
         // Many keys, several in the same shard (64 shards, 300 keys).
         let keys: Vec<String> = (0..300).map(|i| format!("key{i}")).collect();
         let checks: Vec<Check<'_>> = keys.iter().map(|k| Check::new(k, &p)).collect();
-        let v = store.check_now(&checks);
+        let v = store.check_now(&checks).unwrap();
         assert!(v.is_admitted());
         assert!(v.decisions().iter().all(|d| d.remaining == 99));
         assert_eq!(store.len(), 300);

@@ -66,7 +66,11 @@ fn ours(algorithm: Algorithm, limit: u64) -> CheckFn {
     let policy =
         Policy::new(algorithm, limit, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"));
     let store = MemoryStore::new();
-    Arc::new(move |key: &String| store.check_now(&[Check::new(key, &policy)]).is_admitted())
+    Arc::new(move |key: &String| {
+        store
+            .check_now(&[Check::new(key, &policy)])
+            .is_ok_and(|v| v.is_admitted())
+    })
 }
 
 fn governor() -> CheckFn {
