@@ -66,13 +66,13 @@ pub enum HeaderStyle {
 #[non_exhaustive]
 pub enum ForwardedHeader {
     /// `X-Forwarded-For: <client>, <proxy1>, …` (several lines are one list), walked right to
-    /// left. The default: nginx (`$proxy_add_x_forwarded_for`), HAProxy (`option forwardfor`),
+    /// left. The default: nginx (`$proxy_add_x_forwarded_for`), `HAProxy` (`option forwardfor`),
     /// Envoy, Traefik, Caddy and the cloud load balancers (AWS ALB, Google Cloud, Azure) write
     /// it.
     #[default]
     XForwardedFor,
     /// RFC 7239 `Forwarded: for=<client>;proto=https, for=…`, walked right to left; only its
-    /// `for=` parameters are read. For proxies configured to write it (HAProxy
+    /// `for=` parameters are read. For proxies configured to write it (`HAProxy`
     /// `option forwarded`, nginx with `proxy_set_header Forwarded …`).
     Forwarded,
     /// `X-Real-IP: <client>`, one address per header line, set by the proxy (nginx
