@@ -25,7 +25,7 @@ pub mod __private;
 
 pub use error::{ConfigError, RateLimitError, StoreError};
 pub use http::UserId;
-pub use limiter::{Builder, FailurePolicy, HeaderStyle, RateLimiter, Settings};
+pub use limiter::{Builder, FailurePolicy, ForwardedHeader, HeaderStyle, RateLimiter, Settings};
 pub use net::IpNet;
 pub use policy::{Algorithm, Decision, Policy, PolicyError, Verdict};
 pub use ratelimit_macros::rate_limit;

@@ -57,6 +57,50 @@ pub enum HeaderStyle {
     Both,
 }
 
+/// The one forwarding header that the application's trusted proxies set, and the only one `by =
+/// "ip"` reads (SPEC §5). Reverse proxies append to (or overwrite) their own header and pass
+/// every other header through from the client untouched, so believing a second header would let
+/// a client name itself: behind an `X-Forwarded-For` proxy, a client sending
+/// `Forwarded: for=<random>` would get a fresh bucket per request.
+///
+/// Set it with [`Builder::forwarded_header`]. From a peer that is not a trusted proxy, no header
+/// is read at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: <client>, <proxy1>, …` (several lines are one list), walked right to
+    /// left. The default: nginx (`$proxy_add_x_forwarded_for`), `HAProxy` (`option forwardfor`),
+    /// Envoy, Traefik, Caddy and the cloud load balancers (AWS ALB, Google Cloud, Azure) write
+    /// it.
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=<client>;proto=https, for=…`, walked right to left; only its
+    /// `for=` parameters are read. For proxies configured to write it (`HAProxy`
+    /// `option forwarded`, nginx with `proxy_set_header Forwarded …`).
+    Forwarded,
+    /// `X-Real-IP: <client>`, one address per header line, set by the proxy (nginx
+    /// `proxy_set_header X-Real-IP $remote_addr`). With several lines, the last that is not a
+    /// trusted proxy wins, as for the lists.
+    XRealIp,
+}
+
+impl ForwardedHeader {
+    /// The header's name, lower-case (`x-forwarded-for`, `forwarded`, `x-real-ip`).
+    ///
+    /// ```
+    /// use ratelimit_runtime::ForwardedHeader;
+    /// assert_eq!(ForwardedHeader::default().name(), "x-forwarded-for");
+    /// assert_eq!(ForwardedHeader::XRealIp.name(), "x-real-ip");
+    /// ```
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::XForwardedFor => "x-forwarded-for",
+            Self::Forwarded => "forwarded",
+            Self::XRealIp => "x-real-ip",
+        }
+    }
+}
+
 /// The default message of a 429 body.
 pub const DEFAULT_MESSAGE: &str = "Too many requests, please try again later.";
 
@@ -69,8 +113,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 pub struct Settings {
     /// Key prefix (default `ratelimit`).
     pub prefix: String,
-    /// Peers whose `X-Forwarded-For` / `Forwarded` / `X-Real-IP` are believed.
+    /// Peers whose forwarding header ([`Settings::forwarded_header`]) is believed. Empty by
+    /// default: the peer of the connection is the client and no header is read.
     pub trusted_proxies: Vec<IpNet>,
+    /// The one header the trusted proxies set (default [`ForwardedHeader::XForwardedFor`]).
+    /// The other forwarding headers are never read, whoever sends them.
+    pub forwarded_header: ForwardedHeader,
     /// IPv6 callers are grouped by this prefix length (default 64).
     pub ipv6_prefix: u8,
     /// Longest wait for the store on one check.
@@ -93,6 +141,7 @@ impl Default for Settings {
         Self {
             prefix: key::DEFAULT_PREFIX.to_owned(),
             trusted_proxies: Vec::new(),
+            forwarded_header: ForwardedHeader::XForwardedFor,
             ipv6_prefix: 64,
             timeout: DEFAULT_TIMEOUT,
             failure_policy: FailurePolicy::Allow,
@@ -194,13 +243,39 @@ impl Builder {
         self
     }
 
-    /// Peers (IP addresses or CIDR blocks) whose forwarding headers are believed.
+    /// Peers (IP addresses or CIDR blocks such as `10.0.0.0/8`) whose forwarding header is
+    /// believed: from one of them, the header named by [`Builder::forwarded_header`] (default
+    /// `X-Forwarded-For`) is walked right to left, skipping hops that are trusted proxies too,
+    /// and the first other hop is the client. From any other peer no header is read. None by
+    /// default; a value that is not an address or block makes the build fail with
+    /// [`ConfigError::InvalidProxy`].
     pub fn trusted_proxies<I, S>(mut self, proxies: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
         self.proxies = proxies.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The one header the trusted proxies set (default [`ForwardedHeader::XForwardedFor`]);
+    /// the other two are ignored, so a client cannot pass its own `Forwarded` or `X-Real-IP`
+    /// through a proxy that only appends to `X-Forwarded-For`. Pick the header your proxies
+    /// *write*, not one they pass through. It matters only with [`Builder::trusted_proxies`].
+    ///
+    /// ```
+    /// use ratelimit_runtime::{ForwardedHeader, RateLimiter};
+    ///
+    /// // nginx in front, with `proxy_set_header X-Real-IP $remote_addr;`
+    /// let limiter = RateLimiter::builder()
+    ///     .trusted_proxies(["10.0.0.0/8", "fd00::/8"])
+    ///     .forwarded_header(ForwardedHeader::XRealIp)
+    ///     .build_lazy()?;
+    /// assert_eq!(limiter.settings().forwarded_header, ForwardedHeader::XRealIp);
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
+    pub fn forwarded_header(mut self, header: ForwardedHeader) -> Self {
+        self.settings.forwarded_header = header;
         self
     }
 

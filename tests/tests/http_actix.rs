@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use actix_web::dev::Service as _;
 use actix_web::{App, HttpMessage as _, HttpResponse, HttpServer, Responder, web};
-use ratelimit_runtime::{RateLimiter, UserId, rate_limit};
+use ratelimit_runtime::{ForwardedHeader, RateLimiter, UserId, rate_limit};
 use serde::Deserialize;
 
 use http_support::{Answer, Backend, client, scenarios, statuses};
@@ -115,6 +115,67 @@ fn start_with(limiter: RateLimiter, as_data: bool) -> String {
 
 async fn start(backend: &Backend, proxies: &[&str]) -> String {
     start_with(backend.limiter(proxies).await, false)
+}
+
+async fn start_behind(backend: &Backend, header: Option<ForwardedHeader>) -> String {
+    start_with(
+        scenarios::limiter_behind_proxy(backend, header).await,
+        false,
+    )
+}
+
+#[actix_web::test]
+async fn actix_a_spoofed_forwarded_header_behind_an_xff_proxy_changes_nothing_memory() {
+    let b = Backend::memory();
+    scenarios::a_spoofed_forwarded_header_behind_an_xff_proxy_changes_nothing(
+        &start_behind(&b, None).await,
+    )
+    .await;
+}
+
+#[actix_web::test]
+async fn actix_a_spoofed_forwarded_header_behind_an_xff_proxy_changes_nothing_redis() {
+    let b = Backend::redis();
+    scenarios::a_spoofed_forwarded_header_behind_an_xff_proxy_changes_nothing(
+        &start_behind(&b, None).await,
+    )
+    .await;
+}
+
+#[actix_web::test]
+async fn actix_a_spoofed_x_forwarded_for_behind_a_forwarded_proxy_changes_nothing_memory() {
+    let b = Backend::memory();
+    scenarios::a_spoofed_x_forwarded_for_behind_a_forwarded_proxy_changes_nothing(
+        &start_behind(&b, Some(ForwardedHeader::Forwarded)).await,
+    )
+    .await;
+}
+
+#[actix_web::test]
+async fn actix_a_spoofed_x_forwarded_for_behind_a_forwarded_proxy_changes_nothing_redis() {
+    let b = Backend::redis();
+    scenarios::a_spoofed_x_forwarded_for_behind_a_forwarded_proxy_changes_nothing(
+        &start_behind(&b, Some(ForwardedHeader::Forwarded)).await,
+    )
+    .await;
+}
+
+#[actix_web::test]
+async fn actix_a_spoofed_forwarded_header_behind_an_x_real_ip_proxy_changes_nothing_memory() {
+    let b = Backend::memory();
+    scenarios::a_spoofed_forwarded_header_behind_an_x_real_ip_proxy_changes_nothing(
+        &start_behind(&b, Some(ForwardedHeader::XRealIp)).await,
+    )
+    .await;
+}
+
+#[actix_web::test]
+async fn actix_a_spoofed_forwarded_header_behind_an_x_real_ip_proxy_changes_nothing_redis() {
+    let b = Backend::redis();
+    scenarios::a_spoofed_forwarded_header_behind_an_x_real_ip_proxy_changes_nothing(
+        &start_behind(&b, Some(ForwardedHeader::XRealIp)).await,
+    )
+    .await;
 }
 
 #[actix_web::test]

@@ -11,7 +11,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use ratelimit_runtime::{HeaderStyle, RateLimiter, UserId, rate_limit};
+use ratelimit_runtime::{ForwardedHeader, HeaderStyle, RateLimiter, UserId, rate_limit};
 use serde::Deserialize;
 
 use http_support::{Answer, Backend, client, client_from, scenarios, serve_axum, statuses};
@@ -87,6 +87,66 @@ fn app(limiter: RateLimiter) -> Router {
 async fn start(backend: &Backend, proxies: &[&str]) -> String {
     let addr = serve_axum(app(backend.limiter(proxies).await), "127.0.0.1").await;
     format!("http://{addr}")
+}
+
+async fn start_behind(backend: &Backend, header: Option<ForwardedHeader>) -> String {
+    let limiter = scenarios::limiter_behind_proxy(backend, header).await;
+    let addr = serve_axum(app(limiter), "127.0.0.1").await;
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn axum_a_spoofed_forwarded_header_behind_an_xff_proxy_changes_nothing_memory() {
+    let b = Backend::memory();
+    scenarios::a_spoofed_forwarded_header_behind_an_xff_proxy_changes_nothing(
+        &start_behind(&b, None).await,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn axum_a_spoofed_forwarded_header_behind_an_xff_proxy_changes_nothing_redis() {
+    let b = Backend::redis();
+    scenarios::a_spoofed_forwarded_header_behind_an_xff_proxy_changes_nothing(
+        &start_behind(&b, None).await,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn axum_a_spoofed_x_forwarded_for_behind_a_forwarded_proxy_changes_nothing_memory() {
+    let b = Backend::memory();
+    scenarios::a_spoofed_x_forwarded_for_behind_a_forwarded_proxy_changes_nothing(
+        &start_behind(&b, Some(ForwardedHeader::Forwarded)).await,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn axum_a_spoofed_x_forwarded_for_behind_a_forwarded_proxy_changes_nothing_redis() {
+    let b = Backend::redis();
+    scenarios::a_spoofed_x_forwarded_for_behind_a_forwarded_proxy_changes_nothing(
+        &start_behind(&b, Some(ForwardedHeader::Forwarded)).await,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn axum_a_spoofed_forwarded_header_behind_an_x_real_ip_proxy_changes_nothing_memory() {
+    let b = Backend::memory();
+    scenarios::a_spoofed_forwarded_header_behind_an_x_real_ip_proxy_changes_nothing(
+        &start_behind(&b, Some(ForwardedHeader::XRealIp)).await,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn axum_a_spoofed_forwarded_header_behind_an_x_real_ip_proxy_changes_nothing_redis() {
+    let b = Backend::redis();
+    scenarios::a_spoofed_forwarded_header_behind_an_x_real_ip_proxy_changes_nothing(
+        &start_behind(&b, Some(ForwardedHeader::XRealIp)).await,
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -1,10 +1,12 @@
 //! The client address of a request (SPEC §5, `by = "ip"`): the peer, or — only when the peer
-//! is a trusted proxy — the right-most untrusted hop of `Forwarded`, `X-Forwarded-For` or
-//! `X-Real-IP`; then the bucket it belongs to (IPv6 grouped by a prefix).
+//! is a trusted proxy — the right-most untrusted hop of the one forwarding header the
+//! application configured ([`ForwardedHeader`]); then the bucket it belongs to (IPv6 grouped by
+//! a prefix).
 
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::limiter::Settings;
+use crate::limiter::{ForwardedHeader, Settings};
 use crate::net::{IpNet, canonical};
 
 /// Where the forwarding headers of one request are read from.
@@ -36,11 +38,16 @@ impl ForwardingHeaders for [(&str, &[u8])] {
 ///
 /// `peer` is the address of the connection. Unless it is one of `settings.trusted_proxies`,
 /// it is the answer and no header is read: with no trusted proxies configured, spoofed headers
-/// change nothing. From a trusted peer, the hops listed by `Forwarded` (RFC 7239 `for=`), else
-/// `X-Forwarded-For`, else `X-Real-IP` are walked right to left, and the first hop that is not
-/// itself a trusted proxy is the client. A hop that cannot be read (`unknown`, an obfuscated
-/// identifier, garbage) stops the walk at the last trusted address; when every hop is trusted,
-/// the left-most one is the client. IPv4-mapped IPv6 addresses count as IPv4.
+/// change nothing. From a trusted peer, only the header `settings.forwarded_header` is read —
+/// the hops of `X-Forwarded-For`, the `for=` nodes of RFC 7239 `Forwarded`, or the `X-Real-IP`
+/// lines — and walked right to left: the first hop that is not itself a trusted proxy is the
+/// client. The other two headers are ignored, whatever they hold (proxies pass them through
+/// from the client). A hop that cannot be read (`unknown`, an obfuscated identifier, garbage)
+/// stops the walk at the last trusted address; when every hop is trusted, the left-most one is
+/// the client. IPv4-mapped IPv6 addresses count as IPv4.
+///
+/// A peer in a loopback or private range that sends a forwarding header while no trusted proxy
+/// is configured is warned about once per process ([`hint_unconfigured_proxy`]).
 pub(crate) fn client_ip<H: ForwardingHeaders + ?Sized>(
     peer: IpAddr,
     headers: &H,
@@ -48,23 +55,23 @@ pub(crate) fn client_ip<H: ForwardingHeaders + ?Sized>(
 ) -> IpAddr {
     let peer = canonical(peer);
     if !settings.is_trusted_proxy(peer) {
+        if settings.trusted_proxies.is_empty() {
+            hint_unconfigured_proxy(&PROXY_HINT_LOGGED, peer, headers);
+        }
         return peer;
     }
+    let header = settings.forwarded_header;
     let mut hops: Vec<Option<IpAddr>> = Vec::new();
-    for value in headers.values("forwarded") {
-        for element in split_quoted(value, b',') {
-            hops.push(forwarded_for(element));
+    for value in headers.values(header.name()) {
+        match header {
+            ForwardedHeader::XForwardedFor => {
+                hops.extend(value.split(|&b| b == b',').map(parse_node));
+            }
+            ForwardedHeader::Forwarded => {
+                hops.extend(split_quoted(value, b',').map(forwarded_for));
+            }
+            ForwardedHeader::XRealIp => hops.push(parse_node(value)),
         }
-    }
-    if hops.is_empty() {
-        for value in headers.values("x-forwarded-for") {
-            hops.extend(value.split(|&b| b == b',').map(parse_node));
-        }
-    }
-    if hops.is_empty()
-        && let Some(value) = headers.values("x-real-ip").first().copied()
-    {
-        hops.push(parse_node(value));
     }
     let mut client = peer;
     for hop in hops.iter().rev() {
@@ -77,6 +84,68 @@ pub(crate) fn client_ip<H: ForwardingHeaders + ?Sized>(
         }
     }
     client
+}
+
+/// Set once the unconfigured-proxy warning was written: it is written once per process.
+static PROXY_HINT_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// Every forwarding header, whichever one the application configured.
+const FORWARDING_HEADERS: [ForwardedHeader; 3] = [
+    ForwardedHeader::XForwardedFor,
+    ForwardedHeader::Forwarded,
+    ForwardedHeader::XRealIp,
+];
+
+const UNCONFIGURED_PROXY: &str = "a request from a loopback or private-network address carries a forwarding header, \
+     but no trusted proxy is configured: this application looks like it runs behind a reverse proxy, \
+     so `by = \"ip\"` sees the proxy's address and every client shares one bucket. \
+     Configure the proxy's addresses with `RateLimiter::builder().trusted_proxies([\"10.0.0.0/8\"])` \
+     and, unless it sets X-Forwarded-For, the header it sets with `.forwarded_header(ForwardedHeader::Forwarded)` \
+     or `ForwardedHeader::XRealIp` (logged once per process)";
+
+/// Writes one warning, the first time `peer` is a loopback or private-network address
+/// ([`is_internal`]) and the request carries `Forwarded`, `X-Forwarded-For` or `X-Real-IP`;
+/// the caller calls it only when no trusted proxy is configured. Returns whether it wrote the
+/// warning. Once `logged` is set this is one relaxed load. The event names the header, never
+/// its value nor the address.
+fn hint_unconfigured_proxy<H: ForwardingHeaders + ?Sized>(
+    logged: &AtomicBool,
+    peer: IpAddr,
+    headers: &H,
+) -> bool {
+    if logged.load(Ordering::Relaxed) || !is_internal(peer) {
+        return false;
+    }
+    let Some(header) = FORWARDING_HEADERS
+        .iter()
+        .find(|h| !headers.values(h.name()).is_empty())
+    else {
+        return false;
+    };
+    if logged.swap(true, Ordering::Relaxed) {
+        return false;
+    }
+    tracing::warn!(header = header.name(), "{UNCONFIGURED_PROXY}");
+    true
+}
+
+/// Whether `ip` is where a reverse proxy in front of the application would connect from: IPv4
+/// loopback, private (RFC 1918), link-local or shared (CGNAT, `100.64.0.0/10`); IPv6 loopback,
+/// unique-local (`fc00::/7`) or link-local (`fe80::/10`). IPv4-mapped addresses count as IPv4.
+fn is_internal(ip: IpAddr) -> bool {
+    match canonical(ip) {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || (a == 100 && (b & 0xc0) == 64)
+        }
+        IpAddr::V6(v6) => {
+            let first = v6.segments()[0];
+            v6.is_loopback() || (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfe80
+        }
+    }
 }
 
 /// The bucket of a client address, as written into keys: an IPv4 address as itself, an IPv6
@@ -167,6 +236,16 @@ mod tests {
     use super::*;
     use crate::RateLimiter;
 
+    fn settings_for(proxies: &[&str], header: ForwardedHeader) -> Settings {
+        RateLimiter::builder()
+            .trusted_proxies(proxies.iter().copied())
+            .forwarded_header(header)
+            .build_lazy()
+            .unwrap()
+            .settings()
+            .clone()
+    }
+
     fn settings(proxies: &[&str], v6: u8) -> Settings {
         RateLimiter::builder()
             .trusted_proxies(proxies.iter().copied())
@@ -187,15 +266,27 @@ mod tests {
 
     #[test]
     fn an_untrusted_peer_is_the_client_whatever_the_headers_say() {
-        let s = settings(&[], 64);
         let spoof: &[(&str, &[u8])] = &[
             ("x-forwarded-for", b"1.2.3.4"),
             ("forwarded", b"for=5.6.7.8"),
             ("x-real-ip", b"9.9.9.9"),
         ];
-        assert_eq!(resolve("10.0.0.1", spoof, &s), ip("10.0.0.1"));
+        for header in FORWARDING_HEADERS {
+            let s = settings_for(&[], header);
+            assert_eq!(resolve("10.0.0.1", spoof, &s), ip("10.0.0.1"));
+            let s = settings_for(&["10.0.0.0/8"], header);
+            assert_eq!(resolve("192.0.2.1", spoof, &s), ip("192.0.2.1"));
+        }
+    }
+
+    #[test]
+    fn x_forwarded_for_is_the_default_header() {
+        assert_eq!(
+            Settings::default().forwarded_header,
+            ForwardedHeader::XForwardedFor
+        );
         let s = settings(&["10.0.0.0/8"], 64);
-        assert_eq!(resolve("192.0.2.1", spoof, &s), ip("192.0.2.1"));
+        assert_eq!(s.forwarded_header, ForwardedHeader::XForwardedFor);
     }
 
     #[test]
@@ -217,23 +308,42 @@ mod tests {
         assert_eq!(resolve("10.0.0.1", bad, &s), ip("10.2.2.2"));
         // No header at all: the peer.
         assert_eq!(resolve("10.0.0.1", &[], &s), ip("10.0.0.1"));
-        // X-Real-IP as the last resort.
-        let real: &[(&str, &[u8])] = &[("x-real-ip", b" 203.0.113.9 ")];
-        assert_eq!(resolve("10.0.0.1", real, &s), ip("203.0.113.9"));
         // IPv6 peers and hops, with ports.
         let v6: &[(&str, &[u8])] = &[("x-forwarded-for", b"[2001:db8::7]:443, fd00::2")];
         assert_eq!(resolve("fd00::1", v6, &s), ip("2001:db8::7"));
     }
 
+    /// What `main` got wrong: `Forwarded` won over `X-Forwarded-For`, so behind an XFF proxy a
+    /// client's own `Forwarded: for=<random>` named a fresh client per request.
     #[test]
-    fn forwarded_is_read_per_rfc_7239_and_wins_over_x_forwarded_for() {
+    fn a_spoofed_forwarded_header_behind_an_xff_proxy_changes_nothing() {
         let s = settings(&["10.0.0.0/8"], 64);
+        let proxied: &[(&str, &[u8])] = &[("x-forwarded-for", b"203.0.113.7")];
+        let spoofed: &[(&str, &[u8])] = &[
+            ("forwarded", b"for=198.51.100.1"),
+            ("x-forwarded-for", b"203.0.113.7"),
+            ("x-real-ip", b"198.51.100.2"),
+        ];
+        assert_eq!(resolve("10.0.0.1", proxied, &s), ip("203.0.113.7"));
+        assert_eq!(resolve("10.0.0.1", spoofed, &s), ip("203.0.113.7"));
+        // Without the configured header, the others are not a fallback: the peer.
+        let only_others: &[(&str, &[u8])] = &[
+            ("forwarded", b"for=198.51.100.1"),
+            ("x-real-ip", b"198.51.100.2"),
+        ];
+        assert_eq!(resolve("10.0.0.1", only_others, &s), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn forwarded_is_read_per_rfc_7239_only_when_configured() {
+        let s = settings_for(&["10.0.0.0/8"], ForwardedHeader::Forwarded);
         let h: &[(&str, &[u8])] = &[
             (
                 "forwarded",
                 b"for=6.6.6.6, For=\"[2001:db8:cafe::17]:4711\";proto=https, for=10.0.0.9",
             ),
             ("x-forwarded-for", b"7.7.7.7"),
+            ("x-real-ip", b"8.8.8.8"),
         ];
         assert_eq!(resolve("10.0.0.1", h, &s), ip("2001:db8:cafe::17"));
         let port: &[(&str, &[u8])] = &[("forwarded", b"proto=http;for=\"192.0.2.60:8080\"")];
@@ -246,6 +356,35 @@ mod tests {
         assert_eq!(resolve("10.0.0.1", unknown, &s), ip("10.0.0.1"));
         let hidden: &[(&str, &[u8])] = &[("forwarded", b"for=_hidden;by=10.0.0.1")];
         assert_eq!(resolve("10.0.0.1", hidden, &s), ip("10.0.0.1"));
+        // A client's own X-Forwarded-For / X-Real-IP behind a Forwarded proxy: ignored.
+        let spoof: &[(&str, &[u8])] = &[("x-forwarded-for", b"7.7.7.7"), ("x-real-ip", b"8.8.8.8")];
+        assert_eq!(resolve("10.0.0.1", spoof, &s), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn x_real_ip_is_read_only_when_configured() {
+        let s = settings_for(&["10.0.0.0/8"], ForwardedHeader::XRealIp);
+        let real: &[(&str, &[u8])] = &[
+            ("x-real-ip", b" 203.0.113.9 "),
+            ("forwarded", b"for=198.51.100.1"),
+            ("x-forwarded-for", b"198.51.100.2"),
+        ];
+        assert_eq!(resolve("10.0.0.1", real, &s), ip("203.0.113.9"));
+        // Several lines (a proxy that adds instead of setting): right to left, as the lists.
+        let lines: &[(&str, &[u8])] = &[
+            ("x-real-ip", b"198.51.100.9"),
+            ("x-real-ip", b"203.0.113.9"),
+            ("x-real-ip", b"10.7.7.7"),
+        ];
+        assert_eq!(resolve("10.0.0.1", lines, &s), ip("203.0.113.9"));
+        // A list is not one address: the walk stops at the peer.
+        let list: &[(&str, &[u8])] = &[("x-real-ip", b"198.51.100.9, 203.0.113.9")];
+        assert_eq!(resolve("10.0.0.1", list, &s), ip("10.0.0.1"));
+        let spoof: &[(&str, &[u8])] = &[
+            ("forwarded", b"for=198.51.100.1"),
+            ("x-forwarded-for", b"198.51.100.2"),
+        ];
+        assert_eq!(resolve("10.0.0.1", spoof, &s), ip("10.0.0.1"));
     }
 
     #[test]
@@ -289,5 +428,253 @@ mod tests {
         assert_eq!(parse_node(b"\""), None);
         let parts: Vec<&[u8]> = split_quoted(b"a,\"b,\\\"c\",", b',').collect();
         assert_eq!(parts, [&b"a"[..], b"\"b,\\\"c\"", b""]);
+        // A trailing escape inside quotes runs past the end: no panic.
+        let parts: Vec<&[u8]> = split_quoted(b"\"a\\", b',').collect();
+        assert_eq!(parts, [&b"\"a\\"[..]]);
+    }
+
+    #[test]
+    fn internal_ranges_are_the_ones_a_proxy_connects_from() {
+        for internal in [
+            "127.0.0.1",
+            "127.255.0.9",
+            "10.1.2.3",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "169.254.0.7",
+            "100.64.0.1",
+            "100.127.255.255",
+            "::1",
+            "fc00::1",
+            "fd12:3456::1",
+            "fe80::1",
+            "febf::1",
+            "::ffff:10.0.0.1",
+            "::ffff:127.0.0.1",
+        ] {
+            assert!(is_internal(ip(internal)), "{internal}");
+        }
+        for public in [
+            "8.8.8.8",
+            "172.32.0.1",
+            "172.15.255.255",
+            "192.169.0.1",
+            "100.63.255.255",
+            "100.128.0.0",
+            "203.0.113.7",
+            "2001:db8::1",
+            "fec0::1",
+            "fbff::1",
+            "::ffff:8.8.8.8",
+            "::",
+        ] {
+            assert!(!is_internal(ip(public)), "{public}");
+        }
+    }
+
+    /// An application behind a proxy it did not configure: every client has the proxy's
+    /// address. One warning, the first time; never for public peers, never without a header.
+    #[test]
+    fn a_private_peer_with_forwarding_headers_and_no_trusted_proxy_is_warned_about_once() {
+        let logged = AtomicBool::new(false);
+        let xff: &[(&str, &[u8])] = &[("X-Forwarded-For", b"203.0.113.7")];
+        let none: &[(&str, &[u8])] = &[("x-api-key", b"k")];
+        assert!(!hint_unconfigured_proxy(&logged, ip("203.0.113.1"), xff));
+        assert!(!hint_unconfigured_proxy(&logged, ip("10.0.0.1"), none));
+        assert!(!logged.load(Ordering::Relaxed));
+        assert!(hint_unconfigured_proxy(&logged, ip("10.0.0.1"), xff));
+        assert!(logged.load(Ordering::Relaxed));
+        assert!(!hint_unconfigured_proxy(&logged, ip("10.0.0.1"), xff));
+        assert!(!hint_unconfigured_proxy(&logged, ip("::1"), xff));
+        // Each of the three headers, IPv6 and mapped peers.
+        for (peer, header) in [
+            ("127.0.0.1", "forwarded"),
+            ("::1", "x-real-ip"),
+            ("::ffff:192.168.0.2", "x-forwarded-for"),
+            ("fd00::7", "Forwarded"),
+        ] {
+            let logged = AtomicBool::new(false);
+            let h: &[(&str, &[u8])] = &[(header, b"for=203.0.113.7")];
+            assert!(
+                hint_unconfigured_proxy(&logged, ip(peer), h),
+                "{peer} {header}"
+            );
+        }
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        const HEADERS: [&str; 3] = ["x-forwarded-for", "forwarded", "x-real-ip"];
+
+        fn header_kind() -> impl Strategy<Value = ForwardedHeader> {
+            prop_oneof![
+                Just(ForwardedHeader::XForwardedFor),
+                Just(ForwardedHeader::Forwarded),
+                Just(ForwardedHeader::XRealIp),
+            ]
+        }
+
+        /// Addresses inside and outside the trusted networks below, IPv4, IPv6 and mapped.
+        fn address() -> impl Strategy<Value = String> {
+            prop_oneof![
+                (0u8..4, any::<u8>()).prop_map(|(a, b)| format!("10.0.{a}.{b}")),
+                (0u8..4, any::<u8>()).prop_map(|(a, b)| format!("203.0.{a}.{b}")),
+                any::<u8>().prop_map(|b| format!("::ffff:10.0.0.{b}")),
+                any::<u16>().prop_map(|b| format!("fd00::{b:x}")),
+                any::<u16>().prop_map(|b| format!("2001:db8::{b:x}")),
+            ]
+        }
+
+        /// One hop as proxies (and attackers) write it: bare, with a port, bracketed, quoted,
+        /// as a `for=` pair, or garbage.
+        fn hop() -> impl Strategy<Value = String> {
+            prop_oneof![
+                address(),
+                (address(), any::<u16>()).prop_map(|(a, p)| if a.contains(':') {
+                    format!("[{a}]:{p}")
+                } else {
+                    format!("{a}:{p}")
+                }),
+                address().prop_map(|a| format!("\"{a}\"")),
+                address().prop_map(|a| format!("for={a}")),
+                address().prop_map(|a| format!("for=\"[{a}]\";proto=https")),
+                Just("unknown".to_owned()),
+                Just("for=_hidden".to_owned()),
+                "[ -~]{0,12}",
+            ]
+        }
+
+        /// A header line: any bytes, or a list of realistic hops with any separators.
+        fn line() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..48),
+                (
+                    proptest::collection::vec(hop(), 0..5),
+                    prop_oneof![Just(", "), Just(","), Just(";"), Just(" ")]
+                )
+                    .prop_map(|(hops, sep)| hops.join(sep).into_bytes()),
+            ]
+        }
+
+        fn lines() -> impl Strategy<Value = Vec<Vec<u8>>> {
+            proptest::collection::vec(line(), 0..3)
+        }
+
+        fn peer() -> impl Strategy<Value = IpAddr> {
+            prop_oneof![
+                any::<u8>().prop_map(|b| IpAddr::from([10, 0, 0, b])),
+                any::<u8>().prop_map(|b| IpAddr::from([198, 51, 100, b])),
+                any::<u16>().prop_map(|b| IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, b))),
+                any::<u8>().prop_map(|b| IpAddr::V6(Ipv4Addr::new(10, 0, 0, b).to_ipv6_mapped())),
+                any::<[u8; 16]>().prop_map(|b| IpAddr::V6(Ipv6Addr::from(b))),
+            ]
+        }
+
+        use std::net::Ipv4Addr;
+
+        /// Every address that some contiguous run of `line`'s bytes spells, canonical.
+        fn spelled(line: &[u8]) -> Vec<IpAddr> {
+            let mut found = Vec::new();
+            for start in 0..line.len() {
+                for end in start + 1..=line.len().min(start + 45) {
+                    if let Ok(text) = std::str::from_utf8(&line[start..end])
+                        && let Ok(ip) = text.parse::<IpAddr>()
+                    {
+                        found.push(canonical(ip));
+                    }
+                }
+            }
+            found
+        }
+
+        fn headers<'a>(
+            by_name: &'a [(&'static str, Vec<Vec<u8>>)],
+            only: Option<&str>,
+        ) -> Vec<(&'static str, &'a [u8])> {
+            by_name
+                .iter()
+                .filter(|(name, _)| only.is_none_or(|o| o == *name))
+                .flat_map(|(name, lines)| lines.iter().map(move |l| (*name, l.as_slice())))
+                .collect()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Any bytes in any of the headers, any peer, any configured header, with or
+            /// without trusted proxies: no panic; an untrusted peer is the client; from a
+            /// trusted peer the client is the peer or an address the configured header spells,
+            /// and the other two headers change nothing.
+            #[test]
+            fn forwarding_headers_never_panic_and_only_the_configured_one_counts(
+                peer in peer(),
+                kind in header_kind(),
+                trusting in any::<bool>(),
+                xff in lines(),
+                fwd in lines(),
+                real in lines(),
+            ) {
+                let proxies: &[&str] = if trusting { &["10.0.0.0/8", "fd00::/8"] } else { &[] };
+                let s = settings_for(proxies, kind);
+                let by_name = [(HEADERS[0], xff), (HEADERS[1], fwd), (HEADERS[2], real)];
+                let all = headers(&by_name, None);
+                let client = client_ip(peer, all.as_slice(), &s);
+                let peer = canonical(peer);
+                if s.is_trusted_proxy(peer) {
+                    let configured = headers(&by_name, Some(kind.name()));
+                    prop_assert_eq!(client, client_ip(peer, configured.as_slice(), &s));
+                    let spelled: Vec<IpAddr> =
+                        configured.iter().flat_map(|(_, l)| spelled(l)).collect();
+                    prop_assert!(
+                        client == peer || spelled.contains(&client),
+                        "{client} is neither the peer nor in {:?}",
+                        configured
+                    );
+                } else {
+                    prop_assert_eq!(client, peer);
+                }
+                // The lenient helpers hold on their own too.
+                for (_, l) in &all {
+                    let _ = parse_node(l);
+                    let _ = forwarded_for(l);
+                    prop_assert!(split_quoted(l, b',').count() <= l.len() + 1);
+                }
+            }
+
+            /// Hops that are all trusted but one: that one is the client, wherever it stands,
+            /// as long as only trusted hops are to its right.
+            #[test]
+            fn the_right_most_untrusted_hop_is_the_client(
+                kind in header_kind(),
+                left in proptest::collection::vec(address(), 0..3),
+                client in (0u8..4, any::<u8>()).prop_map(|(a, b)| IpAddr::from([203, 0, a, b])),
+                right in proptest::collection::vec(any::<u8>().prop_map(|b| format!("10.9.0.{b}")), 0..3),
+            ) {
+                let s = settings_for(&["10.0.0.0/8"], kind);
+                let hops: Vec<String> = left
+                    .iter()
+                    .cloned()
+                    .chain(std::iter::once(client.to_string()))
+                    .chain(right.iter().cloned())
+                    .collect();
+                let lines: Vec<Vec<u8>> = match kind {
+                    ForwardedHeader::XForwardedFor => vec![hops.join(", ").into_bytes()],
+                    ForwardedHeader::Forwarded => vec![
+                        hops.iter()
+                            .map(|h| if h.contains(':') { format!("for=\"[{h}]\"") } else { format!("for={h}") })
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                            .into_bytes(),
+                    ],
+                    ForwardedHeader::XRealIp => hops.iter().map(|h| h.clone().into_bytes()).collect(),
+                };
+                let h: Vec<(&str, &[u8])> = lines.iter().map(|l| (kind.name(), l.as_slice())).collect();
+                prop_assert_eq!(client_ip(IpAddr::from([10, 0, 0, 1]), h.as_slice(), &s), client);
+            }
+        }
     }
 }

@@ -23,11 +23,13 @@
 //!
 //! * `ip` — the peer address of the connection. Axum needs the router served with
 //!   `into_make_service_with_connect_info::<SocketAddr>()`; without it every limited request
-//!   gets a 500 that says so (logged once). `Forwarded`, `X-Forwarded-For` and `X-Real-IP` are
-//!   read **only when the peer is one of the configured trusted proxies**
-//!   ([`crate::Builder::trusted_proxies`]), walking right to left to the first untrusted hop;
-//!   with no trusted proxies, spoofed headers change nothing. IPv6 clients are grouped by
-//!   their /64 ([`crate::Builder::ipv6_prefix`]).
+//!   gets a 500 that says so (logged once). A forwarding header is read **only when the peer is
+//!   one of the configured trusted proxies** ([`crate::Builder::trusted_proxies`]), and only the
+//!   one header they set ([`crate::Builder::forwarded_header`]: `X-Forwarded-For` by default,
+//!   `Forwarded` or `X-Real-IP` by choice), walking right to left to the first untrusted hop;
+//!   with no trusted proxies, spoofed headers change nothing. A loopback or private-network
+//!   peer sending forwarding headers while no proxy is trusted is warned about once per
+//!   process. IPv6 clients are grouped by their /64 ([`crate::Builder::ipv6_prefix`]).
 //! * `url` — the request path, without the query.
 //! * `user` — the [`UserId`] that the application's auth layer put in the request extensions;
 //!   missing: 401.
@@ -136,9 +138,10 @@ impl From<String> for UserId {
 }
 
 /// The address that identifies the client of a request, as `by = "ip"` computes it before
-/// grouping: `peer` itself unless it is a trusted proxy, else the right-most hop of
-/// `Forwarded` (RFC 7239 `for=`), `X-Forwarded-For` or `X-Real-IP` that is not a trusted proxy.
-/// IPv4-mapped IPv6 addresses are returned as IPv4.
+/// grouping: `peer` itself unless it is a trusted proxy, else the right-most hop that is not a
+/// trusted proxy in the one header [`crate::Settings::forwarded_header`] names
+/// (`X-Forwarded-For` by default; `Forwarded`'s RFC 7239 `for=` nodes, or `X-Real-IP`). The
+/// other forwarding headers are never read. IPv4-mapped IPv6 addresses are returned as IPv4.
 ///
 /// ```
 /// # #[cfg(any(feature = "axum", feature = "actix"))] {
@@ -152,6 +155,10 @@ impl From<String> for UserId {
 /// // An untrusted peer is the client, whatever it sends.
 /// let peer = "198.51.100.1".parse().unwrap();
 /// assert_eq!(client_ip(peer, &headers, limiter.settings()).to_string(), "198.51.100.1");
+/// // A client's own `Forwarded`, passed through by an X-Forwarded-For proxy, changes nothing.
+/// headers.insert("forwarded", "for=192.0.2.99".parse().unwrap());
+/// let peer = "10.0.0.1".parse().unwrap();
+/// assert_eq!(client_ip(peer, &headers, limiter.settings()).to_string(), "203.0.113.7");
 /// # }
 /// ```
 #[cfg(any(feature = "axum", feature = "actix"))]

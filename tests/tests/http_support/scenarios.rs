@@ -11,9 +11,12 @@
 //! | `GET /keyed` | fixed 2/60 s by header:x-api-key |
 //! | `GET /ip` | fixed 2/60 s by ip |
 
+use std::time::Duration;
+
+use ratelimit_runtime::{FailurePolicy, ForwardedHeader, RateLimiter};
 use reqwest::header::HeaderValue;
 
-use super::{Answer, client, client_from, param, statuses};
+use super::{Answer, Backend, client, client_from, param, statuses};
 
 async fn get(c: &reqwest::Client, url: String) -> Answer {
     Answer::from(c.get(url).send().await.expect("send")).await
@@ -128,7 +131,8 @@ pub async fn spoofing_changes_nothing(base: &str) {
     assert_eq!(got, [200, 200, 429, 429]);
 }
 
-/// The server's limiter trusts 127.0.0.1: from it, the right-most untrusted hop is the key.
+/// The server's limiter trusts 127.0.0.1 (default header, `X-Forwarded-For`): from it, the
+/// right-most untrusted hop is the key. The other headers: [`only_the_configured_header_counts`].
 pub async fn trusted_proxy_right_most_untrusted_hop(base: &str) {
     let proxy = client();
     let via = |xff: &str| {
@@ -144,15 +148,6 @@ pub async fn trusted_proxy_right_most_untrusted_hop(base: &str) {
     assert_eq!(statuses(1, || via("203.0.113.5, 127.0.0.1")).await, [429]);
     // Another client.
     assert_eq!(statuses(2, || via("203.0.113.6")).await, [200, 200]);
-    // RFC 7239 Forwarded, quoted with a port.
-    let fwd = |f: &str| proxy.get(format!("{base}/ip")).header("forwarded", f);
-    assert_eq!(
-        statuses(3, || fwd("for=\"198.51.100.7:4711\";proto=https")).await,
-        [200, 200, 429]
-    );
-    // X-Real-IP.
-    let real = |f: &str| proxy.get(format!("{base}/ip")).header("x-real-ip", f);
-    assert_eq!(statuses(1, || real("198.51.100.7")).await, [429]);
     // From an untrusted peer the headers are ignored: 127.0.0.2 is its own client.
     let direct = client_from("127.0.0.2");
     let spoof = || {
@@ -231,4 +226,138 @@ pub async fn concurrent_requests_are_exact(base: &str) {
         }
     }
     assert_eq!((ok, limited), (2, 38));
+}
+
+/// A limiter on `backend` behind a proxy on 127.0.0.1 that sets `header` (`None`: the default,
+/// not configured at all).
+pub async fn limiter_behind_proxy(
+    backend: &Backend,
+    header: Option<ForwardedHeader>,
+) -> RateLimiter {
+    let mut builder = RateLimiter::builder()
+        .trusted_proxies(["127.0.0.1"])
+        .timeout(Duration::from_secs(5))
+        .failure_policy(FailurePolicy::Deny);
+    if let Some(header) = header {
+        builder = builder.forwarded_header(header);
+    }
+    let builder = match backend {
+        Backend::Memory => builder.memory(),
+        Backend::Redis(server) => builder.redis_url(server.url()),
+    };
+    builder.build().await.expect("limiter")
+}
+
+const ALL_HEADERS: [ForwardedHeader; 3] = [
+    ForwardedHeader::XForwardedFor,
+    ForwardedHeader::Forwarded,
+    ForwardedHeader::XRealIp,
+];
+
+/// How a proxy that sets `header` names `client` (with a spoofed hop on the left where the
+/// header is a list).
+fn proxied(header: ForwardedHeader, client: &str) -> String {
+    match header {
+        ForwardedHeader::XForwardedFor => format!("6.6.6.6, {client}"),
+        ForwardedHeader::Forwarded => format!("for=6.6.6.6, for=\"{client}:4711\";proto=https"),
+        _ => client.to_owned(),
+    }
+}
+
+/// How a client writes `ip` into `header` itself.
+fn spoofed(header: ForwardedHeader, ip: &str) -> String {
+    match header {
+        ForwardedHeader::Forwarded => format!("for={ip}"),
+        _ => ip.to_owned(),
+    }
+}
+
+/// A different IPv4 address on every call (xorshift).
+struct Fakes(u32);
+
+impl Fakes {
+    fn next(&mut self) -> String {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 17;
+        self.0 ^= self.0 << 5;
+        std::net::Ipv4Addr::from(self.0).to_string()
+    }
+}
+
+/// The server trusts the proxy 127.0.0.1, which sets `configured`; `GET /ip` allows 2 per
+/// client. A client sends its own, fresh value in each of the two other forwarding headers on
+/// every request (the proxy passes them through): it still gets the bucket the configured
+/// header names, and that bucket runs out. Without the configured header the others are no
+/// fallback: the proxy's own address is the key.
+async fn only_the_configured_header_counts(base: &str, configured: ForwardedHeader) {
+    let proxy = client();
+    let ip = || proxy.get(format!("{base}/ip"));
+    let others: Vec<ForwardedHeader> = ALL_HEADERS
+        .into_iter()
+        .filter(|h| *h != configured)
+        .collect();
+    let mut fakes = Fakes(0x5eed_1234);
+    let got = statuses(4, || {
+        let mut req = ip().header(configured.name(), proxied(configured, "203.0.113.5"));
+        for other in &others {
+            req = req.header(other.name(), spoofed(*other, &fakes.next()));
+        }
+        req
+    })
+    .await;
+    assert_eq!(
+        got,
+        [200, 200, 429, 429],
+        "{configured:?}: spoofed headers gave fresh buckets"
+    );
+    // The same bucket as without them.
+    let plain = statuses(1, || {
+        ip().header(configured.name(), proxied(configured, "203.0.113.5"))
+    })
+    .await;
+    assert_eq!(plain, [429], "{configured:?}");
+    // Another client named by the configured header has its own quota, even when the other
+    // headers name the spent one.
+    let other_client = statuses(2, || {
+        let mut req = ip().header(configured.name(), proxied(configured, "203.0.113.6"));
+        for other in &others {
+            req = req.header(other.name(), spoofed(*other, "203.0.113.5"));
+        }
+        req
+    })
+    .await;
+    assert_eq!(other_client, [200, 200], "{configured:?}");
+    // Without the configured header: the proxy's own bucket, fresh values or not.
+    let unproxied = statuses(3, || {
+        let mut req = ip();
+        for other in &others {
+            req = req.header(other.name(), spoofed(*other, &fakes.next()));
+        }
+        req
+    })
+    .await;
+    assert_eq!(
+        unproxied,
+        [200, 200, 429],
+        "{configured:?}: a fallback header was read"
+    );
+}
+
+/// Behind an `X-Forwarded-For` proxy (the default, not configured): a client's own
+/// `Forwarded: for=<random>` (and `X-Real-IP: <random>`) on each request changes nothing. On
+/// `main` `Forwarded` won and every request got a fresh bucket.
+pub async fn a_spoofed_forwarded_header_behind_an_xff_proxy_changes_nothing(base: &str) {
+    only_the_configured_header_counts(base, ForwardedHeader::XForwardedFor).await;
+}
+
+/// Behind a proxy that sets `Forwarded`: a client's own `X-Forwarded-For` (and `X-Real-IP`)
+/// changes nothing.
+pub async fn a_spoofed_x_forwarded_for_behind_a_forwarded_proxy_changes_nothing(base: &str) {
+    only_the_configured_header_counts(base, ForwardedHeader::Forwarded).await;
+}
+
+/// Behind a proxy that sets `X-Real-IP`: a client's own `Forwarded` (and `X-Forwarded-For`)
+/// changes nothing.
+pub async fn a_spoofed_forwarded_header_behind_an_x_real_ip_proxy_changes_nothing(base: &str) {
+    only_the_configured_header_counts(base, ForwardedHeader::XRealIp).await;
 }
