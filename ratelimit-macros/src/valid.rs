@@ -10,6 +10,20 @@ use crate::attr::{Algo, Args, By, Framework, KeyTemplate, Spanned};
 /// The longest period the stores accept (the runtime's `MAX_PERIOD_MS`: 100 years).
 const MAX_PERIOD_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 
+/// The runtime's `policy::MAX_UNITS`: the largest `num`, `burst` or `cost` (2^50).
+const MAX_UNITS: u64 = 1 << 50;
+
+/// The runtime's `policy::MAX_BUCKET_SCALE` (2^52): the largest
+/// `burst × period_µs / gcd(num, period_µs)` of a bucket.
+const MAX_BUCKET_SCALE: u64 = 1 << 52;
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 /// One checked limit, ready for code generation.
 #[derive(Debug)]
 pub(crate) struct Limit {
@@ -210,8 +224,31 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
                 "`burst` is the capacity of a bucket: it applies to algo = \"leaky\" or \"token\" only (for \"fixed\" and \"sliding\" the capacity is `num`)",
             ));
     }
+    for (name, value) in [
+        ("num", &args.num),
+        ("burst", &args.burst),
+        ("cost", &args.cost),
+    ] {
+        if let Some(v) = value.as_ref().filter(|v| v.value > MAX_UNITS) {
+            errors.push(syn::Error::new(
+                v.span,
+                format!("`{name}` is too large: at most 2^50 (1125899906842624), so that every number the Redis scripts return stays exact"),
+            ));
+        }
+    }
     let (num, time) = (args.num.as_ref()?, args.time.as_ref()?);
     let burst = args.burst.as_ref().map_or(num.value, |b| b.value);
+    if algo.is_bucket() && num.value <= MAX_UNITS && burst <= MAX_UNITS && num.value > 0 {
+        let period_us = time.value.saturating_mul(1000);
+        let scale = burst.checked_mul(period_us / gcd(num.value, period_us).max(1));
+        if scale.is_none_or(|s| s > MAX_BUCKET_SCALE) {
+            let at = args.burst.as_ref().map_or(num.span, |b| b.span);
+            errors.push(syn::Error::new(
+                at,
+                "this bucket cannot be kept exact: burst × (period in µs / gcd(num, period in µs)) must be at most 2^52; lower `burst` or `time`, or pick a `num` that divides the period in microseconds",
+            ));
+        }
+    }
     let cost = args.cost.as_ref().map_or(1, |c| c.value);
     let capacity = if algo.is_bucket() { burst } else { num.value };
     if let Some(c) = args.cost.as_ref().filter(|c| c.value > capacity) {

@@ -16,6 +16,7 @@ use crate::error::RateLimitError;
 pub use crate::http::{HttpCaller, Limited, RequireActix, RequireAxum, RequireHttp, check_http};
 use crate::key;
 use crate::limiter::RateLimiter;
+use crate::policy::PolicyError;
 pub use crate::policy::{Algorithm, Policy};
 use crate::store::Check;
 
@@ -124,8 +125,15 @@ pub const fn policy(
     burst: u64,
     cost: u64,
 ) -> Policy {
+    // The macro checks the same rules with spans; these messages are the backstop.
     match Policy::from_parts(algorithm, num, period_ms, burst, cost) {
         Ok(p) => p,
+        Err(PolicyError::TooManyUnits) => {
+            panic!("`num`, `burst` and `cost` must be at most 2^50 (1125899906842624)")
+        }
+        Err(PolicyError::BucketTooFine) => panic!(
+            "the bucket cannot be kept exact: burst × (period in µs / gcd(num, period in µs)) must be at most 2^52"
+        ),
         Err(_) => panic!("invalid rate-limit policy (the macro should have rejected it)"),
     }
 }

@@ -87,6 +87,13 @@ pub enum PolicyError {
     CostExceedsCapacity,
     /// The algorithm name is not one of `fixed`, `sliding`, `leaky`, `token`.
     UnknownAlgorithm,
+    /// `num`, `burst` or `cost` is above [`MAX_UNITS`]: the Redis scripts count in doubles,
+    /// exact only below 2^53, and every number they return must stay exact.
+    TooManyUnits,
+    /// A bucket too fine to keep exact: the Redis scripts keep a bucket's level as an integer
+    /// in units of `1 / (period_µs / gcd(num, period_µs))`, and `burst` of those must stay
+    /// within [`MAX_BUCKET_SCALE`].
+    BucketTooFine,
 }
 
 impl fmt::Display for PolicyError {
@@ -103,6 +110,10 @@ impl fmt::Display for PolicyError {
             Self::UnknownAlgorithm => {
                 "unknown algorithm: expected one of \"fixed\", \"sliding\", \"leaky\", \"token\""
             }
+            Self::TooManyUnits => "`num`, `burst` and `cost` must be at most 2^50 (1125899906842624)",
+            Self::BucketTooFine => {
+                "the bucket cannot be kept exact: burst × (period in µs / gcd(num, period in µs)) must be at most 2^52; lower `burst` or `time`, or pick a `num` that divides the period in microseconds"
+            }
         })
     }
 }
@@ -112,6 +123,31 @@ impl std::error::Error for PolicyError {}
 /// The longest period a policy may have (100 years), so that microsecond timestamps stay exact
 /// in Lua's doubles.
 const MAX_PERIOD_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// The largest `num`, `burst` or `cost` (2^50): counts, their sums and differences stay exact
+/// integers in the Redis scripts' doubles (exact up to 2^53) and in every reply.
+pub const MAX_UNITS: u64 = 1 << 50;
+
+/// The largest bucket capacity in the scripts' integer scale (2^52): `burst × period_µs / g`
+/// with `g = gcd(num, period_µs)`. A level plus a cost is then below 2^53, so every bucket
+/// number stays exact.
+pub const MAX_BUCKET_SCALE: u64 = 1 << 52;
+
+const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        let r = a % b;
+        a = b;
+        b = r;
+    }
+    a
+}
+
+/// `burst × period_µs / gcd(num, period_µs)`, the capacity of a bucket in the scripts' scale,
+/// or `None` when it does not fit in a `u64`.
+const fn bucket_scale(num: u64, period_ms: u64, burst: u64) -> Option<u64> {
+    let micros = period_ms * 1000;
+    burst.checked_mul(micros / gcd(num, micros))
+}
 
 /// One limit: an algorithm, a quota of `limit` calls per `period`, a bucket capacity (`burst`)
 /// and the units one call takes (`cost`).
@@ -185,6 +221,15 @@ impl Policy {
         }
         if cost == 0 {
             return Err(PolicyError::ZeroCost);
+        }
+        if limit > MAX_UNITS || burst > MAX_UNITS || cost > MAX_UNITS {
+            return Err(PolicyError::TooManyUnits);
+        }
+        if matches!(algorithm, Algorithm::Leaky | Algorithm::Token) {
+            match bucket_scale(limit, period_ms, burst) {
+                Some(scale) if scale <= MAX_BUCKET_SCALE => {}
+                _ => return Err(PolicyError::BucketTooFine),
+            }
         }
         let policy = Self {
             algorithm,
@@ -346,6 +391,54 @@ mod tests {
         assert_eq!(
             Policy::new(Algorithm::Fixed, 1, Duration::from_secs(200 * 365 * 86400)),
             Err(PolicyError::PeriodTooLong)
+        );
+    }
+
+    #[test]
+    fn numbers_stay_within_the_bounds_that_keep_every_reply_exact() {
+        let day = 86_400_000;
+        let at = |algo, num, burst, cost| Policy::from_parts(algo, num, 1000, burst, cost);
+        for algo in Algorithm::ALL {
+            let burst = if matches!(algo, Algorithm::Leaky | Algorithm::Token) {
+                MAX_UNITS
+            } else {
+                1
+            };
+            let max = at(algo, MAX_UNITS, 1, 1);
+            assert!(max.is_ok(), "{algo}: {max:?}");
+            assert_eq!(
+                at(algo, MAX_UNITS + 1, 1, 1),
+                Err(PolicyError::TooManyUnits),
+                "{algo}"
+            );
+            assert_eq!(
+                at(algo, MAX_UNITS, MAX_UNITS + 1, 1),
+                Err(PolicyError::TooManyUnits),
+                "{algo}"
+            );
+            assert_eq!(
+                Policy::from_parts(algo, u64::MAX, day, burst, 1),
+                Err(PolicyError::TooManyUnits),
+                "{algo}"
+            );
+        }
+        // Buckets: burst × period_µs / gcd(num, period_µs) ≤ 2^52.
+        let period_us: u64 = 1_000_000;
+        let max_burst = MAX_BUCKET_SCALE / period_us;
+        let bucket = |burst| Policy::from_parts(Algorithm::Token, 7, 1000, burst, 1);
+        assert!(bucket(max_burst).is_ok());
+        assert_eq!(bucket(max_burst + 1), Err(PolicyError::BucketTooFine));
+        // A num sharing the period's factors makes the scale coarser: more burst fits.
+        let coarse = Policy::from_parts(Algorithm::Leaky, 1_000_000, 1000, MAX_BUCKET_SCALE, 1);
+        assert_eq!(coarse, Err(PolicyError::TooManyUnits));
+        let coarse = Policy::from_parts(Algorithm::Leaky, 1_000_000, 1000, MAX_UNITS, 1);
+        assert!(coarse.is_ok(), "{coarse:?}");
+        // The longest period with a fine rate still has room for a useful burst.
+        let century = Policy::from_parts(Algorithm::Token, 7, MAX_PERIOD_MS, 1, 1);
+        assert!(century.is_ok(), "{century:?}");
+        assert_eq!(
+            Policy::from_parts(Algorithm::Token, 7, MAX_PERIOD_MS, 2, 1),
+            Err(PolicyError::BucketTooFine)
         );
     }
 

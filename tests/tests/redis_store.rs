@@ -681,3 +681,78 @@ async fn tls_with_the_tls_feature() {
         "a self-signed certificate must not verify: {untrusted:?}"
     );
 }
+
+/// Issue 10, point 6: at the largest numbers a policy accepts, every reply stays exact on Redis
+/// (whose scripts count in doubles) and equals the memory store's. Before the bounds, `num` near
+/// 2^60 came back rounded and failed the reply.
+#[tokio::test]
+async fn numbers_at_the_bounds_stay_exact_and_match_memory() {
+    use ratelimit_runtime::MemoryStore;
+    use ratelimit_runtime::policy::{MAX_BUCKET_SCALE, MAX_UNITS};
+    let server = RedisServer::start();
+    let redis = RedisStore::connect(&server.url()).await.expect("connect");
+    let memory = MemoryStore::new();
+    let hour_us = suite::HOUR.as_secs() * 1_000_000;
+    // num = 7 shares no factor with an hour in µs: the finest scale, burst at its bound.
+    let burst = MAX_BUCKET_SCALE / hour_us;
+    let part = |algo, num, burst, cost| suite::policy(algo, num, suite::HOUR, burst, cost);
+    let cases: Vec<(&str, Vec<(Policy, u64)>)> = vec![
+        (
+            "fixed",
+            vec![
+                (
+                    part(Algorithm::Fixed, MAX_UNITS, MAX_UNITS, MAX_UNITS - 3),
+                    3,
+                ),
+                (part(Algorithm::Fixed, MAX_UNITS, MAX_UNITS, 1), 2),
+            ],
+        ),
+        (
+            "sliding",
+            vec![(
+                part(Algorithm::Sliding, MAX_UNITS, MAX_UNITS, 1),
+                MAX_UNITS - 1,
+            )],
+        ),
+        (
+            "token",
+            vec![
+                (part(Algorithm::Token, 7, burst, burst - 1), 1),
+                (part(Algorithm::Token, 7, burst, 1), 0),
+            ],
+        ),
+        (
+            "leaky",
+            vec![
+                (part(Algorithm::Leaky, 7, burst, burst - 1), 1),
+                (part(Algorithm::Leaky, 7, burst, 1), 0),
+            ],
+        ),
+    ];
+    for (name, steps) in &cases {
+        let key = format!("bounds:{{{name}}}");
+        for (p, left) in steps {
+            let checks = [Check::new(&key, p)];
+            let r = redis.check(&checks).await.expect("redis").decisions()[0];
+            let m = memory.check(&checks).await.expect("memory").decisions()[0];
+            assert!(r.admitted && m.admitted, "{name}: {r:?} {m:?}");
+            assert_eq!(r.remaining, *left, "{name}: redis {r:?}");
+            assert_eq!(m.remaining, *left, "{name}: memory {m:?}");
+            assert_eq!(r.limit, p.capacity(), "{name}");
+        }
+        // One more unit is rejected on both, with the same wait (to the µs Redis counts in,
+        // plus the real time between the two checks).
+        let (p, _) = steps.last().expect("a step");
+        let checks = [Check::new(&key, p)];
+        if steps.iter().map(|(_, left)| *left).min() == Some(0) {
+            let r = redis.check(&checks).await.expect("redis").decisions()[0];
+            let m = memory.check(&checks).await.expect("memory").decisions()[0];
+            assert!(!r.admitted && !m.admitted, "{name}: {r:?} {m:?}");
+            let (rr, mr) = (r.retry_after.expect("wait"), m.retry_after.expect("wait"));
+            assert!(
+                rr.abs_diff(mr) < Duration::from_millis(50),
+                "{name}: {rr:?} vs {mr:?}"
+            );
+        }
+    }
+}
