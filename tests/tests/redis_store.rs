@@ -756,3 +756,79 @@ async fn numbers_at_the_bounds_stay_exact_and_match_memory() {
         }
     }
 }
+
+/// Issue 10, point 5: state stamped a minute in the future — what a failover to a replica whose
+/// clock is a minute behind leaves — is treated as stamped now, so the caller is admitted at the
+/// `retry_after` it was told. Before, token and leaky rejected for the whole minute while
+/// answering a wait of one refill, and sliding and fixed were locked for a minute plus a period.
+#[tokio::test]
+async fn state_stamped_in_the_future_is_treated_as_stamped_now() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.expect("connect");
+    let mut conn = server.connection().await;
+    let (secs, micros): (u64, u64) = redis::cmd("TIME")
+        .query_async(&mut conn)
+        .await
+        .expect("TIME");
+    let ahead = secs * 1_000_000 + micros + 60_000_000;
+    // Two calls a second: a bucket's unit is 1/500_000 of a call, 2 per µs.
+    let second = Duration::from_secs(1);
+    for algo in Algorithm::ALL {
+        let p = policy(algo, 2, second);
+        let key = format!("future:{{{algo}}}");
+        let full = 2 * 500_000;
+        match algo {
+            Algorithm::Fixed => {
+                let _: () = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(2)
+                    .arg("PX")
+                    .arg(61_000)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("plant");
+            }
+            Algorithm::Sliding => {
+                for t in [ahead - 1, ahead] {
+                    let _: () = redis::cmd("ZADD")
+                        .arg(&key)
+                        .arg(t)
+                        .arg(t.to_string())
+                        .query_async(&mut conn)
+                        .await
+                        .expect("plant");
+                }
+                let _: () = conn.pexpire(&key, 61_000).await.expect("ttl");
+            }
+            // Leaky: full (level = capacity); token: empty (missing = capacity).
+            _ => {
+                let _: () = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(format!("{full}:{ahead}"))
+                    .arg("PX")
+                    .arg(61_000)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("plant");
+            }
+        }
+        let checks = [Check::new(&key, &p)];
+        let d = store.check(&checks).await.expect("check").decisions()[0];
+        assert!(!d.admitted, "{algo}: {d:?}");
+        let retry = d.retry_after.expect("a wait");
+        assert!(
+            retry <= second + Duration::from_millis(2),
+            "{algo}: {retry:?}"
+        );
+        tokio::time::sleep(retry).await;
+        let d = store.check(&checks).await.expect("check").decisions()[0];
+        assert!(
+            d.admitted,
+            "{algo}: still locked out {retry:?} after being told to wait that long: {d:?}"
+        );
+        assert!(
+            pttl(&mut conn, &key).await <= 2_000,
+            "{algo}: the skew is not kept"
+        );
+    }
+}
