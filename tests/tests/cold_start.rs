@@ -2,17 +2,22 @@
 //! store is still connecting wait for that connection within their own timeout instead of
 //! being answered by the failure policy.
 //!
-//! Each test starts a private `redis-server`, then three fresh OS processes at once (this test
-//! binary run again, with [`CHILD_ENV`] set, executing only [`child_process`]). Each child makes
-//! [`CALLS`] concurrent calls against one limit of [`LIMIT`] per hour (nothing refills while the
-//! test runs), all released together by a barrier before the store has connected, and prints
-//! its counts. The parent sums them: together the three processes must admit exactly [`LIMIT`]
+//! Each test starts a private `redis-server` (or a Redis Cluster), then three fresh OS processes
+//! at once (this test binary run again, with [`CHILD_ENV`] set, executing only
+//! [`child_process`]). Each child makes [`CALLS`] concurrent calls against one limit of
+//! [`LIMIT`] per hour (nothing refills while the test runs), all released together by a barrier
+//! before the store has connected, and prints its counts. The parent sums them: together the three processes must admit exactly [`LIMIT`]
 //! calls and reject the rest, and no call may have been answered by the failure policy. Once
 //! per algorithm (fixed, sliding, leaky, token), each time with three new processes.
 //!
 //! The limiter is configured the two ways an application that starts without connecting gets
-//! one: from the environment (`RATELIMIT_REDIS_URL`, [`RateLimiter::global`] with nothing
-//! installed, i.e. the default 50 ms timeout) and with [`Builder::build_lazy`] (a 2 s timeout).
+//! one: from the environment (`RATELIMIT_REDIS_URL` or `RATELIMIT_REDIS_CLUSTER_NODES`,
+//! [`RateLimiter::global`] with nothing installed, i.e. the default 50 ms timeout) and with
+//! [`Builder::build_lazy`] (a 2 s timeout).
+//!
+//! Each child also reports its slowest call: how close the environment limiter's checks came to
+//! their 50 ms timeout (a check still waiting for the connection at its timeout is answered by
+//! the failure policy, as SPEC §8 says).
 //!
 //! [`Builder::build_lazy`]: ratelimit_runtime::Builder::build_lazy
 
@@ -22,6 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter};
+use ratelimit_tests::redis_cluster::RedisCluster;
 use ratelimit_tests::redis_server::RedisServer;
 
 /// Set (to a [`Mode`] name) in a child's environment: the child runs [`child_process`].
@@ -30,7 +36,7 @@ const CHILD_ENV: &str = "RATELIMIT_COLD_START_CHILD";
 /// The algorithm a child's calls are limited by.
 const ALGO_ENV: &str = "RATELIMIT_COLD_START_ALGO";
 
-/// The Redis URL a `lazy` child builds its limiter with.
+/// The Redis URL (or comma-separated cluster seed nodes) a `lazy` child builds its limiter with.
 const URL_ENV: &str = "RATELIMIT_COLD_START_URL";
 
 /// The fresh processes started at once.
@@ -56,8 +62,8 @@ const LAZY_TIMEOUT: Duration = Duration::from_secs(2);
 /// How a child's report lines start.
 const REPORT: &str = "cold-start-report";
 
-/// The two tests run one at a time: two sets of three processes at once on a small machine
-/// would only eat into the environment limiter's 50 ms timeout.
+/// The tests run one at a time: two sets of three processes at once on a small machine would
+/// only eat into the environment limiter's 50 ms timeout.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,20 +72,44 @@ enum Mode {
     Env,
     /// `RateLimiter::builder().redis_url(..).timeout(LAZY_TIMEOUT).build_lazy()`.
     Lazy,
+    /// `RATELIMIT_REDIS_CLUSTER_NODES` and [`RateLimiter::global`], nothing installed.
+    EnvCluster,
+    /// `RateLimiter::builder().redis_cluster(..).timeout(LAZY_TIMEOUT).build_lazy()`.
+    LazyCluster,
 }
 
 impl Mode {
+    const ALL: [Self; 4] = [Self::Env, Self::Lazy, Self::EnvCluster, Self::LazyCluster];
+
     fn name(self) -> &'static str {
         match self {
             Self::Env => "env",
             Self::Lazy => "lazy",
+            Self::EnvCluster => "env-cluster",
+            Self::LazyCluster => "lazy-cluster",
         }
     }
 
     fn parse(name: &str) -> Option<Self> {
-        [Self::Env, Self::Lazy]
-            .into_iter()
-            .find(|m| m.name() == name)
+        Self::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// The store the child's limiter must use.
+    fn store(self) -> &'static str {
+        match self {
+            Self::Env | Self::Lazy => "redis",
+            Self::EnvCluster | Self::LazyCluster => "redis-cluster",
+        }
+    }
+
+    /// The variable the parent hands the Redis URL (or the cluster's comma-separated seed
+    /// nodes) in.
+    fn url_env(self) -> &'static str {
+        match self {
+            Self::Env => "RATELIMIT_REDIS_URL",
+            Self::EnvCluster => "RATELIMIT_REDIS_CLUSTER_NODES",
+            Self::Lazy | Self::LazyCluster => URL_ENV,
+        }
     }
 }
 
@@ -102,8 +132,13 @@ impl Counts {
     }
 }
 
-fn key(algorithm: Algorithm) -> String {
-    format!("ratelimit:{{cold-start}}:{}", algorithm.as_str())
+/// One hash tag per mode and algorithm: on a cluster the limits spread over the masters.
+fn key(mode: Mode, algorithm: Algorithm) -> String {
+    format!(
+        "ratelimit:{{cold-start-{}-{}}}:limit",
+        mode.name(),
+        algorithm.as_str()
+    )
 }
 
 // ---------------------------------------------------------------- the child
@@ -134,11 +169,15 @@ fn child_process() {
 
 async fn child(mode: Mode, algorithm: Algorithm) {
     let limiter = match mode {
-        Mode::Env => RateLimiter::global().clone(),
-        Mode::Lazy => {
+        Mode::Env | Mode::EnvCluster => RateLimiter::global().clone(),
+        Mode::Lazy | Mode::LazyCluster => {
             let url = std::env::var(URL_ENV).unwrap_or_else(|_| panic!("{URL_ENV} is not set"));
-            RateLimiter::builder()
-                .redis_url(url)
+            let builder = if mode == Mode::Lazy {
+                RateLimiter::builder().redis_url(url)
+            } else {
+                RateLimiter::builder().redis_cluster(url.split(','))
+            };
+            builder
                 .timeout(LAZY_TIMEOUT)
                 .build_lazy()
                 .expect("a lazy limiter")
@@ -152,7 +191,7 @@ async fn child(mode: Mode, algorithm: Algorithm) {
         let barrier = Arc::clone(&barrier);
         let policy = Arc::clone(&policy);
         tasks.spawn(async move {
-            let key = key(algorithm);
+            let key = key(mode, algorithm);
             let check = Check::new(&key, &policy).with_scope("cold-start");
             barrier.wait().await;
             let start = Instant::now();
@@ -229,9 +268,9 @@ fn parse_report(line: &str) -> Option<Report> {
     })
 }
 
-/// Starts [`PROCESSES`] fresh children of `mode` on `algorithm` against `server` at once, waits
-/// for them, and returns their reports.
-fn run_children(server: &RedisServer, mode: Mode, algorithm: Algorithm) -> Vec<Report> {
+/// Starts [`PROCESSES`] fresh children of `mode` on `algorithm` against the Redis at `urls` (one
+/// server, or a cluster's seed nodes) at once, waits for them, and returns their reports.
+fn run_children(urls: &[String], mode: Mode, algorithm: Algorithm) -> Vec<Report> {
     let exe = std::env::current_exe().expect("the test binary's path");
     let children: Vec<_> = (0..PROCESSES)
         .map(|_| {
@@ -249,13 +288,10 @@ fn run_children(server: &RedisServer, mode: Mode, algorithm: Algorithm) -> Vec<R
             .env_remove("RATELIMIT_REDIS_URL")
             .env_remove("REDIS_URL")
             .env_remove(URL_ENV)
+            .env(mode.url_env(), urls.join(","))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-            match mode {
-                Mode::Env => cmd.env("RATELIMIT_REDIS_URL", server.url()),
-                Mode::Lazy => cmd.env(URL_ENV, server.url()),
-            };
             cmd.spawn().expect("start a child process")
         })
         .collect();
@@ -274,16 +310,16 @@ fn run_children(server: &RedisServer, mode: Mode, algorithm: Algorithm) -> Vec<R
             .next()
             .unwrap_or_else(|| panic!("no report from the child:\n{stdout}"));
         assert!(lines.next().is_none(), "one report per child:\n{stdout}");
-        assert_eq!(report.store, "redis", "the child's limiter uses Redis");
+        assert_eq!(report.store, mode.store(), "the child's limiter uses Redis");
         assert_eq!(report.algo, algorithm.as_str());
         reports.push(report);
     }
     reports
 }
 
-fn assert_exactly_the_limit(mode: Mode) {
-    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
-    let server = RedisServer::start();
+/// Runs the children of `mode` against `urls` for each algorithm and asserts that together they
+/// admitted exactly [`LIMIT`] and rejected the rest, with no failure-policy answer.
+fn assert_exactly_the_limit(urls: &[String], mode: Mode) {
     let total = PROCESSES as u64 * CALLS as u64;
     let expected = Counts {
         admitted: LIMIT,
@@ -294,7 +330,7 @@ fn assert_exactly_the_limit(mode: Mode) {
     let mut details = String::new();
     for algorithm in Algorithm::ALL {
         let mut sum = Counts::default();
-        for report in run_children(&server, mode, algorithm) {
+        for report in run_children(urls, mode, algorithm) {
             sum.add(report.counts);
             let _ = writeln!(
                 details,
@@ -325,7 +361,9 @@ fn cold_start_from_the_environment_admits_exactly_the_limit_across_three_process
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    assert_exactly_the_limit(Mode::Env);
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let server = RedisServer::start();
+    assert_exactly_the_limit(&[server.url()], Mode::Env);
 }
 
 /// `RateLimiter::builder().redis_url(..).build_lazy()`, with a 2 s timeout.
@@ -334,5 +372,23 @@ fn cold_start_with_build_lazy_admits_exactly_the_limit_across_three_processes() 
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    assert_exactly_the_limit(Mode::Lazy);
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let server = RedisServer::start();
+    assert_exactly_the_limit(&[server.url()], Mode::Lazy);
+}
+
+/// The same on a Redis Cluster (3 masters, 3 replicas; one cluster for both ways of
+/// configuring the limiter, each on keys of its own): with
+/// `RateLimiter::builder().redis_cluster(..).build_lazy()`, and from
+/// `RATELIMIT_REDIS_CLUSTER_NODES`.
+#[test]
+fn cold_start_on_a_cluster_admits_exactly_the_limit_across_three_processes() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let runtime = tokio::runtime::Runtime::new().expect("a Tokio runtime");
+    let cluster = runtime.block_on(RedisCluster::start());
+    assert_exactly_the_limit(&cluster.urls(), Mode::LazyCluster);
+    assert_exactly_the_limit(&cluster.urls(), Mode::EnvCluster);
 }
