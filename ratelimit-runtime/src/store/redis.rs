@@ -68,11 +68,18 @@ fn source(algorithm: Algorithm) -> &'static str {
 struct Scripts {
     single: [Script; 4],
     combined: Script,
+    /// The source of each, in the order of [`Scripts::all`], for `SCRIPT LOAD`.
+    sources: Vec<String>,
 }
 
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    single: Algorithm::ALL.map(|a| Script::new(&[PRELUDE, source(a), DRIVER].concat())),
-    combined: Script::new(&[PRELUDE, FIXED, SLIDING, LEAKY, TOKEN, DRIVER].concat()),
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
+    let single = Algorithm::ALL.map(|a| [PRELUDE, source(a), DRIVER].concat());
+    let combined = [PRELUDE, FIXED, SLIDING, LEAKY, TOKEN, DRIVER].concat();
+    Scripts {
+        single: single.each_ref().map(|s| Script::new(s)),
+        combined: Script::new(&combined),
+        sources: single.into_iter().chain([combined]).collect(),
+    }
 });
 
 impl Scripts {
@@ -102,6 +109,27 @@ where
 {
     for script in SCRIPTS.all() {
         script.load_async(conn).await?;
+    }
+    Ok(())
+}
+
+/// Like [`load_scripts`], in one round trip (a pipeline) on a single server: connecting at a
+/// cold start is on the path of the checks that wait for it.
+async fn load_scripts_pipelined<C>(conn: &mut C) -> Result<(), redis::RedisError>
+where
+    C: ConnectionLike + Send,
+{
+    let mut pipe = redis::pipe();
+    for source in &SCRIPTS.sources {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(source);
+    }
+    let hashes: Vec<String> = pipe.query_async(conn).await?;
+    let expected: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
+    if hashes != expected {
+        return Err(redis::RedisError::from((
+            ErrorKind::Client,
+            "SCRIPT LOAD answered unexpected hashes",
+        )));
     }
     Ok(())
 }
@@ -267,7 +295,7 @@ fn manager_config() -> ConnectionManagerConfig {
 
 async fn connect_manager(client: Client) -> Result<ConnectionManager, redis::RedisError> {
     let mut manager = ConnectionManager::new_with_config(client, manager_config()).await?;
-    load_scripts(&mut manager).await?;
+    load_scripts_pipelined(&mut manager).await?;
     Ok(manager)
 }
 
