@@ -1,7 +1,7 @@
 //! The Redis Cluster store against a real local cluster (3 masters + 3 replicas, started by the
 //! tests): the shared scenarios for all four algorithms with keys on every master, stacked
-//! limits in one slot (one atomic script) and across slots (refund compensation), and a master
-//! killed under load.
+//! limits in one slot (one atomic script) and across slots (refund compensation, also refunds
+//! delivered late or twice), and a master killed under load.
 //!
 //! Each test starts its own cluster (a few seconds) and kills it on drop.
 
@@ -696,5 +696,260 @@ async fn a_cross_slot_check_cut_short_by_a_timeout_still_refunds() {
         now.decisions()[0].remaining,
         99,
         "{cut_short} checks were cut short; the per-IP limit holds only this last call"
+    );
+}
+
+// Refunds across slots (issue 10, point 4). A cross-slot call takes its units slot by slot and,
+// when a later slot rejects, gives back what the earlier slots took. Each case below sends a
+// refund the way the cluster can deliver it — late (a retried or queued script), twice (the
+// cluster client retries after a timeout although the first attempt ran) — through the store's
+// own take and refund (the same scripts, call id and receipts as `check`), and counts what the
+// limit then admits: never more than its quota.
+
+/// Sends `checks` `n` times in a row and returns how many calls were admitted.
+async fn admitted_of(store: &RedisClusterStore, checks: &[Check<'_>], n: usize) -> u64 {
+    let mut admitted = 0;
+    for _ in 0..n {
+        let v = store.check(checks).await.unwrap_or_else(|e| panic!("{e}"));
+        if v.is_admitted() {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+/// The most that `policy` can admit (cost 1) over `span`, starting from an untouched limit: a
+/// full quota per period begun for the windows, the burst plus what drains or refills over the
+/// span for the buckets. `span` is measured on the client around the calls, so it bounds the
+/// server's own span from above and the bound never undercounts.
+fn most_admitted(policy: &Policy, span: Duration) -> u64 {
+    let (span, period) = (span.as_micros(), policy.period().as_micros());
+    let count = |n: u128| u64::try_from(n).unwrap_or(u64::MAX);
+    match policy.algorithm() {
+        Algorithm::Leaky | Algorithm::Token => policy
+            .burst()
+            .saturating_add(count(span * u128::from(policy.limit()) / period)),
+        _ => policy.limit().saturating_mul(count(span / period + 1)),
+    }
+}
+
+/// Takes one unit of `checks` (one slot) as the first group of a cross-slot call does, under
+/// `call_id`.
+async fn take(store: &RedisClusterStore, checks: &[Check<'_>], call_id: &str) {
+    let v = store
+        .take_with_receipts(checks, call_id)
+        .await
+        .unwrap_or_else(|e| panic!("take {call_id}: {e}"));
+    assert!(v.is_admitted(), "take {call_id}: {v:?}");
+}
+
+/// Gives back what the take under `call_id` still holds, as a rejected cross-slot call does.
+async fn refund(store: &RedisClusterStore, checks: &[Check<'_>], call_id: &str) {
+    store
+        .refund_receipts(checks, call_id)
+        .await
+        .unwrap_or_else(|e| panic!("refund {call_id}: {e}"));
+}
+
+/// Regression: a sliding refund popped the OLDEST live entries. Run a period after its take,
+/// when the call's own entry had expired, it removed another caller's entry: 4 admitted in
+/// 1 s against 3. A refund removes exactly the call's own entries, never another caller's.
+async fn a_late_sliding_refund_removes_no_other_callers_entries(
+    store: &RedisClusterStore,
+    run: &str,
+) {
+    let p = policy(Algorithm::Sliding, 3, Duration::from_secs(1), 3, 1);
+    let k = key::build(run, "late-sliding", &[b"10.0.0.1"], &p);
+    let checks = [Check::new(&k, &p)];
+    take(store, &checks, "5a").await;
+    // The call's entry expires; three other calls fill the window.
+    tokio::time::sleep(p.period() + Duration::from_millis(100)).await;
+    let start = Instant::now();
+    let mut admitted = admitted_of(store, &checks, 3).await;
+    assert_eq!(admitted, 3, "the window was free again");
+    refund(store, &checks, "5a").await;
+    admitted += admitted_of(store, &checks, 3).await;
+    let span = start.elapsed();
+    assert!(
+        admitted <= most_admitted(&p, span),
+        "{admitted} admitted in {span:?} against 3 per {:?}: the late refund removed another caller's entry",
+        p.period()
+    );
+}
+
+/// Regression: the cluster client retries a script after a timeout although the first attempt
+/// ran, so a refund can arrive twice; it gave back twice. A refund consumes the take's receipt:
+/// the second gives back nothing. Every algorithm: 3 per hour, one call taken and refunded
+/// (twice), the others admit exactly 3.
+async fn a_refund_sent_twice_gives_back_once(store: &RedisClusterStore, run: &str) {
+    let mut bad = Vec::new();
+    for (n, algo) in Algorithm::ALL.into_iter().enumerate() {
+        let p = policy(algo, 3, HOUR, 3, 1);
+        let k = key::build(run, &format!("twice-{algo}"), &[b"10.0.0.2"], &p);
+        let checks = [Check::new(&k, &p)];
+        let id = format!("7{n}");
+        let start = Instant::now();
+        take(store, &checks, &id).await;
+        let mut admitted = admitted_of(store, &checks, 2).await;
+        assert_eq!(admitted, 2, "{algo}");
+        refund(store, &checks, &id).await;
+        refund(store, &checks, &id).await;
+        admitted += admitted_of(store, &checks, 3).await;
+        let span = start.elapsed();
+        if admitted > most_admitted(&p, span) {
+            bad.push(format!(
+                "{algo}: {admitted} other calls admitted against 3: the second refund gave back again"
+            ));
+        } else if admitted != 3 {
+            bad.push(format!(
+                "{algo}: {admitted} other calls admitted, not 3: the first refund did not give the call's unit back"
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("; "));
+}
+
+/// Regression: a fixed-window refund judged by a delay measured on the client (before the
+/// refund was sent) landed in the next window when it arrived late, and that window admitted
+/// one too many. A refund is judged by the server's time: after its window ended it gives back
+/// nothing.
+async fn a_fixed_refund_after_its_window_leaves_the_next_window_alone(
+    store: &RedisClusterStore,
+    run: &str,
+) {
+    let p = policy(Algorithm::Fixed, 3, Duration::from_secs(1), 3, 1);
+    let k = key::build(run, "late-fixed", &[b"10.0.0.3"], &p);
+    let checks = [Check::new(&k, &p)];
+    take(store, &checks, "9f").await;
+    // The call's window ends; three other calls open and fill the next one.
+    tokio::time::sleep(p.period() + Duration::from_millis(100)).await;
+    let start = Instant::now();
+    let mut admitted = admitted_of(store, &checks, 3).await;
+    assert_eq!(admitted, 3, "a new window");
+    refund(store, &checks, "9f").await;
+    admitted += admitted_of(store, &checks, 3).await;
+    let span = start.elapsed();
+    assert!(
+        admitted <= most_admitted(&p, span),
+        "{admitted} admitted in {span:?} against 3 per {:?}: the late refund decremented the next window",
+        p.period()
+    );
+}
+
+/// Regression: a bucket refund credited the whole cost, also the part that had already drained
+/// (leaky) or refilled (token) since the take: run once the bucket had recovered on its own, it
+/// gave a spent bucket a unit it never held, 4 admitted against a burst of 3. A refund gives
+/// back only the part of the call's units that has not drained or refilled yet.
+async fn a_late_bucket_refund_credits_no_refill_that_already_happened(
+    store: &RedisClusterStore,
+    run: &str,
+) {
+    let mut bad = Vec::new();
+    for (n, algo) in [Algorithm::Leaky, Algorithm::Token].into_iter().enumerate() {
+        let p = policy(algo, 3, Duration::from_secs(1), 3, 1);
+        let k = key::build(run, &format!("late-{algo}"), &[b"10.0.0.4"], &p);
+        let checks = [Check::new(&k, &p)];
+        let id = format!("b{n}");
+        take(store, &checks, &id).await;
+        // The call's unit drains (leaky) or refills (token) within a third of the period; the
+        // bucket is whole again, and three other calls spend it.
+        tokio::time::sleep(p.period() + Duration::from_millis(100)).await;
+        let start = Instant::now();
+        let mut admitted = admitted_of(store, &checks, 3).await;
+        assert_eq!(admitted, 3, "{algo}: a whole bucket");
+        refund(store, &checks, &id).await;
+        admitted += admitted_of(store, &checks, 3).await;
+        let span = start.elapsed();
+        if admitted > most_admitted(&p, span) {
+            bad.push(format!(
+                "{algo}: {admitted} admitted in {span:?} against a burst of 3 refilled at 3 per {:?}: the late refund credited refill",
+                p.period()
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("; "));
+}
+
+/// The keys under `pattern` on the master that serves `key`.
+async fn keys_like(cluster: &RedisCluster, key: &str, pattern: &str) -> Vec<String> {
+    let owner = cluster.master_of_slot(cluster.keyslot(key).await).await;
+    let mut node = cluster.node(owner.port).await;
+    redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(&mut node)
+        .await
+        .unwrap_or_else(|e| panic!("KEYS {pattern}: {e}"))
+}
+
+/// Through `check`: a cross-slot call leaves a receipt for each limit that may be refunded
+/// (every group but the last), and its refund consumes it.
+async fn receipts_are_left_by_takes_that_may_be_refunded_and_consumed_by_refunds(
+    cluster: &RedisCluster,
+    store: &RedisClusterStore,
+    run: &str,
+) {
+    let per_ip = policy(Algorithm::Sliding, 10, HOUR, 10, 1);
+    let global = policy(Algorithm::Fixed, 1, HOUR, 1, 1);
+    let ki = key::build(run, "receipts", &[b"10.0.0.5"], &per_ip);
+    let kg = key::build(run, "receipts", &[], &global);
+    assert_ne!(cluster.keyslot(&ki).await, cluster.keyslot(&kg).await);
+    let checks = [Check::new(&ki, &per_ip), Check::new(&kg, &global)];
+    let v = store.check(&checks).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(v.is_admitted());
+    let receipts = keys_like(cluster, &ki, &format!("{ki}:r:*")).await;
+    assert_eq!(receipts.len(), 1, "the first group's take: {receipts:?}");
+    assert!(
+        keys_like(cluster, &kg, &format!("{kg}:r:*"))
+            .await
+            .is_empty(),
+        "the last group's take leaves none"
+    );
+    // Rejected by the global limit: the per-IP take is refunded, its receipt consumed.
+    let v = store.check(&checks).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(!v.is_admitted());
+    assert_eq!(v.decisions()[0].remaining, 9, "refunded");
+    assert_eq!(
+        keys_like(cluster, &ki, &format!("{ki}:r:*")).await,
+        receipts,
+        "only the admitted call's receipt is left"
+    );
+}
+
+/// The receipt check, then the refund cases above side by side, on one cluster (each case its
+/// own keys); every case that fails is reported by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_slot_refunds_give_back_at_most_what_the_call_still_holds() {
+    let cluster = RedisCluster::start().await;
+    let store = Arc::new(
+        RedisClusterStore::connect(cluster.urls())
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e}")),
+    );
+    let run = format!("r{}", std::process::id());
+    receipts_are_left_by_takes_that_may_be_refunded_and_consumed_by_refunds(&cluster, &store, &run)
+        .await;
+    let mut cases = JoinSet::new();
+    macro_rules! case {
+        ($name:ident) => {{
+            let (store, run) = (Arc::clone(&store), run.clone());
+            cases.spawn(async move {
+                let outcome = tokio::spawn(async move { $name(&store, &run).await }).await;
+                outcome.err().map(|e| format!("{}: {e}", stringify!($name)))
+            });
+        }};
+    }
+    case!(a_late_sliding_refund_removes_no_other_callers_entries);
+    case!(a_refund_sent_twice_gives_back_once);
+    case!(a_fixed_refund_after_its_window_leaves_the_next_window_alone);
+    case!(a_late_bucket_refund_credits_no_refill_that_already_happened);
+    let mut failed = Vec::new();
+    while let Some(joined) = cases.join_next().await {
+        failed.extend(joined.unwrap_or_else(|e| panic!("{e}")));
+    }
+    assert!(
+        failed.is_empty(),
+        "{} case(s) failed:\n{}",
+        failed.len(),
+        failed.join("\n")
     );
 }

@@ -19,15 +19,35 @@
 //!   instance a per-IP limit and a global one) cannot share a script. Each slot's group is
 //!   checked in turn, in the order the limits were given; when a group rejects, the groups
 //!   checked before it, which admitted and took their units, get them back (a refund script),
-//!   and the groups after it are only read. So a call that any limit rejects still ends up
-//!   consuming nothing, and no limit ever admits more than its quota — but not atomically:
-//!   between a take and its refund (one round trip), a concurrent call may see the limit
-//!   lower than it will be and be rejected. What a refund gives back, per algorithm, is
-//!   documented in `src/scripts/refund.lua`; in short, remaining is restored exactly, and
-//!   nothing is given back that the call did not take. A store error in a later group leaves
-//!   what earlier groups took (the failure policy decides about the call; the error never
-//!   makes a limit admit more). The takes and refunds run in a task of their own, so a check
-//!   that the limiter's timeout gives up on still finishes its refunds.
+//!   and the groups after it are only read. No limit ever admits more than its quota, but
+//!   the call is not atomic: between a take and its refund (one round trip), a concurrent
+//!   call may see the limit lower than it will be and be rejected.
+//!
+//!   Every cross-slot call has an id of its own (random per process, plus a counter). A take
+//!   under that id (every group but the last, which is never refunded) leaves a receipt next
+//!   to each key it admitted (same hash tag, so same slot): the server's time at the take, the
+//!   limit's `reset_after`, and for a sliding log the score of the call's first entry. A
+//!   refund reads and deletes the receipt and is judged by the server's time alone (no delay
+//!   measured on the client):
+//!   * it is **idempotent**: a refund delivered twice (the cluster client retries a script
+//!     after a timeout even when the first attempt ran) finds no receipt the second time and
+//!     gives back nothing; a refund after its receipt expired gives back nothing either;
+//!   * it gives back **at most what the call still holds**: to a fixed window only while the
+//!     call's window is still the key's (and not within 2 ms of its end), to a sliding log
+//!     exactly the call's own entries (never another caller's, nothing once they expired), to
+//!     a bucket the part of the call's units that has not drained or refilled since the take.
+//!     A refund that arrives late gives back less, never more.
+//!
+//!   The details are in `src/scripts/refund.lua`. Refunded at once, as usual, a fixed window
+//!   or a sliding log gets back exactly what the call took, and a bucket all of it but at
+//!   most the drain or refill of the round trip (which the rejected call holds for as long as
+//!   that round trip took). The receipts of an admitted call stay until they expire (their
+//!   TTL is the limit's `reset_after`, at most about a period): one small key per limit of
+//!   each group but the last. Calls whose limits all share one slot leave none. A store
+//!   error in a later group leaves what earlier groups took (the failure policy decides about
+//!   the call; the error never makes a limit admit more). The takes and refunds run in a task
+//!   of their own, so a check that the limiter's timeout gives up on still finishes its
+//!   refunds.
 //!
 //! # Configuration
 //!
@@ -51,9 +71,12 @@
 //! ```
 
 use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
 use std::fmt;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::LazyLock;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
@@ -85,6 +108,30 @@ static COMPENSATE: LazyLock<Script> = LazyLock::new(|| {
         .concat(),
     )
 });
+
+/// A fresh id for one cross-slot call: this process's random 64-bit value and a counter, as
+/// 17 to 32 lower-case hex digits (the scripts' call id format). The receipts of two calls
+/// never share a name: within a process the counter differs, across processes the random
+/// value does.
+fn next_call_id() -> String {
+    static PROCESS: LazyLock<u64> = LazyLock::new(|| {
+        // RandomState's keys come from the OS's randomness; the pid and the time mix in more.
+        let mut h = RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish()
+    });
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{:016x}{:x}",
+        *PROCESS,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
 
 /// Splits a comma-separated list of seed nodes (the format of [`NODES_ENV`]), dropping blanks.
 ///
@@ -260,29 +307,59 @@ impl RedisClusterStore {
             .await
     }
 
-    /// Checks limits whose keys fall in several slots: each slot's group in turn, refunding the
-    /// earlier groups and peeking at the later ones when a group rejects.
+    /// Test hook: takes `checks` (all in one slot) as one group of a cross-slot call under
+    /// `call_id` (1 to 32 lower-case hex digits) does, receipts included. Not part of the API.
+    #[doc(hidden)]
+    pub async fn take_with_receipts(
+        &self,
+        checks: &[Check<'_>],
+        call_id: &str,
+    ) -> Result<Verdict, StoreError> {
+        one_slot(checks)?;
+        let mut conn = self.connection().await?;
+        eval_checks(&mut conn, checks, Some(call_id)).await
+    }
+
+    /// Test hook: the refund a rejected cross-slot call sends for a group it took under
+    /// `call_id` (see [`Self::take_with_receipts`]); the reply reads the limits as they are
+    /// after it. Not part of the API.
+    #[doc(hidden)]
+    pub async fn refund_receipts(
+        &self,
+        checks: &[Check<'_>],
+        call_id: &str,
+    ) -> Result<Verdict, StoreError> {
+        one_slot(checks)?;
+        let mut conn = self.connection().await?;
+        compensate(&mut conn, Mode::Refund(call_id), checks).await
+    }
+
+    /// Checks limits whose keys fall in several slots: each slot's group in turn under one
+    /// fresh call id, refunding the earlier groups and peeking at the later ones when a group
+    /// rejects.
     async fn check_across_slots(
         conn: &mut ClusterConnection,
         checks: &[Check<'_>],
         groups: &[Vec<usize>],
     ) -> Result<Verdict, StoreError> {
         let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
-        // The admitted groups, with when their check was sent (to bound the refund's delay).
-        let mut taken: Vec<(usize, Instant, Verdict)> = Vec::new();
+        let id = next_call_id();
+        // The admitted groups: each left receipts under `id`.
+        let mut taken: Vec<(usize, Verdict)> = Vec::new();
         for (g, group) in groups.iter().enumerate() {
             let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
-            let sent = Instant::now();
-            let verdict = eval_checks(conn, &sub, None).await?;
+            // The last group is never refunded (when it admits, so did the call): no receipts.
+            let receipts = (g + 1 < groups.len()).then_some(id.as_str());
+            let verdict = eval_checks(conn, &sub, receipts).await?;
             if verdict.is_admitted() {
-                taken.push((g, sent, verdict));
+                taken.push((g, verdict));
                 continue;
             }
             fill(&mut decisions, group, verdict.decisions());
-            for (earlier, sent, admitted) in &taken {
+            for (earlier, admitted) in &taken {
                 let group = &groups[*earlier];
                 let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
-                match compensate(conn, Mode::Refund(*sent, admitted), &sub).await {
+                match compensate(conn, Mode::Refund(&id), &sub).await {
                     Ok(now) => fill(&mut decisions, group, now.decisions()),
                     Err(error) => {
                         tracing::warn!(%error, "redis cluster: a refund failed; the limits of another slot keep what this rejected call took");
@@ -313,7 +390,7 @@ impl RedisClusterStore {
             }
             return collect(decisions);
         }
-        for (g, _, verdict) in &taken {
+        for (g, verdict) in &taken {
             fill(&mut decisions, &groups[*g], verdict.decisions());
         }
         collect(decisions)
@@ -321,42 +398,53 @@ impl RedisClusterStore {
 }
 
 /// What the companion script does.
-enum Mode<'v> {
+enum Mode<'a> {
     /// Read only.
     Peek,
-    /// Give back what the check sent at that instant, which answered this verdict, took.
-    Refund(Instant, &'v Verdict),
+    /// Give back what the take of the group under this call id still holds (its receipts),
+    /// then read.
+    Refund(&'a str),
 }
 
+/// Runs the companion script on one group (one slot): keys in order, then for a refund each
+/// key's receipt `<key>:r:<id>:<i>` (i from 1, the driver's name for it).
 async fn compensate(
     conn: &mut ClusterConnection,
     mode: Mode<'_>,
     checks: &[Check<'_>],
 ) -> Result<Verdict, StoreError> {
     let mut invocation = COMPENSATE.prepare_invoke();
-    let (name, elapsed, admitted) = match mode {
-        Mode::Peek => ("peek", Duration::ZERO, None),
-        Mode::Refund(sent, verdict) => ("refund", sent.elapsed(), Some(verdict)),
+    match mode {
+        Mode::Peek => invocation.arg("peek"),
+        Mode::Refund(id) => invocation.arg("refund").arg(id),
     };
-    invocation
-        .arg(name)
-        .arg(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX));
-    for (i, check) in checks.iter().enumerate() {
+    for check in checks {
         let p = check.policy;
-        let reset = admitted.and_then(|v| v.decisions().get(i)).map_or(0, |d| {
-            u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX)
-        });
         invocation
             .key(check.key)
             .arg(p.algorithm().code())
             .arg(p.limit())
             .arg(p.period_ms().saturating_mul(1000))
             .arg(p.burst())
-            .arg(p.cost())
-            .arg(reset);
+            .arg(p.cost());
+    }
+    if let Mode::Refund(id) = mode {
+        for (i, check) in checks.iter().enumerate() {
+            invocation.key(format!("{}:r:{id}:{}", check.key, i + 1));
+        }
     }
     let reply: Value = invocation.invoke_async(conn).await?;
     parse_reply(&reply, checks)
+}
+
+/// The test hooks' guard: every key in one slot (one script can only touch one).
+fn one_slot(checks: &[Check<'_>]) -> Result<(), StoreError> {
+    if group_by_slot(checks).len() > 1 {
+        return Err(StoreError::BadReply(
+            "the keys of one take or refund must share a cluster slot".to_owned(),
+        ));
+    }
+    Ok(())
 }
 
 fn fill(decisions: &mut [Option<Decision>], group: &[usize], found: &[Decision]) {
@@ -455,6 +543,19 @@ mod tests {
         );
         assert_eq!(group_by_slot(&checks), vec![vec![0, 2], vec![1]]);
         assert_eq!(group_by_slot(&checks[..1]), vec![vec![0]]);
+    }
+
+    #[test]
+    fn call_ids_are_fresh_hex_the_scripts_accept() {
+        let (a, b) = (next_call_id(), next_call_id());
+        assert_ne!(a, b);
+        for id in [a, b] {
+            assert!((17..=32).contains(&id.len()), "{id}");
+            assert!(
+                id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
+                "{id}"
+            );
+        }
     }
 
     #[test]
