@@ -759,7 +759,12 @@ async fn a_late_sliding_refund_removes_no_other_callers_entries(
     run: &str,
 ) {
     let p = policy(Algorithm::Sliding, 3, Duration::from_secs(1), 3, 1);
-    let k = key::build(run, "late-sliding", &[b"10.0.0.1"], &p);
+    let k = key::build(
+        run,
+        "late-sliding",
+        &[key::Part::new(key::Source::Ip, b"10.0.0.1")],
+        &p,
+    );
     let checks = [Check::new(&k, &p)];
     take(store, &checks, "5a").await;
     // The call's entry expires; three other calls fill the window.
@@ -785,7 +790,12 @@ async fn a_refund_sent_twice_gives_back_once(store: &RedisClusterStore, run: &st
     let mut bad = Vec::new();
     for (n, algo) in Algorithm::ALL.into_iter().enumerate() {
         let p = policy(algo, 3, HOUR, 3, 1);
-        let k = key::build(run, &format!("twice-{algo}"), &[b"10.0.0.2"], &p);
+        let k = key::build(
+            run,
+            &format!("twice-{algo}"),
+            &[key::Part::new(key::Source::Ip, b"10.0.0.2")],
+            &p,
+        );
         let checks = [Check::new(&k, &p)];
         let id = format!("7{n}");
         let start = Instant::now();
@@ -818,7 +828,12 @@ async fn a_fixed_refund_after_its_window_leaves_the_next_window_alone(
     run: &str,
 ) {
     let p = policy(Algorithm::Fixed, 3, Duration::from_secs(1), 3, 1);
-    let k = key::build(run, "late-fixed", &[b"10.0.0.3"], &p);
+    let k = key::build(
+        run,
+        "late-fixed",
+        &[key::Part::new(key::Source::Ip, b"10.0.0.3")],
+        &p,
+    );
     let checks = [Check::new(&k, &p)];
     take(store, &checks, "9f").await;
     // The call's window ends; three other calls open and fill the next one.
@@ -847,7 +862,12 @@ async fn a_late_bucket_refund_credits_no_refill_that_already_happened(
     let mut bad = Vec::new();
     for (n, algo) in [Algorithm::Leaky, Algorithm::Token].into_iter().enumerate() {
         let p = policy(algo, 3, Duration::from_secs(1), 3, 1);
-        let k = key::build(run, &format!("late-{algo}"), &[b"10.0.0.4"], &p);
+        let k = key::build(
+            run,
+            &format!("late-{algo}"),
+            &[key::Part::new(key::Source::Ip, b"10.0.0.4")],
+            &p,
+        );
         let checks = [Check::new(&k, &p)];
         let id = format!("b{n}");
         take(store, &checks, &id).await;
@@ -890,7 +910,12 @@ async fn receipts_are_left_by_takes_that_may_be_refunded_and_consumed_by_refunds
 ) {
     let per_ip = policy(Algorithm::Sliding, 10, HOUR, 10, 1);
     let global = policy(Algorithm::Fixed, 1, HOUR, 1, 1);
-    let ki = key::build(run, "receipts", &[b"10.0.0.5"], &per_ip);
+    let ki = key::build(
+        run,
+        "receipts",
+        &[key::Part::new(key::Source::Ip, b"10.0.0.5")],
+        &per_ip,
+    );
     let kg = key::build(run, "receipts", &[], &global);
     assert_ne!(cluster.keyslot(&ki).await, cluster.keyslot(&kg).await);
     let checks = [Check::new(&ki, &per_ip), Check::new(&kg, &global)];

@@ -5,7 +5,9 @@
 -- ARGV holds 5 arguments per key (see the prelude), then optionally a call id
 -- ([0-9a-f], at most 32): with one, an admitted call also leaves a receipt per
 -- limit, `<key>:r:<id>:<i>` = "<now µs>:<reset_after µs>:<first µs>", whose TTL
--- is reset_after (the longest the call can hold anything of that limit). The
+-- is reset_after (the longest the call can hold anything of that limit), at
+-- most RECEIPT_TTL_US: a refund comes within one cross-slot check, and a refund
+-- that finds no receipt gives back nothing (never too much). The
 -- Redis Cluster store takes limits that fall in several slots one slot at a
 -- time, and gives back through these receipts what an earlier slot took when a
 -- later one rejects (refund.lua).
@@ -76,6 +78,8 @@ local function state_reply(i, d, admitted, retry)
   return { admitted and 1 or 0, clamp(d.now_remaining, capacity(i)), clamp(d.now_reset), clamp(retry) }
 end
 
+local RECEIPT_TTL_US = 10000000
+
 local function write_receipts(decisions)
   if call_id == nil then
     return
@@ -88,7 +92,7 @@ local function write_receipts(decisions)
     end
     redis.call('SET', KEYS[i] .. ':r:' .. call_id .. ':' .. i,
       int(now) .. ':' .. int(clamp(d.after_reset)) .. ':' .. int(first),
-      'PX', ttl_ms(clamp(d.after_reset)))
+      'PX', ttl_ms(math.min(clamp(d.after_reset), RECEIPT_TTL_US)))
   end
 end
 
