@@ -832,3 +832,48 @@ async fn state_stamped_in_the_future_is_treated_as_stamped_now() {
         );
     }
 }
+
+/// Issue 10, point 1: a key that answers with an error (here a hash where a counter belongs, as
+/// a foreign writer or an old version could leave) is that call's problem only: the breaker
+/// stays closed and every other caller keeps being limited.
+#[tokio::test]
+async fn a_key_that_answers_an_error_never_opens_the_breaker() {
+    use ratelimit_runtime::{FailurePolicy, RateLimiter};
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let p = policy(Algorithm::Sliding, 3, MINUTE);
+    let poisoned = key::build("poison", "app::poison", &[], &p);
+    let _: () = conn.hset(&poisoned, "x", 1).await.expect("plant");
+    for failure in [FailurePolicy::Allow, FailurePolicy::Deny] {
+        let limiter = RateLimiter::builder()
+            .redis_url(server.url())
+            .failure_policy(failure)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .expect("limiter");
+        let other = key::build("poison", &format!("app::other-{failure:?}"), &[], &p);
+        let mut admitted = 0;
+        for _ in 0..10 {
+            let bad = limiter.check(&[Check::new(&poisoned, &p)]).await;
+            assert_eq!(bad.is_err(), failure == FailurePolicy::Deny, "{bad:?}");
+            assert!(!limiter.store_failing(), "{failure:?}: the breaker opened");
+            let v = limiter
+                .check(&[Check::new(&other, &p)])
+                .await
+                .expect("check");
+            admitted += usize::from(v.is_admitted());
+        }
+        assert_eq!(admitted, 3, "{failure:?}");
+    }
+    let err = RedisStore::connect(&server.url())
+        .await
+        .expect("connect")
+        .check(&[Check::new(&poisoned, &p)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::BadReply(_)) && !err.is_transport(),
+        "{err:?}"
+    );
+}
