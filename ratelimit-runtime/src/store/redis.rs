@@ -103,6 +103,7 @@ impl Scripts {
 
 /// Loads every script into the server's script cache (`SCRIPT LOAD`), so that the first
 /// checks need no `NOSCRIPT` round trip.
+#[cfg(feature = "cluster")]
 pub(crate) async fn load_scripts<C>(conn: &mut C) -> Result<(), redis::RedisError>
 where
     C: ConnectionLike + Send,
