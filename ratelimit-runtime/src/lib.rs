@@ -12,6 +12,7 @@
 //! See the README for the attribute's arguments, the algorithms, the stores and the HTTP
 //! integrations.
 
+pub mod algorithm;
 pub mod error;
 pub mod http;
 pub mod key;

@@ -2,7 +2,6 @@
 //!
 //! See [`MemoryStore`] for its behaviour and [`Clock`] for where its time comes from.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -12,8 +11,9 @@ use std::time::Duration;
 use hashbrown::HashTable;
 
 use super::{Check, Store, StoreFuture};
+use crate::algorithm::{self, Evaluation, Params, State};
 use crate::error::StoreError;
-use crate::policy::{Algorithm, Decision, Policy, Verdict};
+use crate::policy::{Decision, Verdict};
 
 /// A monotonic time source for the memory store: the time elapsed since an arbitrary origin.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
@@ -121,9 +121,6 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// after its last sweep, whichever is more (so sweeping costs O(1) per insert, amortised).
 const MIN_INSERTS_PER_SWEEP: usize = 64;
 
-/// The shortest time a leaky bucket's entry is kept (SPEC: "at least 1 ms").
-const MIN_LEAKY_TTL_NS: u64 = 1_000_000;
-
 /// The in-process store, the embedded default: no setup.
 ///
 /// # Behaviour
@@ -136,16 +133,18 @@ const MIN_LEAKY_TTL_NS: u64 = 1_000_000;
 ///   state is split over 64 shards, each behind its own mutex (there is no global lock); a key
 ///   lives in the shard its hash picks. A check of several limits locks the shards of its keys
 ///   in ascending order (each once), so it is atomic and cannot deadlock with another check.
-/// * **All or nothing.** Every limit of a call is evaluated first; only when all admit are
-///   they written. A call that any limit rejects changes nothing. When one call names the same
-///   key twice, its checks apply one after the other to that key.
-/// * **Integer arithmetic.** Time is whole nanoseconds from the [`Clock`]; bucket levels are
-///   kept as `units × period_ns` in `u128`, so 50 calls against a burst of 50 admit exactly
-///   50, and the arithmetic saturates instead of overflowing: no input makes a check panic.
-///   Reported durations are rounded up to the nanosecond.
+/// * **All or nothing.** The limits of a call are evaluated one after the other (a key named
+///   twice sees what the call's earlier limits took); only when all admit are they written. A
+///   call that any limit rejects changes nothing.
+/// * **The same rules as Redis.** Each check runs the pure rules of [`crate::algorithm`], the
+///   mirror of the Lua scripts the Redis stores run: whole microseconds from the [`Clock`], the
+///   same integer units (so 50 calls against a burst of 50 admit exactly 50 and fractional
+///   rates neither gain nor lose a unit), the same sliding log, the same fixed-window
+///   millisecond expiry (a window is gone the millisecond after its end, so a `retry_after` is
+///   never early). The arithmetic saturates: no input makes a check panic.
 /// * **Idle keys are forgotten.** Each entry knows when it becomes idle, i.e. equal to no entry
 ///   at all: a fixed window at its end, a sliding window one period after its newest admission,
-///   a token bucket when it is full again, a leaky bucket when it is empty (kept at least 1 ms).
+///   a token bucket when it is full again, a leaky bucket when it is empty.
 ///   Idle entries are removed by [`MemoryStore::sweep`], by each shard on inserts (amortised:
 ///   a shard sweeps itself after as many inserts as it held entries at its last sweep), and by
 ///   a background janitor every [`DEFAULT_SWEEP_INTERVAL`] (configurable). The janitor is a
@@ -153,8 +152,8 @@ const MIN_LEAKY_TTL_NS: u64 = 1_000_000;
 ///   reference and ends when the store is dropped. Forgetting an idle entry never changes an
 ///   answer.
 /// * **Memory bounded, and no caller's state is ever forgotten for room.** A sliding window
-///   keeps at most `num` admission times (as `(time, count)` pairs), every other entry is a few
-///   words. The number of keys is bounded by [`MemoryStore::with_max_keys`] (default
+///   keeps at most `num` admitted units (as runs of consecutive microseconds, one per call at
+///   most), every other entry is a few words. The number of keys is bounded by [`MemoryStore::with_max_keys`] (default
 ///   [`DEFAULT_MAX_KEYS`], split evenly over the shards). Only idle entries are ever removed: a
 ///   live entry (a caller who spent part of a quota) stays until its state is back to empty,
 ///   however many other keys arrive, so minting keys (header values, IPv6 /64s) never resets
@@ -179,7 +178,8 @@ const MIN_LEAKY_TTL_NS: u64 = 1_000_000;
 /// assert!(store.check_now(&checks)?.is_admitted());
 /// let third = store.check_now(&checks)?;
 /// assert!(!third.is_admitted());
-/// assert_eq!(third.retry_after(), Some(Duration::from_secs(10)));
+/// // As in Redis, the wait runs to the millisecond after the window's expiry: never early.
+/// assert_eq!(third.retry_after(), Some(Duration::from_millis(10_001)));
 ///
 /// clock.advance(Duration::from_secs(10));
 /// assert_eq!(store.len(), 0); // the window ended: the entry is idle
@@ -444,8 +444,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Inner {
+    /// The clock, in the whole microseconds the rules count in (as the Redis scripts do).
     fn now(&self) -> u64 {
-        u64::try_from(self.clock.now().as_nanos()).unwrap_or(u64::MAX)
+        u64::try_from(self.clock.now().as_micros()).unwrap_or(u64::MAX)
     }
 
     fn sweep_interval(&self) -> Duration {
@@ -477,49 +478,46 @@ impl Inner {
 
     /// One limit: one shard, no allocation but a new key's.
     fn check_one(&self, check: &Check<'_>) -> Result<Decision, StoreError> {
-        let p = Params::new(check.policy);
+        let p = Params::of(check.policy);
+        let algorithm = check.policy.algorithm();
+        let capacity = check.policy.capacity();
         let hash = self.hash(check.key);
         let mut guard = lock(&self.shards[Self::shard_of(hash)]);
         let shard = &mut *guard;
         let now = self.now();
         // One lookup for a known key: evaluate and write through the same reference.
         if let Some(entry) = shard.map.get_mut(hash, check.key) {
-            unstamp_future(entry, &p, now);
+            entry.normalize(&p, now);
             let base = entry.live(now).then_some(&entry.state);
-            return Ok(match take(base, Pending::Untouched, &p, now) {
-                Ok(pending) => {
-                    let (remaining, reset) = numbers(base, pending, &p, now);
-                    update(entry, pending, &p, now);
+            let (e, next) = algorithm::evaluate(algorithm, base, &p, now);
+            return Ok(match next {
+                Some(state) => {
+                    *entry = Entry::new(state, &p);
                     shard.next_idle = shard.next_idle.min(entry.idle_at);
-                    decision(true, &p, remaining, reset, 0)
+                    e.taken(capacity)
                 }
-                Err(retry) => {
-                    let (remaining, reset) = numbers(base, Pending::Untouched, &p, now);
-                    decision(false, &p, remaining, reset, retry)
-                }
+                None => e.untaken(capacity, false, e.retry_us),
             });
         }
-        match take(None, Pending::Untouched, &p, now) {
-            Ok(pending) => {
+        let (e, next) = algorithm::evaluate(algorithm, None, &p, now);
+        match next {
+            Some(state) => {
                 if !shard.make_room(now, self.max_per_shard(), |_| 1) {
                     return Err(self.full());
                 }
-                let (remaining, reset) = numbers(None, pending, &p, now);
-                shard.insert(hash, check.key, pending, &p, now);
-                Ok(decision(true, &p, remaining, reset, 0))
+                shard.insert(hash, check.key, Entry::new(state, &p));
+                Ok(e.taken(capacity))
             }
             // A rejection writes nothing, so it needs no room.
-            Err(retry) => {
-                let (remaining, reset) = numbers(None, Pending::Untouched, &p, now);
-                Ok(decision(false, &p, remaining, reset, retry))
-            }
+            None => Ok(e.untaken(capacity, false, e.retry_us)),
         }
     }
 
-    /// Several limits as one call: lock their shards in ascending order, evaluate all, write
+    /// Several limits as one call: lock their shards in ascending order, apply the limits one
+    /// after the other (a key named twice sees what the call's earlier limits took), and write
     /// only if all admit and every new key fits.
     fn check_many(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
-        let params: Vec<Params> = checks.iter().map(|c| Params::new(c.policy)).collect();
+        let params: Vec<Params> = checks.iter().map(|c| Params::of(c.policy)).collect();
         // Distinct keys ("slots"), each with its shard and what this call would write to it.
         let mut slots: Vec<Slot<'_>> = Vec::with_capacity(checks.len());
         let mut slot_of = Vec::with_capacity(checks.len());
@@ -533,7 +531,7 @@ impl Inner {
                     key: c.key,
                     hash,
                     shard: Self::shard_of(hash),
-                    pending: Pending::Untouched,
+                    pending: None,
                     last: n,
                 });
                 slots.len() - 1
@@ -550,25 +548,26 @@ impl Inner {
         for slot in &slots {
             let shard = &mut guards[guard_of(slot.shard)];
             if let Some(entry) = shard.map.get_mut(slot.hash, slot.key) {
-                unstamp_future(entry, &params[slot.last], now);
+                entry.normalize(&params[slot.last], now);
             }
         }
 
-        // Evaluate every limit; `Ok` holds the numbers after the call, `Err` the retry time.
-        let mut outcomes: Vec<Result<(u64, u64), u64>> = Vec::with_capacity(checks.len());
+        // Evaluate every limit in order, each on the state the call's earlier limits left.
+        let mut outcomes: Vec<Evaluation> = Vec::with_capacity(checks.len());
         for ((c, p), &s) in checks.iter().zip(&params).zip(&slot_of) {
             let slot = &mut slots[s];
-            let base = guards[guard_of(slot.shard)].base(slot.hash, c.key, now);
-            outcomes.push(match take(base, slot.pending, p, now) {
-                Ok(pending) => {
-                    slot.pending = pending;
-                    Ok(numbers(base, pending, p, now))
-                }
-                Err(retry) => Err(retry),
-            });
+            let base = match &slot.pending {
+                Some(pending) => Some(pending),
+                None => guards[guard_of(slot.shard)].base(slot.hash, c.key, now),
+            };
+            let (e, next) = algorithm::evaluate(c.policy.algorithm(), base, p, now);
+            if next.is_some() {
+                slot.pending = next;
+            }
+            outcomes.push(e);
         }
 
-        if outcomes.iter().all(Result::is_ok) {
+        if outcomes.iter().all(|e| e.admitted) {
             // Room for every new key first, in every shard: all of the call is written or
             // none of it. Making room only sweeps idle entries, which changes no answer.
             let max = self.max_per_shard();
@@ -576,7 +575,7 @@ impl Inner {
                 let new_keys = |map: &Map| {
                     slots
                         .iter()
-                        .filter(|s| s.shard == shard && !matches!(s.pending, Pending::Untouched))
+                        .filter(|s| s.shard == shard && s.pending.is_some())
                         .filter(|s| map.get(s.hash, s.key).is_none())
                         .count()
                 };
@@ -584,35 +583,30 @@ impl Inner {
                     return Err(self.full());
                 }
             }
-            for slot in &slots {
-                guards[guard_of(slot.shard)].commit(
-                    slot.hash,
-                    slot.key,
-                    slot.pending,
-                    &params[slot.last],
-                    now,
-                );
+            for slot in &mut slots {
+                if let Some(state) = slot.pending.take() {
+                    let entry = Entry::new(state, &params[slot.last]);
+                    guards[guard_of(slot.shard)].commit(slot.hash, slot.key, entry);
+                }
             }
-            Ok(params
+            Ok(checks
                 .iter()
-                .zip(outcomes.into_iter().flatten())
-                .map(|(p, (remaining, reset))| decision(true, p, remaining, reset, 0))
+                .zip(&outcomes)
+                .map(|(c, e)| e.taken(c.policy.capacity()))
                 .collect())
         } else {
-            // Nothing is written: every decision reports the state as it is now.
+            // Nothing is written: every decision reports the state as it is now, with what this
+            // limit's own evaluation in the call found.
             Ok(checks
                 .iter()
                 .zip(&params)
                 .zip(&slot_of)
-                .zip(outcomes)
+                .zip(&outcomes)
                 .map(|(((c, p), &s), o)| {
                     let slot = &slots[s];
                     let base = guards[guard_of(slot.shard)].base(slot.hash, c.key, now);
-                    let (remaining, reset) = numbers(base, Pending::Untouched, p, now);
-                    match o {
-                        Ok(_) => decision(true, p, remaining, reset, 0),
-                        Err(retry) => decision(false, p, remaining, reset, retry),
-                    }
+                    let (now_e, _) = algorithm::evaluate(c.policy.algorithm(), base, p, now);
+                    now_e.untaken(c.policy.capacity(), o.admitted, o.retry_us)
                 })
                 .collect())
         }
@@ -624,19 +618,10 @@ struct Slot<'k> {
     key: &'k str,
     hash: u64,
     shard: usize,
-    pending: Pending,
+    /// The state the call's limits so far would leave (`None`: untouched).
+    pending: Option<State>,
     /// The last check of the call on this key (its policy is the one written).
     last: usize,
-}
-
-fn decision(admitted: bool, p: &Params, remaining: u64, reset_ns: u64, retry_ns: u64) -> Decision {
-    Decision::new(
-        admitted,
-        p.capacity,
-        remaining,
-        Duration::from_nanos(reset_ns),
-        Duration::from_nanos(retry_ns),
-    )
 }
 
 /// One shard: its entries and its amortised-sweep bookkeeping.
@@ -685,23 +670,18 @@ impl Shard {
         before - len
     }
 
-    /// Writes what an admitted call takes under `key` (whose hash is `hash`). A key not held
-    /// yet needs room made first ([`Shard::make_room`]).
-    fn commit(&mut self, hash: u64, key: &str, pending: Pending, p: &Params, now: u64) {
-        if matches!(pending, Pending::Untouched) {
-            return;
-        }
-        if let Some(entry) = self.map.get_mut(hash, key) {
-            update(entry, pending, p, now);
-            self.next_idle = self.next_idle.min(entry.idle_at);
-        } else {
-            self.insert(hash, key, pending, p, now);
+    /// Writes the entry an admitted call leaves under `key` (whose hash is `hash`). A key not
+    /// held yet needs room made first ([`Shard::make_room`]).
+    fn commit(&mut self, hash: u64, key: &str, entry: Entry) {
+        self.next_idle = self.next_idle.min(entry.idle_at);
+        match self.map.get_mut(hash, key) {
+            Some(held) => *held = entry,
+            None => self.map.insert(hash, key, entry),
         }
     }
 
     /// Adds a key that is not held yet, in room made by [`Shard::make_room`].
-    fn insert(&mut self, hash: u64, key: &str, pending: Pending, p: &Params, now: u64) {
-        let entry = written(None, pending, p, now);
+    fn insert(&mut self, hash: u64, key: &str, entry: Entry) {
         self.next_idle = self.next_idle.min(entry.idle_at);
         self.map.insert(hash, key, entry);
     }
@@ -791,7 +771,7 @@ impl Map {
     }
 }
 
-/// One key's state and when it becomes idle (equal to no state at all).
+/// One key's state and when it becomes idle (equal to no state at all), in µs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
     idle_at: u64,
@@ -799,359 +779,31 @@ struct Entry {
 }
 
 impl Entry {
+    fn new(state: State, p: &Params) -> Self {
+        Self {
+            idle_at: algorithm::idle_at(&state, p),
+            state,
+        }
+    }
+
     fn live(&self, now: u64) -> bool {
         now < self.idle_at
     }
-}
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum State {
-    /// A window ending at `end` with `count` units taken.
-    Fixed { end: u64, count: u64 },
-    /// Admission times.
-    Sliding(Window),
-    /// Tokens (× period in ns) at `at`.
-    Token(Bucket),
-    /// Level (× period in ns) at `at`.
-    Leaky(Bucket),
-}
-
-/// A bucket's content in units × `period_ns`, as of `at`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Bucket {
-    level: u128,
-    at: u64,
-}
-
-/// A sliding window's admissions, oldest first: `(time, units)` pairs (several units admitted
-/// at one instant share a pair), and their total.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Window {
-    marks: VecDeque<(u64, u64)>,
-    total: u64,
-}
-
-impl Window {
-    /// Units admitted in `(now - period, now]`, and how many pairs at the front have expired.
-    fn live(&self, now: u64, period: u64) -> (u64, usize) {
-        let mut expired_units = 0u64;
-        let mut expired = 0;
-        for &(t, n) in &self.marks {
-            if t.saturating_add(period) > now {
-                break;
-            }
-            expired_units = expired_units.saturating_add(n);
-            expired += 1;
+    /// State stamped in the future — by a [`Clock`] that went backwards — is treated as
+    /// stamped now ([`algorithm::normalize`]), as the Redis scripts treat state written by a
+    /// master whose clock was ahead. A monotonic clock never changes anything here.
+    fn normalize(&mut self, p: &Params, now: u64) {
+        if self.live(now) && algorithm::normalize(&mut self.state, p, now) {
+            self.idle_at = algorithm::idle_at(&self.state, p);
         }
-        (self.total.saturating_sub(expired_units), expired)
-    }
-}
-
-/// What an admitted call would write to a key: nothing yet, or the new state (fixed, buckets),
-/// or units admitted now on top of the window (sliding).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pending {
-    Untouched,
-    Fixed { end: u64, count: u64 },
-    Bucket(Bucket),
-    Sliding(u64),
-}
-
-/// A policy in the store's units.
-struct Params {
-    algorithm: Algorithm,
-    /// Units per period (`num`).
-    limit: u64,
-    /// Bucket capacity / window quota.
-    capacity: u64,
-    cost: u64,
-    /// The period in nanoseconds.
-    period: u64,
-}
-
-impl Params {
-    fn new(p: &Policy) -> Self {
-        Self {
-            algorithm: p.algorithm(),
-            limit: p.limit().max(1),
-            capacity: p.capacity(),
-            cost: p.cost(),
-            period: p.period_ms().saturating_mul(1_000_000).max(1),
-        }
-    }
-
-    /// `units` in the buckets' scale (units × `period_ns`).
-    fn scaled(&self, units: u64) -> u128 {
-        u128::from(units) * u128::from(self.period)
-    }
-
-    /// Nanoseconds for `scaled` to flow at `limit / period`, rounded up.
-    fn flow_time(&self, scaled: u128) -> u64 {
-        u64::try_from(scaled.div_ceil(u128::from(self.limit))).unwrap_or(u64::MAX)
-    }
-
-    /// What flows in `dt` nanoseconds, in the buckets' scale.
-    fn flow(&self, dt: u64) -> u128 {
-        u128::from(self.limit) * u128::from(dt)
-    }
-}
-
-/// The live fixed window, seen through what this call already took.
-fn fixed_window(base: Option<&State>, pending: Pending, now: u64) -> Option<(u64, u64)> {
-    match (pending, base) {
-        (Pending::Fixed { end, count }, _) => Some((end, count)),
-        (_, Some(&State::Fixed { end, count })) if now < end => Some((end, count)),
-        _ => None,
-    }
-}
-
-/// The bucket's content now (tokens for `token`, level for `leaky`), in units × `period_ns`.
-fn bucket_now(base: Option<&State>, pending: Pending, p: &Params, now: u64) -> u128 {
-    let token = p.algorithm == Algorithm::Token;
-    let full = p.scaled(p.capacity);
-    let bucket = match (pending, base) {
-        (Pending::Bucket(b), _) => Some(b),
-        (_, Some(State::Token(b))) if token => Some(*b),
-        (_, Some(State::Leaky(b))) if !token => Some(*b),
-        _ => None,
-    };
-    match bucket {
-        None if token => full,
-        None => 0,
-        Some(b) => {
-            let flow = p.flow(now.saturating_sub(b.at));
-            if token {
-                b.level.saturating_add(flow).min(full)
-            } else {
-                b.level.saturating_sub(flow).min(full)
-            }
-        }
-    }
-}
-
-/// The sliding window of `base`, if it is one.
-fn window(base: Option<&State>) -> Option<&Window> {
-    match base {
-        Some(State::Sliding(w)) => Some(w),
-        _ => None,
-    }
-}
-
-fn sliding_pending(pending: Pending) -> u64 {
-    match pending {
-        Pending::Sliding(n) => n,
-        _ => 0,
-    }
-}
-
-/// Whether `cost` more units fit on top of `taken` within `capacity` (without overflowing).
-fn fits(taken: u64, cost: u64, capacity: u64) -> bool {
-    taken.checked_add(cost).is_some_and(|n| n <= capacity)
-}
-
-/// Evaluates one limit: `Ok(what the call would write)` or `Err(retry_after in ns)`.
-fn take(base: Option<&State>, pending: Pending, p: &Params, now: u64) -> Result<Pending, u64> {
-    let cost = p.cost;
-    match p.algorithm {
-        Algorithm::Fixed => match fixed_window(base, pending, now) {
-            Some((end, count)) if fits(count, cost, p.capacity) => Ok(Pending::Fixed {
-                end,
-                count: count.saturating_add(cost),
-            }),
-            Some((end, _)) => Err(end.saturating_sub(now)),
-            None if cost <= p.capacity => Ok(Pending::Fixed {
-                end: now.saturating_add(p.period),
-                count: cost,
-            }),
-            None => Err(p.period),
-        },
-        Algorithm::Sliding => {
-            let win = window(base);
-            let (in_base, expired) = win.map_or((0, 0), |w| w.live(now, p.period));
-            let added = sliding_pending(pending);
-            let count = in_base.saturating_add(added);
-            if fits(count, cost, p.capacity) {
-                return Ok(Pending::Sliding(added.saturating_add(cost)));
-            }
-            // The (count + cost - limit)-th oldest admission must leave the window first.
-            let mut nth = count.saturating_add(cost) - p.capacity;
-            if let Some(w) = win {
-                for &(t, units) in w.marks.iter().skip(expired) {
-                    if units >= nth {
-                        return Err(t.saturating_add(p.period).saturating_sub(now));
-                    }
-                    nth -= units;
-                }
-            }
-            // Among (or past) this call's own admissions, made now.
-            Err(p.period)
-        }
-        Algorithm::Token => {
-            let tokens = bucket_now(base, pending, p, now);
-            let units = p.scaled(cost);
-            if tokens >= units {
-                Ok(Pending::Bucket(Bucket {
-                    level: tokens - units,
-                    at: now,
-                }))
-            } else {
-                Err(p.flow_time(units - tokens))
-            }
-        }
-        Algorithm::Leaky => {
-            let level = bucket_now(base, pending, p, now);
-            let after = level.saturating_add(p.scaled(cost));
-            let full = p.scaled(p.capacity);
-            if after <= full {
-                Ok(Pending::Bucket(Bucket {
-                    level: after,
-                    at: now,
-                }))
-            } else {
-                Err(p.flow_time(after - full))
-            }
-        }
-    }
-}
-
-/// `(remaining, reset_after in ns)` of the state seen through `pending`.
-fn numbers(base: Option<&State>, pending: Pending, p: &Params, now: u64) -> (u64, u64) {
-    match p.algorithm {
-        Algorithm::Fixed => match fixed_window(base, pending, now) {
-            Some((end, count)) => (p.capacity.saturating_sub(count), end.saturating_sub(now)),
-            None => (p.capacity, 0),
-        },
-        Algorithm::Sliding => {
-            let w = window(base);
-            let (in_base, expired) = w.map_or((0, 0), |w| w.live(now, p.period));
-            let added = sliding_pending(pending);
-            let n = in_base.saturating_add(added);
-            let newest = if added > 0 {
-                Some(now)
-            } else {
-                w.and_then(|w| w.marks.iter().skip(expired).next_back())
-                    .map(|&(t, _)| t)
-            };
-            let reset = newest.map_or(0, |t| t.saturating_add(p.period).saturating_sub(now));
-            (p.capacity.saturating_sub(n), reset)
-        }
-        Algorithm::Token => {
-            let tokens = bucket_now(base, pending, p, now);
-            let full = p.scaled(p.capacity);
-            (
-                whole_units(tokens, p),
-                p.flow_time(full.saturating_sub(tokens)),
-            )
-        }
-        Algorithm::Leaky => {
-            let level = bucket_now(base, pending, p, now);
-            let full = p.scaled(p.capacity);
-            (
-                whole_units(full.saturating_sub(level), p),
-                p.flow_time(level),
-            )
-        }
-    }
-}
-
-/// Whole units in a scaled amount (rounded down).
-fn whole_units(scaled: u128, p: &Params) -> u64 {
-    u64::try_from(scaled / u128::from(p.period)).unwrap_or(u64::MAX)
-}
-
-/// Writes what an admitted call takes into a held entry (idle or not).
-fn update(entry: &mut Entry, pending: Pending, p: &Params, now: u64) {
-    let live = entry.live(now);
-    let old = std::mem::replace(&mut entry.state, State::Fixed { end: 0, count: 0 });
-    *entry = written(live.then_some(old), pending, p, now);
-}
-
-/// When a state becomes idle (equal to no state at all): a fixed window at its end, a sliding
-/// window one period after its newest admission, a token bucket when full, a leaky bucket when
-/// empty (kept at least 1 ms).
-fn idle_at(state: &State, p: &Params) -> u64 {
-    match state {
-        State::Fixed { end, .. } => *end,
-        State::Sliding(w) => w
-            .marks
-            .back()
-            .map_or(0, |&(newest, _)| newest.saturating_add(p.period)),
-        State::Token(b) => {
-            let missing = p.scaled(p.capacity).saturating_sub(b.level);
-            b.at.saturating_add(p.flow_time(missing))
-        }
-        State::Leaky(b) => {
-            b.at.saturating_add(p.flow_time(b.level).max(MIN_LEAKY_TTL_NS))
-        }
-    }
-}
-
-/// State stamped in the future — by a [`Clock`] that went backwards — is treated as stamped
-/// now, as the Redis scripts treat state written by a master whose clock was ahead: a bucket
-/// flows again from now, a sliding window is shifted to end now (its spacing kept), a fixed
-/// window has at most a period left. The skew is never counted as a charge, so no caller is
-/// locked out beyond the true `retry_after`. A monotonic clock never takes this path.
-fn unstamp_future(entry: &mut Entry, p: &Params, now: u64) {
-    let changed = match &mut entry.state {
-        State::Fixed { end, .. } if *end > now.saturating_add(p.period) => {
-            *end = now.saturating_add(p.period);
-            true
-        }
-        State::Sliding(w) => match w.marks.back() {
-            Some(&(newest, _)) if newest > now => {
-                let skew = newest - now;
-                for mark in &mut w.marks {
-                    mark.0 = mark.0.saturating_sub(skew);
-                }
-                true
-            }
-            _ => false,
-        },
-        State::Token(b) | State::Leaky(b) if b.at > now => {
-            b.at = now;
-            true
-        }
-        _ => false,
-    };
-    if changed {
-        entry.idle_at = idle_at(&entry.state, p);
-    }
-}
-
-/// The entry an admitted call leaves: the new state and when it becomes idle.
-fn written(base: Option<State>, pending: Pending, p: &Params, now: u64) -> Entry {
-    let state = match pending {
-        Pending::Fixed { end, count } => State::Fixed { end, count },
-        Pending::Bucket(b) if p.algorithm == Algorithm::Token => State::Token(b),
-        Pending::Bucket(b) => State::Leaky(b),
-        Pending::Sliding(added) => {
-            let mut w = match base {
-                Some(State::Sliding(w)) => w,
-                _ => Window::default(),
-            };
-            let (_, expired) = w.live(now, p.period);
-            for (_, units) in w.marks.drain(..expired) {
-                w.total = w.total.saturating_sub(units);
-            }
-            match w.marks.back_mut() {
-                Some((t, units)) if *t >= now => *units = units.saturating_add(added),
-                _ => w.marks.push_back((now, added)),
-            }
-            w.total = w.total.saturating_add(added);
-            State::Sliding(w)
-        }
-        // `commit` never writes an untouched key; an already idle state is harmless.
-        Pending::Untouched => State::Fixed { end: now, count: 0 },
-    };
-    Entry {
-        idle_at: idle_at(&state, p),
-        state,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::{Algorithm, Policy};
 
     const MS: Duration = Duration::from_millis(1);
     const HOUR: Duration = Duration::from_secs(3600);
@@ -1189,10 +841,11 @@ mod tests {
         all
     }
 
-    /// 3 units per 10 ms is 3,333,333.3 ns per unit: the integer state neither loses nor
-    /// gains a unit, however the time is cut.
+    /// 3 units per 10 ms is 3,333.3 µs per unit: the integer state neither loses nor gains a
+    /// unit, however the time is cut.
     #[test]
     fn fractional_rates_stay_exact() {
+        let us = Duration::from_micros;
         for algo in [Algorithm::Token, Algorithm::Leaky] {
             let clock = ManualClock::new();
             let store = MemoryStore::with_clock(clock.clone());
@@ -1203,20 +856,12 @@ mod tests {
                 assert_eq!(d.remaining, left, "{algo}");
             }
             let d = one(&store, "k", &p);
-            assert_eq!(
-                d.retry_after,
-                Some(Duration::from_nanos(3_333_334)),
-                "{algo}"
-            );
-            assert_eq!(
-                d.reset_after,
-                50 * 10 * MS / 3 + Duration::from_nanos(1),
-                "{algo}"
-            );
-            clock.advance(Duration::from_nanos(3_333_333));
+            assert_eq!(d.retry_after, Some(us(3_334)), "{algo}");
+            assert_eq!(d.reset_after, us(166_667), "{algo}");
+            clock.advance(us(3_333));
             let d = one(&store, "k", &p);
-            assert_eq!(d.retry_after, Some(Duration::from_nanos(1)), "{algo}");
-            clock.advance(Duration::from_nanos(1));
+            assert_eq!(d.retry_after, Some(us(1)), "{algo}");
+            clock.advance(us(1));
             assert!(one(&store, "k", &p).admitted, "{algo}");
             assert!(!one(&store, "k", &p).admitted, "{algo}");
             // Uneven steps: the total admitted is exactly the burst plus what flowed.
@@ -1227,23 +872,24 @@ mod tests {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
                 seed ^= seed << 17;
-                let step = seed % 7_000_000;
-                clock.advance(Duration::from_nanos(step));
+                let step = seed % 7_000;
+                clock.advance(us(step));
                 elapsed += step;
                 while one(&store, "k", &p).admitted {
                     admitted += 1;
                 }
             }
-            // 3 units per 10_000_000 ns; the first unit above was taken at 3_333_334 ns.
-            let flowed = (u128::from(elapsed) + 10_000_000 / 3 + 1) * 3 / 10_000_000 - 1;
-            assert_eq!(u128::from(admitted), flowed, "{algo} after {elapsed} ns");
+            // 3 units per 10_000 µs; the first unit above was taken at 3_334 µs.
+            let flowed = (u128::from(elapsed) + 10_000 / 3 + 1) * 3 / 10_000 - 1;
+            assert_eq!(u128::from(admitted), flowed, "{algo} after {elapsed} µs");
         }
     }
 
-    /// Each entry becomes idle exactly when semantics.md says, and not a nanosecond before.
+    /// Each entry becomes idle exactly when its state is back to none, and not a microsecond
+    /// before.
     #[test]
     fn entries_become_idle_at_their_ttl() {
-        let ns = Duration::from_nanos;
+        let us = Duration::from_micros;
         let cases = [
             // fixed: the window's end
             (
@@ -1273,8 +919,13 @@ mod tests {
                 vec![0],
                 300 * MS,
             ),
-            // leaky: at least 1 ms (1 unit drains in 0.1 ms)
-            (policy(Algorithm::Leaky, 10, MS, 10), 1, vec![0], MS),
+            // leaky: 1 unit at 10 per ms drains in 0.1 ms
+            (
+                policy(Algorithm::Leaky, 10, MS, 10),
+                1,
+                vec![0],
+                Duration::from_micros(100),
+            ),
         ];
         for (p, cost, at_ms, ttl) in cases {
             let p = p.with_cost(cost).unwrap();
@@ -1286,10 +937,10 @@ mod tests {
                 now = t * MS;
                 assert!(one(&store, "k", &p).admitted);
             }
-            clock.advance(ttl.saturating_sub(now).saturating_sub(ns(1)));
+            clock.advance(ttl.saturating_sub(now).saturating_sub(us(1)));
             assert_eq!(store.len(), 1, "{p:?} idle too early");
             assert_eq!(store.sweep(), 0);
-            clock.advance(ns(1));
+            clock.advance(us(1));
             assert_eq!(store.len(), 0, "{p:?} still live at its TTL");
             assert_eq!(store.held(), 1);
             assert_eq!(store.sweep(), 1);
@@ -1324,37 +975,32 @@ mod tests {
         assert_eq!(one(&store, "again", &fixed).remaining, 1);
     }
 
-    /// A sliding window keeps at most `limit` admission times, however many calls are made.
+    /// A sliding window keeps at most `limit` admitted units, however many calls are made, and
+    /// one call of any cost is one run.
     #[test]
     fn sliding_entries_are_bounded_by_limit() {
         let clock = ManualClock::new();
         let store = MemoryStore::with_clock(clock.clone());
         let p = policy(Algorithm::Sliding, 5, 1000 * MS, 5);
+        let runs = |store: &MemoryStore, key: &str| match entry(store, key) {
+            Some(Entry {
+                state: State::Sliding(log),
+                ..
+            }) => log.runs,
+            other => panic!("no sliding entry: {other:?}"),
+        };
         for _ in 0..10_000 {
             clock.advance(Duration::from_micros(37_123));
             let _ = one(&store, "k", &p);
-            let Some(Entry {
-                state: State::Sliding(w),
-                ..
-            }) = entry(&store, "k")
-            else {
-                panic!("no sliding entry");
-            };
-            assert!(w.marks.len() <= 5 && w.total <= 5, "{w:?}");
+            let runs = runs(&store, "k");
+            let units: u64 = runs.iter().map(|r| r.1).sum();
+            assert!(runs.len() <= 5 && units <= 5, "{runs:?}");
         }
-        // A cost of 5 at once is one pair, not five.
         let p5 = policy(Algorithm::Sliding, 5, 1000 * MS, 5)
             .with_cost(5)
             .unwrap();
         assert!(one(&store, "other", &p5).admitted);
-        let Some(Entry {
-            state: State::Sliding(w),
-            ..
-        }) = entry(&store, "other")
-        else {
-            panic!("no sliding entry");
-        };
-        assert_eq!(w.marks.len(), 1);
+        assert_eq!(runs(&store, "other").len(), 1);
     }
 
     /// A stacked call that one limit rejects leaves every entry byte for byte as it was.
@@ -1425,7 +1071,9 @@ mod tests {
                 let d = check(&store);
                 assert!(!d.admitted, "{algo} (stacked: {stacked})");
                 let retry = d.retry_after.unwrap();
-                assert!(retry <= secs(10), "{algo} (stacked: {stacked}): {retry:?}");
+                // A fixed window is gone the millisecond after its key's expiry (as in Redis).
+                let most = secs(10) + Duration::from_millis(1);
+                assert!(retry <= most, "{algo} (stacked: {stacked}): {retry:?}");
                 clock.set(secs(40) + retry);
                 let d = check(&store);
                 assert!(

@@ -1,0 +1,185 @@
+//! Fixed window (`scripts/fixed.lua`): at most `num` units per window; the window starts at the
+//! first admitted call and lasts `period`.
+//!
+//! The state is what Redis holds: a counter and the millisecond its key expires at (`SET key
+//! cost PX period`, then `INCRBY`, which keeps the expiry). Redis counts expiry in whole
+//! milliseconds: a key set at `t` µs with `PX p` expires at ms `⌊t / 1000⌋ + p`, exists while
+//! the clock's millisecond is at most that, and `PTTL` answers the difference. A window is live
+//! while its `PTTL` is positive; it is gone from the next millisecond on, which is what
+//! `reset_after` and `retry_after` report (rounded up, never early).
+
+use super::{Evaluation, Params, Receipt};
+
+/// A window: units taken, and the millisecond its key expires at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Units taken in this window.
+    pub count: u64,
+    /// Redis's expiry of the key: the last millisecond it exists.
+    pub expires_ms: u64,
+}
+
+impl Window {
+    /// The key's `PTTL` at `now` µs: positive while the window is live.
+    fn pttl(&self, now: u64) -> u64 {
+        self.expires_ms.saturating_sub(now / 1000)
+    }
+
+    /// When the window is no longer live, µs.
+    pub(crate) fn idle_at(&self) -> u64 {
+        self.expires_ms.saturating_mul(1000)
+    }
+}
+
+fn period_ms(p: &Params) -> u64 {
+    p.period_us.div_ceil(1000)
+}
+
+/// A window with more than a period left was stamped by a clock ahead of this one: it is cut
+/// to one period from now (the script's `PEXPIRE`).
+pub(crate) fn normalize(w: &mut Window, p: &Params, now: u64) -> bool {
+    let pttl = w.pttl(now);
+    if pttl > period_ms(p) {
+        w.expires_ms = (now / 1000).saturating_add(period_ms(p));
+        true
+    } else {
+        false
+    }
+}
+
+/// Evaluates one call; the window it leaves when admitted.
+pub fn evaluate(w: Option<&Window>, p: &Params, now: u64) -> (Evaluation, Option<Window>) {
+    // (count, µs until the window is gone) of a live window.
+    let live = w.and_then(|w| {
+        let pttl = w.pttl(now);
+        (pttl > 0).then(|| {
+            let pttl = pttl.min(period_ms(p));
+            let left = (pttl * 1000 + 1000 - now % 1000).min(p.period_us + 1000);
+            (*w, left)
+        })
+    });
+    let count = live.map_or(0, |(w, _)| w.count);
+    let left = live.map_or(0, |(_, left)| left);
+    let admitted = count.saturating_add(p.cost) <= p.limit;
+    let e = Evaluation {
+        admitted,
+        now_remaining: p.limit.saturating_sub(count),
+        now_reset_us: left,
+        after_remaining: p.limit.saturating_sub(count).saturating_sub(p.cost),
+        after_reset_us: if live.is_some() { left } else { p.period_us },
+        retry_us: if admitted { 0 } else { left },
+    };
+    let next = admitted.then(|| match live {
+        Some((w, _)) => Window {
+            count: w.count.saturating_add(p.cost),
+            expires_ms: w.expires_ms,
+        },
+        None => Window {
+            count: p.cost,
+            expires_ms: (now / 1000).saturating_add(period_ms(p)),
+        },
+    });
+    (e, next)
+}
+
+/// Gives back `cost` while the call's window is still the key's: more than 2 ms before that
+/// window's end (`at + reset`), and the key's window ends no later than 2 ms after it (a newer
+/// window ends later). A window left empty is deleted (`None`).
+pub fn refund(w: Window, r: &Receipt, p: &Params, now: u64) -> Option<Window> {
+    let window_end = r.at_us.saturating_add(r.reset_us);
+    let pttl = w.pttl(now);
+    if now.saturating_add(2000) >= window_end || pttl == 0 {
+        return Some(w);
+    }
+    let key_end = now + pttl * 1000 + 1000 - now % 1000;
+    if key_end > window_end.saturating_add(2000) {
+        return Some(w);
+    }
+    if w.count <= p.cost {
+        None
+    } else {
+        Some(Window {
+            count: w.count - p.cost,
+            expires_ms: w.expires_ms,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(limit: u64, period_ms: u64, cost: u64) -> Params {
+        Params {
+            limit,
+            period_us: period_ms * 1000,
+            burst: limit,
+            cost,
+        }
+    }
+
+    #[test]
+    fn a_window_opens_at_the_first_call_and_ends_a_period_later() {
+        let p = p(2, 1000, 1);
+        let now = 5_000_250;
+        let (e, w) = evaluate(None, &p, now);
+        assert!(e.admitted);
+        assert_eq!((e.after_remaining, e.after_reset_us), (1, 1_000_000));
+        let w = w.unwrap();
+        assert_eq!(w.expires_ms, 6_000);
+        let (e, w) = evaluate(Some(&w), &p, now);
+        let w = w.unwrap();
+        assert_eq!((w.count, e.after_remaining), (2, 0));
+        // Full: rejected until the key is gone, at the millisecond after its expiry.
+        let (e, none) = evaluate(Some(&w), &p, now + 10);
+        assert!(!e.admitted && none.is_none());
+        assert_eq!(e.retry_us, 6_001_000 - (now + 10));
+        // Live through ms 5999 (PTTL 1); from ms 6000 on (PTTL 0) the window is gone, so the
+        // reported wait, to the next millisecond after the expiry, is never early.
+        assert!(!evaluate(Some(&w), &p, 5_999_999).0.admitted);
+        assert!(evaluate(Some(&w), &p, 6_000_000).0.admitted);
+        let (e, w2) = evaluate(Some(&w), &p, 6_001_000);
+        assert!(e.admitted, "{e:?}");
+        assert_eq!(w2.unwrap().count, 1);
+    }
+
+    #[test]
+    fn a_window_from_a_clock_ahead_is_cut_to_one_period() {
+        let p = p(1, 1000, 1);
+        let mut w = Window {
+            count: 1,
+            expires_ms: 70_000,
+        };
+        assert!(normalize(&mut w, &p, 5_000_000));
+        assert_eq!(w.expires_ms, 6_000);
+        assert!(!normalize(&mut w, &p, 5_000_000));
+    }
+
+    #[test]
+    fn a_refund_gives_back_only_inside_the_calls_window() {
+        let p = p(3, 1000, 1);
+        let w = Window {
+            count: 2,
+            expires_ms: 6_000,
+        };
+        let r = Receipt {
+            at_us: 5_000_000,
+            reset_us: 1_001_000,
+            first: 0,
+        };
+        assert_eq!(refund(w, &r, &p, 5_000_100).map(|w| w.count), Some(1));
+        // Too close to the end: nothing.
+        assert_eq!(refund(w, &r, &p, 5_999_500), Some(w));
+        // A newer window (ends later than the receipt's): nothing.
+        let newer = Window {
+            count: 2,
+            expires_ms: 7_000,
+        };
+        assert_eq!(refund(newer, &r, &p, 5_000_100), Some(newer));
+        let one = Window {
+            count: 1,
+            expires_ms: 6_000,
+        };
+        assert_eq!(refund(one, &r, &p, 5_000_100), None);
+    }
+}

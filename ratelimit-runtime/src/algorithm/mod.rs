@@ -1,0 +1,205 @@
+//! The rules of the algorithms, as pure functions: state, parameters and the time in, decision
+//! and new state out. No store, map or lock in sight.
+//!
+//! Each rule lives in one Rust file here and in one Lua file under `src/scripts/` (what the
+//! Redis stores run), written the same way: the same state, the same integer units, the same
+//! formulas, line for line. The memory store hosts these functions; the conformance test
+//! (`tests/tests/conformance.rs`) runs seeded traces through both and compares every decision.
+//!
+//! * [`fixed`] — a counter whose window starts at the first admitted call and lasts a period;
+//! * [`sliding`] — a log of admission times, one per unit, in microseconds;
+//! * [`bucket`] — the token and the leaky bucket, which are one rule: a level that drains at
+//!   `num / period` and that a call raises by `cost` when it fits under `burst` (the token
+//!   bucket's level is the tokens missing from a full bucket).
+//!
+//! Time is whole microseconds on the store's own clock. Every function is total: no input
+//! panics, arithmetic saturates (the policy bounds keep every real value far from the limits).
+
+pub mod bucket;
+pub mod fixed;
+pub mod sliding;
+
+use crate::policy::{Algorithm, Decision, Policy};
+use std::time::Duration;
+
+/// A limit's parameters in the rules' units (the same numbers the Redis scripts receive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// Units per period (`num`).
+    pub limit: u64,
+    /// The period in microseconds.
+    pub period_us: u64,
+    /// The bucket capacity (`burst`).
+    pub burst: u64,
+    /// Units one call takes.
+    pub cost: u64,
+}
+
+impl Params {
+    /// The parameters of `policy`.
+    pub fn of(policy: &Policy) -> Self {
+        Self {
+            limit: policy.limit(),
+            period_us: policy.period_ms().saturating_mul(1000),
+            burst: policy.burst(),
+            cost: policy.cost(),
+        }
+    }
+}
+
+/// What evaluating one limit against its state finds (the scripts' `d`).
+///
+/// `now_*` describe the state as it is, `after_*` the state once the call is taken (meaningful
+/// when admitted). Counts saturate at 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Evaluation {
+    /// Whether the call fits.
+    pub admitted: bool,
+    /// Units left now.
+    pub now_remaining: u64,
+    /// Microseconds until the quota is whole again, now.
+    pub now_reset_us: u64,
+    /// Units left once the call is taken.
+    pub after_remaining: u64,
+    /// Microseconds until the quota is whole again once the call is taken.
+    pub after_reset_us: u64,
+    /// When rejected: microseconds until the same call would be admitted.
+    pub retry_us: u64,
+}
+
+impl Evaluation {
+    /// The decision of a call that was taken (every limit admitted it).
+    pub fn taken(&self, capacity: u64) -> Decision {
+        Decision::new(
+            true,
+            capacity,
+            self.after_remaining.min(capacity),
+            Duration::from_micros(self.after_reset_us),
+            Duration::ZERO,
+        )
+    }
+
+    /// The decision of a call that was not taken: the state as it is, with `admitted` and
+    /// `retry_us` of this limit's own evaluation in the call.
+    pub fn untaken(&self, capacity: u64, admitted: bool, retry_us: u64) -> Decision {
+        Decision::new(
+            admitted,
+            capacity,
+            self.now_remaining.min(capacity),
+            Duration::from_micros(self.now_reset_us),
+            Duration::from_micros(retry_us),
+        )
+    }
+}
+
+/// The state of one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// A fixed window.
+    Fixed(fixed::Window),
+    /// A sliding log.
+    Sliding(sliding::Log),
+    /// A token or leaky bucket.
+    Bucket(bucket::Level),
+}
+
+/// What a cross-slot take leaves beside its key, for its refund (the scripts' receipt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receipt {
+    /// The store's time at the take, µs.
+    pub at_us: u64,
+    /// The limit's `reset_after` after the take, µs.
+    pub reset_us: u64,
+    /// The sliding log's first score of the call (0 for the other algorithms).
+    pub first: u64,
+}
+
+/// Evaluates one limit: the evaluation, and the state the call leaves when admitted.
+///
+/// A state of another algorithm than `algorithm` reads as no state.
+pub fn evaluate(
+    algorithm: Algorithm,
+    state: Option<&State>,
+    p: &Params,
+    now: u64,
+) -> (Evaluation, Option<State>) {
+    match algorithm {
+        Algorithm::Fixed => {
+            let w = match state {
+                Some(State::Fixed(w)) => Some(w),
+                _ => None,
+            };
+            let (e, next) = fixed::evaluate(w, p, now);
+            (e, next.map(State::Fixed))
+        }
+        Algorithm::Sliding => {
+            let log = match state {
+                Some(State::Sliding(l)) => Some(l),
+                _ => None,
+            };
+            let (e, next) = sliding::evaluate(log, p, now);
+            (e, next.map(State::Sliding))
+        }
+        Algorithm::Leaky | Algorithm::Token => {
+            let level = match state {
+                Some(State::Bucket(b)) => Some(b),
+                _ => None,
+            };
+            let (e, next) = bucket::evaluate(level, p, now);
+            (e, next.map(State::Bucket))
+        }
+    }
+}
+
+/// State stamped in the future (a clock that went back, a failover to a replica whose clock is
+/// behind) rewritten as stamped now; `true` when it changed. Never a charge: the skew is not
+/// counted, so no caller is locked out beyond the true `retry_after`.
+pub fn normalize(state: &mut State, p: &Params, now: u64) -> bool {
+    match state {
+        State::Fixed(w) => fixed::normalize(w, p, now),
+        State::Sliding(l) => sliding::normalize(l, p, now),
+        State::Bucket(b) => bucket::normalize(b, now),
+    }
+}
+
+/// Gives back what a call whose take left `receipt` still holds: the new state (`None`: the
+/// key is deleted), or the state unchanged.
+pub fn refund(state: Option<State>, receipt: &Receipt, p: &Params, now: u64) -> Option<State> {
+    if receipt.at_us > now {
+        return state;
+    }
+    match state {
+        Some(State::Fixed(w)) => fixed::refund(w, receipt, p, now).map(State::Fixed),
+        Some(State::Sliding(l)) => Some(State::Sliding(sliding::refund(l, receipt, p))),
+        Some(State::Bucket(b)) => bucket::refund(b, receipt, p, now).map(State::Bucket),
+        None => None,
+    }
+}
+
+/// When `state` becomes idle (equal to no state at all), µs: a fixed window when it ends, a
+/// sliding log one period after its newest entry, a bucket when its level is back to 0.
+pub fn idle_at(state: &State, p: &Params) -> u64 {
+    match state {
+        State::Fixed(w) => w.idle_at(),
+        State::Sliding(l) => l.idle_at(p),
+        State::Bucket(b) => b.idle_at(p),
+    }
+}
+
+/// `a / b` rounded up (`b > 0`).
+pub(crate) fn ceil_div(a: u128, b: u128) -> u128 {
+    a.div_ceil(b.max(1))
+}
+
+/// Greatest common divisor.
+pub(crate) fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// A `u128` as a `u64`, saturating.
+pub(crate) fn sat(n: u128) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
