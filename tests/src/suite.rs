@@ -536,7 +536,6 @@ pub async fn stacked_rejection_consumes_nothing(h: &impl Harness) {
     }
 }
 
-/// Every scenario, for every algorithm where it applies.
 /// One call that names the same key twice applies once per limit, in order, each seeing what
 /// the ones before it took; when the second would not fit, the whole call is rejected and takes
 /// nothing. Every store gives exactly these numbers (issue 10: on Redis the two were evaluated
@@ -570,6 +569,7 @@ pub async fn same_key_twice_applies_in_order(h: &impl Harness, algo: Algorithm) 
     assert!(!check_one(h, &key, &pol).await.admitted, "{algo}");
 }
 
+/// Every scenario, for every algorithm where it applies.
 pub async fn all(h: &impl Harness) {
     for algo in Algorithm::ALL {
         exactness(h, algo).await;
