@@ -183,8 +183,9 @@ async fn a_million_idle_keys_are_evicted_without_calls() {
     );
     assert_eq!(store.len(), held, "every entry is live");
 
-    // Every entry is idle after one period (the buckets: 1/5 s per unit taken).
-    clock.advance(Duration::from_secs(1));
+    // Every entry is idle after one period (a fixed window: plus the millisecond of its key's
+    // expiry; the buckets: 1/5 s per unit taken).
+    clock.advance(Duration::from_millis(1001));
     assert_eq!(store.len(), 0, "idle entries are not live");
     // No call and no sweep() from here: the janitor alone empties the store.
     let mut waited = 0;
@@ -236,7 +237,7 @@ fn shards_sweep_themselves_on_inserts() {
         }
         most = most.max(store.held());
         assert_eq!(store.len(), per_round, "round {round}");
-        clock.advance(Duration::from_secs(1));
+        clock.advance(Duration::from_millis(1001));
     }
     assert!(!store.has_janitor());
     // 100,000 keys went through; at most two rounds' worth (plus slack) were ever held.
@@ -318,7 +319,7 @@ async fn a_full_memory_store_is_answered_by_the_failure_policy_and_keeps_spent_c
             "{failure:?}: the spent caller was reset"
         );
 
-        clock.advance(suite::HOUR);
+        clock.advance(suite::HOUR + Duration::from_millis(1));
         let fresh = [Check::new("ratelimit:{login:=fresh}", &p)];
         let v = limiter.check(&fresh).await.unwrap();
         assert_eq!(

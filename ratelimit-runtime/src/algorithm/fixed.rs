@@ -4,9 +4,11 @@
 //! The state is what Redis holds: a counter and the millisecond its key expires at (`SET key
 //! cost PX period`, then `INCRBY`, which keeps the expiry). Redis counts expiry in whole
 //! milliseconds: a key set at `t` µs with `PX p` expires at ms `⌊t / 1000⌋ + p`, exists while
-//! the clock's millisecond is at most that, and `PTTL` answers the difference. A window is live
-//! while its `PTTL` is positive; it is gone from the next millisecond on, which is what
-//! `reset_after` and `retry_after` report (rounded up, never early).
+//! the clock's millisecond is at most that (`PTTL` 0 included: a script sees a frozen clock, so
+//! the key cannot vanish between its reads and its `INCRBY`), and `PTTL` answers the
+//! difference. A window is live while its key exists and is gone from the next millisecond on,
+//! which is what `reset_after` and `retry_after` report: a window lasts at least `period`, and a
+//! wait is never early.
 
 use super::{Evaluation, Params, Receipt};
 
@@ -20,14 +22,19 @@ pub struct Window {
 }
 
 impl Window {
-    /// The key's `PTTL` at `now` µs: positive while the window is live.
+    /// The key's `PTTL` at `now` µs (0 in its last millisecond).
     fn pttl(&self, now: u64) -> u64 {
         self.expires_ms.saturating_sub(now / 1000)
     }
 
-    /// When the window is no longer live, µs.
+    /// Whether the key still exists at `now` µs: through its expiry millisecond.
+    fn exists(&self, now: u64) -> bool {
+        now / 1000 <= self.expires_ms
+    }
+
+    /// When the window is no longer live, µs: the millisecond after its expiry.
     pub(crate) fn idle_at(&self) -> u64 {
-        self.expires_ms.saturating_mul(1000)
+        self.expires_ms.saturating_add(1).saturating_mul(1000)
     }
 }
 
@@ -52,7 +59,7 @@ pub fn evaluate(w: Option<&Window>, p: &Params, now: u64) -> (Evaluation, Option
     // (count, µs until the window is gone) of a live window.
     let live = w.and_then(|w| {
         let pttl = w.pttl(now);
-        (pttl > 0).then(|| {
+        w.exists(now).then(|| {
             let pttl = pttl.min(period_ms(p));
             let left = (pttl * 1000 + 1000 - now % 1000).min(p.period_us + 1000);
             (*w, left)
@@ -66,7 +73,12 @@ pub fn evaluate(w: Option<&Window>, p: &Params, now: u64) -> (Evaluation, Option
         now_remaining: p.limit.saturating_sub(count),
         now_reset_us: left,
         after_remaining: p.limit.saturating_sub(count).saturating_sub(p.cost),
-        after_reset_us: if live.is_some() { left } else { p.period_us },
+        // A new window's key lives through ms ⌊now / 1000⌋ + period: gone the one after.
+        after_reset_us: if live.is_some() {
+            left
+        } else {
+            p.period_us + 1000 - now % 1000
+        },
         retry_us: if admitted { 0 } else { left },
     };
     let next = admitted.then(|| match live {
@@ -88,7 +100,7 @@ pub fn evaluate(w: Option<&Window>, p: &Params, now: u64) -> (Evaluation, Option
 pub fn refund(w: Window, r: &Receipt, p: &Params, now: u64) -> Option<Window> {
     let window_end = r.at_us.saturating_add(r.reset_us);
     let pttl = w.pttl(now);
-    if now.saturating_add(2000) >= window_end || pttl == 0 {
+    if now.saturating_add(2000) >= window_end || !w.exists(now) {
         return Some(w);
     }
     let key_end = now + pttl * 1000 + 1000 - now % 1000;
@@ -124,20 +136,18 @@ mod tests {
         let now = 5_000_250;
         let (e, w) = evaluate(None, &p, now);
         assert!(e.admitted);
-        assert_eq!((e.after_remaining, e.after_reset_us), (1, 1_000_000));
+        assert_eq!((e.after_remaining, e.after_reset_us), (1, 1_000_750));
         let w = w.unwrap();
         assert_eq!(w.expires_ms, 6_000);
         let (e, w) = evaluate(Some(&w), &p, now);
         let w = w.unwrap();
         assert_eq!((w.count, e.after_remaining), (2, 0));
-        // Full: rejected until the key is gone, at the millisecond after its expiry.
+        // Full: rejected until the key is gone, at the millisecond after its expiry; the
+        // window lasts at least a period, and the wait is exact.
         let (e, none) = evaluate(Some(&w), &p, now + 10);
         assert!(!e.admitted && none.is_none());
         assert_eq!(e.retry_us, 6_001_000 - (now + 10));
-        // Live through ms 5999 (PTTL 1); from ms 6000 on (PTTL 0) the window is gone, so the
-        // reported wait, to the next millisecond after the expiry, is never early.
-        assert!(!evaluate(Some(&w), &p, 5_999_999).0.admitted);
-        assert!(evaluate(Some(&w), &p, 6_000_000).0.admitted);
+        assert!(!evaluate(Some(&w), &p, 6_000_999).0.admitted);
         let (e, w2) = evaluate(Some(&w), &p, 6_001_000);
         assert!(e.admitted, "{e:?}");
         assert_eq!(w2.unwrap().count, 1);

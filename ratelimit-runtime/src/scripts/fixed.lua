@@ -12,9 +12,11 @@ ALGOS[1] = {
     local value = redis.call('GET', key)
     if value then
       local pttl = redis.call('PTTL', key)
-      -- A counter without a TTL (written by someone else) or about to expire is
-      -- treated as no window: an admitted call replaces it with a fresh one.
-      if pttl > 0 then
+      -- A counter without a TTL (written by someone else) is treated as no
+      -- window: an admitted call replaces it with a fresh one. A key exists
+      -- through its expiry millisecond (PTTL 0), and a script's clock is frozen,
+      -- so it cannot vanish before the INCRBY.
+      if pttl >= 0 then
         -- A window can never have more than a period left: a longer TTL was
         -- stamped by a clock ahead of this one (a failover). Treated as a
         -- window that started now.
@@ -40,7 +42,7 @@ ALGOS[1] = {
       now_remaining = p.limit - count,
       now_reset = left_us,
       after_remaining = p.limit - count - p.cost,
-      after_reset = live and left_us or p.period,
+      after_reset = live and left_us or p.period + 1000 - math.fmod(now, 1000),
       retry = 0,
       write = live,
     }

@@ -104,7 +104,7 @@ local function refund_fixed(key, p, r)
   end
   local n = tonumber(value)
   local pttl = redis.call('PTTL', key)
-  if n == nil or pttl <= 0 then
+  if n == nil or pttl < 0 then
     return
   end
   -- When the key's window ends, as fixed.lua reckons it (never early).

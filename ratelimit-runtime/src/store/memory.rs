@@ -181,7 +181,7 @@ const MIN_INSERTS_PER_SWEEP: usize = 64;
 /// // As in Redis, the wait runs to the millisecond after the window's expiry: never early.
 /// assert_eq!(third.retry_after(), Some(Duration::from_millis(10_001)));
 ///
-/// clock.advance(Duration::from_secs(10));
+/// clock.advance(Duration::from_millis(10_001));
 /// assert_eq!(store.len(), 0); // the window ended: the entry is idle
 /// assert!(store.check_now(&checks)?.is_admitted());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -285,7 +285,7 @@ impl MemoryStore {
     /// assert_eq!(store.held(), 64); // one key per shard, none dropped for another
     /// assert_eq!(full, 1000 - 64);
     ///
-    /// clock.advance(Duration::from_secs(60)); // every window ended: the entries are idle
+    /// clock.advance(Duration::from_millis(60_001)); // every window ended: the entries are idle
     /// assert!(store.check_now(&[Check::new("new", &policy)])?.is_admitted());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -891,12 +891,12 @@ mod tests {
     fn entries_become_idle_at_their_ttl() {
         let us = Duration::from_micros;
         let cases = [
-            // fixed: the window's end
+            // fixed: the millisecond after the window's last
             (
                 policy(Algorithm::Fixed, 5, 1000 * MS, 5),
                 1,
                 vec![0],
-                1000 * MS,
+                1001 * MS,
             ),
             // sliding: newest + period
             (
@@ -971,7 +971,7 @@ mod tests {
         // Re-using an idle key that no sweep removed yet starts it fresh.
         let fixed = policy(Algorithm::Fixed, 2, MS, 2);
         assert_eq!(one(&store, "again", &fixed).remaining, 1);
-        clock.advance(MS);
+        clock.advance(2 * MS);
         assert_eq!(one(&store, "again", &fixed).remaining, 1);
     }
 
@@ -1268,7 +1268,7 @@ mod tests {
 
         // An hour on, every entry is back to empty: new keys fit again (one per shard here, so
         // that none finds its shard full of the new keys themselves).
-        clock.advance(HOUR);
+        clock.advance(HOUR + MS);
         for shard in 0..SHARDS {
             for key in keys_in_shard(&store, shard, "fresh:", 1) {
                 assert!(try_one(&store, &key, &minted).unwrap().admitted, "{key}");
@@ -1327,7 +1327,7 @@ mod tests {
         assert!(entry(&store, c).is_none());
 
         // Idle entries make room: once the hour is over, `c` fits beside the swept ones.
-        clock.advance(HOUR);
+        clock.advance(HOUR + MS);
         assert!(stacked(&[a, c]).unwrap().is_admitted());
         assert_eq!(store.len(), 2);
     }
@@ -1347,7 +1347,7 @@ mod tests {
             try_one(&store, &keys[2], &long),
             Err(StoreError::Full { .. })
         ));
-        clock.advance(1000 * MS);
+        clock.advance(1001 * MS);
         assert_eq!(try_one(&store, &keys[2], &long).unwrap().remaining, 4);
         assert!(
             entry(&store, &keys[0]).is_none(),
