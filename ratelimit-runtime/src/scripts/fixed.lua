@@ -4,7 +4,17 @@
 -- by `SET key cost PX period` (value and TTL in one command, so the counter can
 -- never be left immortal) and later calls `INCRBY` it, which keeps the TTL; the
 -- TTL is never moved. A rejected call writes nothing.
+
+-- µs until a key whose PTTL reads `pttl` ms is gone: it goes once the clock
+-- passes its expiry millisecond, at now_ms + pttl + 1 ms, i.e. (pttl + 1) ms
+-- less the part of the current millisecond already gone (rounded up, never
+-- early).
+local function fixed_left(pttl)
+  return pttl * 1000 + 1000 - math.fmod(now, 1000)
+end
+
 ALGOS[1] = {
+  capacity = 'limit',
   evaluate = function(key, p)
     local count = 0
     local left_us = 0
@@ -29,10 +39,7 @@ ALGOS[1] = {
         if n ~= nil and n >= 0 then
           live = true
           count = n
-          -- The key is gone once the clock passes its expiry millisecond: at
-          -- now_ms + pttl + 1 ms, i.e. (pttl + 1) ms less the part of the
-          -- current millisecond already gone (rounded up, never early).
-          left_us = math.min(pttl * 1000 + 1000 - math.fmod(now, 1000), p.period + 1000)
+          left_us = math.min(fixed_left(pttl), p.period + 1000)
         end
       end
     end
@@ -56,6 +63,36 @@ ALGOS[1] = {
       redis.call('INCRBY', key, int(p.cost))
     else
       redis.call('SET', key, int(p.cost), 'PX', int(p.period / 1000))
+    end
+  end,
+  -- DECRBY cost only while the call's window is still the key's: the server's
+  -- time is more than 2 ms before that window's end (at + reset_after; the
+  -- margin covers PTTL's millisecond resolution, so a refund at the very edge
+  -- gives back nothing) and the key's window ends no later than 2 ms after it
+  -- (a newer window, opened after a lost write, ends later). A window left
+  -- empty is deleted, as if the call had never opened it.
+  refund = function(key, p, r)
+    local window_end = r.at + r.reset
+    if now + 2000 >= window_end then
+      return
+    end
+    local value = redis.call('GET', key)
+    if not value then
+      return
+    end
+    local n = tonumber(value)
+    local pttl = redis.call('PTTL', key)
+    if n == nil or pttl < 0 then
+      return
+    end
+    -- When the key's window ends, as evaluate reckons it (never early).
+    if now + fixed_left(pttl) > window_end + 2000 then
+      return
+    end
+    if n <= p.cost then
+      redis.call('DEL', key)
+    else
+      redis.call('DECRBY', key, int(p.cost))
     end
   end,
 }

@@ -1,4 +1,6 @@
--- ratelimit: prelude shared by every script (SPEC §4).
+-- ratelimit: the prelude shared by every script: the server's time, number
+-- helpers, the algorithm registry, the parsing of the arguments, receipts and
+-- replies.
 --
 -- One script checks every limit of ONE call: KEYS[i] is the key of limit i and
 -- ARGV[5*(i-1)+1 .. 5*i] its parameters: algorithm code, limit, period (µs),
@@ -59,15 +61,22 @@ local function ttl_ms(us)
   return int(ms)
 end
 
--- Algorithms by code (Algorithm::code() on the Rust side). Each entry has
+-- Algorithms by code (Algorithm::code() on the Rust side), each registered by
+-- its own file, which holds the whole of its rule (fixed.lua, sliding.lua,
+-- bucket.lua for the token and the leaky bucket). Each entry has
+--   capacity: which parameter is the most `remaining` can be, 'limit', or
+--       'burst' for the buckets.
 --   evaluate(key, p) -> decision: reads only. `p` holds limit, period (µs),
 --       burst, cost. The decision holds `admitted`, `now_remaining` and
 --       `now_reset` (the state as it is), `after_remaining` and `after_reset`
 --       (the state once the call is taken, when admitted), `retry` (µs until
---       the same call would be admitted, when rejected) and `write`, what
---       commit needs.
+--       the same call would be admitted, when rejected), `write`, what commit
+--       needs, and `first`, what a receipt records beyond the time of the take
+--       and its reset (sliding: the score of the call's first entry; absent,
+--       i.e. 0, for the others).
 --   commit(key, p, d) : the writes, each with its TTL.
---   bucket: true for the buckets, whose capacity is `burst` (else `limit`).
+--   refund(key, p, r) : gives back what the take of one call (its receipt `r`:
+--       at, reset, first; see read_receipt) still holds, judged by `now`.
 --
 -- State stamped in the future (a failover to a replica whose clock is behind
 -- the old master's) is treated as stamped now: evaluate rewrites its stamps to
@@ -75,3 +84,95 @@ end
 -- locked out beyond the true retry_after. That rewrite is the only write a
 -- rejected call can make, and it never changes what the state admits.
 local ALGOS = {}
+
+-- Reads the limits of one call: for limit i, KEYS[i] and the five arguments
+-- ARGV[offset + 5*(i-1) + 1 .. offset + 5*i] (algorithm code, limit, period µs,
+-- burst, cost), parsed and checked here once for the driver and the refund
+-- script alike. `check(i)`, when given, may refuse limit i once it parsed, with
+-- a message. Returns the limits ({ algo, p, capacity } each), or nil and the
+-- error reply.
+local function parse_limits(offset, nkeys, check)
+  local limits = {}
+  for i = 1, nkeys do
+    local base = offset + 5 * (i - 1)
+    local code = tonumber(ARGV[base + 1])
+    local algo = ALGOS[code]
+    if algo == nil then
+      return nil, redis.error_reply('ERR ratelimit: this script has no algorithm with code ' .. tostring(ARGV[base + 1]))
+    end
+    local p = {
+      limit = tonumber(ARGV[base + 2]),
+      period = tonumber(ARGV[base + 3]),
+      burst = tonumber(ARGV[base + 4]),
+      cost = tonumber(ARGV[base + 5]),
+    }
+    if not (p.limit and p.period and p.burst and p.cost)
+      or p.limit < 1 or p.period < 1000 or p.burst < 1 or p.cost < 1 then
+      return nil, redis.error_reply('ERR ratelimit: invalid parameters for key ' .. i)
+    end
+    local refused = check and check(i)
+    if refused then
+      return nil, redis.error_reply(refused)
+    end
+    limits[i] = { algo = algo, p = p, capacity = p[algo.capacity] }
+  end
+  return limits
+end
+
+-- Whether `id` is a well-formed call id: 1 to 32 lower-case hex digits.
+local function valid_call_id(id)
+  return #id >= 1 and #id <= 32 and not string.find(id, '[^0-9a-f]')
+end
+
+local BAD_CALL_ID = 'ERR ratelimit: the call id must be 1 to 32 hex digits'
+
+-- Every number returned is a whole, non-negative integer, and remaining is at
+-- most the capacity, whatever the state under the key (written by an older
+-- version, by hand, or by a clock that jumped).
+local function clamp(n, max)
+  if n ~= n or n < 0 then
+    return 0
+  end
+  if max ~= nil and n > max then
+    return max
+  end
+  return n
+end
+
+-- The reply of one limit, {admitted (0/1), remaining, reset_after µs,
+-- retry_after µs}: of a call that was taken (every limit admitted it) ...
+local function taken_reply(l, d)
+  return { 1, clamp(d.after_remaining, l.capacity), clamp(d.after_reset), 0 }
+end
+
+-- ... or of a call that was not (the state as it is).
+local function state_reply(l, d, admitted, retry)
+  return { admitted and 1 or 0, clamp(d.now_remaining, l.capacity), clamp(d.now_reset), clamp(retry) }
+end
+
+-- Receipts, for the Redis Cluster store's refunds (driver.lua writes them,
+-- refund.lua reads them): receipt i of a call is the key
+-- `<KEYS[i]>:r:<id>:<i>`, holding "<at µs>:<reset_after µs>:<first µs>" (the
+-- server's time at the take, the limit's reset_after after it, the decision's
+-- `first`), with a TTL of that reset_after, at most RECEIPT_TTL_US.
+local RECEIPT_TTL_US = 10000000
+
+local function receipt_key(key, call_id, i)
+  return key .. ':r:' .. call_id .. ':' .. i
+end
+
+local function write_receipt(key, call_id, i, d)
+  local reset = clamp(d.after_reset)
+  redis.call('SET', receipt_key(key, call_id, i),
+    int(now) .. ':' .. int(reset) .. ':' .. int(d.first or 0),
+    'PX', ttl_ms(math.min(reset, RECEIPT_TTL_US)))
+end
+
+-- A receipt's value as numbers { at, reset, first }, or nil when it is not one.
+local function read_receipt(value)
+  local at, reset, first = string.match(value, '^(%d+):(%d+):(%d+)$')
+  if not at then
+    return nil
+  end
+  return { at = tonumber(at), reset = tonumber(reset), first = tonumber(first) }
+end

@@ -6,6 +6,7 @@
 -- millisecond, or microsecond, are two entries. Expired entries are trimmed
 -- only by an admitted call (a rejected call writes nothing), so the set never
 -- holds more than `limit` entries. The TTL is newest + period.
+
 -- Rewrites every entry `delta` µs earlier (members follow their scores), so
 -- that a log stamped in the future ends now; order and spacing are kept.
 local function sliding_shift(key, delta)
@@ -25,6 +26,7 @@ local function sliding_shift(key, delta)
 end
 
 ALGOS[2] = {
+  capacity = 'limit',
   evaluate = function(key, p)
     local floor = now - p.period
     local n = redis.call('ZCOUNT', key, '(' .. int(floor), '+inf')
@@ -56,7 +58,8 @@ ALGOS[2] = {
       after_remaining = p.limit - n - p.cost,
       after_reset = after_newest + p.period - now,
       retry = 0,
-      write = { first = first, floor = floor, newest = after_newest },
+      write = { floor = floor, newest = after_newest },
+      first = first,
     }
     if not admitted then
       -- The call fits once the (n + cost - limit)-th oldest live entry expires.
@@ -75,7 +78,7 @@ ALGOS[2] = {
       local args = {}
       local last = math.min(i + 500, p.cost)
       while i < last do
-        local score = int(w.first + i)
+        local score = int(d.first + i)
         args[#args + 1] = score
         args[#args + 1] = score
         i = i + 1
@@ -83,5 +86,15 @@ ALGOS[2] = {
       redis.call('ZADD', key, unpack(args))
     end
     redis.call('PEXPIRE', key, ttl_ms(w.newest + p.period - now))
+  end,
+  -- Removes exactly the call's own entries (scores first .. first+cost-1),
+  -- never another caller's: scores strictly increase, so no other entry ever
+  -- has one of those scores. Once they have expired the call holds nothing and
+  -- nothing changes.
+  refund = function(key, p, r)
+    if r.first < 1 then
+      return
+    end
+    redis.call('ZREMRANGEBYSCORE', key, int(r.first), int(r.first + p.cost - 1))
   end,
 }

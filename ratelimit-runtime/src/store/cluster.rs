@@ -38,10 +38,11 @@
 //!     a bucket the part of the call's units that has not drained or refilled since the take.
 //!     A refund that arrives late gives back less, never more.
 //!
-//!   The details are in `src/scripts/refund.lua`. Refunded at once, as usual, a fixed window
-//!   or a sliding log gets back exactly what the call took, and a bucket all of it but at
-//!   most the drain or refill of the round trip (which the rejected call holds for as long as
-//!   that round trip took). The receipts of an admitted call stay until they expire (their
+//!   The details are in `src/scripts/refund.lua` and each algorithm's `refund` (`fixed.lua`,
+//!   `sliding.lua`, `bucket.lua`). Refunded at once, as usual, a fixed window or a sliding log
+//!   gets back exactly what the call took, and a bucket all of it but at most the drain or
+//!   refill of the round trip (which the rejected call holds for as long as that round trip
+//!   took). The receipts of an admitted call stay until they expire (their
 //!   TTL is the limit's `reset_after`, at most about a period): one small key per limit of
 //!   each group but the last. Calls whose limits all share one slot leave none. A store
 //!   error in a later group leaves what earlier groups took (the failure policy decides about
@@ -84,7 +85,7 @@ use redis::cluster_routing::Slot;
 use redis::{IntoConnectionInfo, Script, Value};
 
 use super::lazy::LazyConnection;
-use super::redis::{eval_checks, load_scripts, parse_reply};
+use super::redis::{eval_checks, load_scripts, parse_reply, script_sources};
 use super::{Check, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Decision, Policy, Verdict};
@@ -93,21 +94,10 @@ use crate::policy::{Decision, Policy, Verdict};
 /// `RATELIMIT_REDIS_CLUSTER_NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379`.
 pub const NODES_ENV: &str = "RATELIMIT_REDIS_CLUSTER_NODES";
 
-/// The companion script of multi-slot calls: the prelude, all four algorithms and
-/// `refund.lua` (peek and refund modes) instead of the driver.
-static COMPENSATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        &[
-            include_str!("../scripts/prelude.lua"),
-            include_str!("../scripts/fixed.lua"),
-            include_str!("../scripts/sliding.lua"),
-            include_str!("../scripts/leaky.lua"),
-            include_str!("../scripts/token.lua"),
-            include_str!("../scripts/refund.lua"),
-        ]
-        .concat(),
-    )
-});
+/// The companion script of multi-slot calls: the prelude, every algorithm and `refund.lua`
+/// (peek and refund modes) instead of the driver (the text is assembled with the others in
+/// `store/redis.rs`).
+static COMPENSATE: LazyLock<Script> = LazyLock::new(|| Script::new(script_sources().companion));
 
 /// A fresh id for one cross-slot call: this process's random 64-bit value and a counter, as
 /// 17 to 32 lower-case hex digits (the scripts' call id format). The receipts of two calls

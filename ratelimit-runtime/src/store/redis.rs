@@ -50,35 +50,101 @@ use crate::policy::{Algorithm, Decision, Verdict};
 const PRELUDE: &str = include_str!("../scripts/prelude.lua");
 const FIXED: &str = include_str!("../scripts/fixed.lua");
 const SLIDING: &str = include_str!("../scripts/sliding.lua");
-const LEAKY: &str = include_str!("../scripts/leaky.lua");
-const TOKEN: &str = include_str!("../scripts/token.lua");
+/// The token and the leaky bucket: one rule, registered under both codes.
+const BUCKET: &str = include_str!("../scripts/bucket.lua");
 const DRIVER: &str = include_str!("../scripts/driver.lua");
+const REFUND: &str = include_str!("../scripts/refund.lua");
 
+/// The Lua file that holds `algorithm`'s rule (its evaluate, commit and refund).
 fn source(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::Fixed => FIXED,
         Algorithm::Sliding => SLIDING,
-        Algorithm::Leaky => LEAKY,
-        Algorithm::Token => TOKEN,
+        Algorithm::Leaky | Algorithm::Token => BUCKET,
     }
 }
 
-/// The scripts: one per algorithm (prelude + that algorithm + driver) and one with all four,
-/// for calls that stack different algorithms. Each is hashed once.
+/// The exact texts the Redis stores send (`SCRIPT LOAD`, and `EVALSHA` of their SHA1), for
+/// tests that run the very same bytes elsewhere (the conformance test's embedded Lua).
+///
+/// Each script is the prelude, one or more algorithm files, and a composer (the driver, or the
+/// cluster's companion).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ScriptSources {
+    /// The script [`RedisStore`] sends for a call whose limits all use one algorithm, in the
+    /// order of [`Algorithm::ALL`] (fixed, sliding, leaky, token; a position plus one is the
+    /// algorithm's code in the scripts' arguments): the prelude, that algorithm's file and the
+    /// driver. Leaky and token are the same text (`bucket.lua` serves both codes).
+    pub single: [&'static str; 4],
+    /// The script for calls that stack different algorithms: the prelude, every algorithm file
+    /// and the driver.
+    pub combined: &'static str,
+    /// The Redis Cluster store's companion script (peek and refund modes): the prelude, every
+    /// algorithm file and `refund.lua`.
+    pub companion: &'static str,
+}
+
+impl ScriptSources {
+    /// The script sent for a call whose limits all use `algorithm`.
+    pub fn for_algorithm(&self, algorithm: Algorithm) -> &'static str {
+        self.single[usize::from(algorithm.code() - 1)]
+    }
+}
+
+/// The texts, concatenated once.
+struct Texts {
+    single: [String; 4],
+    combined: String,
+    companion: String,
+}
+
+static TEXTS: LazyLock<Texts> = LazyLock::new(|| Texts {
+    single: Algorithm::ALL.map(|a| [PRELUDE, source(a), DRIVER].concat()),
+    combined: [PRELUDE, FIXED, SLIDING, BUCKET, DRIVER].concat(),
+    companion: [PRELUDE, FIXED, SLIDING, BUCKET, REFUND].concat(),
+});
+
+/// The exact script texts the Redis and Redis Cluster stores send (see [`ScriptSources`]).
+#[doc(hidden)]
+pub fn script_sources() -> ScriptSources {
+    let texts = &*TEXTS;
+    ScriptSources {
+        single: texts.single.each_ref().map(String::as_str),
+        combined: &texts.combined,
+        companion: &texts.companion,
+    }
+}
+
+/// The checks' scripts, each hashed once: one per algorithm code (leaky and token share one
+/// text, so one script) and one with every algorithm, for calls that stack different ones.
 struct Scripts {
-    single: [Script; 4],
+    /// The script of each algorithm code, by `code() - 1`: an index into `distinct`.
+    single: [usize; 4],
     combined: Script,
-    /// The source of each, in the order of [`Scripts::all`], for `SCRIPT LOAD`.
-    sources: Vec<String>,
+    /// The per-algorithm scripts, each text once.
+    distinct: Vec<Script>,
+    /// The source of each script of [`Scripts::all`], in its order, for `SCRIPT LOAD`.
+    sources: Vec<&'static str>,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
-    let single = Algorithm::ALL.map(|a| [PRELUDE, source(a), DRIVER].concat());
-    let combined = [PRELUDE, FIXED, SLIDING, LEAKY, TOKEN, DRIVER].concat();
+    let texts = script_sources();
+    let mut sources: Vec<&'static str> = Vec::new();
+    let single = texts.single.map(|text| {
+        sources.iter().position(|s| *s == text).unwrap_or_else(|| {
+            sources.push(text);
+            sources.len() - 1
+        })
+    });
+    let distinct = sources.iter().map(|s| Script::new(s)).collect();
+    sources.push(texts.combined);
     Scripts {
-        single: single.each_ref().map(|s| Script::new(s)),
-        combined: Script::new(&combined),
-        sources: single.into_iter().chain([combined]).collect(),
+        single,
+        combined: Script::new(texts.combined),
+        distinct,
+        sources,
     }
 });
 
@@ -90,14 +156,20 @@ impl Scripts {
         };
         let algorithm = first.policy.algorithm();
         if checks.iter().all(|c| c.policy.algorithm() == algorithm) {
-            &self.single[usize::from(algorithm.code() - 1)]
+            self.for_algorithm(algorithm)
         } else {
             &self.combined
         }
     }
 
+    /// The script of calls whose limits all use `algorithm`.
+    fn for_algorithm(&self, algorithm: Algorithm) -> &Script {
+        &self.distinct[self.single[usize::from(algorithm.code() - 1)]]
+    }
+
+    /// Every script, each text once: the per-algorithm ones, then the combined one.
     fn all(&self) -> impl Iterator<Item = &Script> {
-        self.single.iter().chain(std::iter::once(&self.combined))
+        self.distinct.iter().chain(std::iter::once(&self.combined))
     }
 }
 
@@ -142,7 +214,8 @@ where
 /// the call to one node (a single server, or a cluster with hash-tagged keys) reuses it.
 ///
 /// With a `call_id` (1 to 32 lower-case hex digits), an admitted call also leaves a receipt per
-/// limit for the Redis Cluster store's refunds (see `scripts/driver.lua`).
+/// limit for the Redis Cluster store's refunds (see `scripts/driver.lua` and
+/// `scripts/prelude.lua`).
 pub(crate) async fn eval_checks<C>(
     conn: &mut C,
     checks: &[Check<'_>],
@@ -459,18 +532,65 @@ mod tests {
     }
 
     #[test]
-    fn one_script_per_algorithm_and_one_for_mixed_calls() {
-        let (f, t) = (policy(Algorithm::Fixed), policy(Algorithm::Token));
-        let same = [Check::new("a", &t), Check::new("b", &t)];
-        let mixed = [Check::new("a", &t), Check::new("b", &f)];
-        assert_eq!(
-            SCRIPTS.for_checks(&same).get_hash(),
-            SCRIPTS.single[3].get_hash()
-        );
-        assert_eq!(
-            SCRIPTS.for_checks(&mixed).get_hash(),
-            SCRIPTS.combined.get_hash()
-        );
+    fn one_script_per_algorithm_the_buckets_share_one_and_one_for_mixed_calls() {
+        let [f, s, l, t] = Algorithm::ALL.map(policy);
+        let hash = |checks: &[Check<'_>]| SCRIPTS.for_checks(checks).get_hash().to_owned();
+        let fixed = hash(&[Check::new("a", &f), Check::new("b", &f)]);
+        let sliding = hash(&[Check::new("a", &s)]);
+        let leaky = hash(&[Check::new("a", &l), Check::new("b", &l)]);
+        let token = hash(&[Check::new("a", &t), Check::new("b", &t)]);
+        let mixed = hash(&[Check::new("a", &t), Check::new("b", &l)]);
+        // The token and the leaky bucket are one rule (bucket.lua): one script serves both.
+        assert_eq!(leaky, token);
+        assert_eq!(mixed, SCRIPTS.combined.get_hash());
+        let distinct: std::collections::HashSet<_> =
+            [&fixed, &sliding, &token, &mixed].into_iter().collect();
+        assert_eq!(distinct.len(), 4, "{distinct:?}");
+        // What is loaded is every script once, and each is the text `script_sources` gives.
+        let loaded: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
+        assert_eq!(loaded, [&fixed, &sliding, &token, &mixed]);
+        let texts = script_sources();
+        for (a, p) in Algorithm::ALL.into_iter().zip([&f, &s, &l, &t]) {
+            assert_eq!(
+                Script::new(texts.for_algorithm(a)).get_hash(),
+                hash(&[Check::new("a", p)]),
+                "{a}"
+            );
+        }
+        assert_eq!(Script::new(texts.combined).get_hash(), mixed);
+        let sources: Vec<String> = SCRIPTS
+            .sources
+            .iter()
+            .map(|s| Script::new(s).get_hash().to_owned())
+            .collect();
+        assert_eq!(sources, loaded);
+    }
+
+    #[test]
+    fn each_script_is_the_prelude_its_algorithm_files_and_one_composer() {
+        let texts = script_sources();
+        for (a, text) in Algorithm::ALL.into_iter().zip(texts.single) {
+            assert_eq!(text, [PRELUDE, source(a), DRIVER].concat(), "{a}");
+        }
+        assert_eq!(texts.single[2], texts.single[3]);
+        let algorithms = [FIXED, SLIDING, BUCKET].concat();
+        assert_eq!(texts.combined, [PRELUDE, &algorithms, DRIVER].concat());
+        assert_eq!(texts.companion, [PRELUDE, &algorithms, REFUND].concat());
+        // Every rule file registers its codes; the composers register none.
+        for (file, codes) in [
+            (FIXED, &["ALGOS[1]"][..]),
+            (SLIDING, &["ALGOS[2]"]),
+            (BUCKET, &["ALGOS[3]", "ALGOS[4]"]),
+        ] {
+            for code in codes {
+                assert!(file.contains(code), "{code}");
+            }
+        }
+        for composer in [PRELUDE, DRIVER, REFUND] {
+            for code in ["ALGOS[1]", "ALGOS[2]", "ALGOS[3]", "ALGOS[4]"] {
+                assert!(!composer.contains(code), "a composer registers {code}");
+            }
+        }
     }
 
     #[test]

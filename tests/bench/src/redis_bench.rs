@@ -36,16 +36,9 @@ const PERIOD_MEMORY: Duration = Duration::from_secs(86_400);
 /// The script text the store sends for a call with one limit of `algorithm`: the prelude, that
 /// algorithm and the driver, exactly as `RedisStore` concatenates them.
 fn script_text(algorithm: Algorithm) -> String {
-    const PRELUDE: &str = include_str!("../../../ratelimit-runtime/src/scripts/prelude.lua");
-    const DRIVER: &str = include_str!("../../../ratelimit-runtime/src/scripts/driver.lua");
-    let body = match algorithm {
-        Algorithm::Fixed => include_str!("../../../ratelimit-runtime/src/scripts/fixed.lua"),
-        Algorithm::Sliding => include_str!("../../../ratelimit-runtime/src/scripts/sliding.lua"),
-        Algorithm::Leaky => include_str!("../../../ratelimit-runtime/src/scripts/leaky.lua"),
-        Algorithm::Token => include_str!("../../../ratelimit-runtime/src/scripts/token.lua"),
-        _ => unreachable!("the four algorithms of the store"),
-    };
-    [PRELUDE, body, DRIVER].concat()
+    ratelimit_runtime::store::redis::script_sources()
+        .for_algorithm(algorithm)
+        .to_owned()
 }
 
 fn throughput_policy(algorithm: Algorithm) -> Policy {
