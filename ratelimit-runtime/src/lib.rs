@@ -16,6 +16,7 @@ pub mod algorithm;
 pub mod error;
 pub mod http;
 pub mod key;
+mod limit;
 pub mod limiter;
 pub mod net;
 pub mod policy;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::UserId;
 use super::ip;
 use super::response::{Fields, Refusal, static_rate_fields};
-use crate::__private::{By, Limit, keys_for};
+use crate::limit::{By, Limit, keys_for};
 use crate::limiter::{RateLimiter, Settings};
 use crate::store::Check;
 

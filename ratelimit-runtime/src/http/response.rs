@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
-use crate::__private::Limit;
+use crate::limit::Limit;
 use crate::limiter::{HeaderStyle, Settings};
 use crate::policy::Verdict;
 
@@ -262,7 +262,7 @@ pub(crate) fn push_json_string(out: &mut String, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::__private::By;
+    use crate::limit::By;
     use crate::policy::{Algorithm, Decision, Policy};
     use std::sync::LazyLock;
 
