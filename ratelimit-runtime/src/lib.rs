@@ -13,12 +13,16 @@
 //! integrations.
 
 pub mod algorithm;
+#[doc(hidden)] // its items are re-exported at the root
 pub mod error;
 pub mod http;
 pub mod key;
 mod limit;
+#[doc(hidden)] // its items are re-exported at the root
 pub mod limiter;
+#[doc(hidden)] // its items are re-exported at the root
 pub mod net;
+#[doc(hidden)] // its items are re-exported at the root
 pub mod policy;
 pub mod store;
 
@@ -26,10 +30,13 @@ pub mod store;
 pub mod __private;
 
 pub use error::{ConfigError, RateLimitError, StoreError};
-pub use http::UserId;
-pub use limiter::{Builder, FailurePolicy, ForwardedHeader, HeaderStyle, RateLimiter, Settings};
-pub use net::IpNet;
-pub use policy::{Algorithm, Decision, Policy, PolicyError, Verdict};
+pub use http::settings::{ForwardedHeader, HeaderStyle};
+pub use http::user::UserId;
+pub use limiter::{Builder, FailurePolicy, RateLimiter, Settings};
+pub use net::{IpNet, IpNetParseError};
+pub use policy::{
+    Algorithm, Decision, MAX_BUCKET_SCALE, MAX_UNITS, Policy, PolicyError, Verdict,
+};
 pub use ratelimit_macros::rate_limit;
 #[cfg(feature = "cluster")]
 pub use store::RedisClusterStore;

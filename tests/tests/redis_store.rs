@@ -688,7 +688,7 @@ async fn tls_with_the_tls_feature() {
 #[tokio::test]
 async fn numbers_at_the_bounds_stay_exact_and_match_memory() {
     use ratelimit_runtime::MemoryStore;
-    use ratelimit_runtime::policy::{MAX_BUCKET_SCALE, MAX_UNITS};
+    use ratelimit_runtime::{MAX_BUCKET_SCALE, MAX_UNITS};
     let server = RedisServer::start();
     let redis = RedisStore::connect(&server.url()).await.expect("connect");
     let memory = MemoryStore::new();
