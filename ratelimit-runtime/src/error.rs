@@ -244,10 +244,8 @@ impl From<redis::RedisError> for StoreError {
         if matches!(e.kind(), ErrorKind::UnexpectedReturnType) {
             return Self::BadReply(e.to_string());
         }
-        let about_this_call = matches!(
-            e.kind(),
-            ErrorKind::Server(ServerErrorKind::ResponseError)
-        ) || e.code() == Some("WRONGTYPE");
+        let about_this_call = matches!(e.kind(), ErrorKind::Server(ServerErrorKind::ResponseError))
+            || e.code() == Some("WRONGTYPE");
         if about_this_call {
             Self::backend(e)
         } else {
@@ -304,7 +302,10 @@ mod tests {
         let e = StoreError::from(redis::RedisError::from(io));
         assert!(e.is_connection() && e.is_transport(), "{e:?}");
         let source = e.source().expect("a source");
-        assert!(source.downcast_ref::<redis::RedisError>().is_some(), "{source:?}");
+        assert!(
+            source.downcast_ref::<redis::RedisError>().is_some(),
+            "{source:?}"
+        );
         assert!(e.to_string().contains("refused"), "{e}");
     }
 

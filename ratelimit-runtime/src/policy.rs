@@ -144,7 +144,9 @@ impl PolicyError {
     pub const fn message(self) -> &'static str {
         match self.violation() {
             Some(v) => v.message(),
-            None => "unknown algorithm: expected one of \"fixed\", \"sliding\", \"leaky\", \"token\"",
+            None => {
+                "unknown algorithm: expected one of \"fixed\", \"sliding\", \"leaky\", \"token\""
+            }
         }
     }
 }

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::UserId;
 use super::ip;
 use super::response::{Fields, Refusal, static_rate_fields};
-use crate::limit::{By, Limit, keys_for};
 use super::settings::HttpSettings;
+use crate::limit::{By, Limit, keys_for};
 use crate::limiter::{RateLimiter, Settings};
 use crate::store::Check;
 

@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
-use crate::limit::Limit;
 use super::settings::{HeaderStyle, HttpSettings};
+use crate::limit::Limit;
 use crate::policy::Verdict;
 
 /// Header fields to add to a response: lower-case static names, ASCII values.

@@ -200,6 +200,9 @@ mod tests {
             drop(g);
         }
         assert!(b.last_error().is_connection());
-        assert_eq!(b.last_error().to_string(), StoreError::connection("down").to_string());
+        assert_eq!(
+            b.last_error().to_string(),
+            StoreError::connection("down").to_string()
+        );
     }
 }

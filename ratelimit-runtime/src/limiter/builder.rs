@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use super::{FailurePolicy, RateLimiter, Settings};
 use crate::error::ConfigError;
-use crate::http::ForwardedHeader;
-use crate::http::HeaderStyle;
+use crate::http::{ForwardedHeader, HeaderStyle};
 use crate::key;
 use crate::net::IpNet;
 use crate::store::{MemoryStore, RedisStore, Store};
