@@ -108,6 +108,11 @@ pub fn render(pieces: &[Piece<'_>]) -> String {
 
 /// A policy from the macro's already-checked arguments; evaluated at compile time, where an
 /// invalid one fails the build.
+///
+/// # Panics
+///
+/// When the arguments break a rule of [`Policy::from_parts`], with that rule's message: in the
+/// `static` the macro emits, a compile error.
 pub const fn policy(
     algorithm: Algorithm,
     num: u64,

@@ -419,6 +419,42 @@ mod tests {
     }
 
     #[test]
+    fn policy_errors_say_what_the_shared_rules_say() {
+        use rules::Violation;
+        for v in [
+            Violation::ZeroLimit,
+            Violation::ZeroPeriod,
+            Violation::PeriodTooLong,
+            Violation::ZeroBurst,
+            Violation::ZeroCost,
+            Violation::TooManyUnits,
+            Violation::BucketTooFine,
+            Violation::CostExceedsCapacity,
+        ] {
+            let e = PolicyError::from_violation(v);
+            assert_eq!(e.violation(), Some(v));
+            assert_eq!(e.to_string(), v.message());
+        }
+        assert!(
+            PolicyError::UnknownAlgorithm
+                .to_string()
+                .contains("sliding")
+        );
+    }
+
+    #[test]
+    fn the_bucket_rule_never_overflows_on_extreme_input() {
+        for (num, ms, burst) in [(1, u64::MAX, 1), (u64::MAX, u64::MAX, u64::MAX), (0, 0, 0)] {
+            let _ = rules::check_bucket_scale(num, ms, burst);
+            let _ = rules::check(true, num, ms, burst, burst);
+        }
+        assert_eq!(
+            rules::check_bucket_scale(1, u64::MAX, 1),
+            Err(rules::Violation::BucketTooFine)
+        );
+    }
+
+    #[test]
     fn verdict_binding_picks_the_longest_wait_or_the_fewest_left() {
         let ms = Duration::from_millis;
         let roomy = Decision::new(true, 10, 3, ms(5), ms(0));

@@ -105,8 +105,11 @@ pub const fn check_bucket_scale(num: u64, period_ms: u64, burst: u64) -> Result<
     let Some(micros) = period_ms.checked_mul(1000) else {
         return Err(Violation::BucketTooFine);
     };
-    let g = gcd(num, micros);
-    let step = if g == 0 { micros } else { micros / g };
+    // `gcd` is 0 only when both are; then the step is the period itself.
+    let step = match micros.checked_div(gcd(num, micros)) {
+        Some(step) => step,
+        None => micros,
+    };
     match burst.checked_mul(step) {
         Some(scale) if scale <= MAX_BUCKET_SCALE => Ok(()),
         _ => Err(Violation::BucketTooFine),
