@@ -2,10 +2,14 @@
 //! `use ratelimit_runtime::rate_limit;`.
 //!
 //! The crate is split by phase: `attr` reads one attribute's arguments, `valid`
-//! cross-checks them against each other and the function, `expand` generates the code.
+//! cross-checks them against each other and the function, `expand` generates the code. The
+//! numeric rules of a policy are the runtime's own file (`rules`), compiled here too.
 
 mod attr;
 mod expand;
+// The runtime's policy rules: this file is a link to `ratelimit-runtime/src/policy/rules.rs`.
+#[allow(dead_code, unreachable_pub)]
+mod rules;
 mod valid;
 
 use proc_macro::TokenStream;

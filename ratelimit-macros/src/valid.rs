@@ -6,23 +6,7 @@ use syn::spanned::Spanned as _;
 use syn::{FnArg, ItemFn, Pat, ReturnType, Type};
 
 use crate::attr::{Algo, Args, By, Framework, KeyTemplate, Spanned};
-
-/// The longest period the stores accept (the runtime's `MAX_PERIOD_MS`: 100 years).
-const MAX_PERIOD_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
-
-/// The runtime's `policy::MAX_UNITS`: the largest `num`, `burst` or `cost` (2^50).
-const MAX_UNITS: u64 = 1 << 50;
-
-/// The runtime's `policy::MAX_BUCKET_SCALE` (2^52): the largest
-/// `burst × period_µs / gcd(num, period_µs)` of a bucket.
-const MAX_BUCKET_SCALE: u64 = 1 << 52;
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
+use crate::rules;
 
 /// One checked limit, ready for code generation.
 #[derive(Debug)]
@@ -193,7 +177,8 @@ pub(crate) fn check(attrs: Vec<Args>, func: &ItemFn) -> syn::Result<Checked> {
     }
 }
 
-/// The policy rules of `ratelimit_runtime::Policy::from_parts`, with spans.
+/// The policy rules of `ratelimit_runtime::Policy::from_parts` (one file, [`rules`], compiled
+/// into both crates), with spans.
 fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
     let before = errors.len();
     if !args.written.contains(&"num") {
@@ -209,14 +194,11 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         ));
     }
     let algo = args.algo.as_ref().map_or(Algo::Fixed, |a| a.value);
-    if let (Some(time), true) = (
-        &args.time,
-        args.time.as_ref().is_some_and(|t| t.value > MAX_PERIOD_MS),
-    ) {
-        errors.push(syn::Error::new(
-            time.span,
-            "`time` is too long: at most 100 years",
-        ));
+    // `num`, `time`, `burst` and `cost` are positive: `attr` rejects 0 where it parses them.
+    if let Some(time) = &args.time
+        && let Err(v) = rules::check_period(time.value)
+    {
+        errors.push(syn::Error::new(time.span, v.message()));
     }
     if let Some(burst) = args.burst.as_ref().filter(|_| !algo.is_bucket()) {
         errors.push(syn::Error::new(
@@ -224,42 +206,40 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
                 "`burst` is the capacity of a bucket: it applies to algo = \"leaky\" or \"token\" only (for \"fixed\" and \"sliding\" the capacity is `num`)",
             ));
     }
-    for (name, value) in [
-        ("num", &args.num),
-        ("burst", &args.burst),
-        ("cost", &args.cost),
-    ] {
-        if let Some(v) = value.as_ref().filter(|v| v.value > MAX_UNITS) {
-            errors.push(syn::Error::new(
-                v.span,
-                format!("`{name}` is too large: at most 2^50 (1125899906842624), so that every number the Redis scripts return stays exact"),
-            ));
+    let mut units_ok = true;
+    for value in [&args.num, &args.burst, &args.cost].into_iter().flatten() {
+        if let Err(v) = rules::check_units(value.value) {
+            errors.push(syn::Error::new(value.span, v.message()));
+            units_ok = false;
         }
     }
     let (num, time) = (args.num.as_ref()?, args.time.as_ref()?);
     let burst = args.burst.as_ref().map_or(num.value, |b| b.value);
-    if algo.is_bucket() && num.value <= MAX_UNITS && burst <= MAX_UNITS && num.value > 0 {
-        let period_us = time.value.saturating_mul(1000);
-        let scale = burst.checked_mul(period_us / gcd(num.value, period_us).max(1));
-        if scale.is_none_or(|s| s > MAX_BUCKET_SCALE) {
-            let at = args.burst.as_ref().map_or(num.span, |b| b.span);
-            errors.push(syn::Error::new(
-                at,
-                "this bucket cannot be kept exact: burst × (period in µs / gcd(num, period in µs)) must be at most 2^52; lower `burst` or `time`, or pick a `num` that divides the period in microseconds",
-            ));
-        }
+    if algo.is_bucket()
+        && units_ok
+        && let Err(v) = rules::check_bucket_scale(num.value, time.value, burst)
+    {
+        let at = args.burst.as_ref().map_or(num.span, |b| b.span);
+        errors.push(syn::Error::new(at, v.message()));
     }
     let cost = args.cost.as_ref().map_or(1, |c| c.value);
-    let capacity = if algo.is_bucket() { burst } else { num.value };
-    if let Some(c) = args.cost.as_ref().filter(|c| c.value > capacity) {
+    let capacity = rules::capacity(algo.is_bucket(), num.value, burst);
+    if let Some(c) = &args.cost
+        && let Err(v) = rules::check_cost(c.value, capacity)
+    {
+        let from = if algo.is_bucket() && args.burst.is_some() {
+            "burst"
+        } else {
+            "num"
+        };
         errors.push(syn::Error::new(
-                c.span,
-                format!(
-                    "`cost` ({}) is larger than the capacity ({capacity}, from `{}`): no call could ever be admitted",
-                    c.value,
-                    if algo.is_bucket() && args.burst.is_some() { "burst" } else { "num" }
-                ),
-            ));
+            c.span,
+            format!(
+                "{} (`cost` = {}, capacity {capacity} from `{from}`)",
+                v.message(),
+                c.value
+            ),
+        ));
     }
     if errors.len() > before {
         return None;

@@ -2,6 +2,7 @@
 //! ([`StoreError`]) and what configuration returns ([`ConfigError`]).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Why a rate-limited call did not run.
@@ -87,35 +88,106 @@ impl std::error::Error for RateLimitError {
 ///
 /// Two kinds of failure, told apart by [`StoreError::is_transport`]:
 ///
-/// * the store could not be asked (a timeout, a refused or dropped connection, a server that is
-///   loading or failing over): every other call is likely to fail the same way, so the limiter's
-///   breaker counts these and answers with the failure policy for a short backoff;
-/// * the store answered, but not something this call can use (a reply that does not parse, a
-///   script error, a memory store with no room for a new key): an error for this call only. It
-///   never opens the breaker, so it never changes another call's answer.
+/// * the store could not be asked ([`StoreError::Connection`], [`StoreError::Timeout`]): a
+///   refused or dropped connection, a server that is loading or failing over, no answer in
+///   time. Every other call is likely to fail the same way, so the limiter's breaker counts
+///   these and answers with the failure policy for a short backoff;
+/// * the store answered, but not something this call can use ([`StoreError::Backend`]: an
+///   error reply such as a script error or a key holding another type;
+///   [`StoreError::BadReply`]: a reply that does not parse; [`StoreError::Full`]: a memory store
+///   with no room for a new key): an error for this call only. It never opens the breaker, so
+///   it never changes another call's answer.
+///
+/// Branch on the predicates ([`StoreError::is_transport`], [`StoreError::is_connection`], …)
+/// rather than on the variants: the enum is `#[non_exhaustive]`. The cause of a connection or
+/// backend error is kept as its [`std::error::Error::source`].
+///
+/// ```
+/// use std::error::Error as _;
+/// use std::time::Duration;
+/// use ratelimit_runtime::StoreError;
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+/// let e = StoreError::connection(io);
+/// assert!(e.is_connection() && e.is_transport());
+/// assert_eq!(e.source().map(ToString::to_string).as_deref(), Some("refused"));
+/// assert!(StoreError::Timeout(Duration::from_millis(50)).is_timeout());
+/// assert!(!StoreError::backend("WRONGTYPE").is_transport());
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The check took longer than the configured timeout.
+    /// The store could not be reached or is not serving: the connection was refused or
+    /// dropped, the server is loading, failing over or has no master. A transport failure.
+    Connection {
+        /// What the client library reported.
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// The check took longer than the configured timeout. A transport failure.
     Timeout(Duration),
-    /// Redis could not be reached or is not serving (connection refused or dropped, loading,
-    /// failing over).
-    Redis(String),
-    /// The store answered something this library does not understand, or refused this call
-    /// (a script error). An error for this call only.
+    /// The store answered this call with an error (a script error, a key holding another
+    /// type): an error for this call only.
+    Backend {
+        /// The error the store answered.
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// The store answered something this library does not understand (a reply of the wrong
+    /// shape), or a call it cannot serve as asked: an error for this call only.
     BadReply(String),
     /// The memory store holds its maximum number of keys and none of them is idle: a new key
-    /// cannot be added without forgetting another caller's state.
+    /// cannot be added without forgetting another caller's state. An error for this call only.
     Full {
         /// The store's bound ([`crate::MemoryStore::max_keys`]).
         max_keys: usize,
     },
+    /// The message-only form of [`StoreError::Connection`], kept while every store moves to
+    /// [`StoreError::connection`]; the same kind (a transport failure), without a source.
+    Redis(String),
 }
 
 impl StoreError {
+    /// A connection failure caused by `source` (an error, or a message).
+    pub fn connection(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Connection {
+            source: Arc::from(source.into()),
+        }
+    }
+
+    /// An error the store answered to this call, caused by `source` (an error, or a message).
+    pub fn backend(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Backend {
+            source: Arc::from(source.into()),
+        }
+    }
+
+    /// A reply this library does not understand; `what` says what was wrong with it.
+    pub fn bad_reply(what: impl Into<String>) -> Self {
+        Self::BadReply(what.into())
+    }
+
     /// `true` for a timeout.
     pub fn is_timeout(&self) -> bool {
         matches!(self, Self::Timeout(_))
+    }
+
+    /// `true` when the store could not be reached or is not serving.
+    pub fn is_connection(&self) -> bool {
+        matches!(self, Self::Connection { .. } | Self::Redis(_))
+    }
+
+    /// `true` when the store answered this call with an error.
+    pub fn is_backend(&self) -> bool {
+        matches!(self, Self::Backend { .. })
+    }
+
+    /// `true` when the store's reply could not be used.
+    pub fn is_bad_reply(&self) -> bool {
+        matches!(self, Self::BadReply(_))
+    }
+
+    /// `true` when a memory store had no room for a new key.
+    pub fn is_full(&self) -> bool {
+        matches!(self, Self::Full { .. })
     }
 
     /// `true` when the store could not be asked at all (a timeout or a connection failure),
@@ -127,17 +199,21 @@ impl StoreError {
     /// use std::time::Duration;
     /// use ratelimit_runtime::StoreError;
     /// assert!(StoreError::Timeout(Duration::from_millis(50)).is_transport());
-    /// assert!(!StoreError::BadReply("remaining -1".into()).is_transport());
+    /// assert!(StoreError::connection("connection refused").is_transport());
+    /// assert!(!StoreError::bad_reply("remaining -1").is_transport());
+    /// assert!(!StoreError::backend("ERR script error").is_transport());
     /// ```
     pub fn is_transport(&self) -> bool {
-        matches!(self, Self::Timeout(_) | Self::Redis(_))
+        self.is_timeout() || self.is_connection()
     }
 }
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::Connection { source } => write!(f, "cannot reach the store: {source}"),
             Self::Timeout(d) => write!(f, "no answer within {}ms", d.as_millis()),
+            Self::Backend { source } => write!(f, "the store answered an error: {source}"),
             Self::Redis(e) => write!(f, "redis: {e}"),
             Self::BadReply(e) => write!(f, "unexpected reply from the store: {e}"),
             Self::Full { max_keys } => write!(
@@ -148,23 +224,32 @@ impl fmt::Display for StoreError {
     }
 }
 
-impl std::error::Error for StoreError {}
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Connection { source } | Self::Backend { source } => Some(&**source),
+            Self::Timeout(_) | Self::BadReply(_) | Self::Full { .. } | Self::Redis(_) => None,
+        }
+    }
+}
 
 impl From<redis::RedisError> for StoreError {
     /// An error reply to the script itself (`ERR …` raised by the script, a wrong type under a
-    /// key, an unexpected reply type) is about this call: [`StoreError::BadReply`]. Everything
-    /// else (I/O, refused or dropped connections, `LOADING`, `MASTERDOWN`, `CLUSTERDOWN`,
-    /// `READONLY`, `BUSY`, …) means the store is not serving: [`StoreError::Redis`].
+    /// key) is about this call: [`StoreError::Backend`]; a reply of an unexpected type is
+    /// [`StoreError::BadReply`]. Everything else (I/O, refused or dropped connections,
+    /// `LOADING`, `MASTERDOWN`, `CLUSTERDOWN`, `READONLY`, `BUSY`, …) means the store is not
+    /// serving: [`StoreError::Connection`]. The redis error is kept as the source.
     fn from(e: redis::RedisError) -> Self {
         use redis::{ErrorKind, ServerErrorKind};
-        let about_this_call = matches!(
-            e.kind(),
-            ErrorKind::Server(ServerErrorKind::ResponseError) | ErrorKind::UnexpectedReturnType
-        ) || e.code() == Some("WRONGTYPE");
+        if matches!(e.kind(), ErrorKind::UnexpectedReturnType) {
+            return Self::BadReply(e.to_string());
+        }
+        let about_this_call = matches!(e.kind(), ErrorKind::Server(ServerErrorKind::ResponseError))
+            || e.code() == Some("WRONGTYPE");
         if about_this_call {
-            Self::BadReply(e.to_string())
+            Self::backend(e)
         } else {
-            Self::Redis(e.to_string())
+            Self::connection(e)
         }
     }
 }
@@ -204,3 +289,56 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn a_refused_connection_is_a_transport_error_that_keeps_the_redis_error_as_its_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = StoreError::from(redis::RedisError::from(io));
+        assert!(e.is_connection() && e.is_transport(), "{e:?}");
+        let source = e.source().expect("a source");
+        assert!(
+            source.downcast_ref::<redis::RedisError>().is_some(),
+            "{source:?}"
+        );
+        assert!(e.to_string().contains("refused"), "{e}");
+    }
+
+    #[test]
+    fn only_timeouts_and_connection_failures_are_transport_errors() {
+        let cases = [
+            (StoreError::Timeout(Duration::from_millis(5)), true),
+            (StoreError::connection("down"), true),
+            (StoreError::Redis("down".to_owned()), true),
+            (StoreError::backend("ERR boom"), false),
+            (StoreError::bad_reply("remaining -1"), false),
+            (StoreError::Full { max_keys: 8 }, false),
+        ];
+        for (e, transport) in cases {
+            assert_eq!(e.is_transport(), transport, "{e:?}");
+            let kinds = [
+                e.is_timeout(),
+                e.is_connection(),
+                e.is_backend(),
+                e.is_bad_reply(),
+                e.is_full(),
+            ];
+            assert_eq!(kinds.iter().filter(|k| **k).count(), 1, "{e:?}: one kind");
+        }
+    }
+
+    #[test]
+    fn a_script_error_reply_is_a_backend_error_for_this_call_only() {
+        let e = StoreError::from(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "script error",
+        )));
+        assert!(e.is_backend() && !e.is_transport(), "{e:?}");
+        assert!(e.source().is_some());
+    }
+}

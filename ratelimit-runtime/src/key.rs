@@ -1,4 +1,4 @@
-//! Store keys (SPEC §5): `<prefix>:{<scope>:<identity>}:<suffix>`.
+//! Store keys: `<prefix>:{<scope>:<identity>}:<suffix>`.
 //!
 //! The braces are a Redis Cluster hash tag, so every key of one caller in one scope lands in one
 //! slot. The identity is made of caller-supplied [`Part`]s (an IP, a header value, a user id, a

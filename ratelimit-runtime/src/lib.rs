@@ -1,23 +1,203 @@
-//! Rate limits on async functions with one attribute, kept in Redis, Redis Cluster or memory.
+//! Rate limits on async functions with one attribute, kept in memory, Redis or Redis Cluster.
 //!
 //! ```
 //! use ratelimit_runtime::{rate_limit, RateLimitError};
 //!
+//! // At most 3 codes per phone number in any 10 seconds.
 //! #[rate_limit(algo = "sliding", num = 3, time = 10, key = "sms:{phone}")]
 //! async fn send_sms(phone: &str) -> Result<(), RateLimitError> {
 //!     Ok(())
 //! }
 //! ```
 //!
-//! See the README for the attribute's arguments, the algorithms, the stores and the HTTP
-//! integrations.
+//! The attribute works on plain async functions and methods, on Axum handlers (feature `axum`)
+//! and on Actix-web handlers (feature `actix`). Its arguments are listed on [`rate_limit`];
+//! mistakes in them are compile errors at the offending token.
+//!
+//! # A plain function
+//!
+//! A limited function returns `Result<T, E>` with `E: From<RateLimitError>`. A rejected call
+//! returns the error without running the body; the error tells "limited" (with the wait) from
+//! "store unavailable".
+//!
+//! ```
+//! use ratelimit_runtime::{rate_limit, RateLimitError};
+//!
+//! struct Sms;
+//!
+//! impl Sms {
+//!     // Two limits on one method, checked together: 5 per second and 20 per minute.
+//!     #[rate_limit(algo = "token", num = 5, time = 1, key = "{phone}")]
+//!     #[rate_limit(num = 20, time = "1m", key = "{phone}")]
+//!     async fn send(&self, phone: &str) -> Result<(), RateLimitError> {
+//!         Ok(()) // text the code
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let sms = Sms;
+//! for _ in 0..5 {
+//!     assert!(sms.send("+15550100").await.is_ok());
+//! }
+//! let err = sms.send("+15550100").await.unwrap_err();
+//! assert!(err.is_limited());
+//! assert!(err.retry_after().is_some());
+//! // Another caller has a bucket of its own.
+//! assert!(sms.send("+15550199").await.is_ok());
+//! # }
+//! ```
+//!
+//! # An Axum handler
+//!
+//! With an HTTP `by` (`"ip"`, `"url"`, `"user"`, `"app_id"`, `"header:<name>"`) the function
+//! becomes a handler: a hidden extractor goes in front of its own parameters (so `State`,
+//! `Path`, `Json` keep working) and a rejected request gets a 429 with `Retry-After` and the
+//! `RateLimit` headers. `by = "ip"` needs the peer address, so serve the router with
+//! `into_make_service_with_connect_info`:
+//!
+//! ```no_run
+//! # #[cfg(feature = "axum")]
+//! # mod demo {
+//! use std::net::SocketAddr;
+//!
+//! use axum::{Router, extract::State, routing::post};
+//! use ratelimit_runtime::{RateLimiter, rate_limit};
+//!
+//! #[derive(Clone, Default)]
+//! struct App;
+//!
+//! #[rate_limit(algo = "sliding", num = 3, time = 10, by = "ip")]
+//! async fn login(State(_app): State<App>, user: String) -> String {
+//!     format!("welcome {user}")
+//! }
+//!
+//! pub async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//!     RateLimiter::builder().build().await?.install()?;
+//!     let app = Router::new().route("/login", post(login)).with_state(App);
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//!     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//!     Ok(())
+//! }
+//! # }
+//! # fn main() {}
+//! ```
+//!
+//! Actix-web handlers take the same attribute, below the routing macro (`#[post("/login")]`
+//! first, then `#[rate_limit(...)]`). The [`http`] module lists what each `by` reads and what
+//! the responses carry.
+//!
+//! **Behind a reverse proxy**, `by = "ip"` sees the proxy's address until you name the proxies
+//! with [`Builder::trusted_proxies`]. No forwarding header is believed from any other peer,
+//! and only the one header your proxies set ([`Builder::forwarded_header`]) is read: a header
+//! that a client can send through your proxy untouched would let it pick its own bucket.
+//!
+//! # Redis
+//!
+//! Without setup, limits live in this process's memory ([`MemoryStore`]): several instances of
+//! an application then each have their own. To share them, install a limiter on Redis once, at
+//! start; a malformed URL or an unreachable server is an `Err` there, not a panic:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ratelimit_runtime::{FailurePolicy, RateLimiter};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), ratelimit_runtime::ConfigError> {
+//! RateLimiter::builder()
+//!     .redis_url("redis://:secret@127.0.0.1:6379/0")
+//!     .prefix("myapp")                        // keys: myapp:{<scope>:<caller>}:<limit>
+//!     .timeout(Duration::from_millis(50))     // the longest wait for Redis on one check
+//!     .failure_policy(FailurePolicy::Allow)   // what a call gets while Redis fails
+//!     .build()
+//!     .await?
+//!     .install()?;
+//! # Ok(()) }
+//! ```
+//!
+//! When no limiter was installed, the first check reads `RATELIMIT_REDIS_URL`, then
+//! `REDIS_URL` (and, with the `cluster` feature, `RATELIMIT_REDIS_CLUSTER_NODES` before them),
+//! and keeps limits in memory when none is set, saying so in one warning. A Redis Cluster is a
+//! `Builder::redis_cluster` away (feature `cluster`); `rediss://` URLs need the feature `tls`.
+//! Each check is one script in one round trip, whatever the number of stacked limits.
+//!
+//! # Algorithms
+//!
+//! | `algo` | rule |
+//! | --- | --- |
+//! | `fixed` (default) | at most `num` calls per window; the window starts at the first call and lasts `time` |
+//! | `sliding` | at most `num` calls in any trailing interval of length `time` |
+//! | `leaky` | a bucket of `burst` (default `num`), empty at start, draining at `num / time` |
+//! | `token` | a bucket of `burst`, full at start, refilled at `num / time` |
+//!
+//! Every store is exact under any concurrency, reads time from its own clock (never the
+//! caller's), and answers each limit with a [`Decision`]: admitted or not, `remaining`,
+//! `reset_after` and, when rejected, `retry_after`. A call that any stacked limit rejects takes
+//! nothing from any of them.
+//!
+//! # When the store fails
+//!
+//! A check never hangs: each is bounded by [`Builder::timeout`], and a store that failed is
+//! skipped for a short backoff. The [`FailurePolicy`] answers meanwhile: admit
+//! ([`FailurePolicy::Allow`], the default), refuse ([`FailurePolicy::Deny`]: a 503, or
+//! [`RateLimitError::StoreUnavailable`]), or check the same limits in this process
+//! ([`FailurePolicy::Local`]). Checks go back to the store as soon as it answers. A store error
+//! that concerns one call only ([`StoreError::is_transport`] is `false`) never changes another
+//! call's answer.
+//!
+//! # Tests
+//!
+//! [`RateLimiter::scope`] runs a future with a limiter of its own, and a [`MemoryStore`] on a
+//! [`store::ManualClock`] lets a test move time instead of sleeping:
+//!
+//! ```
+//! use std::time::Duration;
+//! use ratelimit_runtime::store::ManualClock;
+//! use ratelimit_runtime::{MemoryStore, RateLimitError, RateLimiter, rate_limit};
+//!
+//! #[rate_limit(num = 1, time = 60)]
+//! async fn once_a_minute() -> Result<(), RateLimitError> {
+//!     Ok(())
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), ratelimit_runtime::ConfigError> {
+//! let clock = ManualClock::new();
+//! let limiter = RateLimiter::builder().store(MemoryStore::with_clock(clock.clone())).build().await?;
+//! limiter
+//!     .scope(async {
+//!         assert!(once_a_minute().await.is_ok());
+//!         assert!(once_a_minute().await.is_err());
+//!         clock.advance(Duration::from_secs(60));
+//!         assert!(once_a_minute().await.is_ok());
+//!     })
+//!     .await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Features
+//!
+//! * `axum` — Axum 0.8 handlers; `actix` — Actix-web 4 handlers (both can be on at once);
+//! * `cluster` — `RedisClusterStore`, a Redis Cluster store;
+//! * `tls` — `rediss://` URLs (rustls).
+//!
+//! # Where things are
+//!
+//! The everyday types are at the crate root. [`store`] holds the [`Store`] trait for stores of
+//! your own and the memory store's clocks, [`key`] the layout of store keys, [`http`] what the
+//! HTTP integrations read and answer.
 
 pub mod algorithm;
+#[doc(hidden)] // its items are re-exported at the root
 pub mod error;
 pub mod http;
 pub mod key;
+mod limit;
+#[doc(hidden)] // its items are re-exported at the root
 pub mod limiter;
+#[doc(hidden)] // its items are re-exported at the root
 pub mod net;
+#[doc(hidden)] // its items are re-exported at the root
 pub mod policy;
 pub mod store;
 
@@ -25,10 +205,11 @@ pub mod store;
 pub mod __private;
 
 pub use error::{ConfigError, RateLimitError, StoreError};
-pub use http::UserId;
-pub use limiter::{Builder, FailurePolicy, ForwardedHeader, HeaderStyle, RateLimiter, Settings};
-pub use net::IpNet;
-pub use policy::{Algorithm, Decision, Policy, PolicyError, Verdict};
+pub use http::settings::{ForwardedHeader, HeaderStyle};
+pub use http::user::UserId;
+pub use limiter::{Builder, FailurePolicy, RateLimiter, Settings};
+pub use net::{IpNet, IpNetParseError};
+pub use policy::{Algorithm, Decision, MAX_BUCKET_SCALE, MAX_UNITS, Policy, PolicyError, Verdict};
 pub use ratelimit_macros::rate_limit;
 #[cfg(feature = "cluster")]
 pub use store::RedisClusterStore;

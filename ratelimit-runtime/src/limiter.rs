@@ -8,23 +8,38 @@
 //! call, then lets one check probe the store; the first answer puts every check back on the
 //! store. Warnings are written at most once per store every 5 seconds, with the count of the
 //! events held back. Logs name the scope, never the key or the caller.
+//!
+//! The parts live beside this file: [`Builder`] in `builder.rs`, the breaker in `breaker.rs`,
+//! the blocked-caller cache in `blocked.rs` and the warning throttle in `log_throttle.rs`. The
+//! events stay here, so their target is `ratelimit_runtime::limiter`.
 
-mod resilience;
+mod blocked;
+mod breaker;
+mod builder;
+mod log_throttle;
 
-use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::error::{ConfigError, RateLimitError, StoreError};
+use crate::http::HttpSettings;
 use crate::key;
-use crate::net::IpNet;
 use crate::policy::{Decision, Verdict};
 use crate::store::{Check, MemoryStore, RedisStore, Store};
 
-pub use self::resilience::DEFAULT_BLOCKED_CACHE;
-use self::resilience::{BlockedCache, Breaker, Gate, LOG_INTERVAL, LogThrottle};
+use self::blocked::BlockedCache;
+use self::breaker::{Breaker, Gate};
+pub use self::builder::Builder;
+use self::log_throttle::{LOG_INTERVAL, LogThrottle};
 
-/// What a check does when the store fails or does not answer in time (SPEC §8).
+/// Milliseconds since `origin`, saturating.
+fn millis_since(origin: Instant, now: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(origin).as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What a check does when the store fails or does not answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
@@ -44,348 +59,57 @@ pub enum FailurePolicy {
     Local,
 }
 
-/// Which rate-limit headers HTTP responses carry (SPEC §7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum HeaderStyle {
-    /// The IETF `RateLimit-Policy` and `RateLimit` fields. The default.
-    #[default]
-    Ietf,
-    /// The legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
-    Legacy,
-    /// Both.
-    Both,
-}
+/// The old path of [`Settings::DEFAULT_TIMEOUT`].
+#[doc(hidden)]
+pub const DEFAULT_TIMEOUT: Duration = Settings::DEFAULT_TIMEOUT;
 
-/// The one forwarding header that the application's trusted proxies set, and the only one `by =
-/// "ip"` reads (SPEC §5). Reverse proxies append to (or overwrite) their own header and pass
-/// every other header through from the client untouched, so believing a second header would let
-/// a client name itself: behind an `X-Forwarded-For` proxy, a client sending
-/// `Forwarded: for=<random>` would get a fresh bucket per request.
-///
-/// Set it with [`Builder::forwarded_header`]. From a peer that is not a trusted proxy, no header
-/// is read at all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum ForwardedHeader {
-    /// `X-Forwarded-For: <client>, <proxy1>, …` (several lines are one list), walked right to
-    /// left. The default: nginx (`$proxy_add_x_forwarded_for`), `HAProxy` (`option forwardfor`),
-    /// Envoy, Traefik, Caddy and the cloud load balancers (AWS ALB, Google Cloud, Azure) write
-    /// it.
-    #[default]
-    XForwardedFor,
-    /// RFC 7239 `Forwarded: for=<client>;proto=https, for=…`, walked right to left; only its
-    /// `for=` parameters are read. For proxies configured to write it (`HAProxy`
-    /// `option forwarded`, nginx with `proxy_set_header Forwarded …`).
-    Forwarded,
-    /// `X-Real-IP: <client>`, one address per header line, set by the proxy (nginx
-    /// `proxy_set_header X-Real-IP $remote_addr`). With several lines, the last that is not a
-    /// trusted proxy wins, as for the lists.
-    XRealIp,
-}
+/// The old path of [`Settings::DEFAULT_BLOCKED_CACHE`].
+#[doc(hidden)]
+pub const DEFAULT_BLOCKED_CACHE: usize = Settings::DEFAULT_BLOCKED_CACHE;
 
-impl ForwardedHeader {
-    /// The header's name, lower-case (`x-forwarded-for`, `forwarded`, `x-real-ip`).
-    ///
-    /// ```
-    /// use ratelimit_runtime::ForwardedHeader;
-    /// assert_eq!(ForwardedHeader::default().name(), "x-forwarded-for");
-    /// assert_eq!(ForwardedHeader::XRealIp.name(), "x-real-ip");
-    /// ```
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::XForwardedFor => "x-forwarded-for",
-            Self::Forwarded => "forwarded",
-            Self::XRealIp => "x-real-ip",
-        }
-    }
-}
+/// The old path of [`HttpSettings::DEFAULT_MESSAGE`].
+#[doc(hidden)]
+pub const DEFAULT_MESSAGE: &str = HttpSettings::DEFAULT_MESSAGE;
 
-/// The default message of a 429 body.
-pub const DEFAULT_MESSAGE: &str = "Too many requests, please try again later.";
-
-/// The default timeout of one check.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
-
-/// Settings shared by every check.
+/// Settings shared by every check, read back with [`RateLimiter::settings`] and set through
+/// the [`Builder`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Settings {
     /// Key prefix (default `ratelimit`).
     pub prefix: String,
-    /// Peers whose forwarding header ([`Settings::forwarded_header`]) is believed. Empty by
-    /// default: the peer of the connection is the client and no header is read.
-    pub trusted_proxies: Vec<IpNet>,
-    /// The one header the trusted proxies set (default [`ForwardedHeader::XForwardedFor`]).
-    /// The other forwarding headers are never read, whoever sends them.
-    pub forwarded_header: ForwardedHeader,
-    /// IPv6 callers are grouped by this prefix length (default 64).
-    pub ipv6_prefix: u8,
-    /// Longest wait for the store on one check.
+    /// Longest wait for the store on one check (default [`Settings::DEFAULT_TIMEOUT`]).
     pub timeout: Duration,
     /// What to do when the store fails.
     pub failure_policy: FailurePolicy,
-    /// Which headers HTTP responses carry.
-    pub header_style: HeaderStyle,
-    /// The message of a 429 body.
-    pub message: String,
     /// Capacity of the blocked-caller cache: callers a remote store rejected are rejected
     /// locally, without a round trip, until the store's `retry_after` has passed. Default
-    /// [`DEFAULT_BLOCKED_CACHE`] keys; 0 turns it off. The memory store never uses it (a check
-    /// there is as cheap as the cache).
+    /// [`Settings::DEFAULT_BLOCKED_CACHE`] keys; 0 turns it off. A local store
+    /// ([`Store::is_local`], such as the memory store) never uses it: a check there is as cheap
+    /// as the cache.
     pub blocked_cache: usize,
+    /// What the HTTP integrations read: trusted proxies, the forwarding header, IPv6 grouping,
+    /// the response headers and the 429 message. The limiter itself never reads it.
+    pub http: HttpSettings,
+}
+
+impl Settings {
+    /// The default timeout of one check (50 ms).
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+    /// The default capacity of the blocked-caller cache (10 000 keys).
+    pub const DEFAULT_BLOCKED_CACHE: usize = 10_000;
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Self {
             prefix: key::DEFAULT_PREFIX.to_owned(),
-            trusted_proxies: Vec::new(),
-            forwarded_header: ForwardedHeader::XForwardedFor,
-            ipv6_prefix: 64,
-            timeout: DEFAULT_TIMEOUT,
+            timeout: Self::DEFAULT_TIMEOUT,
             failure_policy: FailurePolicy::Allow,
-            header_style: HeaderStyle::Ietf,
-            message: DEFAULT_MESSAGE.to_owned(),
-            blocked_cache: DEFAULT_BLOCKED_CACHE,
+            blocked_cache: Self::DEFAULT_BLOCKED_CACHE,
+            http: HttpSettings::default(),
         }
-    }
-}
-
-impl Settings {
-    /// Whether `ip` is a trusted proxy.
-    pub fn is_trusted_proxy(&self, ip: IpAddr) -> bool {
-        self.trusted_proxies.iter().any(|net| net.contains(ip))
-    }
-}
-
-enum StoreChoice {
-    Memory,
-    RedisUrl(String),
-    #[cfg(feature = "cluster")]
-    RedisCluster(Vec<String>),
-    Store(Arc<dyn Store>),
-}
-
-/// Builds a [`RateLimiter`].
-///
-/// ```
-/// # async fn demo() -> Result<(), ratelimit_runtime::ConfigError> {
-/// use std::time::Duration;
-/// use ratelimit_runtime::{FailurePolicy, RateLimiter};
-///
-/// let limiter = RateLimiter::builder()
-///     .redis_url("redis://127.0.0.1:6379")
-///     .prefix("myapp")
-///     .trusted_proxies(["10.0.0.0/8"])
-///     .timeout(Duration::from_millis(30))
-///     .failure_policy(FailurePolicy::Local)
-///     .build()
-///     .await?;
-/// limiter.install()?;
-/// # Ok(()) }
-/// ```
-#[must_use]
-pub struct Builder {
-    store: StoreChoice,
-    settings: Settings,
-    proxies: Vec<String>,
-}
-
-impl std::fmt::Debug for Builder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Builder")
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Builder {
-    /// Use the in-process memory store (the default).
-    pub fn memory(mut self) -> Self {
-        self.store = StoreChoice::Memory;
-        self
-    }
-
-    /// Use one Redis server (`redis://`, `rediss://`, with user and password when needed).
-    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
-        self.store = StoreChoice::RedisUrl(url.into());
-        self
-    }
-
-    /// Use a Redis Cluster, reached through these seed nodes (`redis://host:port` each; the
-    /// client discovers the rest). Needs the `cluster` feature.
-    #[cfg(feature = "cluster")]
-    pub fn redis_cluster<I, S>(mut self, nodes: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.store = StoreChoice::RedisCluster(nodes.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Use a store built by the caller.
-    pub fn store(mut self, store: impl Store) -> Self {
-        self.store = StoreChoice::Store(Arc::new(store));
-        self
-    }
-
-    /// Use a shared store built by the caller.
-    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
-        self.store = StoreChoice::Store(store);
-        self
-    }
-
-    /// The prefix of every key (default `ratelimit`).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.settings.prefix = prefix.into();
-        self
-    }
-
-    /// Peers (IP addresses or CIDR blocks such as `10.0.0.0/8`) whose forwarding header is
-    /// believed: from one of them, the header named by [`Builder::forwarded_header`] (default
-    /// `X-Forwarded-For`) is walked right to left, skipping hops that are trusted proxies too,
-    /// and the first other hop is the client. From any other peer no header is read. None by
-    /// default; a value that is not an address or block makes the build fail with
-    /// [`ConfigError::InvalidProxy`].
-    pub fn trusted_proxies<I, S>(mut self, proxies: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.proxies = proxies.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// The one header the trusted proxies set (default [`ForwardedHeader::XForwardedFor`]);
-    /// the other two are ignored, so a client cannot pass its own `Forwarded` or `X-Real-IP`
-    /// through a proxy that only appends to `X-Forwarded-For`. Pick the header your proxies
-    /// *write*, not one they pass through. It matters only with [`Builder::trusted_proxies`].
-    ///
-    /// ```
-    /// use ratelimit_runtime::{ForwardedHeader, RateLimiter};
-    ///
-    /// // nginx in front, with `proxy_set_header X-Real-IP $remote_addr;`
-    /// let limiter = RateLimiter::builder()
-    ///     .trusted_proxies(["10.0.0.0/8", "fd00::/8"])
-    ///     .forwarded_header(ForwardedHeader::XRealIp)
-    ///     .build_lazy()?;
-    /// assert_eq!(limiter.settings().forwarded_header, ForwardedHeader::XRealIp);
-    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
-    /// ```
-    pub fn forwarded_header(mut self, header: ForwardedHeader) -> Self {
-        self.settings.forwarded_header = header;
-        self
-    }
-
-    /// IPv6 callers are grouped by this prefix length (default 64; 128 keys each address).
-    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.settings.ipv6_prefix = bits;
-        self
-    }
-
-    /// The longest wait for the store on one check (default 50 ms).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.settings.timeout = timeout;
-        self
-    }
-
-    /// What to do when the store fails (default [`FailurePolicy::Allow`]).
-    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.settings.failure_policy = policy;
-        self
-    }
-
-    /// Which rate-limit headers HTTP responses carry (default [`HeaderStyle::Ietf`]).
-    pub fn header_style(mut self, style: HeaderStyle) -> Self {
-        self.settings.header_style = style;
-        self
-    }
-
-    /// The message of a 429 body.
-    pub fn message(mut self, message: impl Into<String>) -> Self {
-        self.settings.message = message.into();
-        self
-    }
-
-    /// The capacity of the blocked-caller cache (default [`DEFAULT_BLOCKED_CACHE`] keys; `0`
-    /// turns it off). See [`Settings::blocked_cache`].
-    ///
-    /// ```
-    /// # async fn demo() -> Result<(), ratelimit_runtime::ConfigError> {
-    /// use ratelimit_runtime::RateLimiter;
-    /// // Every check goes to Redis, even for callers it just rejected.
-    /// let limiter = RateLimiter::builder()
-    ///     .redis_url("redis://127.0.0.1:6379")
-    ///     .blocked_cache(0)
-    ///     .build_lazy()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn blocked_cache(mut self, capacity: usize) -> Self {
-        self.settings.blocked_cache = capacity;
-        self
-    }
-
-    fn settings(mut self) -> Result<(StoreChoice, Settings), ConfigError> {
-        if !key::valid_prefix(&self.settings.prefix) {
-            return Err(ConfigError::Invalid(format!(
-                "invalid key prefix {:?}: use 1 to 200 characters of A-Z a-z 0-9 _ : . - /",
-                self.settings.prefix
-            )));
-        }
-        if !(1..=128).contains(&self.settings.ipv6_prefix) {
-            return Err(ConfigError::Invalid(format!(
-                "ipv6_prefix must be between 1 and 128, not {}",
-                self.settings.ipv6_prefix
-            )));
-        }
-        if self.settings.timeout.is_zero() {
-            return Err(ConfigError::Invalid(
-                "the timeout must be positive".to_owned(),
-            ));
-        }
-        self.settings.trusted_proxies = self
-            .proxies
-            .iter()
-            .map(|p| {
-                p.parse::<IpNet>()
-                    .map_err(|_| ConfigError::InvalidProxy(p.clone()))
-            })
-            .collect::<Result<_, _>>()?;
-        Ok((self.store, self.settings))
-    }
-
-    /// Builds the limiter, connecting to Redis when one was named: a malformed URL or an
-    /// unreachable server is an error here, not at the first check.
-    pub async fn build(self) -> Result<RateLimiter, ConfigError> {
-        let (store, settings) = self.settings()?;
-        let store: Arc<dyn Store> = match store {
-            StoreChoice::Memory => Arc::new(MemoryStore::new()),
-            StoreChoice::RedisUrl(url) => Arc::new(RedisStore::connect(&url).await?),
-            #[cfg(feature = "cluster")]
-            StoreChoice::RedisCluster(nodes) => {
-                Arc::new(crate::store::RedisClusterStore::connect(nodes).await?)
-            }
-            StoreChoice::Store(s) => s,
-        };
-        Ok(RateLimiter::from_parts(store, settings))
-    }
-
-    /// Builds the limiter without waiting for any server: a Redis store connects at its first
-    /// check (and again after each failure). A malformed URL is still an error here.
-    pub fn build_lazy(self) -> Result<RateLimiter, ConfigError> {
-        let (store, settings) = self.settings()?;
-        let store: Arc<dyn Store> = match store {
-            StoreChoice::Memory => Arc::new(MemoryStore::new()),
-            StoreChoice::RedisUrl(url) => Arc::new(RedisStore::lazy(&url)?),
-            #[cfg(feature = "cluster")]
-            StoreChoice::RedisCluster(nodes) => {
-                Arc::new(crate::store::RedisClusterStore::lazy(nodes)?)
-            }
-            StoreChoice::Store(s) => s,
-        };
-        Ok(RateLimiter::from_parts(store, settings))
     }
 }
 
@@ -432,19 +156,9 @@ tokio::task_local! {
 }
 
 impl RateLimiter {
-    /// A builder with the defaults: memory store, prefix `ratelimit`, no trusted proxies,
-    /// IPv6 grouped by /64, 50 ms timeout, fail open, IETF headers.
-    pub fn builder() -> Builder {
-        Builder {
-            store: StoreChoice::Memory,
-            settings: Settings::default(),
-            proxies: Vec::new(),
-        }
-    }
-
     fn from_parts(store: Arc<dyn Store>, settings: Settings) -> Self {
         let local = (settings.failure_policy == FailurePolicy::Local).then(MemoryStore::new);
-        let blocked = (settings.blocked_cache > 0 && store.name() != "memory")
+        let blocked = (settings.blocked_cache > 0 && !store.is_local())
             .then(|| BlockedCache::new(settings.blocked_cache));
         Self {
             inner: Arc::new(Inner {
@@ -774,6 +488,7 @@ mod tests {
     struct FakeStore {
         calls: AtomicUsize,
         reject: bool,
+        local: bool,
     }
 
     impl Store for FakeStore {
@@ -793,13 +508,17 @@ mod tests {
                             .collect(),
                     ))
                 } else {
-                    Err(StoreError::Redis("connection refused".to_owned()))
+                    Err(StoreError::connection("connection refused"))
                 }
             })
         }
 
         fn name(&self) -> &'static str {
             "fake"
+        }
+
+        fn is_local(&self) -> bool {
+            self.local
         }
     }
 
@@ -813,7 +532,7 @@ mod tests {
         fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
             Box::pin(async move {
                 if checks.iter().any(|c| c.key == "poison") {
-                    return Err(StoreError::BadReply("remaining -1".to_owned()));
+                    return Err(StoreError::bad_reply("remaining -1"));
                 }
                 self.memory.check(checks).await
             })
@@ -1042,5 +761,27 @@ mod tests {
                 "{line}"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_stores_that_are_not_local_get_a_blocked_cache() {
+        let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60)).unwrap();
+        let checks = [Check::new(KEY, &policy)];
+        for (local, calls) in [(false, 1), (true, 5)] {
+            let store = Arc::new(FakeStore {
+                reject: true,
+                local,
+                ..FakeStore::default()
+            });
+            let limiter = limiter(&store, FailurePolicy::Allow);
+            for _ in 0..5 {
+                assert!(!limiter.check(&checks).await.unwrap().is_admitted());
+            }
+            assert_eq!(store.calls.load(Ordering::SeqCst), calls, "local: {local}");
+        }
+        // The memory store is local: no cache in front of it.
+        assert!(MemoryStore::new().is_local());
+        let limiter = RateLimiter::builder().build_lazy().unwrap();
+        assert!(limiter.inner.blocked.is_none());
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-/// The four rate-limiting algorithms (SPEC §4).
+/// The four rate-limiting algorithms.
 ///
 /// ```
 /// use ratelimit_runtime::Algorithm;
@@ -98,55 +98,57 @@ pub enum PolicyError {
 
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::ZeroLimit => "`num` must be a positive integer",
-            Self::ZeroPeriod => "the period must be at least 1ms",
-            Self::PeriodTooLong => "the period must be at most 100 years",
-            Self::ZeroBurst => "`burst` must be a positive integer",
-            Self::ZeroCost => "`cost` must be a positive integer",
-            Self::CostExceedsCapacity => {
-                "`cost` is larger than the capacity (`num`, or `burst` for buckets): no call could ever be admitted"
-            }
-            Self::UnknownAlgorithm => {
-                "unknown algorithm: expected one of \"fixed\", \"sliding\", \"leaky\", \"token\""
-            }
-            Self::TooManyUnits => "`num`, `burst` and `cost` must be at most 2^50 (1125899906842624)",
-            Self::BucketTooFine => {
-                "the bucket cannot be kept exact: burst × (period in µs / gcd(num, period in µs)) must be at most 2^52; lower `burst` or `time`, or pick a `num` that divides the period in microseconds"
-            }
-        })
+        f.write_str(self.message())
     }
 }
 
 impl std::error::Error for PolicyError {}
 
-/// The longest period a policy may have (100 years), so that microsecond timestamps stay exact
-/// in Lua's doubles.
-const MAX_PERIOD_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
+#[allow(unreachable_pub)] // some rules are the macro's only
+mod rules;
 
-/// The largest `num`, `burst` or `cost` (2^50): counts, their sums and differences stay exact
-/// integers in the Redis scripts' doubles (exact up to 2^53) and in every reply.
-pub const MAX_UNITS: u64 = 1 << 50;
+use self::rules::Violation;
+pub use self::rules::{MAX_BUCKET_SCALE, MAX_UNITS};
 
-/// The largest bucket capacity in the scripts' integer scale (2^52): `burst × period_µs / g`
-/// with `g = gcd(num, period_µs)`. A level plus a cost is then below 2^53, so every bucket
-/// number stays exact.
-pub const MAX_BUCKET_SCALE: u64 = 1 << 52;
-
-const fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        let r = a % b;
-        a = b;
-        b = r;
+impl PolicyError {
+    const fn from_violation(v: Violation) -> Self {
+        match v {
+            Violation::ZeroLimit => Self::ZeroLimit,
+            Violation::ZeroPeriod => Self::ZeroPeriod,
+            Violation::PeriodTooLong => Self::PeriodTooLong,
+            Violation::ZeroBurst => Self::ZeroBurst,
+            Violation::ZeroCost => Self::ZeroCost,
+            Violation::TooManyUnits => Self::TooManyUnits,
+            Violation::BucketTooFine => Self::BucketTooFine,
+            Violation::CostExceedsCapacity => Self::CostExceedsCapacity,
+        }
     }
-    a
-}
 
-/// `burst × period_µs / gcd(num, period_µs)`, the capacity of a bucket in the scripts' scale,
-/// or `None` when it does not fit in a `u64`.
-const fn bucket_scale(num: u64, period_ms: u64, burst: u64) -> Option<u64> {
-    let micros = period_ms * 1000;
-    burst.checked_mul(micros / gcd(num, micros))
+    /// The rule this error reports, when it is one of the numeric rules.
+    const fn violation(self) -> Option<Violation> {
+        Some(match self {
+            Self::ZeroLimit => Violation::ZeroLimit,
+            Self::ZeroPeriod => Violation::ZeroPeriod,
+            Self::PeriodTooLong => Violation::PeriodTooLong,
+            Self::ZeroBurst => Violation::ZeroBurst,
+            Self::ZeroCost => Violation::ZeroCost,
+            Self::TooManyUnits => Violation::TooManyUnits,
+            Self::BucketTooFine => Violation::BucketTooFine,
+            Self::CostExceedsCapacity => Violation::CostExceedsCapacity,
+            Self::UnknownAlgorithm => return None,
+        })
+    }
+
+    /// What is wrong, as [`fmt::Display`] writes it; usable in `const` code (the policies
+    /// `#[rate_limit]` builds are checked at compile time).
+    pub const fn message(self) -> &'static str {
+        match self.violation() {
+            Some(v) => v.message(),
+            None => {
+                "unknown algorithm: expected one of \"fixed\", \"sliding\", \"leaky\", \"token\""
+            }
+        }
+    }
 }
 
 /// One limit: an algorithm, a quota of `limit` calls per `period`, a bucket capacity (`burst`)
@@ -181,7 +183,7 @@ impl Policy {
         period: Duration,
     ) -> Result<Self, PolicyError> {
         let ms = period.as_millis();
-        if ms > MAX_PERIOD_MS as u128 {
+        if ms > rules::MAX_PERIOD_MS as u128 {
             return Err(PolicyError::PeriodTooLong);
         }
         #[allow(clippy::cast_possible_truncation)] // checked just above
@@ -207,41 +209,17 @@ impl Policy {
         burst: u64,
         cost: u64,
     ) -> Result<Self, PolicyError> {
-        if limit == 0 {
-            return Err(PolicyError::ZeroLimit);
+        let bucket = matches!(algorithm, Algorithm::Leaky | Algorithm::Token);
+        if let Err(v) = rules::check(bucket, limit, period_ms, burst, cost) {
+            return Err(PolicyError::from_violation(v));
         }
-        if period_ms == 0 {
-            return Err(PolicyError::ZeroPeriod);
-        }
-        if period_ms > MAX_PERIOD_MS {
-            return Err(PolicyError::PeriodTooLong);
-        }
-        if burst == 0 {
-            return Err(PolicyError::ZeroBurst);
-        }
-        if cost == 0 {
-            return Err(PolicyError::ZeroCost);
-        }
-        if limit > MAX_UNITS || burst > MAX_UNITS || cost > MAX_UNITS {
-            return Err(PolicyError::TooManyUnits);
-        }
-        if matches!(algorithm, Algorithm::Leaky | Algorithm::Token) {
-            match bucket_scale(limit, period_ms, burst) {
-                Some(scale) if scale <= MAX_BUCKET_SCALE => {}
-                _ => return Err(PolicyError::BucketTooFine),
-            }
-        }
-        let policy = Self {
+        Ok(Self {
             algorithm,
             limit,
             period_ms,
             burst,
             cost,
-        };
-        if cost > policy.capacity() {
-            return Err(PolicyError::CostExceedsCapacity);
-        }
-        Ok(policy)
+        })
     }
 
     /// The algorithm.
@@ -277,10 +255,8 @@ impl Policy {
     /// How many units fit at once: `burst` for the buckets, `limit` for the windows. This is the
     /// `limit` a [`Decision`] reports.
     pub const fn capacity(&self) -> u64 {
-        match self.algorithm {
-            Algorithm::Fixed | Algorithm::Sliding => self.limit,
-            Algorithm::Leaky | Algorithm::Token => self.burst,
-        }
+        let bucket = matches!(self.algorithm, Algorithm::Leaky | Algorithm::Token);
+        rules::capacity(bucket, self.limit, self.burst)
     }
 }
 
@@ -434,11 +410,47 @@ mod tests {
         let coarse = Policy::from_parts(Algorithm::Leaky, 1_000_000, 1000, MAX_UNITS, 1);
         assert!(coarse.is_ok(), "{coarse:?}");
         // The longest period with a fine rate still has room for a useful burst.
-        let century = Policy::from_parts(Algorithm::Token, 7, MAX_PERIOD_MS, 1, 1);
+        let century = Policy::from_parts(Algorithm::Token, 7, rules::MAX_PERIOD_MS, 1, 1);
         assert!(century.is_ok(), "{century:?}");
         assert_eq!(
-            Policy::from_parts(Algorithm::Token, 7, MAX_PERIOD_MS, 2, 1),
+            Policy::from_parts(Algorithm::Token, 7, rules::MAX_PERIOD_MS, 2, 1),
             Err(PolicyError::BucketTooFine)
+        );
+    }
+
+    #[test]
+    fn policy_errors_say_what_the_shared_rules_say() {
+        use rules::Violation;
+        for v in [
+            Violation::ZeroLimit,
+            Violation::ZeroPeriod,
+            Violation::PeriodTooLong,
+            Violation::ZeroBurst,
+            Violation::ZeroCost,
+            Violation::TooManyUnits,
+            Violation::BucketTooFine,
+            Violation::CostExceedsCapacity,
+        ] {
+            let e = PolicyError::from_violation(v);
+            assert_eq!(e.violation(), Some(v));
+            assert_eq!(e.to_string(), v.message());
+        }
+        assert!(
+            PolicyError::UnknownAlgorithm
+                .to_string()
+                .contains("sliding")
+        );
+    }
+
+    #[test]
+    fn the_bucket_rule_never_overflows_on_extreme_input() {
+        for (num, ms, burst) in [(1, u64::MAX, 1), (u64::MAX, u64::MAX, u64::MAX), (0, 0, 0)] {
+            let _ = rules::check_bucket_scale(num, ms, burst);
+            let _ = rules::check(true, num, ms, burst, burst);
+        }
+        assert_eq!(
+            rules::check_bucket_scale(1, u64::MAX, 1),
+            Err(rules::Violation::BucketTooFine)
         );
     }
 

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::UserId;
 use super::ip;
 use super::response::{Fields, Refusal, static_rate_fields};
-use crate::__private::{By, Limit, keys_for};
+use super::settings::HttpSettings;
+use crate::limit::{By, Limit, keys_for};
 use crate::limiter::{RateLimiter, Settings};
 use crate::store::Check;
 
@@ -120,7 +121,7 @@ impl HttpCaller {
 
     /// The value `by` identifies this caller with (`None` for `global`), or the response that
     /// replaces the handler's when the request lacks it.
-    fn by_value(&self, by: By, settings: &Settings) -> Result<Option<Cow<'_, [u8]>>, Refusal> {
+    fn by_value(&self, by: By, settings: &HttpSettings) -> Result<Option<Cow<'_, [u8]>>, Refusal> {
         Ok(Some(match by {
             By::Global => return Ok(None),
             By::Ip => {
@@ -173,7 +174,7 @@ impl HttpCaller {
         templates: &[Option<&str>],
     ) -> Result<Vec<String>, Refusal> {
         keys_for(&settings.prefix, limits, templates, |by| {
-            self.by_value(by, settings)
+            self.by_value(by, &settings.http)
         })
     }
 }
@@ -259,11 +260,13 @@ where
     drop(checks);
     match verdict {
         Ok(v) if v.is_admitted() => {
-            let fields = static_rate_fields(limits, &v, settings.header_style);
+            let fields = static_rate_fields(limits, &v, settings.http.header_style);
             Limited(Outcome::Admitted(handler().await, fields))
         }
         Ok(v) => Limited(Outcome::Refused(Refusal::too_many_requests(
-            limits, &v, settings,
+            limits,
+            &v,
+            &settings.http,
         ))),
         Err(_) => Limited(Outcome::Refused(Refusal::store_unavailable())),
     }
@@ -304,7 +307,7 @@ mod tests {
 
     #[test]
     fn sources_read_the_request() {
-        let s = Settings::default();
+        let s = HttpSettings::default();
         let c = caller(&[("appId", b" a1 "), ("x-key", b"k")]);
         let v = |by| c.by_value(by, &s).unwrap().map(Cow::into_owned);
         assert_eq!(v(By::Global), None);
@@ -316,7 +319,7 @@ mod tests {
 
     #[test]
     fn missing_sources_are_client_errors_with_a_message() {
-        let s = Settings::default();
+        let s = HttpSettings::default();
         let mut c = caller(&[("appid", b"  "), ("x-key", b"")]);
         let status = |c: &HttpCaller, by| c.by_value(by, &s).unwrap_err();
         assert_eq!(status(&c, By::User).status, 401);

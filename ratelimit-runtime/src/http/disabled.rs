@@ -6,7 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 
-use crate::__private::Limit;
+use crate::limit::Limit;
 
 /// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
 pub struct HttpCaller {

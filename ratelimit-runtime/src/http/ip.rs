@@ -1,4 +1,4 @@
-//! The client address of a request (SPEC §5, `by = "ip"`): the peer, or — only when the peer
+//! The client address of a request (`by = "ip"`): the peer, or — only when the peer
 //! is a trusted proxy — the right-most untrusted hop of the one forwarding header the
 //! application configured ([`ForwardedHeader`]); then the bucket it belongs to (IPv6 grouped by
 //! a prefix).
@@ -6,7 +6,7 @@
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::limiter::{ForwardedHeader, Settings};
+use super::settings::{ForwardedHeader, HttpSettings};
 use crate::net::{IpNet, canonical};
 
 /// Where the forwarding headers of one request are read from.
@@ -51,7 +51,7 @@ impl ForwardingHeaders for [(&str, &[u8])] {
 pub(crate) fn client_ip<H: ForwardingHeaders + ?Sized>(
     peer: IpAddr,
     headers: &H,
-    settings: &Settings,
+    settings: &HttpSettings,
 ) -> IpAddr {
     let peer = canonical(peer);
     if !settings.is_trusted_proxy(peer) {
@@ -150,7 +150,7 @@ fn is_internal(ip: IpAddr) -> bool {
 
 /// The bucket of a client address, as written into keys: an IPv4 address as itself, an IPv6
 /// address as its network of `settings.ipv6_prefix` bits (`2001:db8:1:2::/64`).
-pub(crate) fn bucket(ip: IpAddr, settings: &Settings) -> String {
+pub(crate) fn bucket(ip: IpAddr, settings: &HttpSettings) -> String {
     match canonical(ip) {
         IpAddr::V4(v4) => v4.to_string(),
         IpAddr::V6(v6) if settings.ipv6_prefix >= 128 => v6.to_string(),
@@ -236,23 +236,25 @@ mod tests {
     use super::*;
     use crate::RateLimiter;
 
-    fn settings_for(proxies: &[&str], header: ForwardedHeader) -> Settings {
+    fn settings_for(proxies: &[&str], header: ForwardedHeader) -> HttpSettings {
         RateLimiter::builder()
             .trusted_proxies(proxies.iter().copied())
             .forwarded_header(header)
             .build_lazy()
             .unwrap()
             .settings()
+            .http
             .clone()
     }
 
-    fn settings(proxies: &[&str], v6: u8) -> Settings {
+    fn settings(proxies: &[&str], v6: u8) -> HttpSettings {
         RateLimiter::builder()
             .trusted_proxies(proxies.iter().copied())
             .ipv6_prefix(v6)
             .build_lazy()
             .unwrap()
             .settings()
+            .http
             .clone()
     }
 
@@ -260,7 +262,7 @@ mod tests {
         s.parse().unwrap()
     }
 
-    fn resolve(peer: &str, headers: &[(&str, &[u8])], s: &Settings) -> IpAddr {
+    fn resolve(peer: &str, headers: &[(&str, &[u8])], s: &HttpSettings) -> IpAddr {
         client_ip(ip(peer), headers, s)
     }
 
@@ -282,7 +284,7 @@ mod tests {
     #[test]
     fn x_forwarded_for_is_the_default_header() {
         assert_eq!(
-            Settings::default().forwarded_header,
+            HttpSettings::default().forwarded_header,
             ForwardedHeader::XForwardedFor
         );
         let s = settings(&["10.0.0.0/8"], 64);

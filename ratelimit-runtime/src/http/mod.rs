@@ -31,7 +31,7 @@
 //!   peer sending forwarding headers while no proxy is trusted is warned about once per
 //!   process. IPv6 clients are grouped by their /64 ([`crate::Builder::ipv6_prefix`]).
 //! * `url` — the request path, without the query.
-//! * `user` — the [`UserId`] that the application's auth layer put in the request extensions;
+//! * `user` — the [`crate::UserId`] that the application's auth layer put in the request extensions;
 //!   missing: 401.
 //! * `app_id` — the header `appId` (any case); missing or blank: 400 "appId must not be empty".
 //! * `header:<name>` — any header; missing or blank: 400 naming the header.
@@ -56,8 +56,13 @@
 //! the app data (Actix: `.app_data(limiter)` or `.app_data(web::Data::new(limiter))`), else
 //! [`crate::RateLimiter::current`].
 
-use std::fmt;
-use std::sync::Arc;
+pub(crate) mod settings;
+pub(crate) mod user;
+
+pub use self::settings::HttpSettings;
+pub(crate) use self::settings::{ForwardedHeader, HeaderStyle};
+#[cfg(any(feature = "axum", feature = "actix"))]
+pub(crate) use self::user::UserId;
 
 #[cfg(any(feature = "axum", feature = "actix"))]
 mod ip;
@@ -79,67 +84,9 @@ mod disabled;
 #[cfg(not(any(feature = "axum", feature = "actix")))]
 pub use disabled::{HttpCaller, Limited, check_http};
 
-/// The identity of an authenticated caller, for `by = "user"`: the application's auth layer
-/// puts one in the request extensions.
-///
-/// ```
-/// use ratelimit_runtime::UserId;
-/// # #[cfg(feature = "axum")] {
-/// async fn auth(mut req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
-///     if let Some(user) = req.headers().get("x-user").and_then(|v| v.to_str().ok()) {
-///         let user = UserId::new(user);
-///         req.extensions_mut().insert(user);
-///     }
-///     next.run(req).await
-/// }
-/// # }
-/// assert_eq!(UserId::new("alice").as_str(), "alice");
-/// ```
-///
-/// An empty id counts as no user (401). A handler can take the `UserId` as a parameter (an
-/// Axum and Actix-web extractor); without one it answers the same 401 as `by = "user"`.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct UserId(Arc<str>);
-
-impl UserId {
-    /// A user id.
-    pub fn new(id: impl Into<Arc<str>>) -> Self {
-        Self(id.into())
-    }
-
-    /// The id.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for UserId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("UserId").field(&self.as_str()).finish()
-    }
-}
-
-impl fmt::Display for UserId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl From<&str> for UserId {
-    fn from(id: &str) -> Self {
-        Self::new(id)
-    }
-}
-
-impl From<String> for UserId {
-    fn from(id: String) -> Self {
-        Self::new(id)
-    }
-}
-
 /// The address that identifies the client of a request, as `by = "ip"` computes it before
 /// grouping: `peer` itself unless it is a trusted proxy, else the right-most hop that is not a
-/// trusted proxy in the one header [`crate::Settings::forwarded_header`] names
+/// trusted proxy in the one header [`HttpSettings::forwarded_header`] names
 /// (`X-Forwarded-For` by default; `Forwarded`'s RFC 7239 `for=` nodes, or `X-Real-IP`). The
 /// other forwarding headers are never read. IPv4-mapped IPv6 addresses are returned as IPv4.
 ///
@@ -151,21 +98,21 @@ impl From<String> for UserId {
 /// let mut headers = http::HeaderMap::new();
 /// headers.insert("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.0.0.2".parse().unwrap());
 /// let peer = "10.0.0.1".parse().unwrap();
-/// assert_eq!(client_ip(peer, &headers, limiter.settings()).to_string(), "203.0.113.7");
+/// assert_eq!(client_ip(peer, &headers, &limiter.settings().http).to_string(), "203.0.113.7");
 /// // An untrusted peer is the client, whatever it sends.
 /// let peer = "198.51.100.1".parse().unwrap();
-/// assert_eq!(client_ip(peer, &headers, limiter.settings()).to_string(), "198.51.100.1");
+/// assert_eq!(client_ip(peer, &headers, &limiter.settings().http).to_string(), "198.51.100.1");
 /// // A client's own `Forwarded`, passed through by an X-Forwarded-For proxy, changes nothing.
 /// headers.insert("forwarded", "for=192.0.2.99".parse().unwrap());
 /// let peer = "10.0.0.1".parse().unwrap();
-/// assert_eq!(client_ip(peer, &headers, limiter.settings()).to_string(), "203.0.113.7");
+/// assert_eq!(client_ip(peer, &headers, &limiter.settings().http).to_string(), "203.0.113.7");
 /// # }
 /// ```
 #[cfg(any(feature = "axum", feature = "actix"))]
 pub fn client_ip(
     peer: std::net::IpAddr,
     headers: &http::HeaderMap,
-    settings: &crate::Settings,
+    settings: &HttpSettings,
 ) -> std::net::IpAddr {
     ip::client_ip(peer, headers, settings)
 }

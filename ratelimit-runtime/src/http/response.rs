@@ -1,4 +1,4 @@
-//! What a limited handler answers (SPEC §7), independent of the framework: the rate-limit
+//! What a limited handler answers, independent of the framework: the rate-limit
 //! header fields of a verdict and the bodies of the refusals.
 
 use std::cell::RefCell;
@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
-use crate::__private::Limit;
-use crate::limiter::{HeaderStyle, Settings};
+use super::settings::{HeaderStyle, HttpSettings};
+use crate::limit::Limit;
 use crate::policy::Verdict;
 
 /// Header fields to add to a response: lower-case static names, ASCII values.
@@ -42,7 +42,7 @@ impl Refusal {
     pub(crate) fn too_many_requests(
         limits: &[Limit],
         verdict: &Verdict,
-        settings: &Settings,
+        settings: &HttpSettings,
     ) -> Self {
         let wait = whole_seconds(verdict.retry_after().unwrap_or_default()).max(1);
         let mut body = String::with_capacity(80 + settings.message.len());
@@ -262,7 +262,7 @@ pub(crate) fn push_json_string(out: &mut String, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::__private::By;
+    use crate::limit::By;
     use crate::policy::{Algorithm, Decision, Policy};
     use std::sync::LazyLock;
 
@@ -316,9 +316,9 @@ mod tests {
     #[test]
     fn a_429_waits_whole_seconds_rounded_up_and_at_least_one() {
         let limits = [limit("login", Algorithm::Sliding, 3, 10_000, 3)];
-        let settings = Settings {
+        let settings = HttpSettings {
             message: "slow \"down\"\n".to_owned(),
-            ..Settings::default()
+            ..HttpSettings::default()
         };
         for (wait_ms, secs) in [(1, 1), (0, 1), (1_000, 1), (1_001, 2), (9_999, 10)] {
             let v = Verdict::new(vec![Decision::new(

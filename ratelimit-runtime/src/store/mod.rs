@@ -2,7 +2,7 @@
 //!
 //! A store has one operation, [`Store::check`]: it checks **a list of limits for one call**
 //! atomically. The call is admitted only if every limit admits it, and when any limit rejects
-//! it, no limit takes anything (SPEC §3). Each store reads time from its own clock (Redis:
+//! it, no limit takes anything. Each store reads time from its own clock (Redis:
 //! `TIME` inside the script; memory: a monotonic [`Clock`]), never from the caller.
 //!
 //! * [`MemoryStore`] — in-process, the embedded default;
@@ -16,10 +16,14 @@ use std::pin::Pin;
 use crate::error::StoreError;
 use crate::policy::{Policy, Verdict};
 
+// The stores' modules are hidden: their types are re-exported here and at the crate root.
 #[cfg(feature = "cluster")]
+#[doc(hidden)]
 pub mod cluster;
 mod lazy;
+#[doc(hidden)]
 pub mod memory;
+#[doc(hidden)]
 pub mod redis;
 
 #[cfg(feature = "cluster")]
@@ -84,4 +88,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// A short name for logs and the demo: `"memory"`, `"redis"`, `"redis-cluster"`.
     fn name(&self) -> &'static str;
+
+    /// Whether the state lives in this process, so that a check costs no round trip. The
+    /// limiter keeps a blocked-caller cache ([`crate::Settings::blocked_cache`]) only in front
+    /// of stores that are not local.
+    ///
+    /// The default answers `false` for every store but the built-in [`MemoryStore`] (named
+    /// `"memory"`); a store of your own that keeps its state in process should return `true`.
+    fn is_local(&self) -> bool {
+        self.name() == "memory"
+    }
 }

@@ -127,7 +127,10 @@ impl Answer {
         );
         let body = self.json();
         assert_eq!(body["error"], "too_many_requests");
-        assert_eq!(body["message"], ratelimit_runtime::limiter::DEFAULT_MESSAGE);
+        assert_eq!(
+            body["message"],
+            ratelimit_runtime::http::HttpSettings::DEFAULT_MESSAGE
+        );
         assert_eq!(body["retry_after"].as_u64(), Some(retry));
     }
 }

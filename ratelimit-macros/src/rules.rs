@@ -1,0 +1,1 @@
+../../ratelimit-runtime/src/policy/rules.rs

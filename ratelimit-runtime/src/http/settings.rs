@@ -1,0 +1,120 @@
+//! What the HTTP integrations read from the limiter's settings: who the client is behind
+//! proxies, how IPv6 callers are grouped, and what the responses say. Plain data: the limiter
+//! holds it ([`crate::Settings::http`]) and never reads it itself.
+
+use std::net::IpAddr;
+
+use crate::net::IpNet;
+
+/// Which rate-limit headers HTTP responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// The IETF `RateLimit-Policy` and `RateLimit` fields. The default.
+    #[default]
+    Ietf,
+    /// The legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    Legacy,
+    /// Both.
+    Both,
+}
+
+/// The one forwarding header that the application's trusted proxies set, and the only one `by =
+/// "ip"` reads. Reverse proxies append to (or overwrite) their own header and pass every other
+/// header through from the client untouched, so believing a second header would let a client
+/// name itself: behind an `X-Forwarded-For` proxy, a client sending `Forwarded: for=<random>`
+/// would get a fresh bucket per request.
+///
+/// Set it with [`crate::Builder::forwarded_header`]. From a peer that is not a trusted proxy,
+/// no header is read at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: <client>, <proxy1>, …` (several lines are one list), walked right to
+    /// left. The default: nginx (`$proxy_add_x_forwarded_for`), `HAProxy` (`option forwardfor`),
+    /// Envoy, Traefik, Caddy and the cloud load balancers (AWS ALB, Google Cloud, Azure) write
+    /// it.
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=<client>;proto=https, for=…`, walked right to left; only its
+    /// `for=` parameters are read. For proxies configured to write it (`HAProxy`
+    /// `option forwarded`, nginx with `proxy_set_header Forwarded …`).
+    Forwarded,
+    /// `X-Real-IP: <client>`, one address per header line, set by the proxy (nginx
+    /// `proxy_set_header X-Real-IP $remote_addr`). With several lines, the last that is not a
+    /// trusted proxy wins, as for the lists.
+    XRealIp,
+}
+
+impl ForwardedHeader {
+    /// The header's name, lower-case (`x-forwarded-for`, `forwarded`, `x-real-ip`).
+    ///
+    /// ```
+    /// use ratelimit_runtime::ForwardedHeader;
+    /// assert_eq!(ForwardedHeader::default().name(), "x-forwarded-for");
+    /// assert_eq!(ForwardedHeader::XRealIp.name(), "x-real-ip");
+    /// ```
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::XForwardedFor => "x-forwarded-for",
+            Self::Forwarded => "forwarded",
+            Self::XRealIp => "x-real-ip",
+        }
+    }
+}
+
+/// The settings of the HTTP integrations, set through the [`crate::Builder`]
+/// ([`trusted_proxies`](crate::Builder::trusted_proxies),
+/// [`forwarded_header`](crate::Builder::forwarded_header),
+/// [`ipv6_prefix`](crate::Builder::ipv6_prefix),
+/// [`header_style`](crate::Builder::header_style), [`message`](crate::Builder::message)) and
+/// read back from [`crate::Settings::http`].
+///
+/// ```
+/// use ratelimit_runtime::{ForwardedHeader, RateLimiter};
+///
+/// let limiter = RateLimiter::builder().trusted_proxies(["10.0.0.0/8"]).build_lazy()?;
+/// let http = &limiter.settings().http;
+/// assert!(http.is_trusted_proxy("10.1.2.3".parse().unwrap()));
+/// assert_eq!(http.forwarded_header, ForwardedHeader::XForwardedFor);
+/// assert_eq!(http.ipv6_prefix, 64);
+/// # Ok::<(), ratelimit_runtime::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HttpSettings {
+    /// Peers whose forwarding header ([`HttpSettings::forwarded_header`]) is believed. Empty by
+    /// default: the peer of the connection is the client and no header is read.
+    pub trusted_proxies: Vec<IpNet>,
+    /// The one header the trusted proxies set (default [`ForwardedHeader::XForwardedFor`]).
+    /// The other forwarding headers are never read, whoever sends them.
+    pub forwarded_header: ForwardedHeader,
+    /// IPv6 callers are grouped by this prefix length (default 64).
+    pub ipv6_prefix: u8,
+    /// Which headers HTTP responses carry.
+    pub header_style: HeaderStyle,
+    /// The message of a 429 body (default [`HttpSettings::DEFAULT_MESSAGE`]).
+    pub message: String,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            trusted_proxies: Vec::new(),
+            forwarded_header: ForwardedHeader::XForwardedFor,
+            ipv6_prefix: 64,
+            header_style: HeaderStyle::Ietf,
+            message: Self::DEFAULT_MESSAGE.to_owned(),
+        }
+    }
+}
+
+impl HttpSettings {
+    /// The default message of a 429 body.
+    pub const DEFAULT_MESSAGE: &str = "Too many requests, please try again later.";
+
+    /// Whether `ip` is a trusted proxy.
+    pub fn is_trusted_proxy(&self, ip: IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|net| net.contains(ip))
+    }
+}

@@ -1,0 +1,183 @@
+//! What `#[rate_limit]` writes: [`Limit`]s (a policy, a scope, a `by`), the rendering of `key`
+//! templates, and the one place where a limit's store key is put together for a caller
+//! ([`keys_for`], used by plain functions and HTTP handlers alike).
+//!
+//! The macro reaches these items through `crate::__private`, which only re-exports them.
+
+use crate::error::RateLimitError;
+use crate::key;
+use crate::limiter::RateLimiter;
+use crate::policy::{Algorithm, Policy};
+use crate::store::Check;
+
+/// Who a caller is, from the `by` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    /// One bucket for the scope.
+    Global,
+    /// The peer IP (trusted proxies honoured, IPv6 grouped).
+    Ip,
+    /// The request path without the query.
+    Url,
+    /// The `UserId` in the request extensions.
+    User,
+    /// Header `appId`.
+    AppId,
+    /// Any header; the name is lower-case.
+    Header(&'static str),
+}
+
+impl By {
+    /// The key source of this `by` value (`None` for `global`).
+    pub(crate) fn source(self) -> Option<key::Source<'static>> {
+        Some(match self {
+            Self::Global => return None,
+            Self::Ip => key::Source::Ip,
+            Self::Url => key::Source::Url,
+            Self::User => key::Source::User,
+            Self::AppId => key::Source::AppId,
+            Self::Header(name) => key::Source::Header(name),
+        })
+    }
+}
+
+/// One `#[rate_limit]` attribute, as the macro wrote it.
+#[derive(Debug)]
+pub struct Limit {
+    /// The limit.
+    pub policy: Policy,
+    /// The bucket name (default: the function's module path and name).
+    pub scope: &'static str,
+    /// Who a caller is.
+    pub by: By,
+}
+
+/// One piece of a `key` template: literal text, or an argument formatted with `Display`.
+#[derive(Clone, Copy)]
+pub enum Piece<'a> {
+    /// Literal text.
+    Text(&'static str),
+    /// An argument (`{phone}`, `{form.phone}`).
+    Arg(&'a dyn std::fmt::Display),
+}
+
+impl std::fmt::Debug for Piece<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Text(t) => f.debug_tuple("Text").field(t).finish(),
+            Self::Arg(a) => f.debug_tuple("Arg").field(&format_args!("{a}")).finish(),
+        }
+    }
+}
+
+/// Renders a `key` template: the only allocation the macro adds per call.
+///
+/// A template with one argument renders as written. With two or more, each argument is
+/// written as its length in bytes, `~`, then itself, so that no two argument lists render
+/// alike (`"{a}:{b}"` with `a = "x:y", b = "z"` and with `a = "x", b = "y:z"` are two callers,
+/// not one).
+///
+/// ```
+/// use ratelimit_runtime::__private::{render, Piece};
+/// let phone = "+15550100";
+/// assert_eq!(render(&[Piece::Text("sms:"), Piece::Arg(&phone)]), "sms:+15550100");
+/// let (a, b) = ("x:y", "z");
+/// assert_eq!(render(&[Piece::Arg(&a), Piece::Text(":"), Piece::Arg(&b)]), "3~x:y:1~z");
+/// ```
+pub fn render(pieces: &[Piece<'_>]) -> String {
+    use std::fmt::Write as _;
+    let framed = pieces.iter().filter(|p| matches!(p, Piece::Arg(_))).count() > 1;
+    let mut out = String::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => out.push_str(t),
+            Piece::Arg(a) if framed => {
+                let start = out.len();
+                let _ = write!(out, "{a}");
+                let len = (out.len() - start).to_string();
+                out.insert_str(start, &len);
+                out.insert(start + len.len(), '~');
+            }
+            Piece::Arg(a) => {
+                let _ = write!(out, "{a}");
+            }
+        }
+    }
+    out
+}
+
+/// A policy from the macro's already-checked arguments; evaluated at compile time, where an
+/// invalid one fails the build.
+///
+/// # Panics
+///
+/// When the arguments break a rule of [`Policy::from_parts`], with that rule's message: in the
+/// `static` the macro emits, a compile error.
+pub const fn policy(
+    algorithm: Algorithm,
+    num: u64,
+    period_ms: u64,
+    burst: u64,
+    cost: u64,
+) -> Policy {
+    // The macro checks the same rules (the same file, `policy/rules.rs`) with spans; this is
+    // the backstop, a compile error with the same message.
+    match Policy::from_parts(algorithm, num, period_ms, burst, cost) {
+        Ok(p) => p,
+        Err(e) => panic!("{}", e.message()),
+    }
+}
+
+/// Builds the keys of `limits` for one caller: `templates[i]` is limit `i`'s rendered `key`
+/// template (if any), `by_value(by)` its caller's value for `by` (`None` for `global`), or the
+/// reason the caller cannot be keyed. The one place where a limit's key is put together.
+pub(crate) fn keys_for<'c, E>(
+    prefix: &str,
+    limits: &[Limit],
+    templates: &[Option<&str>],
+    mut by_value: impl FnMut(By) -> Result<Option<std::borrow::Cow<'c, [u8]>>, E>,
+) -> Result<Vec<String>, E> {
+    limits
+        .iter()
+        .enumerate()
+        .map(|(i, limit)| {
+            let by = by_value(limit.by)?;
+            let mut parts = [key::Part::new(key::Source::Key, &[]); 2];
+            let mut n = 0;
+            if let Some(Some(t)) = templates.get(i) {
+                parts[n] = key::Part::new(key::Source::Key, t.as_bytes());
+                n += 1;
+            }
+            if let (Some(value), Some(source)) = (&by, limit.by.source()) {
+                parts[n] = key::Part::new(source, value);
+                n += 1;
+            }
+            Ok(key::build(prefix, limit.scope, &parts[..n], &limit.policy))
+        })
+        .collect()
+}
+
+/// Runs the checks of `limits` under `keys` against `limiter`.
+pub(crate) async fn run(
+    limiter: &RateLimiter,
+    limits: &[Limit],
+    keys: &[String],
+) -> Result<crate::Verdict, RateLimitError> {
+    debug_assert_eq!(limits.len(), keys.len());
+    let checks: Vec<Check<'_>> = limits
+        .iter()
+        .zip(keys)
+        .map(|(l, k)| Check::new(k, &l.policy).with_scope(l.scope))
+        .collect();
+    limiter.acquire(&checks).await
+}
+
+/// Plain mode: checks every limit for one call against the process's limiter.
+pub async fn check(limits: &'static [Limit], keys: &[Option<&str>]) -> Result<(), RateLimitError> {
+    let limiter = RateLimiter::current();
+    let Ok(keys) =
+        keys_for::<std::convert::Infallible>(&limiter.settings().prefix, limits, keys, |_| {
+            Ok(None)
+        });
+    run(&limiter, limits, &keys).await.map(drop)
+}

@@ -1,0 +1,253 @@
+//! [`Builder`]: how a [`RateLimiter`] is put together, and the checks of its settings.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{FailurePolicy, RateLimiter, Settings};
+use crate::error::ConfigError;
+use crate::http::{ForwardedHeader, HeaderStyle};
+use crate::key;
+use crate::net::IpNet;
+use crate::store::{MemoryStore, RedisStore, Store};
+
+impl RateLimiter {
+    /// A builder with the defaults: memory store, prefix `ratelimit`, no trusted proxies,
+    /// IPv6 grouped by /64, 50 ms timeout, fail open, IETF headers.
+    pub fn builder() -> Builder {
+        Builder {
+            store: StoreChoice::Memory,
+            settings: Settings::default(),
+            proxies: Vec::new(),
+        }
+    }
+}
+
+enum StoreChoice {
+    Memory,
+    RedisUrl(String),
+    #[cfg(feature = "cluster")]
+    RedisCluster(Vec<String>),
+    Store(Arc<dyn Store>),
+}
+
+/// Builds a [`RateLimiter`].
+///
+/// ```
+/// # async fn demo() -> Result<(), ratelimit_runtime::ConfigError> {
+/// use std::time::Duration;
+/// use ratelimit_runtime::{FailurePolicy, RateLimiter};
+///
+/// let limiter = RateLimiter::builder()
+///     .redis_url("redis://127.0.0.1:6379")
+///     .prefix("myapp")
+///     .trusted_proxies(["10.0.0.0/8"])
+///     .timeout(Duration::from_millis(30))
+///     .failure_policy(FailurePolicy::Local)
+///     .build()
+///     .await?;
+/// limiter.install()?;
+/// # Ok(()) }
+/// ```
+#[must_use]
+pub struct Builder {
+    store: StoreChoice,
+    settings: Settings,
+    proxies: Vec<String>,
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Builder {
+    /// Use the in-process memory store (the default).
+    pub fn memory(mut self) -> Self {
+        self.store = StoreChoice::Memory;
+        self
+    }
+
+    /// Use one Redis server (`redis://`, `rediss://`, with user and password when needed).
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.store = StoreChoice::RedisUrl(url.into());
+        self
+    }
+
+    /// Use a Redis Cluster, reached through these seed nodes (`redis://host:port` each; the
+    /// client discovers the rest). Needs the `cluster` feature.
+    #[cfg(feature = "cluster")]
+    pub fn redis_cluster<I, S>(mut self, nodes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.store = StoreChoice::RedisCluster(nodes.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Use a store built by the caller.
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = StoreChoice::Store(Arc::new(store));
+        self
+    }
+
+    /// Use a shared store built by the caller.
+    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = StoreChoice::Store(store);
+        self
+    }
+
+    /// The prefix of every key (default `ratelimit`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.prefix = prefix.into();
+        self
+    }
+
+    /// Peers (IP addresses or CIDR blocks such as `10.0.0.0/8`) whose forwarding header is
+    /// believed: from one of them, the header named by [`Builder::forwarded_header`] (default
+    /// `X-Forwarded-For`) is walked right to left, skipping hops that are trusted proxies too,
+    /// and the first other hop is the client. From any other peer no header is read. None by
+    /// default; a value that is not an address or block makes the build fail with
+    /// [`ConfigError::InvalidProxy`].
+    pub fn trusted_proxies<I, S>(mut self, proxies: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.proxies = proxies.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The one header the trusted proxies set (default [`ForwardedHeader::XForwardedFor`]);
+    /// the other two are ignored, so a client cannot pass its own `Forwarded` or `X-Real-IP`
+    /// through a proxy that only appends to `X-Forwarded-For`. Pick the header your proxies
+    /// *write*, not one they pass through. It matters only with [`Builder::trusted_proxies`].
+    ///
+    /// ```
+    /// use ratelimit_runtime::{ForwardedHeader, RateLimiter};
+    ///
+    /// // nginx in front, with `proxy_set_header X-Real-IP $remote_addr;`
+    /// let limiter = RateLimiter::builder()
+    ///     .trusted_proxies(["10.0.0.0/8", "fd00::/8"])
+    ///     .forwarded_header(ForwardedHeader::XRealIp)
+    ///     .build_lazy()?;
+    /// assert_eq!(limiter.settings().http.forwarded_header, ForwardedHeader::XRealIp);
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
+    pub fn forwarded_header(mut self, header: ForwardedHeader) -> Self {
+        self.settings.http.forwarded_header = header;
+        self
+    }
+
+    /// IPv6 callers are grouped by this prefix length (default 64; 128 keys each address).
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.settings.http.ipv6_prefix = bits;
+        self
+    }
+
+    /// The longest wait for the store on one check (default 50 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeout = timeout;
+        self
+    }
+
+    /// What to do when the store fails (default [`FailurePolicy::Allow`]).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.settings.failure_policy = policy;
+        self
+    }
+
+    /// Which rate-limit headers HTTP responses carry (default [`HeaderStyle::Ietf`]).
+    pub fn header_style(mut self, style: HeaderStyle) -> Self {
+        self.settings.http.header_style = style;
+        self
+    }
+
+    /// The message of a 429 body.
+    pub fn message(mut self, message: impl Into<String>) -> Self {
+        self.settings.http.message = message.into();
+        self
+    }
+
+    /// The capacity of the blocked-caller cache (default [`Settings::DEFAULT_BLOCKED_CACHE`] keys; `0`
+    /// turns it off). See [`Settings::blocked_cache`].
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), ratelimit_runtime::ConfigError> {
+    /// use ratelimit_runtime::RateLimiter;
+    /// // Every check goes to Redis, even for callers it just rejected.
+    /// let limiter = RateLimiter::builder()
+    ///     .redis_url("redis://127.0.0.1:6379")
+    ///     .blocked_cache(0)
+    ///     .build_lazy()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn blocked_cache(mut self, capacity: usize) -> Self {
+        self.settings.blocked_cache = capacity;
+        self
+    }
+
+    fn settings(mut self) -> Result<(StoreChoice, Settings), ConfigError> {
+        if !key::valid_prefix(&self.settings.prefix) {
+            return Err(ConfigError::Invalid(format!(
+                "invalid key prefix {:?}: use 1 to 200 characters of A-Z a-z 0-9 _ : . - /",
+                self.settings.prefix
+            )));
+        }
+        if !(1..=128).contains(&self.settings.http.ipv6_prefix) {
+            return Err(ConfigError::Invalid(format!(
+                "ipv6_prefix must be between 1 and 128, not {}",
+                self.settings.http.ipv6_prefix
+            )));
+        }
+        if self.settings.timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "the timeout must be positive".to_owned(),
+            ));
+        }
+        self.settings.http.trusted_proxies = self
+            .proxies
+            .iter()
+            .map(|p| {
+                p.parse::<IpNet>()
+                    .map_err(|_| ConfigError::InvalidProxy(p.clone()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((self.store, self.settings))
+    }
+
+    /// Builds the limiter, connecting to Redis when one was named: a malformed URL or an
+    /// unreachable server is an error here, not at the first check.
+    pub async fn build(self) -> Result<RateLimiter, ConfigError> {
+        let (store, settings) = self.settings()?;
+        let store: Arc<dyn Store> = match store {
+            StoreChoice::Memory => Arc::new(MemoryStore::new()),
+            StoreChoice::RedisUrl(url) => Arc::new(RedisStore::connect(&url).await?),
+            #[cfg(feature = "cluster")]
+            StoreChoice::RedisCluster(nodes) => {
+                Arc::new(crate::store::RedisClusterStore::connect(nodes).await?)
+            }
+            StoreChoice::Store(s) => s,
+        };
+        Ok(RateLimiter::from_parts(store, settings))
+    }
+
+    /// Builds the limiter without waiting for any server: a Redis store connects at its first
+    /// check (and again after each failure). A malformed URL is still an error here.
+    pub fn build_lazy(self) -> Result<RateLimiter, ConfigError> {
+        let (store, settings) = self.settings()?;
+        let store: Arc<dyn Store> = match store {
+            StoreChoice::Memory => Arc::new(MemoryStore::new()),
+            StoreChoice::RedisUrl(url) => Arc::new(RedisStore::lazy(&url)?),
+            #[cfg(feature = "cluster")]
+            StoreChoice::RedisCluster(nodes) => {
+                Arc::new(crate::store::RedisClusterStore::lazy(nodes)?)
+            }
+            StoreChoice::Store(s) => s,
+        };
+        Ok(RateLimiter::from_parts(store, settings))
+    }
+}

@@ -1,0 +1,156 @@
+//! The rules a policy's numbers must follow, in one place for the runtime and the macro.
+//!
+//! The runtime's `Policy::from_parts` applies them when a policy is built, and `#[rate_limit]`
+//! applies them at compile time, pointing at the offending argument. A proc-macro crate cannot
+//! export ordinary items, so both crates compile this very file (`ratelimit-macros/src/rules.rs`
+//! is a link to it, which `cargo package` turns into a copy): it uses nothing but `core`.
+//!
+//! The numeric bounds keep every number exact in the Redis scripts, which count in doubles
+//! (exact only below 2^53).
+
+/// The longest period a policy may have, in milliseconds (100 years), so that microsecond
+/// timestamps stay exact in Lua's doubles.
+pub const MAX_PERIOD_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// The largest `num`, `burst` or `cost` (2^50): counts, their sums and differences stay exact
+/// integers in the Redis scripts' doubles (exact up to 2^53) and in every reply.
+pub const MAX_UNITS: u64 = 1 << 50;
+
+/// The largest bucket capacity in the scripts' integer scale (2^52): `burst × period_µs / g`
+/// with `g = gcd(num, period_µs)`. A level plus a cost is then below 2^53, so every bucket
+/// number stays exact.
+pub const MAX_BUCKET_SCALE: u64 = 1 << 52;
+
+/// A rule that a policy's numbers break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Violation {
+    /// `num` is 0.
+    ZeroLimit,
+    /// The period is shorter than one millisecond.
+    ZeroPeriod,
+    /// The period is longer than [`MAX_PERIOD_MS`].
+    PeriodTooLong,
+    /// `burst` is 0.
+    ZeroBurst,
+    /// `cost` is 0.
+    ZeroCost,
+    /// `num`, `burst` or `cost` is above [`MAX_UNITS`].
+    TooManyUnits,
+    /// A bucket whose capacity in the scripts' scale is above [`MAX_BUCKET_SCALE`].
+    BucketTooFine,
+    /// `cost` is larger than the capacity: no call could ever be admitted.
+    CostExceedsCapacity,
+}
+
+impl Violation {
+    /// What is wrong and what is accepted, for people.
+    pub const fn message(self) -> &'static str {
+        match self {
+            Self::ZeroLimit => "`num` must be a positive integer",
+            Self::ZeroPeriod => "the period must be at least 1ms",
+            Self::PeriodTooLong => "the period must be at most 100 years",
+            Self::ZeroBurst => "`burst` must be a positive integer",
+            Self::ZeroCost => "`cost` must be a positive integer",
+            Self::TooManyUnits => {
+                "`num`, `burst` and `cost` must be at most 2^50 (1125899906842624), so that every number the Redis scripts return stays exact"
+            }
+            Self::BucketTooFine => {
+                "the bucket cannot be kept exact: burst × (period in µs / gcd(num, period in µs)) must be at most 2^52; lower `burst` or `time`, or pick a `num` that divides the period in microseconds"
+            }
+            Self::CostExceedsCapacity => {
+                "`cost` is larger than the capacity (`num`, or `burst` for buckets): no call could ever be admitted"
+            }
+        }
+    }
+}
+
+/// The greatest common divisor (`gcd(0, b) = b`).
+pub const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        let r = a % b;
+        a = b;
+        b = r;
+    }
+    a
+}
+
+/// How many units fit at once: `burst` for the buckets, `num` for the windows.
+pub const fn capacity(bucket: bool, num: u64, burst: u64) -> u64 {
+    if bucket { burst } else { num }
+}
+
+/// Whether a period of `period_ms` milliseconds is one a store can keep.
+pub const fn check_period(period_ms: u64) -> Result<(), Violation> {
+    if period_ms == 0 {
+        Err(Violation::ZeroPeriod)
+    } else if period_ms > MAX_PERIOD_MS {
+        Err(Violation::PeriodTooLong)
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether `n` units (a `num`, `burst` or `cost`) stay exact in the scripts.
+pub const fn check_units(n: u64) -> Result<(), Violation> {
+    if n > MAX_UNITS {
+        Err(Violation::TooManyUnits)
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether a bucket of `burst` refilled (or drained) at `num` per `period_ms` can be kept exact:
+/// `burst × period_µs / gcd(num, period_µs)` must be at most [`MAX_BUCKET_SCALE`].
+pub const fn check_bucket_scale(num: u64, period_ms: u64, burst: u64) -> Result<(), Violation> {
+    let Some(micros) = period_ms.checked_mul(1000) else {
+        return Err(Violation::BucketTooFine);
+    };
+    // `gcd` is 0 only when both are; then the step is the period itself.
+    let step = match micros.checked_div(gcd(num, micros)) {
+        Some(step) => step,
+        None => micros,
+    };
+    match burst.checked_mul(step) {
+        Some(scale) if scale <= MAX_BUCKET_SCALE => Ok(()),
+        _ => Err(Violation::BucketTooFine),
+    }
+}
+
+/// Whether a call of `cost` can ever fit in `capacity` units.
+pub const fn check_cost(cost: u64, capacity: u64) -> Result<(), Violation> {
+    if cost > capacity {
+        Err(Violation::CostExceedsCapacity)
+    } else {
+        Ok(())
+    }
+}
+
+/// Every rule, in order, for a policy of `num` per `period_ms` with a capacity of `burst` (for
+/// a bucket) and `cost` units a call: the first rule broken, if any.
+pub const fn check(
+    bucket: bool,
+    num: u64,
+    period_ms: u64,
+    burst: u64,
+    cost: u64,
+) -> Result<(), Violation> {
+    if num == 0 {
+        return Err(Violation::ZeroLimit);
+    }
+    if let Err(e) = check_period(period_ms) {
+        return Err(e);
+    }
+    if burst == 0 {
+        return Err(Violation::ZeroBurst);
+    }
+    if cost == 0 {
+        return Err(Violation::ZeroCost);
+    }
+    if check_units(num).is_err() || check_units(burst).is_err() || check_units(cost).is_err() {
+        return Err(Violation::TooManyUnits);
+    }
+    if bucket && let Err(e) = check_bucket_scale(num, period_ms, burst) {
+        return Err(e);
+    }
+    check_cost(cost, capacity(bucket, num, burst))
+}
