@@ -140,9 +140,6 @@ pub enum StoreError {
         /// The store's bound ([`crate::MemoryStore::max_keys`]).
         max_keys: usize,
     },
-    /// The message-only form of [`StoreError::Connection`], kept while every store moves to
-    /// [`StoreError::connection`]; the same kind (a transport failure), without a source.
-    Redis(String),
 }
 
 impl StoreError {
@@ -172,7 +169,7 @@ impl StoreError {
 
     /// `true` when the store could not be reached or is not serving.
     pub fn is_connection(&self) -> bool {
-        matches!(self, Self::Connection { .. } | Self::Redis(_))
+        matches!(self, Self::Connection { .. })
     }
 
     /// `true` when the store answered this call with an error.
@@ -214,7 +211,6 @@ impl fmt::Display for StoreError {
             Self::Connection { source } => write!(f, "cannot reach the store: {source}"),
             Self::Timeout(d) => write!(f, "no answer within {}ms", d.as_millis()),
             Self::Backend { source } => write!(f, "the store answered an error: {source}"),
-            Self::Redis(e) => write!(f, "redis: {e}"),
             Self::BadReply(e) => write!(f, "unexpected reply from the store: {e}"),
             Self::Full { max_keys } => write!(
                 f,
@@ -228,7 +224,7 @@ impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Connection { source } | Self::Backend { source } => Some(&**source),
-            Self::Timeout(_) | Self::BadReply(_) | Self::Full { .. } | Self::Redis(_) => None,
+            Self::Timeout(_) | Self::BadReply(_) | Self::Full { .. } => None,
         }
     }
 }
@@ -314,7 +310,6 @@ mod tests {
         let cases = [
             (StoreError::Timeout(Duration::from_millis(5)), true),
             (StoreError::connection("down"), true),
-            (StoreError::Redis("down".to_owned()), true),
             (StoreError::backend("ERR boom"), false),
             (StoreError::bad_reply("remaining -1"), false),
             (StoreError::Full { max_keys: 8 }, false),

@@ -490,8 +490,9 @@ impl Store for RedisClusterStore {
                     .collect();
                 Self::check_across_slots(&mut conn, &checks, &groups).await
             });
-            task.await
-                .map_err(|e| StoreError::Redis(format!("the cross-slot check task failed: {e}")))?
+            task.await.map_err(|e| {
+                StoreError::connection(format!("the cross-slot check task failed: {e}"))
+            })?
         })
     }
 

@@ -10,11 +10,11 @@
 //! * the first check with no connection starts an attempt and waits for it;
 //! * a check that arrives while an attempt is running waits for **that** attempt (no second
 //!   one is started): a cold start under load is limited from its first call instead of being
-//!   answered by the failure policy (SPEC §8);
+//!   answered by the failure policy;
 //! * every wait is bounded only by the check's own timeout: a waiter dropped by it (or by any
 //!   cancellation) leaves the attempt running for the others and the checks after it;
 //! * when the attempt succeeds, every waiter and every later check uses the connection; when it
-//!   fails, every waiter gets its error ([`StoreError::Redis`], a transport error) and the next
+//!   fails, every waiter gets its error ([`StoreError::Connection`], a transport error, its cause kept) and the next
 //!   check starts a new attempt;
 //! * an attempt that ends without an answer (its runtime shut down) fails its waiters and
 //!   leaves the way open for a new attempt.
@@ -28,7 +28,7 @@ use crate::error::StoreError;
 
 /// How an attempt ended: `None` while it runs, then `Ok` (the connection is in the cell) or the
 /// error's message.
-type Outcome = Option<Result<(), String>>;
+type Outcome = Option<Result<(), redis::RedisError>>;
 
 #[derive(Debug)]
 struct Inner<T> {
@@ -54,15 +54,17 @@ impl<T> Inner<T> {
 struct Publish<T> {
     inner: Arc<Inner<T>>,
     tx: watch::Sender<Outcome>,
-    outcome: Option<Result<(), String>>,
+    outcome: Outcome,
+}
+
+/// The outcome of an attempt that ended without one (its task was dropped with its runtime).
+fn abandoned() -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Io, "the connection attempt was abandoned"))
 }
 
 impl<T> Drop for Publish<T> {
     fn drop(&mut self) {
-        let outcome = self
-            .outcome
-            .take()
-            .unwrap_or_else(|| Err("the connection attempt was abandoned".to_owned()));
+        let outcome = self.outcome.take().unwrap_or_else(|| Err(abandoned()));
         // Under the lock: a check either found this attempt (and gets this outcome) or finds
         // none (and, when this one failed, starts the next).
         let mut attempt = self.inner.attempt();
@@ -148,7 +150,7 @@ impl<T: Clone + Send + Sync + 'static> LazyConnection<T> {
                         let _ = publish.inner.conn.set(conn);
                         Ok(())
                     }
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(e),
                 });
                 // Tells the waiters.
                 drop(publish);
@@ -157,12 +159,12 @@ impl<T: Clone + Send + Sync + 'static> LazyConnection<T> {
         let outcome = match rx.wait_for(Option::is_some).await {
             Ok(outcome) => outcome.clone(),
             // The sender publishes before it goes: unreachable, but not worth a panic.
-            Err(_) => Some(Err("the connection attempt was abandoned".to_owned())),
+            Err(_) => Some(Err(abandoned())),
         };
         match (outcome, self.inner.conn.get()) {
             (Some(Ok(())), Some(conn)) => Ok(conn.clone()),
-            (Some(Err(e)), _) => Err(StoreError::Redis(e)),
-            _ => Err(StoreError::Redis("could not connect".to_owned())),
+            (Some(Err(e)), _) => Err(StoreError::connection(e)),
+            _ => Err(StoreError::connection("could not connect")),
         }
     }
 }
@@ -262,7 +264,7 @@ mod tests {
         release.send(()).unwrap();
         for r in set.join_all().await {
             let err = r.unwrap_err();
-            assert!(matches!(err, StoreError::Redis(_)), "{err:?}");
+            assert!(err.is_connection(), "{err:?}");
             assert!(err.is_transport(), "a failed connection opens the breaker");
             assert!(err.to_string().contains("refused"), "{err}");
         }

@@ -85,7 +85,7 @@ impl Clock for ManualClock {
 /// # async fn main() {
 /// use std::time::Duration;
 /// use ratelimit_runtime::store::Clock;
-/// use ratelimit_runtime::store::memory::TokioClock;
+/// use ratelimit_runtime::store::TokioClock;
 ///
 /// let clock = TokioClock::default();
 /// tokio::time::sleep(Duration::from_secs(5)).await; // instant under paused time
@@ -402,6 +402,10 @@ impl Store for MemoryStore {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    fn is_local(&self) -> bool {
+        true
     }
 }
 

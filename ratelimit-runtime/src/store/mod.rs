@@ -93,9 +93,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// limiter keeps a blocked-caller cache ([`crate::Settings::blocked_cache`]) only in front
     /// of stores that are not local.
     ///
-    /// The default answers `false` for every store but the built-in [`MemoryStore`] (named
-    /// `"memory"`); a store of your own that keeps its state in process should return `true`.
+    /// `false` by default; the built-in [`MemoryStore`] answers `true`, and so should a store
+    /// of your own that keeps its state in process.
     fn is_local(&self) -> bool {
-        self.name() == "memory"
+        false
     }
 }
