@@ -167,8 +167,9 @@
 //! limiter
 //!     .scope(async {
 //!         assert!(once_a_minute().await.is_ok());
-//!         assert!(once_a_minute().await.is_err());
-//!         clock.advance(Duration::from_secs(60));
+//!         let wait = once_a_minute().await.unwrap_err().retry_after().unwrap();
+//!         assert!(wait > Duration::from_secs(59));
+//!         clock.advance(wait); // no sleeping: the store's time moves
 //!         assert!(once_a_minute().await.is_ok());
 //!     })
 //!     .await;
