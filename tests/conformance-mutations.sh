@@ -41,6 +41,9 @@ for m in "${mutations[@]}"; do
     caught=$((caught + 1))
   fi
   mv "$path.orig" "$path"
+  # A fresh mtime: the copy is older than the last build, and cargo would keep the binary
+  # built from the mutated file.
+  touch "$path"
 done
 echo "$caught caught, $missed missed"
 [ "$missed" -eq 0 ]
