@@ -74,52 +74,52 @@ if not repeated then
 end
 
 -- One key named more than once: its limits apply one after the other, each
--- seeing what the ones before it took (as the memory store does). Each limit
--- that admits is written at once; when any rejects, every key written is put
--- back exactly as it was (DUMP before the first write, RESTORE after), and the
--- reply reads the state as it is.
-local saved = {}
-local saved_keys = {}
+-- seeing what the ones before it took (as the memory store does). They run on
+-- working copies of the call's keys (`<key>:w`, the same hash tag): COPY keeps
+-- a key's value and its expiry to the millisecond, so a copy reads exactly as
+-- the key does, and the keys themselves are not touched until the end. When
+-- every limit admits, each copy replaces its key (RENAME keeps the expiry the
+-- commits set); when any rejects, the copies are dropped and the keys are
+-- exactly as they were, expiry included. The reply then reads the keys.
+local work = {}
+local copies = {}
+for i = 1, nkeys do
+  local key = KEYS[i]
+  if work[key] == nil then
+    local copy = key .. ':w'
+    redis.call('DEL', copy)
+    redis.call('COPY', key, copy)
+    work[key] = copy
+    copies[#copies + 1] = key
+  end
+end
 local all = true
 local outcome = {}
 for i = 1, nkeys do
-  local key = KEYS[i]
-  local d = limits[i].algo.evaluate(key, limits[i].p)
+  local copy = work[KEYS[i]]
+  local d = limits[i].algo.evaluate(copy, limits[i].p)
   decisions[i] = d
   outcome[i] = { admitted = d.admitted, retry = d.retry }
   if d.admitted then
-    if saved[key] == nil then
-      local dump = redis.call('DUMP', key)
-      if dump then
-        saved[key] = { dump = dump, pttl = redis.call('PTTL', key) }
-      else
-        saved[key] = false
-      end
-      saved_keys[#saved_keys + 1] = key
-    end
-    limits[i].algo.commit(key, limits[i].p, d)
+    limits[i].algo.commit(copy, limits[i].p, d)
   else
     all = false
   end
 end
 if all then
+  for _, key in ipairs(copies) do
+    if redis.call('EXISTS', work[key]) == 1 then
+      redis.call('RENAME', work[key], key)
+    end
+  end
   for i = 1, nkeys do
     reply[i] = taken_reply(limits[i], decisions[i])
   end
   write_receipts(decisions)
   return reply
 end
-for _, key in ipairs(saved_keys) do
-  local s = saved[key]
-  if s then
-    local ttl = s.pttl
-    if ttl < 0 then
-      ttl = 0
-    end
-    redis.call('RESTORE', key, ttl, s.dump, 'REPLACE')
-  else
-    redis.call('DEL', key)
-  end
+for _, key in ipairs(copies) do
+  redis.call('DEL', work[key])
 end
 for i = 1, nkeys do
   local d = limits[i].algo.evaluate(KEYS[i], limits[i].p)

@@ -11,6 +11,8 @@
 //! * **TTL on every key.** No key outlives its state: fixed = the window's end, sliding = newest
 //!   entry + period, token = time until full, leaky = time until empty. A key is never created
 //!   without its TTL in the same command.
+//! * **Redis 6.2 or later** (or Valkey): a call that names one key twice works on copies of its
+//!   keys (`COPY`), so that a rejection leaves each key exactly as it was, expiry included.
 //! * **Shared connection.** A [`redis::aio::ConnectionManager`]: one multiplexed connection per
 //!   store, shared by every task, reconnecting by itself after the server restarts or the
 //!   connection drops.

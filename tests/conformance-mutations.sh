@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Shows that the conformance test can fail: applies one small change at a time to a script
+# under ratelimit-runtime/src/scripts/, runs `cargo test -p ratelimit-tests --test
+# conformance`, and puts the file back. Every mutation must make the test fail.
+#
+#   bash tests/conformance-mutations.sh        (from the workspace root; not run in CI)
+#
+# Each mutation is "file|exact text|replacement". A text not found is reported and counts as
+# a failure of this script (the scripts changed: update the list).
+set -u
+cd "$(dirname "$0")/.."
+dir=ratelimit-runtime/src/scripts
+mutations=(
+  "fixed.lua|local admitted = count + p.cost <= p.limit|local admitted = count + p.cost < p.limit"
+  "sliding.lua|local admitted = n + p.cost <= p.limit|local admitted = n + p.cost < p.limit"
+  "bucket.lua|local admitted = after <= capacity|local admitted = after < capacity"
+  "bucket.lua|if give <= 0 then|if give < 0 then"
+  "fixed.lua|if n <= p.cost then|if n < p.cost then"
+  "sliding.lua|int(r.first + p.cost - 1)|int(r.first + p.cost)"
+)
+caught=0
+missed=0
+for m in "${mutations[@]}"; do
+  IFS='|' read -r file from to <<<"$m"
+  path="$dir/$file"
+  if ! grep -qF -- "$from" "$path"; then
+    echo "NOT FOUND in $file: $from"
+    missed=$((missed + 1))
+    continue
+  fi
+  cp "$path" "$path.orig"
+  FROM="$from" TO="$to" perl -0pi -e 's/\Q$ENV{FROM}\E/$ENV{TO}/' "$path"
+  if cargo test -q -p ratelimit-tests --test conformance >"/tmp/conformance-mutation.log" 2>&1; then
+    echo "MISSED  $file: '$from' -> '$to'"
+    missed=$((missed + 1))
+  else
+    echo "caught  $file: '$from' -> '$to'"
+    # The names of the tests that failed (the list after the last "failures:").
+    awk '/^failures:$/ { n++; next } n == 2 && /^    [a-z]/ { print "        failed:", $1 }' \
+      /tmp/conformance-mutation.log
+    caught=$((caught + 1))
+  fi
+  mv "$path.orig" "$path"
+  # A fresh mtime: the copy is older than the last build, and cargo would keep the binary
+  # built from the mutated file.
+  touch "$path"
+done
+echo "$caught caught, $missed missed"
+[ "$missed" -eq 0 ]

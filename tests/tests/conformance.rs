@@ -1,0 +1,869 @@
+//! Conformance: the algorithms' Rust rules (`ratelimit_runtime::algorithm`, hosted by the
+//! memory store) and the exact Lua the Redis and Redis Cluster stores send decide alike, field
+//! by field (`admitted`, `limit`, `remaining`, `reset_after`, `retry_after`), on seeded random
+//! traces.
+//!
+//! The Lua runs in an embedded Lua 5.1 (the version Redis embeds) against an in-process
+//! stand-in for the Redis commands the scripts use, whose `TIME` the test sets, so both sides
+//! see the same microsecond (`conformance/standin.rs`). The stand-in is kept honest by
+//! comparing it with a real `redis-server`: command by command, and on a smaller run of the same
+//! kind of traces (long periods, so that the real clock moving does not matter).
+//!
+//! Time: the memory store runs on a clock the test sets (it can go back, to plant state
+//! stamped in the future); the stand-in's `TIME` is that clock plus [`EPOCH_US`], a whole number
+//! of milliseconds (fixed windows depend on where milliseconds start).
+
+#[path = "conformance/lua_store.rs"]
+mod lua_store;
+#[path = "conformance/model.rs"]
+mod model;
+#[path = "conformance/scripts.rs"]
+mod scripts;
+#[path = "conformance/standin.rs"]
+mod standin;
+#[path = "conformance/trace.rs"]
+mod trace;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ratelimit_runtime::store::Clock;
+use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy, Store, StoreError, Verdict};
+use ratelimit_tests::redis_server::RedisServer;
+use redis::aio::MultiplexedConnection;
+
+use lua_store::{LuaStore, compensate_call, driver_call};
+use model::Model;
+use standin::{LuaRedis, Reply};
+use trace::Rng;
+
+/// The stand-in's `TIME` minus the memory store's clock, µs: November 2023, a whole number of
+/// milliseconds.
+const EPOCH_US: u64 = 1_700_000_000_000_000;
+
+/// Where the memory clock starts, µs (116 days: room to set it back by periods of a day).
+const START_US: u64 = 10_000_000_000_000;
+
+/// A clock that can be set back, as a wall clock can (the memory store's own clocks cannot).
+#[derive(Debug, Clone, Default)]
+struct SettableClock(Arc<AtomicU64>);
+
+impl Clock for SettableClock {
+    fn now(&self) -> Duration {
+        Duration::from_micros(self.0.load(Ordering::SeqCst))
+    }
+}
+
+/// The two sides on one clock: the memory store and the scripts on the stand-in.
+struct Pair {
+    clock: SettableClock,
+    memory: MemoryStore,
+    lua: LuaStore,
+    now: u64,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Pair {
+    fn new() -> Self {
+        let clock = SettableClock::default();
+        clock.0.store(START_US, Ordering::SeqCst);
+        Self {
+            memory: MemoryStore::with_clock(clock.clone()),
+            clock,
+            lua: LuaStore::new(EPOCH_US + START_US),
+            now: START_US,
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime"),
+        }
+    }
+
+    fn set(&mut self, now: u64) {
+        self.now = now;
+        self.clock.0.store(now, Ordering::SeqCst);
+        self.lua.lua().set_time_us(EPOCH_US + now);
+    }
+
+    /// The same call through both stores' `Store::check`.
+    fn check(
+        &self,
+        checks: &[Check<'_>],
+    ) -> (Result<Verdict, StoreError>, Result<Verdict, StoreError>) {
+        let memory: &dyn Store = &self.memory;
+        let lua: &dyn Store = &self.lua;
+        self.runtime
+            .block_on(async { (memory.check(checks).await, lua.check(checks).await) })
+    }
+}
+
+/// One limit of a trace: a caller's key and its policy (the cost is drawn per call).
+#[derive(Debug, Clone)]
+struct Limit {
+    key: String,
+    policy: Policy,
+}
+
+/// Steps compared, per algorithm (each limit of each call counts once).
+#[derive(Debug, Default)]
+struct Counts(BTreeMap<&'static str, u64>);
+
+impl Counts {
+    fn add(&mut self, checks: &[Check<'_>]) {
+        for c in checks {
+            *self.0.entry(c.policy.algorithm().as_str()).or_default() += 1;
+        }
+    }
+
+    fn at_least(&self, n: u64) {
+        for a in Algorithm::ALL {
+            let got = self.0.get(a.as_str()).copied().unwrap_or(0);
+            assert!(got >= n, "only {got} steps of {a:?} compared: {:?}", self.0);
+        }
+    }
+}
+
+/// How a trace moves.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    steps: usize,
+    /// Percent of steps that set the clock back (up to two periods).
+    back: u64,
+    /// Each call checks every limit (stacked) instead of one caller's.
+    stacked: bool,
+}
+
+fn describe(checks: &[Check<'_>]) -> String {
+    checks
+        .iter()
+        .map(|c| {
+            let p = c.policy;
+            format!(
+                "{}[{:?} num={} period={}ms burst={} cost={}]",
+                c.key,
+                p.algorithm(),
+                p.limit(),
+                p.period_ms(),
+                p.burst(),
+                p.cost()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+/// The longest period and the shortest unit time (period / num) of `limits`, µs.
+fn scales(limits: &[Limit]) -> (u64, u64) {
+    let period = limits
+        .iter()
+        .map(|l| l.policy.period_ms() * 1000)
+        .max()
+        .unwrap_or(1000);
+    let unit = limits
+        .iter()
+        .map(|l| (l.policy.period_ms() * 1000 / l.policy.limit()).max(1))
+        .min()
+        .unwrap_or(1);
+    (period, unit)
+}
+
+/// The µs of the longest `retry_after` among rejected limits (0 when admitted).
+fn retry_of(v: &Verdict) -> u64 {
+    v.decisions()
+        .iter()
+        .filter_map(|d| d.retry_after)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Where the clock may go back to from `now`: not before the time any state that is idle
+/// now went idle (`whole_at`, from each key's last `reset_after`). Going back further would
+/// bring idle state back to life on one side only: the memory store keeps an idle entry until
+/// a sweep, Redis a key until its millisecond TTL. Live state may be stamped in the future.
+fn back_floor(whole_at: &BTreeMap<String, u64>, now: u64) -> u64 {
+    whole_at
+        .values()
+        .filter(|&&w| w <= now)
+        .max()
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Records, per key, when its quota is whole again (now + `reset_after`).
+fn note_whole(whole_at: &mut BTreeMap<String, u64>, checks: &[Check<'_>], v: &Verdict, now: u64) {
+    let mut seen: BTreeMap<&str, u64> = BTreeMap::new();
+    for (c, d) in checks.iter().zip(v.decisions()) {
+        let at = now + u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX);
+        let e = seen.entry(c.key).or_insert(0);
+        *e = (*e).max(at);
+    }
+    for (k, at) in seen {
+        whole_at.insert(k.to_owned(), at);
+    }
+}
+
+/// Runs one trace through both stores and compares every decision; panics on the first
+/// difference with the trace's seed, the step, both verdicts and the steps before it.
+fn run_trace(seed: u64, limits: &[Limit], shape: Shape, counts: &mut Counts) {
+    let mut rng = Rng::new(seed);
+    let mut pair = Pair::new();
+    let (period, unit) = scales(limits);
+    let mut retry = 0;
+    let mut history: Vec<String> = Vec::new();
+    let mut whole_at = BTreeMap::new();
+    for step in 0..shape.steps {
+        let mut now = pair.now + trace::step(&mut rng, pair.now, period, unit, retry);
+        if rng.chance(shape.back) {
+            now = now
+                .saturating_sub(rng.between(1, 2 * period))
+                .max(back_floor(&whole_at, now));
+        }
+        pair.set(now);
+        let chosen: Vec<&Limit> = if shape.stacked {
+            limits.iter().collect()
+        } else {
+            vec![rng.pick(limits)]
+        };
+        let policies: Vec<Policy> = chosen
+            .iter()
+            .map(|l| {
+                let cost = trace::cost(&mut rng, &l.policy);
+                l.policy.with_cost(cost).expect("cost within capacity")
+            })
+            .collect();
+        let checks: Vec<Check<'_>> = chosen
+            .iter()
+            .zip(&policies)
+            .map(|(l, p)| Check::new(&l.key, p))
+            .collect();
+        let (memory, lua) = pair.check(&checks);
+        let line = format!(
+            "step {step} at {now} µs: {}\n  memory: {memory:?}\n  lua:    {lua:?}",
+            describe(&checks)
+        );
+        match (&memory, &lua) {
+            (Ok(m), Ok(l)) if m == l => {}
+            _ => {
+                let before = history[history.len().saturating_sub(12)..].join("\n");
+                panic!(
+                    "trace seed {seed:#x}: Rust and Lua differ\n{line}\nsteps before:\n{before}"
+                );
+            }
+        }
+        // Every key the scripts write has a TTL, also after a rejected call that named one
+        // key twice (its working copies are dropped; the keys keep their own expiry).
+        let left = pair.lua.lua().db().immortal_keys();
+        assert!(
+            left.is_empty(),
+            "trace seed {seed:#x}: keys left without a TTL: {left:?} after\n{line}"
+        );
+        if let Ok(v) = &memory {
+            note_whole(&mut whole_at, &checks, v, now);
+        }
+        retry = memory.map_or(0, |v| retry_of(&v));
+        counts.add(&checks);
+        history.push(line);
+    }
+}
+
+fn limits_of(rng: &mut Rng, algorithms: &[Algorithm], trace: u64) -> Vec<Limit> {
+    algorithms
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| Limit {
+            key: format!("t{trace}:{i}:{}", a.as_str()),
+            policy: trace::policy(rng, a),
+        })
+        .collect()
+}
+
+/// At least 10,000 random steps per algorithm: one to three callers of one algorithm per
+/// trace, each with its own policy (`burst` ≠ `num`, 3 per 10 s, 1 ms and 1 day periods), costs
+/// from 1 to the capacity, time steps of 0 and 1 µs, across millisecond boundaries, periods and
+/// exactly `retry_after`; a fifth of the traces also set the clock back now and then.
+#[test]
+fn each_algorithm_decides_alike_in_rust_and_lua_on_random_traces() {
+    let mut counts = Counts::default();
+    for (n, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+        for t in 0..48_u64 {
+            let seed = 0xC0FF_EE00 + 1000 * n as u64 + t;
+            let mut rng = Rng::new(seed ^ 0x5EED);
+            let callers = usize::try_from(rng.between(1, 3)).unwrap_or(1);
+            let limits = limits_of(&mut rng, &vec![algorithm; callers], t);
+            let back = if t % 5 == 0 { 3 } else { 0 };
+            let shape = Shape {
+                steps: 220,
+                back,
+                stacked: false,
+            };
+            run_trace(seed, &limits, shape, &mut counts);
+        }
+    }
+    counts.at_least(10_000);
+    println!("steps compared: {:?}", counts.0);
+}
+
+/// Stacked limits of mixed algorithms in one call (the combined script, all or nothing), with
+/// the same key named twice in a third of the traces (each limit sees what the earlier took).
+#[test]
+fn stacked_limits_of_mixed_algorithms_decide_alike() {
+    let mut counts = Counts::default();
+    for t in 0..60_u64 {
+        let seed = 0x57AC_0000 + t;
+        let mut rng = Rng::new(seed ^ 0x5EED);
+        let n = usize::try_from(rng.between(2, 4)).unwrap_or(2);
+        let algorithms: Vec<Algorithm> = (0..n).map(|_| *rng.pick(&Algorithm::ALL)).collect();
+        let mut limits = limits_of(&mut rng, &algorithms, t);
+        if t % 3 == 0 {
+            let twice = limits[0].clone();
+            limits.insert(1, twice);
+        }
+        let shape = Shape {
+            steps: 150,
+            back: if t % 4 == 0 { 3 } else { 0 },
+            stacked: true,
+        };
+        run_trace(seed, &limits, shape, &mut counts);
+    }
+    println!("steps compared: {:?}", counts.0);
+}
+
+/// The clock set back often (up to two periods), so state is read stamped in the future:
+/// buckets and logs are re-stamped to now and windows cut to one period, alike on both sides.
+#[test]
+fn state_stamped_in_the_future_is_read_alike() {
+    let mut counts = Counts::default();
+    for (n, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+        for t in 0..12_u64 {
+            let seed = 0xF0_7E00 + 100 * n as u64 + t;
+            let mut rng = Rng::new(seed ^ 0x5EED);
+            let mut algorithms = vec![algorithm];
+            if t % 2 == 1 {
+                algorithms.push(*rng.pick(&Algorithm::ALL));
+            }
+            let limits = limits_of(&mut rng, &algorithms, t);
+            let shape = Shape {
+                steps: 150,
+                back: 12,
+                stacked: t % 2 == 1,
+            };
+            run_trace(seed, &limits, shape, &mut counts);
+        }
+    }
+    counts.at_least(1000);
+    println!("steps compared: {:?}", counts.0);
+}
+
+/// A sliding log of 1,200 per second with calls of up to 1,200 units: the scripts' `ZADD` in
+/// batches of 500 and the future-stamp shift in batches of 1,000 arguments.
+#[test]
+fn sliding_calls_of_many_units_decide_alike() {
+    let mut counts = Counts::default();
+    for t in 0..8_u64 {
+        let limits = [Limit {
+            key: format!("big{t}"),
+            policy: Policy::from_parts(Algorithm::Sliding, 1200, 1000, 1200, 1).expect("valid"),
+        }];
+        let shape = Shape {
+            steps: 40,
+            back: 15,
+            stacked: false,
+        };
+        run_trace(0xB16_0000 + t, &limits, shape, &mut counts);
+    }
+}
+
+/// The Redis Cluster store's compensation: takes that leave receipts (the driver with a call
+/// id), refunds by receipt (`refund.lua`: at once, late, twice, after the clock went back) and
+/// peeks, through the companion script on the stand-in and through the pure rules
+/// (`algorithm::refund`) on a state map.
+#[test]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one trace loop: the operations side by side"
+)]
+fn cluster_takes_with_receipts_and_refunds_decide_alike() {
+    let mut counts = Counts::default();
+    let mut refunds = 0;
+    for t in 0..60_u64 {
+        let seed = 0xC1_0000 + t;
+        let mut rng = Rng::new(seed ^ 0x5EED);
+        let n = usize::try_from(rng.between(1, 3)).unwrap_or(1);
+        let algorithms: Vec<Algorithm> = (0..n).map(|_| *rng.pick(&Algorithm::ALL)).collect();
+        let mut limits = limits_of(&mut rng, &algorithms, t);
+        if t % 4 == 0 {
+            let twice = limits[0].clone();
+            limits.push(twice);
+        }
+        let (period, unit) = scales(&limits);
+        let mut whole_at = BTreeMap::new();
+        let mut model = Model::default();
+        model.now = START_US;
+        let lua = LuaStore::new(EPOCH_US + START_US);
+        let mut taken: Vec<(String, Vec<Policy>)> = Vec::new();
+        let mut retry = 0;
+        let mut history: Vec<String> = Vec::new();
+        for step in 0..200 {
+            let mut now = model.now + trace::step(&mut rng, model.now, period, unit, retry);
+            if rng.chance(3) {
+                now = now
+                    .saturating_sub(rng.between(1, 2 * period))
+                    .max(back_floor(&whole_at, now));
+            }
+            model.now = now;
+            lua.lua().set_time_us(EPOCH_US + now);
+            let op = rng.below(100);
+            let (what, policies) = if op < 35 || (op < 65 && taken.is_empty()) {
+                let policies: Vec<Policy> = limits
+                    .iter()
+                    .map(|l| {
+                        l.policy
+                            .with_cost(trace::cost(&mut rng, &l.policy))
+                            .expect("cost")
+                    })
+                    .collect();
+                let id = format!("{seed:x}{step:x}");
+                taken.push((id.clone(), policies.clone()));
+                (Op::Take(Some(id)), policies)
+            } else if op < 65 {
+                refunds += 1;
+                let i = if rng.chance(70) {
+                    taken.len() - 1
+                } else {
+                    rng.pick(&(0..taken.len()).collect::<Vec<_>>()).to_owned()
+                };
+                let (id, policies) = taken[i].clone();
+                if rng.chance(50) {
+                    taken.remove(i);
+                }
+                (Op::Refund(id), policies)
+            } else {
+                let policies: Vec<Policy> = limits
+                    .iter()
+                    .map(|l| {
+                        l.policy
+                            .with_cost(trace::cost(&mut rng, &l.policy))
+                            .expect("cost")
+                    })
+                    .collect();
+                if op < 80 {
+                    (Op::Peek, policies)
+                } else {
+                    (Op::Take(None), policies)
+                }
+            };
+            let checks: Vec<Check<'_>> = limits
+                .iter()
+                .zip(&policies)
+                .map(|(l, p)| Check::new(&l.key, p))
+                .collect();
+            let (rust, script): (Result<Verdict, StoreError>, _) = match &what {
+                Op::Take(id) => (
+                    Ok(model.take(&checks, id.as_deref())),
+                    lua.take(&checks, id.as_deref()),
+                ),
+                Op::Refund(id) => (
+                    Ok(model.compensate(&checks, Some(id))),
+                    lua.compensate(&checks, Some(id)),
+                ),
+                Op::Peek => (
+                    Ok(model.compensate(&checks, None)),
+                    lua.compensate(&checks, None),
+                ),
+            };
+            let line = format!(
+                "step {step} at {now} µs: {what:?} {}\n  rust: {rust:?}\n  lua:  {script:?}",
+                describe(&checks)
+            );
+            match (&rust, &script) {
+                (Ok(r), Ok(l)) if r == l => {}
+                _ => {
+                    let before = history[history.len().saturating_sub(12)..].join("\n");
+                    panic!(
+                        "trace seed {seed:#x}: Rust and Lua differ\n{line}\nsteps before:\n{before}"
+                    );
+                }
+            }
+            if let Ok(v) = &rust {
+                note_whole(&mut whole_at, &checks, v, now);
+            }
+            retry = rust.map_or(0, |v| retry_of(&v));
+            counts.add(&checks);
+            history.push(line);
+        }
+    }
+    assert!(refunds > 2000, "only {refunds} refunds");
+    println!("steps compared: {:?}, refunds: {refunds}", counts.0);
+}
+
+#[derive(Debug)]
+enum Op {
+    Take(Option<String>),
+    Refund(String),
+    Peek,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stand-in against a real redis-server.
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+async fn eval_real(
+    conn: &mut MultiplexedConnection,
+    script: &str,
+    keys: &[Vec<u8>],
+    argv: &[Vec<u8>],
+) -> Reply {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script).arg(keys.len());
+    for k in keys {
+        cmd.arg(k.as_slice());
+    }
+    for a in argv {
+        cmd.arg(a.as_slice());
+    }
+    match cmd.query_async::<redis::Value>(conn).await {
+        Ok(v) => Reply::from_redis(&v),
+        Err(e) => Reply::Error(e.to_string()),
+    }
+}
+
+async fn server_time_us(conn: &mut MultiplexedConnection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    s * 1_000_000 + us
+}
+
+/// The command-level comparison: each command's reply appended to one array.
+const COMMANDS: &str = r"
+local out = {}
+local function add(v)
+  -- An error reply inside an array would fail the whole reply in the client: as text.
+  if type(v) == 'table' and v.err then v = 'error: ' .. v.err end
+  out[#out + 1] = v
+end
+local function ttl_class(k)
+  local t = redis.call('PTTL', k)
+  if t > 0 then return 'positive' end
+  return t
+end
+redis.call('DEL', 'c:s', 'c:z', 'c:n', 'c:x', 'c:w', 'c:w2', 'c:n2')
+add(redis.call('SET', 'c:s', 5, 'PX', 100000))
+add(redis.call('GET', 'c:s'))
+add(ttl_class('c:s'))
+add(redis.call('INCRBY', 'c:s', 3))
+add(redis.call('DECRBY', 'c:s', 2))
+add(ttl_class('c:s'))
+add(redis.call('PEXPIRE', 'c:s', 50000))
+add(redis.call('PEXPIRE', 'c:missing', 50000))
+add(redis.call('PTTL', 'c:missing'))
+add(redis.call('GET', 'c:missing'))
+add(redis.call('SET', 'c:n', 1234567890123456))
+add(redis.call('GET', 'c:n'))
+add(ttl_class('c:n'))
+add(redis.call('SET', 'c:n', 0.5))
+add(redis.call('GET', 'c:n'))
+add(redis.call('SET', 'c:n', 1700000000000001 - 1000000))
+add(redis.call('GET', 'c:n'))
+add(redis.pcall('INCRBY', 'c:n', 1))
+add(redis.pcall('SET', 'c:n', 1, 'PX', 0))
+add(redis.call('ZADD', 'c:z', 10, '10', 20, '20', 30, '30'))
+add(redis.call('ZADD', 'c:z', 15, '10'))
+add(redis.call('ZADD', 'c:z', '1700000000000001', '1700000000000001'))
+add(redis.call('ZCOUNT', 'c:z', '(10', '+inf'))
+add(redis.call('ZCOUNT', 'c:z', '(15', '+inf'))
+add(redis.call('ZCOUNT', 'c:z', '15', '+inf'))
+add(redis.call('ZCOUNT', 'c:z', '-inf', '(20'))
+add(redis.call('ZCOUNT', 'c:z', '(1700000000000000', '+inf'))
+add(redis.call('ZRANGE', 'c:z', 0, -1, 'WITHSCORES'))
+add(redis.call('ZRANGE', 'c:z', -1, -1, 'WITHSCORES'))
+add(redis.call('ZRANGE', 'c:z', 5, 9, 'WITHSCORES'))
+add(redis.call('ZRANGE', 'c:missing', 0, -1, 'WITHSCORES'))
+add(redis.call('ZRANGEBYSCORE', 'c:z', '(15', '+inf', 'WITHSCORES', 'LIMIT', 1, 1))
+add(redis.call('ZRANGEBYSCORE', 'c:z', '(15', '+inf', 'WITHSCORES', 'LIMIT', 0, 1))
+add(redis.call('ZRANGEBYSCORE', 'c:z', '(15', '+inf', 'WITHSCORES', 'LIMIT', 5, 1))
+add(ttl_class('c:z'))
+add(redis.call('PEXPIRE', 'c:z', 100000))
+add(ttl_class('c:z'))
+add(redis.call('ZADD', 'c:z', 40, '40'))
+add(ttl_class('c:z'))
+add(redis.pcall('GET', 'c:z'))
+add(redis.pcall('ZCOUNT', 'c:s', '-inf', '+inf'))
+add(redis.pcall('ZCOUNT', 'c:z', 'x', '+inf'))
+add(redis.call('COPY', 'c:z', 'c:w'))
+add(ttl_class('c:w'))
+add(redis.call('ZRANGE', 'c:w', 0, -1, 'WITHSCORES'))
+add(redis.call('COPY', 'c:missing', 'c:w2'))
+add(redis.call('EXISTS', 'c:w2'))
+add(redis.call('COPY', 'c:z', 'c:w'))
+add(redis.call('ZREMRANGEBYSCORE', 'c:w', '-inf', 20))
+add(redis.call('RENAME', 'c:w', 'c:z'))
+add(ttl_class('c:z'))
+add(redis.call('ZRANGE', 'c:z', 0, -1, 'WITHSCORES'))
+add(redis.pcall('RENAME', 'c:missing', 'c:z'))
+add(redis.call('SET', 'c:n', 7, 'PX', 60000))
+add(redis.call('COPY', 'c:n', 'c:n2'))
+add(redis.call('INCRBY', 'c:n2', 3))
+add(ttl_class('c:n2'))
+add(redis.call('RENAME', 'c:n2', 'c:n'))
+add(redis.call('GET', 'c:n'))
+add(ttl_class('c:n'))
+add(redis.call('ZREMRANGEBYSCORE', 'c:z', '-inf', '+inf'))
+add(redis.call('EXISTS', 'c:z'))
+add(redis.call('DEL', 'c:z', 'c:s', 'c:n'))
+local t = redis.call('TIME')
+add(#t == 2 and type(t[1]) == 'string' and type(t[2]) == 'string')
+add({ 3.9, -3.9, 2^53, true, false, 'x' })
+add({ 1, 2, nil, 4 })
+add(redis.error_reply('ERR ratelimit: something'))
+add(redis.status_reply('FINE'))
+return out
+";
+
+/// Commands the scripts use, each sent through `redis.call` / `redis.pcall` in one script to the
+/// stand-in and to a real server: the same replies. Covers expiry classes, counters that keep
+/// their TTL, sorted-set bounds, ranks, limits and score formatting, member updates, emptied
+/// sets, COPY / RENAME (values and expiries kept), error replies, number arguments and the Lua → reply conversion.
+#[test]
+fn standin_answers_commands_like_a_real_server() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let real = rt.block_on(async {
+        let mut conn = server.connection().await;
+        eval_real(&mut conn, COMMANDS, &[], &[]).await
+    });
+    let mut lua = LuaRedis::new();
+    lua.set_time_us(EPOCH_US + START_US);
+    let standin = lua.eval(COMMANDS, &[], &[]);
+    let (Reply::Array(real), Reply::Array(standin)) = (&real, &standin) else {
+        panic!("expected arrays:\nreal:     {real:?}\nstand-in: {standin:?}");
+    };
+    let mut diff = String::new();
+    for (i, (r, s)) in real.iter().zip(standin).enumerate() {
+        if r != s {
+            let _ = writeln!(diff, "reply {}: real {r:?}, stand-in {s:?}", i + 1);
+        }
+    }
+    assert_eq!(real.len(), standin.len(), "{diff}");
+    assert!(
+        diff.is_empty(),
+        "the stand-in differs from redis-server:\n{diff}"
+    );
+    assert_eq!(real.len(), 68);
+}
+
+/// What a key holds, comparable across the two servers (times inside values differ).
+fn key_shape(key: &str, kind: &str, value: Option<&[u8]>, len: i64, ttl: i64) -> String {
+    let fixed = key.contains(":fixed") && !key.contains(":r:");
+    let value = if fixed {
+        String::from_utf8_lossy(value.unwrap_or_default()).into_owned()
+    } else {
+        String::new()
+    };
+    let ttl = match ttl {
+        t if t > 0 => "ttl",
+        -1 => "no ttl",
+        _ => "gone",
+    };
+    format!("{key} {kind} {value} {len} {ttl}")
+}
+
+async fn real_shapes(conn: &mut MultiplexedConnection) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(conn)
+        .await
+        .expect("KEYS");
+    keys.sort();
+    let mut out = Vec::new();
+    for key in keys {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(conn)
+            .await
+            .expect("TYPE");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(conn)
+            .await
+            .expect("PTTL");
+        let (value, len): (Option<Vec<u8>>, i64) = if kind == "zset" {
+            (
+                None,
+                redis::cmd("ZCARD")
+                    .arg(&key)
+                    .query_async(conn)
+                    .await
+                    .expect("ZCARD"),
+            )
+        } else {
+            (
+                redis::cmd("GET")
+                    .arg(&key)
+                    .query_async(conn)
+                    .await
+                    .expect("GET"),
+                0,
+            )
+        };
+        out.push(key_shape(&key, &kind, value.as_deref(), len, ttl));
+    }
+    out
+}
+
+fn standin_shapes(lua: &LuaStore) -> Vec<String> {
+    lua.lua()
+        .db()
+        .shapes()
+        .into_iter()
+        .map(|(k, s)| {
+            let key = String::from_utf8_lossy(&k).into_owned();
+            match s {
+                standin::Shape::Str { value, ttl } => {
+                    key_shape(&key, "string", Some(&value), 0, if ttl { 1 } else { -1 })
+                }
+                standin::Shape::Zset { len, ttl } => key_shape(
+                    &key,
+                    "zset",
+                    None,
+                    i64::try_from(len).unwrap_or(i64::MAX),
+                    if ttl { 1 } else { -1 },
+                ),
+            }
+        })
+        .collect()
+}
+
+/// The same kind of traces, smaller, through the exact scripts on the stand-in and on a real
+/// `redis-server`: limits of a day (the real clock moves a few ms meanwhile, which no count
+/// notices), takes, takes with receipts, refunds and peeks. `admitted` and `remaining` agree
+/// exactly, `reset_after` and `retry_after` within the real time that went by, and both
+/// servers are left with the same keys (type, TTL, counters, set sizes). Bucket refunds are left
+/// out here: on the real server they give back the units less what drained during the round
+/// trip, which the stand-in's exact time covers.
+#[test]
+fn standin_runs_the_traces_like_a_real_server() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    rt.block_on(async {
+        let mut conn = server.connection().await;
+        let day = 86_400_000;
+        for t in 0..12_u64 {
+            let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.expect("FLUSHALL");
+            let mut rng = Rng::new(0x4EA1 + t);
+            let start = server_time_us(&mut conn).await;
+            let lua = LuaStore::new(start);
+            let n = usize::try_from(rng.between(1, 3)).unwrap_or(1);
+            let mut limits: Vec<Limit> = (0..n)
+                .map(|i| {
+                    let a = if t < 8 { Algorithm::ALL[usize::try_from(t % 4).unwrap_or(0)] } else { *rng.pick(&Algorithm::ALL) };
+                    let (num, burst) = *rng.pick(&[(4, 9), (1000, 1000), (3, 3), (50, 20)]);
+                    Limit {
+                        key: format!("r{t}:{i}:{}", a.as_str()),
+                        policy: Policy::from_parts(a, num, day, burst, 1).expect("valid"),
+                    }
+                })
+                .collect();
+            if t % 3 == 0 {
+                limits.push(limits[0].clone());
+            }
+            let refundable = limits
+                .iter()
+                .all(|l| matches!(l.policy.algorithm(), Algorithm::Fixed | Algorithm::Sliding));
+            let mut taken: Vec<(String, Vec<Policy>)> = Vec::new();
+            let mut slowest = 0;
+            for step in 0..120_u64 {
+                let policies: Vec<Policy> = limits
+                    .iter()
+                    .map(|l| l.policy.with_cost(trace::cost(&mut rng, &l.policy)).expect("cost"))
+                    .collect();
+                let op = rng.below(100);
+                let (what, policies, script, (keys, argv)) = if op < 60 || !refundable {
+                    let id = op.is_multiple_of(2).then(|| format!("{t:x}{step:x}"));
+                    let checks: Vec<Check<'_>> = limits.iter().zip(&policies).map(|(l, p)| Check::new(&l.key, p)).collect();
+                    let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.policy.algorithm()).collect();
+                    let call = driver_call(&checks, id.as_deref());
+                    if let Some(id) = id {
+                        taken.push((id, policies.clone()));
+                    }
+                    ("take", policies, lua.scripts().driver(&algorithms).to_owned(), call)
+                } else if op < 85 && !taken.is_empty() {
+                    let (id, policies) = taken.remove(usize::try_from(rng.below(taken.len() as u64)).unwrap_or(0));
+                    let checks: Vec<Check<'_>> = limits.iter().zip(&policies).map(|(l, p)| Check::new(&l.key, p)).collect();
+                    let call = compensate_call(&checks, Some(&id));
+                    ("refund", policies, lua.scripts().compensate.clone(), call)
+                } else {
+                    let checks: Vec<Check<'_>> = limits.iter().zip(&policies).map(|(l, p)| Check::new(&l.key, p)).collect();
+                    let call = compensate_call(&checks, None);
+                    ("peek", policies, lua.scripts().compensate.clone(), call)
+                };
+                let checks: Vec<Check<'_>> = limits.iter().zip(&policies).map(|(l, p)| Check::new(&l.key, p)).collect();
+                // The stand-in follows the real clock, read just before the real call.
+                let before = server_time_us(&mut conn).await;
+                lua.lua().set_time_us(before);
+                let real = lua_store::parse(&eval_real(&mut conn, &script, &keys, &argv).await, &checks)
+                    .unwrap_or_else(|e| panic!("trace {t} step {step}: the real server answered {e}"));
+                let standin = lua_store::parse(&lua.lua().eval(&script, &keys, &argv), &checks)
+                    .unwrap_or_else(|e| panic!("trace {t} step {step}: the stand-in answered {e}"));
+                // The stand-in stamps state at `before`, the server a little later: any stamp
+                // (this call's or an earlier one's) may be off by the longest call so far.
+                slowest = slowest.max(server_time_us(&mut conn).await - before);
+                let elapsed = 2 * slowest;
+                for (i, (r, s)) in real.decisions().iter().zip(standin.decisions()).enumerate() {
+                    let close = |a: Duration, b: Duration| {
+                        let (a, b) = (a.as_micros(), b.as_micros());
+                        a.abs_diff(b) <= u128::from(elapsed) + 1000
+                    };
+                    let same = r.admitted == s.admitted
+                        && r.limit == s.limit
+                        && r.remaining == s.remaining
+                        && close(r.reset_after, s.reset_after)
+                        && close(
+                            r.retry_after.unwrap_or_default(),
+                            s.retry_after.unwrap_or_default(),
+                        );
+                    assert!(
+                        same,
+                        "trace {t} step {step} ({what}) limit {i} {}: real {r:?}, stand-in {s:?} (calls took up to {slowest} µs)",
+                        describe(&checks[i..=i])
+                    );
+                }
+            }
+            assert_eq!(
+                real_shapes(&mut conn).await,
+                standin_shapes(&lua),
+                "trace {t}: the two servers hold different keys"
+            );
+        }
+    });
+}
+
+/// The script texts here are the ones a `RedisStore` loads: their SHA1s are in the script
+/// cache of a fresh server after `RedisStore::connect` (which loads nothing else).
+#[test]
+fn script_texts_are_the_ones_the_store_loads() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    rt.block_on(async {
+        let _store = server.store().await;
+        let mut conn = server.connection().await;
+        let sources = scripts::sources();
+        let mut exists = redis::cmd("SCRIPT");
+        exists.arg("EXISTS");
+        for text in sources.single.iter().chain([&sources.combined]) {
+            exists.arg(redis::Script::new(text).get_hash());
+        }
+        exists.arg(redis::Script::new(&sources.compensate).get_hash());
+        let found: Vec<u8> = exists.query_async(&mut conn).await.expect("SCRIPT EXISTS");
+        // The five drivers are loaded; the companion script only by the cluster store.
+        assert_eq!(found, [1, 1, 1, 1, 1, 0]);
+    });
+}

@@ -1,0 +1,164 @@
+//! A [`Store`] that runs the Redis stores' exact scripts in the embedded Lua against the
+//! stand-in: KEYS and ARGV built as `eval_checks` (store/redis.rs) and `compensate`
+//! (store/cluster.rs) build them, replies read with the rules of `parse_reply`.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use ratelimit_runtime::store::StoreFuture;
+use ratelimit_runtime::{Check, Decision, Store, StoreError, Verdict};
+
+use super::scripts::{Sources, sources};
+use super::standin::{LuaRedis, Reply};
+
+/// The scripts in the embedded Lua on the stand-in.
+#[derive(Debug)]
+pub(crate) struct LuaStore {
+    lua: Mutex<LuaRedis>,
+    scripts: Sources,
+}
+
+/// The 5 arguments of one limit, as `eval_checks` writes them.
+pub(crate) fn limit_args(check: &Check<'_>) -> [Vec<u8>; 5] {
+    let p = check.policy;
+    [
+        super::scripts::code(p.algorithm()).to_string(),
+        p.limit().to_string(),
+        p.period_ms().saturating_mul(1000).to_string(),
+        p.burst().to_string(),
+        p.cost().to_string(),
+    ]
+    .map(String::into_bytes)
+}
+
+/// The driver's KEYS and ARGV for `checks` (and a call id), as `eval_checks` builds them.
+pub(crate) fn driver_call(
+    checks: &[Check<'_>],
+    call_id: Option<&str>,
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let keys = checks.iter().map(|c| c.key.as_bytes().to_vec()).collect();
+    let mut argv: Vec<Vec<u8>> = checks.iter().flat_map(limit_args).collect();
+    if let Some(id) = call_id {
+        argv.push(id.as_bytes().to_vec());
+    }
+    (keys, argv)
+}
+
+/// The companion script's KEYS and ARGV (`refund` with a call id, else `peek`), as
+/// `compensate` builds them.
+pub(crate) fn compensate_call(
+    checks: &[Check<'_>],
+    refund: Option<&str>,
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let mut keys: Vec<Vec<u8>> = checks.iter().map(|c| c.key.as_bytes().to_vec()).collect();
+    let mut argv = match refund {
+        None => vec![b"peek".to_vec()],
+        Some(id) => vec![b"refund".to_vec(), id.as_bytes().to_vec()],
+    };
+    argv.extend(checks.iter().flat_map(limit_args));
+    if let Some(id) = refund {
+        for (i, check) in checks.iter().enumerate() {
+            keys.push(format!("{}:r:{id}:{}", check.key, i + 1).into_bytes());
+        }
+    }
+    (keys, argv)
+}
+
+/// The script's reply read as `parse_reply` reads it.
+pub(crate) fn parse(reply: &Reply, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
+    let bad = |what: String| StoreError::BadReply(what);
+    let Reply::Array(rows) = reply else {
+        return Err(bad(format!("expected an array, got {reply:?}")));
+    };
+    if rows.len() != checks.len() {
+        return Err(bad(format!(
+            "expected {} decisions, got {}",
+            checks.len(),
+            rows.len()
+        )));
+    }
+    let int = |v: &Reply| match v {
+        Reply::Int(n) => Ok(u64::try_from(*n).unwrap_or(0)),
+        other => Err(bad(format!("expected an integer, got {other:?}"))),
+    };
+    let mut decisions = Vec::with_capacity(rows.len());
+    for (row, check) in rows.iter().zip(checks) {
+        let Reply::Array(fields) = row else {
+            return Err(bad(format!("expected a decision array, got {row:?}")));
+        };
+        let [admitted, remaining, reset_us, retry_us] = fields.as_slice() else {
+            return Err(bad(format!("expected 4 numbers, got {}", fields.len())));
+        };
+        let admitted = match admitted {
+            Reply::Int(0) => false,
+            Reply::Int(1) => true,
+            other => return Err(bad(format!("admitted must be 0 or 1, got {other:?}"))),
+        };
+        let limit = check.policy.capacity();
+        decisions.push(Decision::new(
+            admitted,
+            limit,
+            int(remaining)?.min(limit),
+            Duration::from_micros(int(reset_us)?),
+            Duration::from_micros(int(retry_us)?),
+        ));
+    }
+    Ok(Verdict::new(decisions))
+}
+
+impl LuaStore {
+    /// A store on an empty stand-in whose `TIME` reads `now_us`.
+    pub(crate) fn new(now_us: u64) -> Self {
+        let lua = LuaRedis::new();
+        lua.set_time_us(now_us);
+        Self {
+            lua: Mutex::new(lua),
+            scripts: sources(),
+        }
+    }
+
+    /// The stand-in (to set its time or inspect its keys).
+    pub(crate) fn lua(&self) -> MutexGuard<'_, LuaRedis> {
+        self.lua.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The scripts it runs.
+    pub(crate) fn scripts(&self) -> &Sources {
+        &self.scripts
+    }
+
+    /// The driver on `checks`, with a call id when given (a cross-slot take with receipts).
+    pub(crate) fn take(
+        &self,
+        checks: &[Check<'_>],
+        call_id: Option<&str>,
+    ) -> Result<Verdict, StoreError> {
+        let algorithms: Vec<_> = checks.iter().map(|c| c.policy.algorithm()).collect();
+        let (keys, argv) = driver_call(checks, call_id);
+        let reply = self
+            .lua()
+            .eval(self.scripts.driver(&algorithms), &keys, &argv);
+        parse(&reply, checks)
+    }
+
+    /// The companion script: a refund under `call_id`, or a peek.
+    pub(crate) fn compensate(
+        &self,
+        checks: &[Check<'_>],
+        refund: Option<&str>,
+    ) -> Result<Verdict, StoreError> {
+        let (keys, argv) = compensate_call(checks, refund);
+        let reply = self.lua().eval(&self.scripts.compensate, &keys, &argv);
+        parse(&reply, checks)
+    }
+}
+
+impl Store for LuaStore {
+    fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        Box::pin(async move { self.take(checks, None) })
+    }
+
+    fn name(&self) -> &'static str {
+        "lua-standin"
+    }
+}

@@ -1,0 +1,163 @@
+//! The Rust side of the cluster's takes with receipts and refunds: the pure rules of
+//! `ratelimit_runtime::algorithm` on a little state map, hosted the way the memory store hosts
+//! them (idle state reads as none, state stamped in the future is normalized first), plus the
+//! receipts the driver leaves, with Redis's millisecond expiry.
+
+use std::collections::HashMap;
+
+use ratelimit_runtime::algorithm::{self, Evaluation, Params, Receipt, State};
+use ratelimit_runtime::{Check, Decision, Verdict};
+
+/// The driver's longest receipt life, µs (`RECEIPT_TTL_US` in driver.lua).
+const RECEIPT_TTL_US: u64 = 10_000_000;
+
+#[derive(Debug, Clone)]
+struct Entry {
+    state: State,
+    idle_at: u64,
+}
+
+impl Entry {
+    fn new(state: State, p: &Params) -> Self {
+        Self {
+            idle_at: algorithm::idle_at(&state, p),
+            state,
+        }
+    }
+
+    fn live(&self, now: u64) -> bool {
+        now < self.idle_at
+    }
+}
+
+/// Keys and receipts, on a clock the caller sets (µs).
+#[derive(Debug, Default)]
+pub(crate) struct Model {
+    keys: HashMap<String, Entry>,
+    /// Receipt name → (receipt, the last ms it exists).
+    receipts: HashMap<String, (Receipt, u64)>,
+    pub(crate) now: u64,
+}
+
+/// `ttl_ms` of the prelude: µs rounded up to ms, at least 1.
+fn ttl_ms(us: u64) -> u64 {
+    us.div_ceil(1000).max(1)
+}
+
+impl Model {
+    fn live(&self, key: &str) -> Option<&State> {
+        self.keys
+            .get(key)
+            .filter(|e| e.live(self.now))
+            .map(|e| &e.state)
+    }
+
+    fn normalize(&mut self, key: &str, p: &Params) {
+        let now = self.now;
+        if let Some(e) = self.keys.get_mut(key)
+            && e.live(now)
+            && algorithm::normalize(&mut e.state, p, now)
+        {
+            e.idle_at = algorithm::idle_at(&e.state, p);
+        }
+    }
+
+    /// One call's limits, in order, each on what the ones before it left (the driver and the
+    /// memory store); written only when all admit, with a receipt per limit under `call_id`.
+    pub(crate) fn take(&mut self, checks: &[Check<'_>], call_id: Option<&str>) -> Verdict {
+        let now = self.now;
+        let params: Vec<Params> = checks.iter().map(|c| Params::of(c.policy)).collect();
+        for (c, p) in checks.iter().zip(&params) {
+            self.normalize(c.key, p);
+        }
+        let mut pending: HashMap<&str, State> = HashMap::new();
+        let mut evaluations: Vec<(Evaluation, u64)> = Vec::new();
+        for (c, p) in checks.iter().zip(&params) {
+            let base = pending.get(c.key).or_else(|| self.live(c.key));
+            let (e, next) = algorithm::evaluate(c.policy.algorithm(), base, p, now);
+            let mut first = 0;
+            if let Some(next) = next {
+                if let State::Sliding(log) = &next
+                    && let Some(&(start, len)) = log.runs.back()
+                {
+                    first = u64::try_from(start).unwrap_or(0) + len - p.cost;
+                }
+                pending.insert(c.key, next);
+            }
+            evaluations.push((e, first));
+        }
+        if evaluations.iter().all(|(e, _)| e.admitted) {
+            for (c, p) in checks.iter().zip(&params) {
+                if let Some(state) = pending.remove(c.key) {
+                    self.keys.insert(c.key.to_owned(), Entry::new(state, p));
+                }
+            }
+            if let Some(id) = call_id {
+                for (i, (c, (e, first))) in checks.iter().zip(&evaluations).enumerate() {
+                    let receipt = Receipt {
+                        at_us: now,
+                        reset_us: e.after_reset_us,
+                        first: *first,
+                    };
+                    let expires = now / 1000 + ttl_ms(e.after_reset_us.min(RECEIPT_TTL_US));
+                    self.receipts
+                        .insert(format!("{}:r:{id}:{}", c.key, i + 1), (receipt, expires));
+                }
+            }
+            return Verdict::new(
+                checks
+                    .iter()
+                    .zip(&evaluations)
+                    .map(|(c, (e, _))| e.taken(c.policy.capacity()))
+                    .collect(),
+            );
+        }
+        let decisions = checks
+            .iter()
+            .zip(&params)
+            .zip(&evaluations)
+            .map(|((c, p), (mine, _))| {
+                let (e, _) = algorithm::evaluate(c.policy.algorithm(), self.live(c.key), p, now);
+                e.untaken(c.policy.capacity(), mine.admitted, mine.retry_us)
+            })
+            .collect();
+        Verdict::new(decisions)
+    }
+
+    /// The companion script: every refund under `call_id` first (each receipt read once and
+    /// deleted), then the state of each limit as it is.
+    pub(crate) fn compensate(&mut self, checks: &[Check<'_>], refund: Option<&str>) -> Verdict {
+        let now = self.now;
+        if let Some(id) = refund {
+            for (i, c) in checks.iter().enumerate() {
+                let name = format!("{}:r:{id}:{}", c.key, i + 1);
+                let Some((receipt, expires)) = self.receipts.remove(&name) else {
+                    continue;
+                };
+                if now / 1000 > expires {
+                    continue;
+                }
+                let p = Params::of(c.policy);
+                let state = self.live(c.key).cloned();
+                match algorithm::refund(state, &receipt, &p, now) {
+                    Some(state) => {
+                        self.keys.insert(c.key.to_owned(), Entry::new(state, &p));
+                    }
+                    None => {
+                        self.keys.remove(c.key);
+                    }
+                }
+            }
+        }
+        let decisions: Vec<Decision> = checks
+            .iter()
+            .map(|c| {
+                let p = Params::of(c.policy);
+                self.normalize(c.key, &p);
+                let (e, _) = algorithm::evaluate(c.policy.algorithm(), self.live(c.key), &p, now);
+                e.untaken(c.policy.capacity(), e.admitted, e.retry_us)
+            })
+            .collect();
+        Verdict::new(decisions)
+    }
+}

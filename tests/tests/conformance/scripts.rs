@@ -1,0 +1,50 @@
+//! The script texts the Redis stores send, byte for byte: taken from the runtime itself
+//! (`store::redis::script_sources`, the same strings `RedisStore` and `RedisClusterStore`
+//! hash and load). The test `script_texts_are_the_ones_the_store_loads` also checks the driver
+//! scripts against what a `RedisStore` loads into a real server (`SCRIPT EXISTS` of their SHA1s).
+
+use ratelimit_runtime::Algorithm;
+use ratelimit_runtime::store::redis::script_sources;
+
+/// Every script a store sends.
+#[derive(Debug, Clone)]
+pub(crate) struct Sources {
+    /// The driver for calls whose limits all use one algorithm, by `Algorithm::code() - 1`.
+    pub single: Vec<String>,
+    /// The driver for calls that stack different algorithms.
+    pub combined: String,
+    /// The Redis Cluster store's companion script (peek and refund).
+    pub compensate: String,
+}
+
+impl Sources {
+    /// The driver a call with these algorithms is sent (as `Scripts::for_checks` picks it).
+    pub(crate) fn driver(&self, algorithms: &[Algorithm]) -> &str {
+        match algorithms.first() {
+            Some(first) if algorithms.iter().all(|a| a == first) => &self.single[code(*first) - 1],
+            _ => &self.combined,
+        }
+    }
+}
+
+/// The wire code the scripts know an algorithm by (`Algorithm::code`, crate-private): its
+/// place in `Algorithm::ALL`, from 1.
+pub(crate) fn code(algorithm: Algorithm) -> usize {
+    Algorithm::ALL
+        .iter()
+        .position(|&a| a == algorithm)
+        .map_or(0, |i| i + 1)
+}
+
+/// The texts, exactly as the stores send them.
+pub(crate) fn sources() -> Sources {
+    let texts = script_sources();
+    Sources {
+        single: Algorithm::ALL
+            .iter()
+            .map(|&a| texts.for_algorithm(a).to_owned())
+            .collect(),
+        combined: texts.combined.to_owned(),
+        compensate: texts.companion.to_owned(),
+    }
+}
