@@ -491,7 +491,10 @@ impl Inner {
         let now = self.now();
         // One lookup for a known key: evaluate and write through the same reference.
         if let Some(entry) = shard.map.get_mut(hash, check.key) {
-            entry.normalize(&p, now);
+            // A restamped entry can go idle sooner: the shard's sweep mark follows it.
+            if entry.normalize(&p, now) {
+                shard.next_idle = shard.next_idle.min(entry.idle_at);
+            }
             let base = entry.live(now).then_some(&entry.state);
             let (e, next) = algorithm::evaluate(algorithm, base, &p, now);
             return Ok(match next {
@@ -552,7 +555,10 @@ impl Inner {
         for slot in &slots {
             let shard = &mut guards[guard_of(slot.shard)];
             if let Some(entry) = shard.map.get_mut(slot.hash, slot.key) {
-                entry.normalize(&params[slot.last], now);
+                if entry.normalize(&params[slot.last], now) {
+                    let idle_at = entry.idle_at;
+                    shard.next_idle = shard.next_idle.min(idle_at);
+                }
             }
         }
 
@@ -797,10 +803,13 @@ impl Entry {
     /// State stamped in the future — by a [`Clock`] that went backwards — is treated as
     /// stamped now ([`algorithm::normalize`]), as the Redis scripts treat state written by a
     /// master whose clock was ahead. A monotonic clock never changes anything here.
-    fn normalize(&mut self, p: &Params, now: u64) {
-        if self.live(now) && algorithm::normalize(&mut self.state, p, now) {
+    /// `true` when it changed (and so did `idle_at`).
+    fn normalize(&mut self, p: &Params, now: u64) -> bool {
+        let changed = self.live(now) && algorithm::normalize(&mut self.state, p, now);
+        if changed {
             self.idle_at = algorithm::idle_at(&self.state, p);
         }
+        changed
     }
 }
 
