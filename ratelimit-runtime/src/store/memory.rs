@@ -554,11 +554,11 @@ impl Inner {
         let now = self.now();
         for slot in &slots {
             let shard = &mut guards[guard_of(slot.shard)];
-            if let Some(entry) = shard.map.get_mut(slot.hash, slot.key) {
-                if entry.normalize(&params[slot.last], now) {
-                    let idle_at = entry.idle_at;
-                    shard.next_idle = shard.next_idle.min(idle_at);
-                }
+            if let Some(entry) = shard.map.get_mut(slot.hash, slot.key)
+                && entry.normalize(&params[slot.last], now)
+            {
+                let idle_at = entry.idle_at;
+                shard.next_idle = shard.next_idle.min(idle_at);
             }
         }
 
