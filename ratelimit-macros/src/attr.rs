@@ -62,6 +62,8 @@ pub(crate) enum Algo {
     Sliding,
     Leaky,
     Token,
+    Gcra,
+    SlidingCounter,
 }
 
 impl Algo {
@@ -72,11 +74,21 @@ impl Algo {
             Self::Sliding => "Sliding",
             Self::Leaky => "Leaky",
             Self::Token => "Token",
+            Self::Gcra => "Gcra",
+            Self::SlidingCounter => "SlidingCounter",
         }
     }
 
-    pub(crate) fn is_bucket(self) -> bool {
-        matches!(self, Self::Leaky | Self::Token)
+    /// How its numbers are bounded (the shared rules' kind).
+    pub(crate) fn kind(self) -> crate::rules::Kind {
+        use crate::rules::Kind;
+        match self {
+            Self::Fixed => Kind::Window,
+            Self::Sliding => Kind::Log,
+            Self::Leaky | Self::Token => Kind::Bucket,
+            Self::Gcra => Kind::Gcra,
+            Self::SlidingCounter => Kind::Counter,
+        }
     }
 }
 
@@ -362,7 +374,8 @@ fn lit_str(name: &str, value: &Expr, accepted: &str) -> syn::Result<LitStr> {
     }
 }
 
-const ALGOS: &str = "\"fixed\" (the default), \"sliding\", \"leaky\" or \"token\"";
+const ALGOS: &str =
+    "\"fixed\" (the default), \"sliding\", \"leaky\", \"token\", \"gcra\" or \"sliding_counter\"";
 
 fn parse_algo(value: &Expr) -> syn::Result<Spanned<Algo>> {
     let lit = lit_str("algo", value, ALGOS)?;
@@ -371,12 +384,8 @@ fn parse_algo(value: &Expr) -> syn::Result<Spanned<Algo>> {
         "sliding" => Algo::Sliding,
         "leaky" => Algo::Leaky,
         "token" => Algo::Token,
-        other @ ("gcra" | "sliding_counter") => {
-            return Err(syn::Error::new(
-                lit.span(),
-                format!("algo = \"{other}\" is not implemented yet; use {ALGOS}"),
-            ));
-        }
+        "gcra" => Algo::Gcra,
+        "sliding_counter" => Algo::SlidingCounter,
         other => {
             return Err(syn::Error::new(
                 lit.span(),

@@ -200,10 +200,10 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
     {
         errors.push(syn::Error::new(time.span, v.message()));
     }
-    if let Some(burst) = args.burst.as_ref().filter(|_| !algo.is_bucket()) {
+    if let Some(burst) = args.burst.as_ref().filter(|_| !algo.kind().has_burst()) {
         errors.push(syn::Error::new(
                 burst.span,
-                "`burst` is the capacity of a bucket: it applies to algo = \"leaky\" or \"token\" only (for \"fixed\" and \"sliding\" the capacity is `num`)",
+                "`burst` is the capacity of a bucket: it applies to algo = \"leaky\", \"token\" or \"gcra\" only (for the windows the capacity is `num`)",
             ));
     }
     let mut units_ok = true;
@@ -215,19 +215,20 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
     }
     let (num, time) = (args.num.as_ref()?, args.time.as_ref()?);
     let burst = args.burst.as_ref().map_or(num.value, |b| b.value);
-    if algo.is_bucket()
-        && units_ok
-        && let Err(v) = rules::check_bucket_scale(num.value, time.value, burst)
-    {
-        let at = args.burst.as_ref().map_or(num.span, |b| b.span);
+    if units_ok && let Err(v) = rules::check_kind(algo.kind(), num.value, time.value, burst) {
+        // The burst when it is what overflows a bucket's or GCRA's scale, else `num`.
+        let at = match (v, &args.burst) {
+            (rules::Violation::BucketTooFine | rules::Violation::GcraTooFine, Some(b)) => b.span,
+            _ => num.span,
+        };
         errors.push(syn::Error::new(at, v.message()));
     }
     let cost = args.cost.as_ref().map_or(1, |c| c.value);
-    let capacity = rules::capacity(algo.is_bucket(), num.value, burst);
+    let capacity = rules::capacity(algo.kind(), num.value, burst);
     if let Some(c) = &args.cost
         && let Err(v) = rules::check_cost(c.value, capacity)
     {
-        let from = if algo.is_bucket() && args.burst.is_some() {
+        let from = if algo.kind().has_burst() && args.burst.is_some() {
             "burst"
         } else {
             "num"

@@ -126,9 +126,11 @@
 //! | `algo` | rule |
 //! | --- | --- |
 //! | `fixed` (default) | at most `num` calls per window; the window starts at the first call and lasts `time` |
-//! | `sliding` | at most `num` calls in any trailing interval of length `time` |
+//! | `sliding` | at most `num` calls in any trailing interval of length `time` (`num` ≤ 10,000) |
+//! | `sliding_counter` | two aligned windows' counts, the previous weighted by its share of the trailing interval: O(1), approximate (at most `num` per window, up to `2·num` in a trailing interval at worst) |
 //! | `leaky` | a bucket of `burst` (default `num`), empty at start, draining at `num / time` |
 //! | `token` | a bucket of `burst`, full at start, refilled at `num / time` |
+//! | `gcra` | the token bucket as one integer (the theoretical arrival time), one unit per `time / num` |
 //!
 //! Every store is exact under any concurrency, reads time from its own clock (never the
 //! caller's), and answers each limit with a [`Decision`]: admitted or not, `remaining`,
@@ -210,7 +212,9 @@ pub use http::settings::{ForwardedHeader, HeaderStyle};
 pub use http::user::UserId;
 pub use limiter::{Builder, FailurePolicy, RateLimiter, Settings};
 pub use net::{IpNet, IpNetParseError};
-pub use policy::{Algorithm, Decision, MAX_BUCKET_SCALE, MAX_UNITS, Policy, PolicyError, Verdict};
+pub use policy::{
+    Algorithm, Decision, MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS, Policy, PolicyError, Verdict,
+};
 pub use ratelimit_macros::rate_limit;
 #[cfg(feature = "cluster")]
 pub use store::RedisClusterStore;

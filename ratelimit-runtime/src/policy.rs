@@ -24,11 +24,24 @@ pub enum Algorithm {
     /// A bucket of capacity `burst`, full at start, refilled continuously at `num / period`; a
     /// call takes `cost` tokens if there are enough.
     Token,
+    /// The generic cell rate algorithm: the token bucket (capacity `burst`, one unit per
+    /// `period / num`) kept as one integer, the theoretical arrival time.
+    Gcra,
+    /// The current and previous fixed windows' counts, the previous weighted by its share of
+    /// the trailing interval: O(1) state, approximate (see [`crate::algorithm::sliding_counter`]).
+    SlidingCounter,
 }
 
 impl Algorithm {
     /// Every algorithm, in the order of their wire codes.
-    pub const ALL: [Algorithm; 4] = [Self::Fixed, Self::Sliding, Self::Leaky, Self::Token];
+    pub const ALL: [Algorithm; 6] = [
+        Self::Fixed,
+        Self::Sliding,
+        Self::Leaky,
+        Self::Token,
+        Self::Gcra,
+        Self::SlidingCounter,
+    ];
 
     /// The name used in the attribute (`algo = "…"`) and in store keys.
     pub const fn as_str(self) -> &'static str {
@@ -37,6 +50,8 @@ impl Algorithm {
             Self::Sliding => "sliding",
             Self::Leaky => "leaky",
             Self::Token => "token",
+            Self::Gcra => "gcra",
+            Self::SlidingCounter => "sliding_counter",
         }
     }
 
@@ -47,6 +62,21 @@ impl Algorithm {
             Self::Sliding => 2,
             Self::Leaky => 3,
             Self::Token => 4,
+            Self::Gcra => 5,
+            Self::SlidingCounter => 6,
+        }
+    }
+}
+
+impl Algorithm {
+    /// How this algorithm's numbers are bounded.
+    const fn kind(self) -> rules::Kind {
+        match self {
+            Self::Fixed => rules::Kind::Window,
+            Self::Sliding => rules::Kind::Log,
+            Self::Leaky | Self::Token => rules::Kind::Bucket,
+            Self::Gcra => rules::Kind::Gcra,
+            Self::SlidingCounter => rules::Kind::Counter,
         }
     }
 }
@@ -85,7 +115,8 @@ pub enum PolicyError {
     /// `cost` was larger than the capacity (`num` for fixed/sliding, `burst` for buckets): no
     /// call could ever be admitted.
     CostExceedsCapacity,
-    /// The algorithm name is not one of `fixed`, `sliding`, `leaky`, `token`.
+    /// The algorithm name is not one of `fixed`, `sliding`, `leaky`, `token`, `gcra`,
+    /// `sliding_counter`.
     UnknownAlgorithm,
     /// `num`, `burst` or `cost` is above [`MAX_UNITS`]: the Redis scripts count in doubles,
     /// exact only below 2^53, and every number they return must stay exact.
@@ -94,6 +125,14 @@ pub enum PolicyError {
     /// in units of `1 / (period_µs / gcd(num, period_µs))`, and `burst` of those must stay
     /// within [`MAX_BUCKET_SCALE`].
     BucketTooFine,
+    /// A sliding log above [`MAX_SLIDING_LOG`] (one entry per admitted unit).
+    SlidingLogTooLarge,
+    /// GCRA faster than one unit per microsecond.
+    GcraTooFast,
+    /// GCRA whose burst tolerance `burst × ⌈period_µs / num⌉` passes [`MAX_BUCKET_SCALE`].
+    GcraTooFine,
+    /// A sliding counter whose `num × period_ms` passes [`MAX_BUCKET_SCALE`].
+    CounterTooLarge,
 }
 
 impl fmt::Display for PolicyError {
@@ -108,7 +147,7 @@ impl std::error::Error for PolicyError {}
 mod rules;
 
 use self::rules::Violation;
-pub use self::rules::{MAX_BUCKET_SCALE, MAX_UNITS};
+pub use self::rules::{MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS};
 
 impl PolicyError {
     const fn from_violation(v: Violation) -> Self {
@@ -121,6 +160,10 @@ impl PolicyError {
             Violation::TooManyUnits => Self::TooManyUnits,
             Violation::BucketTooFine => Self::BucketTooFine,
             Violation::CostExceedsCapacity => Self::CostExceedsCapacity,
+            Violation::SlidingLogTooLarge => Self::SlidingLogTooLarge,
+            Violation::GcraTooFast => Self::GcraTooFast,
+            Violation::GcraTooFine => Self::GcraTooFine,
+            Violation::CounterTooLarge => Self::CounterTooLarge,
         }
     }
 
@@ -135,6 +178,10 @@ impl PolicyError {
             Self::TooManyUnits => Violation::TooManyUnits,
             Self::BucketTooFine => Violation::BucketTooFine,
             Self::CostExceedsCapacity => Violation::CostExceedsCapacity,
+            Self::SlidingLogTooLarge => Violation::SlidingLogTooLarge,
+            Self::GcraTooFast => Violation::GcraTooFast,
+            Self::GcraTooFine => Violation::GcraTooFine,
+            Self::CounterTooLarge => Violation::CounterTooLarge,
             Self::UnknownAlgorithm => return None,
         })
     }
@@ -145,7 +192,7 @@ impl PolicyError {
         match self.violation() {
             Some(v) => v.message(),
             None => {
-                "unknown algorithm: expected one of \"fixed\", \"sliding\", \"leaky\", \"token\""
+                "unknown algorithm: expected one of \"fixed\", \"sliding\", \"leaky\", \"token\", \"gcra\", \"sliding_counter\""
             }
         }
     }
@@ -209,8 +256,7 @@ impl Policy {
         burst: u64,
         cost: u64,
     ) -> Result<Self, PolicyError> {
-        let bucket = matches!(algorithm, Algorithm::Leaky | Algorithm::Token);
-        if let Err(v) = rules::check(bucket, limit, period_ms, burst, cost) {
+        if let Err(v) = rules::check(algorithm.kind(), limit, period_ms, burst, cost) {
             return Err(PolicyError::from_violation(v));
         }
         Ok(Self {
@@ -255,8 +301,7 @@ impl Policy {
     /// How many units fit at once: `burst` for the buckets, `limit` for the windows. This is the
     /// `limit` a [`Decision`] reports.
     pub const fn capacity(&self) -> u64 {
-        let bucket = matches!(self.algorithm, Algorithm::Leaky | Algorithm::Token);
-        rules::capacity(bucket, self.limit, self.burst)
+        rules::capacity(self.algorithm.kind(), self.limit, self.burst)
     }
 }
 
@@ -374,7 +419,8 @@ mod tests {
     fn numbers_stay_within_the_bounds_that_keep_every_reply_exact() {
         let day = 86_400_000;
         let at = |algo, num, burst, cost| Policy::from_parts(algo, num, 1000, burst, cost);
-        for algo in Algorithm::ALL {
+        // The algorithms whose own bounds allow 2^50 per second (the others: see below).
+        for algo in [Algorithm::Fixed, Algorithm::Leaky, Algorithm::Token] {
             let burst = if matches!(algo, Algorithm::Leaky | Algorithm::Token) {
                 MAX_UNITS
             } else {
@@ -446,11 +492,59 @@ mod tests {
     fn the_bucket_rule_never_overflows_on_extreme_input() {
         for (num, ms, burst) in [(1, u64::MAX, 1), (u64::MAX, u64::MAX, u64::MAX), (0, 0, 0)] {
             let _ = rules::check_bucket_scale(num, ms, burst);
-            let _ = rules::check(true, num, ms, burst, burst);
+            let _ = rules::check(rules::Kind::Bucket, num, ms, burst, burst);
         }
         assert_eq!(
             rules::check_bucket_scale(1, u64::MAX, 1),
             Err(rules::Violation::BucketTooFine)
+        );
+    }
+
+    #[test]
+    fn the_o1_algorithms_and_the_sliding_log_have_bounds_of_their_own() {
+        let second = 1000;
+        let at = |algo, num, period_ms, burst| Policy::from_parts(algo, num, period_ms, burst, 1);
+        // The sliding log: at most 10,000 entries.
+        assert!(at(Algorithm::Sliding, MAX_SLIDING_LOG, second, 1).is_ok());
+        assert_eq!(
+            at(Algorithm::Sliding, MAX_SLIDING_LOG + 1, second, 1),
+            Err(PolicyError::SlidingLogTooLarge)
+        );
+        assert!(
+            PolicyError::SlidingLogTooLarge
+                .to_string()
+                .contains("sliding_counter")
+        );
+        // GCRA: at most one unit per µs, and burst·T ≤ 2^52.
+        assert!(at(Algorithm::Gcra, 1_000_000, second, 1).is_ok());
+        assert_eq!(
+            at(Algorithm::Gcra, 1_000_001, second, 1),
+            Err(PolicyError::GcraTooFast)
+        );
+        let t = 1_000_000 / 7 + 1;
+        assert!(at(Algorithm::Gcra, 7, second, MAX_BUCKET_SCALE / t).is_ok());
+        assert_eq!(
+            at(Algorithm::Gcra, 7, second, MAX_BUCKET_SCALE / t + 1),
+            Err(PolicyError::GcraTooFine)
+        );
+        // The sliding counter: num × period_ms ≤ 2^52; its capacity is num, GCRA's burst.
+        let day = 86_400_000;
+        assert!(at(Algorithm::SlidingCounter, MAX_BUCKET_SCALE / day, day, 1).is_ok());
+        assert_eq!(
+            at(
+                Algorithm::SlidingCounter,
+                MAX_BUCKET_SCALE / day + 1,
+                day,
+                1
+            ),
+            Err(PolicyError::CounterTooLarge)
+        );
+        assert_eq!(at(Algorithm::Gcra, 5, second, 9).unwrap().capacity(), 9);
+        assert_eq!(
+            at(Algorithm::SlidingCounter, 5, second, 9)
+                .unwrap()
+                .capacity(),
+            5
         );
     }
 

@@ -33,6 +33,20 @@ pub trait Harness: Send + Sync {
     fn unique(&self, name: &str) -> String;
 }
 
+/// The algorithms whose numbers follow from the calls alone (windows that start at the first
+/// call, buckets): every one but the sliding counter, whose aligned windows fall where the
+/// store's clock puts them.
+pub const FROM_FIRST_CALL: [Algorithm; 5] = [
+    Algorithm::Fixed,
+    Algorithm::Sliding,
+    Algorithm::Leaky,
+    Algorithm::Token,
+    Algorithm::Gcra,
+];
+
+/// The algorithms that refill continuously: the buckets and GCRA.
+pub const BUCKETS: [Algorithm; 3] = [Algorithm::Leaky, Algorithm::Token, Algorithm::Gcra];
+
 /// A long period, for scenarios where real time must not matter.
 #[allow(
     clippy::duration_suboptimal_units,
@@ -306,15 +320,15 @@ pub async fn sliding_has_no_boundary_burst(h: &impl Harness) {
     }
 }
 
-/// Leaky and token buckets: `burst` calls at once, then a rejection whose `retry_after` is one
-/// unit's time; after half the period, exactly half the quota more.
+/// Leaky and token buckets and GCRA: `burst` calls at once, then a rejection whose
+/// `retry_after` is one unit's time; after half the period, exactly half the quota more.
 ///
 /// # Panics
-/// For `fixed` and `sliding`, which are not buckets.
+/// For the windows, which are not buckets.
 pub async fn buckets_refill_at_rate(h: &impl Harness, algo: Algorithm) {
     assert!(
-        matches!(algo, Algorithm::Leaky | Algorithm::Token),
-        "buckets_refill_at_rate is for leaky and token"
+        matches!(algo, Algorithm::Leaky | Algorithm::Token | Algorithm::Gcra),
+        "buckets_refill_at_rate is for leaky, token and gcra"
     );
     let period = Duration::from_secs(1);
     let p = policy(algo, 10, period, 10, 1);
@@ -370,6 +384,10 @@ pub async fn buckets_refill_at_rate(h: &impl Harness, algo: Algorithm) {
 /// A call of `cost = 3` against a quota of 10 leaves 7, 4, 1, then is rejected with 1 left and
 /// takes nothing; a call of cost 1 then takes the last unit.
 pub async fn cost_takes_units(h: &impl Harness, algo: Algorithm) {
+    assert!(
+        algo != Algorithm::SlidingCounter,
+        "the sliding counter's waits depend on where its aligned windows fall"
+    );
     let period = HOUR;
     let p3 = policy(algo, 10, period, 10, 3);
     let p1 = policy(algo, 10, period, 10, 1);
@@ -416,7 +434,11 @@ pub async fn decision_numbers(h: &impl Harness, algo: Algorithm) {
     let period = Duration::from_secs(1);
     let p = policy(algo, 3, period, 3, 1);
     let key = key_of(h, &format!("numbers-{algo}"), &p);
-    let bucket = matches!(algo, Algorithm::Leaky | Algorithm::Token);
+    assert!(
+        algo != Algorithm::SlidingCounter,
+        "the sliding counter's numbers depend on where its aligned windows fall: see sliding_counter_weighs_the_previous_window"
+    );
+    let bucket = matches!(algo, Algorithm::Leaky | Algorithm::Token | Algorithm::Gcra);
     let t = StoreTime::start();
     for taken in 1..=3 {
         let d = check_one(h, &key, &p).await;
@@ -569,16 +591,58 @@ pub async fn same_key_twice_applies_in_order(h: &impl Harness, algo: Algorithm) 
     assert!(!check_one(h, &key, &pol).await.admitted, "{algo}");
 }
 
+/// The sliding counter within one aligned window and across into the next: `num` admitted in a
+/// window, then, in the next, the previous window's count weighs its share of the trailing
+/// interval — what the estimate admits and when `retry_after` says it will.
+pub async fn sliding_counter_weighs_the_previous_window(h: &impl Harness) {
+    let period = Duration::from_secs(1);
+    let p = policy(Algorithm::SlidingCounter, 4, period, 4, 1);
+    let key = key_of(h, "counter-weighs", &p);
+    for left in (0..4).rev() {
+        let d = check_one(h, &key, &p).await;
+        assert!(d.admitted, "a call within the quota");
+        assert_eq!(d.remaining, left);
+        assert!(d.reset_after > Duration::ZERO && d.reset_after <= 2 * period);
+    }
+    let d = check_one(h, &key, &p).await;
+    assert!(!d.admitted, "a 5th call in the window");
+    let retry = d.retry_after.unwrap_or_default();
+    // 4 in this window: one more fits once 1/4 of the next window is gone (4·3/4 + 1 = 4), and
+    // at most when the window ends plus that quarter.
+    assert!(
+        retry > period / 4 && retry <= period + period / 4 + TOLERANCE,
+        "{retry:?}"
+    );
+    let mut t = StoreTime::start();
+    t.pass(h, retry + TOLERANCE).await;
+    let d = check_one(h, &key, &p).await;
+    if t.upper() < retry + period / 8 {
+        assert!(
+            d.admitted,
+            "rejected just after retry_after ({retry:?}): {d:?}"
+        );
+    }
+    // The previous window still weighs: far fewer than 4 more fit at once.
+    let mut more = u64::from(d.admitted);
+    while check_one(h, &key, &p).await.admitted {
+        more += 1;
+        assert!(more <= 4, "the previous window's calls are forgotten");
+    }
+}
+
 /// Every scenario, for every algorithm where it applies.
 pub async fn all(h: &impl Harness) {
     for algo in Algorithm::ALL {
         exactness(h, algo).await;
+    }
+    for algo in FROM_FIRST_CALL {
         cost_takes_units(h, algo).await;
         decision_numbers(h, algo).await;
     }
     fixed_admits_again_after_window(h).await;
     sliding_has_no_boundary_burst(h).await;
-    for algo in [Algorithm::Leaky, Algorithm::Token] {
+    sliding_counter_weighs_the_previous_window(h).await;
+    for algo in BUCKETS {
         buckets_refill_at_rate(h, algo).await;
     }
     stacked_rejection_consumes_nothing(h).await;

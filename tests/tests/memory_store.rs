@@ -63,7 +63,9 @@ per_algorithm!(
         (exactness_fixed, Fixed),
         (exactness_sliding, Sliding),
         (exactness_leaky, Leaky),
-        (exactness_token, Token)
+        (exactness_token, Token),
+        (exactness_gcra, Gcra),
+        (exactness_sliding_counter, SlidingCounter)
     ]
 );
 per_algorithm!(
@@ -73,7 +75,8 @@ per_algorithm!(
         (cost_takes_units_fixed, Fixed),
         (cost_takes_units_sliding, Sliding),
         (cost_takes_units_leaky, Leaky),
-        (cost_takes_units_token, Token)
+        (cost_takes_units_token, Token),
+        (cost_takes_units_gcra, Gcra)
     ]
 );
 per_algorithm!(
@@ -83,7 +86,8 @@ per_algorithm!(
         (decision_numbers_fixed, Fixed),
         (decision_numbers_sliding, Sliding),
         (decision_numbers_leaky, Leaky),
-        (decision_numbers_token, Token)
+        (decision_numbers_token, Token),
+        (decision_numbers_gcra, Gcra)
     ]
 );
 per_algorithm!(
@@ -91,7 +95,8 @@ per_algorithm!(
     "current_thread",
     [
         (buckets_refill_at_rate_leaky, Leaky),
-        (buckets_refill_at_rate_token, Token)
+        (buckets_refill_at_rate_token, Token),
+        (buckets_refill_at_rate_gcra, Gcra)
     ]
 );
 
@@ -106,6 +111,11 @@ async fn sliding_has_no_boundary_burst() {
 }
 
 #[tokio::test]
+async fn sliding_counter_weighs_the_previous_window() {
+    suite::sliding_counter_weighs_the_previous_window(&Memory::new()).await;
+}
+
+#[tokio::test]
 async fn stacked_rejection_consumes_nothing() {
     suite::stacked_rejection_consumes_nothing(&Memory::new()).await;
 }
@@ -117,7 +127,12 @@ per_algorithm!(
         (same_key_twice_applies_in_order_fixed, Fixed),
         (same_key_twice_applies_in_order_sliding, Sliding),
         (same_key_twice_applies_in_order_leaky, Leaky),
-        (same_key_twice_applies_in_order_token, Token)
+        (same_key_twice_applies_in_order_token, Token),
+        (same_key_twice_applies_in_order_gcra, Gcra),
+        (
+            same_key_twice_applies_in_order_sliding_counter,
+            SlidingCounter
+        )
     ]
 );
 

@@ -91,7 +91,7 @@ async fn suite_sliding_has_no_boundary_burst() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn suite_buckets_refill_at_rate() {
     let h = RedisHarness::start("refill").await;
-    for algo in [Algorithm::Leaky, Algorithm::Token] {
+    for algo in suite::BUCKETS {
         suite::buckets_refill_at_rate(&h, algo).await;
     }
 }
@@ -99,7 +99,7 @@ async fn suite_buckets_refill_at_rate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn suite_cost_takes_units() {
     let h = RedisHarness::start("cost").await;
-    for algo in Algorithm::ALL {
+    for algo in suite::FROM_FIRST_CALL {
         suite::cost_takes_units(&h, algo).await;
     }
 }
@@ -107,9 +107,15 @@ async fn suite_cost_takes_units() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn suite_decision_numbers() {
     let h = RedisHarness::start("numbers").await;
-    for algo in Algorithm::ALL {
+    for algo in suite::FROM_FIRST_CALL {
         suite::decision_numbers(&h, algo).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_sliding_counter_weighs_the_previous_window() {
+    let h = RedisHarness::start("counter").await;
+    suite::sliding_counter_weighs_the_previous_window(&h).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -197,7 +203,7 @@ async fn scan(conn: &mut MultiplexedConnection, pattern: &str) -> HashSet<String
 
 // ---- Redis-specific behaviour -----------------------------------------------------------
 
-/// Calls over 10,000 distinct keys (2,500 per algorithm, some stacked, some rejected): every key
+/// Calls over 15,000 distinct keys (2,500 per algorithm, some stacked, some rejected): every key
 /// under the prefix has a TTL, none longer than its state needs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_key_has_a_ttl_after_ten_thousand_keys() {
@@ -262,7 +268,11 @@ async fn every_key_has_a_ttl_after_ten_thousand_keys() {
 
     let mut conn = server.connection().await;
     let keys = scan(&mut conn, "ttl:*").await;
-    assert_eq!(keys.len(), 4 * per_algo, "distinct keys under the prefix");
+    assert_eq!(
+        keys.len(),
+        Algorithm::ALL.len() * per_algo,
+        "distinct keys under the prefix"
+    );
     let keys: Vec<String> = keys.into_iter().collect();
     let mut by_algo: HashMap<&str, usize> = HashMap::new();
     for chunk in keys.chunks(1000) {
@@ -278,25 +288,19 @@ async fn every_key_has_a_ttl_after_ten_thousand_keys() {
             assert_ne!(ttl, -1, "{k} has no TTL");
             assert!(ttl > 0, "{k}: PTTL {ttl}");
             let algo = k.rsplit(':').nth(2).unwrap_or_default();
-            // Fixed: the window's end; sliding: newest + period; token/leaky: 2 units at most
-            // (12 s) until full / empty.
+            // Fixed: the window's end; sliding: newest + period; token/leaky/gcra: 2 units at
+            // most (12 s) until full / empty; the sliding counter: the end of the next window.
             let max = match algo {
                 "fixed" | "sliding" => 60_000,
-                "token" | "leaky" => 12_000,
+                "token" | "leaky" | "gcra" => 12_000,
+                "sliding_counter" => 120_000,
                 other => panic!("unexpected key {k} ({other})"),
             };
             assert!(
                 ttl <= max,
                 "{k}: PTTL {ttl} ms is longer than its state needs ({max})"
             );
-            *by_algo
-                .entry(match algo {
-                    "fixed" => "fixed",
-                    "sliding" => "sliding",
-                    "token" => "token",
-                    _ => "leaky",
-                })
-                .or_default() += 1;
+            *by_algo.entry(algo).or_default() += 1;
         }
     }
     for algo in Algorithm::ALL {
@@ -691,7 +695,7 @@ async fn tls_with_the_tls_feature() {
 #[tokio::test]
 async fn numbers_at_the_bounds_stay_exact_and_match_memory() {
     use ratelimit_runtime::MemoryStore;
-    use ratelimit_runtime::{MAX_BUCKET_SCALE, MAX_UNITS};
+    use ratelimit_runtime::{MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS};
     let server = RedisServer::start();
     let redis = RedisStore::connect(&server.url()).await.expect("connect");
     let memory = MemoryStore::new();
@@ -699,6 +703,9 @@ async fn numbers_at_the_bounds_stay_exact_and_match_memory() {
     // num = 7 shares no factor with an hour in µs: the finest scale, burst at its bound.
     let burst = MAX_BUCKET_SCALE / hour_us;
     let part = |algo, num, burst, cost| suite::policy(algo, num, suite::HOUR, burst, cost);
+    // GCRA: burst × ⌈hour / 7⌉ at its bound; the sliding counter: num × hour_ms at its bound.
+    let gcra_burst = MAX_BUCKET_SCALE / hour_us.div_ceil(7);
+    let counter_num = MAX_BUCKET_SCALE / (hour_us / 1000);
     let cases: Vec<(&str, Vec<(Policy, u64)>)> = vec![
         (
             "fixed",
@@ -713,9 +720,34 @@ async fn numbers_at_the_bounds_stay_exact_and_match_memory() {
         (
             "sliding",
             vec![(
-                part(Algorithm::Sliding, MAX_UNITS, MAX_UNITS, 1),
-                MAX_UNITS - 1,
+                part(Algorithm::Sliding, MAX_SLIDING_LOG, MAX_SLIDING_LOG, 1),
+                MAX_SLIDING_LOG - 1,
             )],
+        ),
+        (
+            "gcra",
+            vec![
+                (part(Algorithm::Gcra, 7, gcra_burst, gcra_burst - 1), 1),
+                (part(Algorithm::Gcra, 7, gcra_burst, 1), 0),
+            ],
+        ),
+        (
+            "sliding_counter",
+            vec![
+                (
+                    part(
+                        Algorithm::SlidingCounter,
+                        counter_num,
+                        counter_num,
+                        counter_num - 3,
+                    ),
+                    3,
+                ),
+                (
+                    part(Algorithm::SlidingCounter, counter_num, counter_num, 1),
+                    2,
+                ),
+            ],
         ),
         (
             "token",
@@ -803,6 +835,28 @@ async fn state_stamped_in_the_future_is_treated_as_stamped_now() {
                 }
                 let _: () = conn.pexpire(&key, 61_000).await.expect("ttl");
             }
+            // GCRA: a full backlog a minute ahead.
+            Algorithm::Gcra => {
+                let _: () = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(ahead + 1_000_000)
+                    .arg("PX")
+                    .arg(61_000)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("plant");
+            }
+            // The sliding counter: a full window a minute ahead.
+            Algorithm::SlidingCounter => {
+                let _: () = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(format!("{}:2:0", ahead / 1_000_000))
+                    .arg("PX")
+                    .arg(61_000)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("plant");
+            }
             // Leaky: full (level = capacity); token: empty (missing = capacity).
             _ => {
                 let _: () = redis::cmd("SET")
@@ -819,8 +873,14 @@ async fn state_stamped_in_the_future_is_treated_as_stamped_now() {
         let d = store.check(&checks).await.expect("check").decisions()[0];
         assert!(!d.admitted, "{algo}: {d:?}");
         let retry = d.retry_after.expect("a wait");
+        // At most a period (a sliding counter's window weighs on through the next one).
+        let periods = if algo == Algorithm::SlidingCounter {
+            2
+        } else {
+            1
+        };
         assert!(
-            retry <= second + Duration::from_millis(2),
+            retry <= periods * second + Duration::from_millis(2),
             "{algo}: {retry:?}"
         );
         tokio::time::sleep(retry).await;

@@ -10,14 +10,19 @@
 //! * [`sliding`] — a log of admission times, one per unit, in microseconds;
 //! * [`bucket`] — the token and the leaky bucket, which are one rule: a level that drains at
 //!   `num / period` and that a call raises by `cost` when it fits under `burst` (the token
-//!   bucket's level is the tokens missing from a full bucket).
+//!   bucket's level is the tokens missing from a full bucket);
+//! * [`gcra`] — the token bucket as one integer, the theoretical arrival time;
+//! * [`sliding_counter`] — two fixed windows' counts, the previous one weighted by its share of
+//!   the trailing interval: O(1) state, approximate within a documented bound.
 //!
 //! Time is whole microseconds on the store's own clock. Every function is total: no input
 //! panics, arithmetic saturates (the policy bounds keep every real value far from the limits).
 
 pub mod bucket;
 pub mod fixed;
+pub mod gcra;
 pub mod sliding;
+pub mod sliding_counter;
 
 use crate::policy::{Algorithm, Decision, Policy};
 use std::time::Duration;
@@ -101,6 +106,10 @@ pub enum State {
     Sliding(sliding::Log),
     /// A token or leaky bucket.
     Bucket(bucket::Level),
+    /// GCRA's theoretical arrival time.
+    Gcra(gcra::Tat),
+    /// A sliding-window counter.
+    SlidingCounter(sliding_counter::Counters),
 }
 
 /// What a cross-slot take leaves beside its key, for its refund (the scripts' receipt).
@@ -148,6 +157,22 @@ pub fn evaluate(
             let (e, next) = bucket::evaluate(level, p, now);
             (e, next.map(State::Bucket))
         }
+        Algorithm::Gcra => {
+            let tat = match state {
+                Some(State::Gcra(t)) => Some(t),
+                _ => None,
+            };
+            let (e, next) = gcra::evaluate(tat, p, now);
+            (e, next.map(State::Gcra))
+        }
+        Algorithm::SlidingCounter => {
+            let counters = match state {
+                Some(State::SlidingCounter(c)) => Some(c),
+                _ => None,
+            };
+            let (e, next) = sliding_counter::evaluate(counters, p, now);
+            (e, next.map(State::SlidingCounter))
+        }
     }
 }
 
@@ -159,6 +184,8 @@ pub fn normalize(state: &mut State, p: &Params, now: u64) -> bool {
         State::Fixed(w) => fixed::normalize(w, p, now),
         State::Sliding(l) => sliding::normalize(l, p, now),
         State::Bucket(b) => bucket::normalize(b, now),
+        State::Gcra(t) => gcra::normalize(t, p, now),
+        State::SlidingCounter(c) => sliding_counter::normalize(c, p, now),
     }
 }
 
@@ -172,17 +199,24 @@ pub fn refund(state: Option<State>, receipt: &Receipt, p: &Params, now: u64) -> 
         Some(State::Fixed(w)) => fixed::refund(w, receipt, p, now).map(State::Fixed),
         Some(State::Sliding(l)) => Some(State::Sliding(sliding::refund(l, receipt, p))),
         Some(State::Bucket(b)) => bucket::refund(b, receipt, p, now).map(State::Bucket),
+        Some(State::Gcra(t)) => gcra::refund(t, receipt, p, now).map(State::Gcra),
+        Some(State::SlidingCounter(c)) => {
+            sliding_counter::refund(c, receipt, p).map(State::SlidingCounter)
+        }
         None => None,
     }
 }
 
 /// When `state` becomes idle (equal to no state at all), µs: a fixed window when it ends, a
-/// sliding log one period after its newest entry, a bucket when its level is back to 0.
+/// sliding log one period after its newest entry, a bucket when its level is back to 0, GCRA at
+/// its theoretical arrival time, a sliding counter when its current window stops weighing.
 pub fn idle_at(state: &State, p: &Params) -> u64 {
     match state {
         State::Fixed(w) => w.idle_at(),
         State::Sliding(l) => l.idle_at(p),
         State::Bucket(b) => b.idle_at(p),
+        State::Gcra(t) => t.idle_at(),
+        State::SlidingCounter(c) => c.idle_at(p),
     }
 }
 

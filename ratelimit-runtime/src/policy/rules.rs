@@ -21,6 +21,32 @@ pub const MAX_UNITS: u64 = 1 << 50;
 /// number stays exact.
 pub const MAX_BUCKET_SCALE: u64 = 1 << 52;
 
+/// The largest `num` of a sliding log (10,000): it keeps one entry per admitted unit (about 120
+/// bytes each in Redis); beyond it, the sliding counter or GCRA, whose state does not grow.
+pub const MAX_SLIDING_LOG: u64 = 10_000;
+
+/// How an algorithm's numbers are bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A fixed window: `num` per window.
+    Window,
+    /// The sliding log: one entry per unit.
+    Log,
+    /// The token and leaky buckets: a level in units of `1 / (period_µs / g)`.
+    Bucket,
+    /// GCRA: a theoretical arrival time, one unit per `⌈period_µs / num⌉` µs.
+    Gcra,
+    /// The sliding counter: two counts weighed in milliseconds.
+    Counter,
+}
+
+impl Kind {
+    /// Whether the capacity is `burst` (the buckets and GCRA) rather than `num`.
+    pub const fn has_burst(self) -> bool {
+        matches!(self, Self::Bucket | Self::Gcra)
+    }
+}
+
 /// A rule that a policy's numbers break.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Violation {
@@ -40,6 +66,14 @@ pub enum Violation {
     BucketTooFine,
     /// `cost` is larger than the capacity: no call could ever be admitted.
     CostExceedsCapacity,
+    /// A sliding log of more than [`MAX_SLIDING_LOG`] units.
+    SlidingLogTooLarge,
+    /// GCRA faster than one unit per microsecond.
+    GcraTooFast,
+    /// GCRA whose burst tolerance `burst × ⌈period_µs / num⌉` is above [`MAX_BUCKET_SCALE`].
+    GcraTooFine,
+    /// A sliding counter whose `num × period_ms` is above [`MAX_BUCKET_SCALE`].
+    CounterTooLarge,
 }
 
 impl Violation {
@@ -60,6 +94,18 @@ impl Violation {
             Self::CostExceedsCapacity => {
                 "`cost` is larger than the capacity (`num`, or `burst` for buckets): no call could ever be admitted"
             }
+            Self::SlidingLogTooLarge => {
+                "a sliding log keeps one entry per admitted call: `num` must be at most 10000; for larger quotas use algo = \"sliding_counter\" (two counters, approximate) or \"gcra\" (one integer, exact)"
+            }
+            Self::GcraTooFast => {
+                "gcra admits at most one call per microsecond: `num` must be at most the period in microseconds"
+            }
+            Self::GcraTooFine => {
+                "gcra's burst tolerance burst × (period in µs / num) must be at most 2^52: lower `burst` or `time`"
+            }
+            Self::CounterTooLarge => {
+                "the sliding counter cannot be kept exact: num × period in ms must be at most 2^52"
+            }
         }
     }
 }
@@ -74,9 +120,9 @@ pub const fn gcd(mut a: u64, mut b: u64) -> u64 {
     a
 }
 
-/// How many units fit at once: `burst` for the buckets, `num` for the windows.
-pub const fn capacity(bucket: bool, num: u64, burst: u64) -> u64 {
-    if bucket { burst } else { num }
+/// How many units fit at once: `burst` for the buckets and GCRA, `num` for the windows.
+pub const fn capacity(kind: Kind, num: u64, burst: u64) -> u64 {
+    if kind.has_burst() { burst } else { num }
 }
 
 /// Whether a period of `period_ms` milliseconds is one a store can keep.
@@ -116,6 +162,43 @@ pub const fn check_bucket_scale(num: u64, period_ms: u64, burst: u64) -> Result<
     }
 }
 
+/// The bounds of one algorithm's own numbers (after [`check_units`]): the bucket scale, the
+/// sliding log's size, GCRA's interval and tolerance, the sliding counter's weighed counts.
+pub const fn check_kind(kind: Kind, num: u64, period_ms: u64, burst: u64) -> Result<(), Violation> {
+    match kind {
+        Kind::Window => Ok(()),
+        Kind::Bucket => check_bucket_scale(num, period_ms, burst),
+        Kind::Log => {
+            if num > MAX_SLIDING_LOG {
+                Err(Violation::SlidingLogTooLarge)
+            } else {
+                Ok(())
+            }
+        }
+        Kind::Gcra => {
+            let Some(micros) = period_ms.checked_mul(1000) else {
+                return Err(Violation::GcraTooFine);
+            };
+            if num > micros {
+                return Err(Violation::GcraTooFast);
+            }
+            let interval = match micros.checked_div(num) {
+                Some(q) if q * num == micros => q,
+                Some(q) => q + 1,
+                None => micros,
+            };
+            match burst.checked_mul(interval) {
+                Some(tolerance) if tolerance <= MAX_BUCKET_SCALE => Ok(()),
+                _ => Err(Violation::GcraTooFine),
+            }
+        }
+        Kind::Counter => match num.checked_mul(period_ms) {
+            Some(n) if n <= MAX_BUCKET_SCALE => Ok(()),
+            _ => Err(Violation::CounterTooLarge),
+        },
+    }
+}
+
 /// Whether a call of `cost` can ever fit in `capacity` units.
 pub const fn check_cost(cost: u64, capacity: u64) -> Result<(), Violation> {
     if cost > capacity {
@@ -128,7 +211,7 @@ pub const fn check_cost(cost: u64, capacity: u64) -> Result<(), Violation> {
 /// Every rule, in order, for a policy of `num` per `period_ms` with a capacity of `burst` (for
 /// a bucket) and `cost` units a call: the first rule broken, if any.
 pub const fn check(
-    bucket: bool,
+    kind: Kind,
     num: u64,
     period_ms: u64,
     burst: u64,
@@ -149,8 +232,8 @@ pub const fn check(
     if check_units(num).is_err() || check_units(burst).is_err() || check_units(cost).is_err() {
         return Err(Violation::TooManyUnits);
     }
-    if bucket && let Err(e) = check_bucket_scale(num, period_ms, burst) {
+    if let Err(e) = check_kind(kind, num, period_ms, burst) {
         return Err(e);
     }
-    check_cost(cost, capacity(bucket, num, burst))
+    check_cost(cost, capacity(kind, num, burst))
 }

@@ -42,6 +42,20 @@ local function ceil_div(a, b)
   return q
 end
 
+-- a / b rounded down, for non-negative integers a and b > 0 below 2^53 (the
+-- remainder puts a misrounded double quotient right, as in ceil_div).
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    return q - 1
+  end
+  if r >= b then
+    return q + 1
+  end
+  return q
+end
+
 -- Greatest common divisor of two positive integers (exact below 2^53).
 local function gcd(a, b)
   while b > 0 do

@@ -54,15 +54,22 @@ const FIXED: &str = include_str!("../scripts/fixed.lua");
 const SLIDING: &str = include_str!("../scripts/sliding.lua");
 /// The token and the leaky bucket: one rule, registered under both codes.
 const BUCKET: &str = include_str!("../scripts/bucket.lua");
+const GCRA: &str = include_str!("../scripts/gcra.lua");
+const SLIDING_COUNTER: &str = include_str!("../scripts/sliding_counter.lua");
 const DRIVER: &str = include_str!("../scripts/driver.lua");
 const REFUND: &str = include_str!("../scripts/refund.lua");
 
 /// The Lua file that holds `algorithm`'s rule (its evaluate, commit and refund).
+/// Every algorithm file, once each.
+const ALGORITHMS: [&str; 5] = [FIXED, SLIDING, BUCKET, GCRA, SLIDING_COUNTER];
+
 fn source(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::Fixed => FIXED,
         Algorithm::Sliding => SLIDING,
         Algorithm::Leaky | Algorithm::Token => BUCKET,
+        Algorithm::Gcra => GCRA,
+        Algorithm::SlidingCounter => SLIDING_COUNTER,
     }
 }
 
@@ -76,10 +83,10 @@ fn source(algorithm: Algorithm) -> &'static str {
 #[non_exhaustive]
 pub struct ScriptSources {
     /// The script [`RedisStore`] sends for a call whose limits all use one algorithm, in the
-    /// order of [`Algorithm::ALL`] (fixed, sliding, leaky, token; a position plus one is the
+    /// order of [`Algorithm::ALL`] (fixed, sliding, leaky, token, gcra, `sliding_counter`; a position plus one is the
     /// algorithm's code in the scripts' arguments): the prelude, that algorithm's file and the
     /// driver. Leaky and token are the same text (`bucket.lua` serves both codes).
-    pub single: [&'static str; 4],
+    pub single: [&'static str; 6],
     /// The script for calls that stack different algorithms: the prelude, every algorithm file
     /// and the driver.
     pub combined: &'static str,
@@ -97,15 +104,15 @@ impl ScriptSources {
 
 /// The texts, concatenated once.
 struct Texts {
-    single: [String; 4],
+    single: [String; 6],
     combined: String,
     companion: String,
 }
 
 static TEXTS: LazyLock<Texts> = LazyLock::new(|| Texts {
     single: Algorithm::ALL.map(|a| [PRELUDE, source(a), DRIVER].concat()),
-    combined: [PRELUDE, FIXED, SLIDING, BUCKET, DRIVER].concat(),
-    companion: [PRELUDE, FIXED, SLIDING, BUCKET, REFUND].concat(),
+    combined: [PRELUDE, ALGORITHMS.concat().as_str(), DRIVER].concat(),
+    companion: [PRELUDE, ALGORITHMS.concat().as_str(), REFUND].concat(),
 });
 
 /// The exact script texts the Redis and Redis Cluster stores send (see [`ScriptSources`]).
@@ -123,7 +130,7 @@ pub fn script_sources() -> ScriptSources {
 /// text, so one script) and one with every algorithm, for calls that stack different ones.
 struct Scripts {
     /// The script of each algorithm code, by `code() - 1`: an index into `distinct`.
-    single: [usize; 4],
+    single: [usize; 6],
     combined: Script,
     /// The per-algorithm scripts, each text once.
     distinct: Vec<Script>,
@@ -534,25 +541,30 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::many_single_char_names)] // one policy per algorithm, by its initial
     fn one_script_per_algorithm_the_buckets_share_one_and_one_for_mixed_calls() {
-        let [f, s, l, t] = Algorithm::ALL.map(policy);
+        let [f, s, l, t, g, c] = Algorithm::ALL.map(policy);
         let hash = |checks: &[Check<'_>]| SCRIPTS.for_checks(checks).get_hash().to_owned();
         let fixed = hash(&[Check::new("a", &f), Check::new("b", &f)]);
         let sliding = hash(&[Check::new("a", &s)]);
         let leaky = hash(&[Check::new("a", &l), Check::new("b", &l)]);
         let token = hash(&[Check::new("a", &t), Check::new("b", &t)]);
+        let gcra = hash(&[Check::new("a", &g)]);
+        let counter = hash(&[Check::new("a", &c)]);
         let mixed = hash(&[Check::new("a", &t), Check::new("b", &l)]);
         // The token and the leaky bucket are one rule (bucket.lua): one script serves both.
         assert_eq!(leaky, token);
         assert_eq!(mixed, SCRIPTS.combined.get_hash());
         let distinct: std::collections::HashSet<_> =
-            [&fixed, &sliding, &token, &mixed].into_iter().collect();
-        assert_eq!(distinct.len(), 4, "{distinct:?}");
+            [&fixed, &sliding, &token, &gcra, &counter, &mixed]
+                .into_iter()
+                .collect();
+        assert_eq!(distinct.len(), 6, "{distinct:?}");
         // What is loaded is every script once, and each is the text `script_sources` gives.
         let loaded: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
-        assert_eq!(loaded, [&fixed, &sliding, &token, &mixed]);
+        assert_eq!(loaded, [&fixed, &sliding, &token, &gcra, &counter, &mixed]);
         let texts = script_sources();
-        for (a, p) in Algorithm::ALL.into_iter().zip([&f, &s, &l, &t]) {
+        for (a, p) in Algorithm::ALL.into_iter().zip([&f, &s, &l, &t, &g, &c]) {
             assert_eq!(
                 Script::new(texts.for_algorithm(a)).get_hash(),
                 hash(&[Check::new("a", p)]),
@@ -575,7 +587,7 @@ mod tests {
             assert_eq!(text, [PRELUDE, source(a), DRIVER].concat(), "{a}");
         }
         assert_eq!(texts.single[2], texts.single[3]);
-        let algorithms = [FIXED, SLIDING, BUCKET].concat();
+        let algorithms = ALGORITHMS.concat();
         assert_eq!(texts.combined, [PRELUDE, &algorithms, DRIVER].concat());
         assert_eq!(texts.companion, [PRELUDE, &algorithms, REFUND].concat());
         // Every rule file registers its codes; the composers register none.
@@ -583,13 +595,17 @@ mod tests {
             (FIXED, &["ALGOS[1]"][..]),
             (SLIDING, &["ALGOS[2]"]),
             (BUCKET, &["ALGOS[3]", "ALGOS[4]"]),
+            (GCRA, &["ALGOS[5]"]),
+            (SLIDING_COUNTER, &["ALGOS[6]"]),
         ] {
             for code in codes {
                 assert!(file.contains(code), "{code}");
             }
         }
         for composer in [PRELUDE, DRIVER, REFUND] {
-            for code in ["ALGOS[1]", "ALGOS[2]", "ALGOS[3]", "ALGOS[4]"] {
+            for code in [
+                "ALGOS[1]", "ALGOS[2]", "ALGOS[3]", "ALGOS[4]", "ALGOS[5]", "ALGOS[6]",
+            ] {
                 assert!(!composer.contains(code), "a composer registers {code}");
             }
         }
