@@ -271,7 +271,8 @@ where
 /// check. Numbers are clamped into range (a negative count is 0, `remaining` is at most the
 /// capacity), so no state under a key can turn into a reply that fails the call; anything that is
 /// not that shape is [`StoreError::BadReply`], an error for this call only.
-pub(crate) fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
+#[doc(hidden)] // public for the conformance test, which reads the embedded Lua's replies with it
+pub fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
     let bad = |what: String| StoreError::BadReply(what);
     let Value::Array(rows) = reply else {
         return Err(bad(format!("expected an array, got {reply:?}")));

@@ -3,10 +3,9 @@
 //! (store/cluster.rs) build them, replies read with the rules of `parse_reply`.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use ratelimit_runtime::store::StoreFuture;
-use ratelimit_runtime::{Check, Decision, Store, StoreError, Verdict};
+use ratelimit_runtime::{Check, Store, StoreError, Verdict};
 
 use super::scripts::{Sources, sources};
 use super::standin::{LuaRedis, Reply};
@@ -64,46 +63,24 @@ pub(crate) fn compensate_call(
     (keys, argv)
 }
 
-/// The script's reply read as `parse_reply` reads it.
+/// The reply as the Redis client hands it over (`redis::Value`).
+fn value(reply: &Reply) -> redis::Value {
+    match reply {
+        Reply::Int(n) => redis::Value::Int(*n),
+        Reply::Bulk(b) => redis::Value::BulkString(b.clone()),
+        Reply::Nil => redis::Value::Nil,
+        Reply::Array(items) => redis::Value::Array(items.iter().map(value).collect()),
+        Reply::Status(s) => redis::Value::SimpleString(s.clone()),
+        Reply::Error(e) => redis::Value::SimpleString(format!("-{e}")),
+    }
+}
+
+/// The script's reply read by the store's own `parse_reply`.
 pub(crate) fn parse(reply: &Reply, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
-    let bad = |what: String| StoreError::BadReply(what);
-    let Reply::Array(rows) = reply else {
-        return Err(bad(format!("expected an array, got {reply:?}")));
-    };
-    if rows.len() != checks.len() {
-        return Err(bad(format!(
-            "expected {} decisions, got {}",
-            checks.len(),
-            rows.len()
-        )));
+    if let Reply::Error(e) = reply {
+        return Err(StoreError::backend(e.clone()));
     }
-    let int = |v: &Reply| match v {
-        Reply::Int(n) => Ok(u64::try_from(*n).unwrap_or(0)),
-        other => Err(bad(format!("expected an integer, got {other:?}"))),
-    };
-    let mut decisions = Vec::with_capacity(rows.len());
-    for (row, check) in rows.iter().zip(checks) {
-        let Reply::Array(fields) = row else {
-            return Err(bad(format!("expected a decision array, got {row:?}")));
-        };
-        let [admitted, remaining, reset_us, retry_us] = fields.as_slice() else {
-            return Err(bad(format!("expected 4 numbers, got {}", fields.len())));
-        };
-        let admitted = match admitted {
-            Reply::Int(0) => false,
-            Reply::Int(1) => true,
-            other => return Err(bad(format!("admitted must be 0 or 1, got {other:?}"))),
-        };
-        let limit = check.policy.capacity();
-        decisions.push(Decision::new(
-            admitted,
-            limit,
-            int(remaining)?.min(limit),
-            Duration::from_micros(int(reset_us)?),
-            Duration::from_micros(int(retry_us)?),
-        ));
-    }
-    Ok(Verdict::new(decisions))
+    ratelimit_runtime::store::redis::parse_reply(&value(reply), checks)
 }
 
 impl LuaStore {
