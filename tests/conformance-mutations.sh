@@ -17,6 +17,8 @@ mutations=(
   "bucket.lua|if give <= 0 then|if give < 0 then"
   "fixed.lua|if n <= p.cost then|if n < p.cost then"
   "sliding.lua|int(r.first + p.cost - 1)|int(r.first + p.cost)"
+  "gcra.lua|local admitted = after <= tau|local admitted = after < tau"
+  "sliding_counter.lua|local admitted = load + p.cost * pms <= quota|local admitted = load + p.cost * pms < quota"
 )
 caught=0
 missed=0

@@ -943,3 +943,49 @@ async fn a_key_that_answers_an_error_never_opens_the_breaker() {
         "{err:?}"
     );
 }
+
+/// Issue 12: the O(1) algorithms' state is small whatever `num` is — a GCRA key costs Redis no
+/// more memory than a fixed window's counter, a sliding counter's at most twice as much
+/// (`MEMORY USAGE`, key and value, over 200 callers each, at a quota of 100,000 a day).
+#[tokio::test]
+async fn gcra_and_sliding_counter_keys_cost_no_more_memory_than_fixed() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.expect("connect");
+    let mut conn = server.connection().await;
+    let day = Duration::from_secs(86_400);
+    let mut per_key = HashMap::new();
+    for algo in [Algorithm::Fixed, Algorithm::Gcra, Algorithm::SlidingCounter] {
+        let p = policy(algo, 100_000, day);
+        let mut total: u64 = 0;
+        for i in 0..200 {
+            let ip = format!("10.0.{}.{}", i / 256, i % 256);
+            let k = key::build(
+                "ratelimit",
+                "app::login",
+                &[key::Part::new(key::Source::Ip, ip.as_bytes())],
+                &p,
+            );
+            let v = store.check(&[Check::new(&k, &p)]).await.expect("check");
+            assert!(v.is_admitted());
+            let bytes: u64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&k)
+                .query_async(&mut conn)
+                .await
+                .expect("MEMORY USAGE");
+            total += bytes;
+        }
+        per_key.insert(algo, total / 200);
+    }
+    let (fixed, gcra, counter) = (
+        per_key[&Algorithm::Fixed],
+        per_key[&Algorithm::Gcra],
+        per_key[&Algorithm::SlidingCounter],
+    );
+    eprintln!("bytes per key: fixed {fixed}, gcra {gcra}, sliding_counter {counter}");
+    assert!(gcra <= fixed, "gcra {gcra} B against fixed {fixed} B");
+    assert!(
+        counter <= 2 * fixed,
+        "sliding_counter {counter} B against fixed {fixed} B"
+    );
+}
