@@ -44,7 +44,10 @@ fn millis_since(origin: Instant, now: Instant) -> u64 {
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Fail open: admit the call and log the failure (throttled). The default: a rate limiter
-    /// that is down does not take the application down with it.
+    /// that is down does not take the application down with it. One exception: a memory store
+    /// whose every entry is a live caller (someone minting keys) cannot count a new key, and
+    /// the call is refused as under [`FailurePolicy::Deny`] — a flood of keys never switches
+    /// other callers' limits off.
     #[default]
     Allow,
     /// Fail closed: reject the call (503 for handlers, [`RateLimitError::StoreUnavailable`] for
@@ -418,6 +421,14 @@ impl RateLimiter {
             }
         }
         match policy {
+            // A memory store full of live callers is a flood of minted keys, not an outage:
+            // admitting what it cannot count would let the flood switch every new caller's
+            // limit off. Such a call is refused, whatever the policy (Local asks its own store).
+            FailurePolicy::Allow | FailurePolicy::Deny
+                if error.as_ref().is_some_and(StoreError::is_full) =>
+            {
+                Err(error.unwrap_or_else(|| inner.breaker.last_error()))
+            }
             FailurePolicy::Allow => Ok(Verdict::new(
                 checks
                     .iter()

@@ -291,11 +291,12 @@ fn memory_is_bounded_by_max_keys() {
 }
 
 /// A client minting keys fills the store; through a `RateLimiter`, the new key that does not fit
-/// is answered by the failure policy (allow admits, deny errs) for that call only, while a
-/// spent caller stays rejected and the breaker stays closed. Once the entries go idle the store
-/// takes new keys again.
+/// is refused for that call only, under `allow` as under `deny` (the security review showed that
+/// admitting it let a flood of keys switch every new caller's limit off: 50 of 50 through a
+/// login limit of 1), while a spent caller stays rejected and the breaker stays closed. Once the
+/// entries go idle the store takes new keys again.
 #[tokio::test(flavor = "current_thread")]
-async fn a_full_memory_store_is_answered_by_the_failure_policy_and_keeps_spent_callers() {
+async fn a_full_memory_store_refuses_new_keys_and_keeps_spent_callers() {
     for failure in [FailurePolicy::Allow, FailurePolicy::Deny] {
         let clock = ManualClock::new();
         let store = Arc::new(MemoryStore::with_clock(clock.clone()).with_max_keys(64));
@@ -316,13 +317,7 @@ async fn a_full_memory_store_is_answered_by_the_failure_policy_and_keeps_spent_c
             let answer = limiter.check(&[Check::new(&key, &p)]).await;
             match (failure, answer) {
                 (_, Ok(v)) if v.decisions()[0].remaining == 1 => {} // the store's answer
-                (FailurePolicy::Allow, Ok(v)) => {
-                    // The failure policy's answer: admitted, nothing taken.
-                    assert!(v.is_admitted());
-                    assert_eq!(v.decisions()[0].remaining, 2);
-                    refused += 1;
-                }
-                (FailurePolicy::Deny, Err(StoreError::Full { max_keys: 64 })) => refused += 1,
+                (_, Err(StoreError::Full { max_keys: 64 })) => refused += 1,
                 (_, other) => panic!("{failure:?} {key}: {other:?}"),
             }
             assert!(!limiter.store_failing(), "{failure:?}: the breaker opened");
@@ -416,4 +411,34 @@ fn next(seed: &mut u64) -> u64 {
     *seed ^= *seed >> 7;
     *seed ^= *seed << 17;
     *seed
+}
+
+/// The security review's case: once minted keys fill the store, a login limit of 1 a minute
+/// for a caller not seen yet must not admit every attempt (it admitted 50 of 50 under the
+/// default `allow` policy): it admits none until the store has room, never more than 1.
+#[tokio::test(flavor = "current_thread")]
+async fn a_flood_of_minted_keys_never_switches_a_new_callers_limit_off() {
+    let limiter = RateLimiter::builder()
+        .store(MemoryStore::new().with_max_keys(64))
+        .build()
+        .await
+        .unwrap();
+    let api = Policy::new(Algorithm::Fixed, 100, suite::HOUR).unwrap();
+    for i in 0..10_000 {
+        let key = format!("ratelimit:{{app::api:h.x-api-key=minted{i}}}:fixed:100:3600000");
+        let _ = limiter.check(&[Check::new(&key, &api)]).await;
+    }
+    let login = Policy::new(Algorithm::Fixed, 1, suite::HOUR / 60).unwrap();
+    let key = "ratelimit:{app::login:ip=203.0.113.9}:fixed:1:60000";
+    let mut admitted = 0;
+    for _ in 0..50 {
+        if let Ok(v) = limiter.check(&[Check::new(key, &login)]).await {
+            admitted += usize::from(v.is_admitted());
+        }
+    }
+    assert!(
+        admitted <= 1,
+        "a login limit of 1 admitted {admitted} of 50"
+    );
+    assert!(!limiter.store_failing());
 }

@@ -952,7 +952,7 @@ async fn gcra_and_sliding_counter_keys_cost_no_more_memory_than_fixed() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.expect("connect");
     let mut conn = server.connection().await;
-    let day = Duration::from_secs(86_400);
+    let day = suite::HOUR * 24;
     let mut per_key = HashMap::new();
     for algo in [Algorithm::Fixed, Algorithm::Gcra, Algorithm::SlidingCounter] {
         let p = policy(algo, 100_000, day);

@@ -131,7 +131,7 @@ impl HttpCaller {
                 let client = ip::client_ip(peer, &self.head, settings);
                 Cow::Owned(ip::bucket(client, settings).into_bytes())
             }
-            By::Url => Cow::Borrowed(self.path().as_bytes()),
+            By::Url => super::path::normalized_path(self.path().as_bytes()),
             By::User => match &self.user {
                 Some(user) if !user.as_str().is_empty() => Cow::Borrowed(user.as_str().as_bytes()),
                 _ => return Err(Refusal::no_user()),

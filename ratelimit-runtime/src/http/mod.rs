@@ -30,7 +30,9 @@
 //!   with no trusted proxies, spoofed headers change nothing. A loopback or private-network
 //!   peer sending forwarding headers while no proxy is trusted is warned about once per
 //!   process. IPv6 clients are grouped by their /64 ([`crate::Builder::ipv6_prefix`]).
-//! * `url` — the request path, without the query.
+//! * `url` — the request path, without the query, normalized so that every spelling of one path
+//!   is one bucket ([`normalized_path`]: percent-encoded unreserved characters decoded, other
+//!   escapes upper-cased) — the frameworks route `/%73earch` to `/search`'s handler.
 //! * `user` — the [`crate::UserId`] that the application's auth layer put in the request extensions;
 //!   missing: 401.
 //! * `app_id` — the header `appId` (any case); missing or blank: 400 "appId must not be empty".
@@ -56,9 +58,11 @@
 //! the app data (Actix: `.app_data(limiter)` or `.app_data(web::Data::new(limiter))`), else
 //! [`crate::RateLimiter::current`].
 
+mod path;
 pub(crate) mod settings;
 pub(crate) mod user;
 
+pub use self::path::normalized_path;
 pub use self::settings::HttpSettings;
 pub(crate) use self::settings::{ForwardedHeader, HeaderStyle};
 #[cfg(any(feature = "axum", feature = "actix"))]

@@ -160,8 +160,10 @@ const MIN_INSERTS_PER_SWEEP: usize = 64;
 ///   another caller's limit. When a call needs a new key and the key's shard is full of live
 ///   entries (after sweeping it), the call is answered [`StoreError::Full`] and changes
 ///   nothing: no existing entry is touched, and in a call of several limits no key is written
-///   either. A [`crate::RateLimiter`] answers such a call with its [`crate::FailurePolicy`]
-///   (for that call only; the breaker stays closed) and logs it, throttled. Keys already held
+///   either. A [`crate::RateLimiter`] refuses such a call, whatever its
+///   [`crate::FailurePolicy`] (`Local` asks its own fallback store): admitting a call it cannot
+///   count would let a flood of minted keys switch every new caller's limit off. That refusal
+///   concerns that call only (the breaker stays closed) and is logged, throttled. Keys already held
 ///   keep working normally while the store is full; new keys fit again as soon as entries go
 ///   idle.
 ///
