@@ -14,7 +14,7 @@ mutations=(
   "fixed.lua|local admitted = count + p.cost <= p.limit|local admitted = count + p.cost < p.limit"
   "sliding.lua|local admitted = n + p.cost <= p.limit|local admitted = n + p.cost < p.limit"
   "bucket.lua|local admitted = after <= capacity|local admitted = after < capacity"
-  "bucket.lua|if give <= 0 then|if give < 0 then"
+  "bucket.lua|local give = p.cost * unit - (now - r.at) * rate|local give = p.cost * unit"
   "fixed.lua|if n <= p.cost then|if n < p.cost then"
   "sliding.lua|int(r.first + p.cost - 1)|int(r.first + p.cost)"
   "gcra.lua|local admitted = after <= tau|local admitted = after < tau"
