@@ -107,7 +107,14 @@ pub fn table(cfg: &Config) -> String {
             .map(|a| {
                 // A sliding log keeps one entry per admission: its limit is one a hot key
                 // reaches, so its log stays bounded (most of its hot-key checks are rejections).
-                let limit = if a == Algorithm::Sliding { 1000 } else { never };
+                // GCRA: at most one unit per µs (60,000,000 a minute); the sliding counter:
+                // num × period_ms ≤ 2^52. Neither is reached in a run.
+                let limit = match a {
+                    Algorithm::Sliding => 1000,
+                    Algorithm::Gcra => 60_000_000,
+                    Algorithm::SlidingCounter => ratelimit_runtime::MAX_BUCKET_SCALE / 60_000,
+                    _ => never,
+                };
                 (a, ours(a, limit))
             })
             .collect();

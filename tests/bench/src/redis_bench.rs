@@ -44,10 +44,15 @@ fn script_text(algorithm: Algorithm) -> String {
 fn throughput_policy(algorithm: Algorithm) -> Policy {
     // A sliding log is bounded to 10,000 entries; over 100,000 random keys it still admits
     // nearly every call.
-    let num = if algorithm == Algorithm::Sliding {
-        ratelimit_runtime::MAX_SLIDING_LOG
-    } else {
-        NEVER
+    // GCRA counts at most one unit per µs, the sliding counter's num × period_ms is bounded by
+    // 2^52: their "never" is the largest they accept (no run reaches either).
+    let num = match algorithm {
+        Algorithm::Sliding => ratelimit_runtime::MAX_SLIDING_LOG,
+        Algorithm::Gcra => u64::try_from(PERIOD.as_micros()).unwrap_or(NEVER),
+        Algorithm::SlidingCounter => {
+            ratelimit_runtime::MAX_BUCKET_SCALE / u64::try_from(PERIOD.as_millis()).unwrap_or(1)
+        }
+        _ => NEVER,
     };
     Policy::new(algorithm, num, PERIOD).unwrap_or_else(|e| panic!("policy: {e}"))
 }
