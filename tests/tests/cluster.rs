@@ -819,6 +819,33 @@ async fn a_refund_sent_twice_gives_back_once(store: &RedisClusterStore, run: &st
     assert!(bad.is_empty(), "{}", bad.join("; "));
 }
 
+/// A take that the cluster client sends again (it retries a script after a timeout, although
+/// the first attempt ran) is taken once: the caller's limit holds one unit, not two (the
+/// test above, across slots under load, once found a limit holding one unit too many).
+async fn a_take_sent_twice_takes_once(store: &RedisClusterStore, run: &str) {
+    let mut bad = Vec::new();
+    for (n, algo) in Algorithm::ALL.into_iter().enumerate() {
+        let p = policy(algo, 3, HOUR, 3, 1);
+        let k = key::build(
+            run,
+            &format!("take-twice-{algo}"),
+            &[key::Part::new(key::Source::Ip, b"10.0.0.6")],
+            &p,
+        );
+        let checks = [Check::new(&k, &p)];
+        let id = format!("8{n}");
+        take(store, &checks, &id).await;
+        take(store, &checks, &id).await;
+        let left = admitted_of(store, &checks, 3).await;
+        if left != 2 {
+            bad.push(format!(
+                "{algo}: {left} calls admitted after one take of 3, not 2"
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("; "));
+}
+
 /// Regression: a fixed-window refund judged by a delay measured on the client (before the
 /// refund was sent) landed in the next window when it arrived late, and that window admitted
 /// one too many. A refund is judged by the server's time: after its window ended it gives back
@@ -965,6 +992,7 @@ async fn cross_slot_refunds_give_back_at_most_what_the_call_still_holds() {
     }
     case!(a_late_sliding_refund_removes_no_other_callers_entries);
     case!(a_refund_sent_twice_gives_back_once);
+    case!(a_take_sent_twice_takes_once);
     case!(a_fixed_refund_after_its_window_leaves_the_next_window_alone);
     case!(a_late_bucket_refund_credits_no_refill_that_already_happened);
     let mut failed = Vec::new();

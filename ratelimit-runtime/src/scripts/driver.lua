@@ -3,7 +3,8 @@
 -- {admitted (0/1), remaining, reset_after µs, retry_after µs}.
 --
 -- ARGV holds 5 arguments per key (see the prelude), then optionally a call id
--- ([0-9a-f], at most 32): with one, an admitted call also leaves a receipt per
+-- ([0-9a-f], at most 32; a take under an id that already left receipts is not
+-- taken again): with one, an admitted call also leaves a receipt per
 -- limit (the prelude's write_receipt), whose TTL is reset_after (the longest
 -- the call can hold anything of that limit), at most RECEIPT_TTL_US: a refund
 -- comes within one cross-slot check, and a refund that finds no receipt gives
@@ -27,6 +28,18 @@ end
 local limits, refused = parse_limits(0, nkeys)
 if not limits then
   return refused
+end
+
+-- A take under a call id that already left its receipts ran before: the
+-- cluster client sent it again after a timeout. It is not taken twice; the
+-- reply reads the limits as that first take left them.
+if call_id ~= nil and redis.call('EXISTS', receipt_key(KEYS[1], call_id, 1)) == 1 then
+  local again = {}
+  for i = 1, nkeys do
+    local d = limits[i].algo.evaluate(KEYS[i], limits[i].p)
+    again[i] = state_reply(limits[i], d, true, 0)
+  end
+  return again
 end
 local repeated = false
 local seen = {}

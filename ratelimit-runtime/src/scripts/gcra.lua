@@ -4,10 +4,36 @@
 -- full again. A call of `cost` fits when max(tat, now) + cost·T - now is at
 -- most the burst tolerance burst·T; it then moves tat there.
 --
--- State: the string "<tat µs>" with TTL tat - now (a key is gone exactly when
--- its bucket is full again). A tat further ahead than a full backlog was
--- stamped by a clock ahead of this one: brought back to a full backlog from
--- now. Mirror of src/algorithm/gcra.rs.
+-- State: tat lives in the key's expiry. The key expires at the millisecond
+-- after tat's (PXAT ⌊tat / 1000⌋ + 1, always ahead of now) and its value is
+-- only tat's microseconds within its millisecond (0 to 999): a small integer,
+-- which Redis shares instead of allocating, so a GCRA key costs no more memory
+-- than a fixed window's counter. A key is gone when its bucket is full again
+-- (at most 2 ms later). A tat further ahead than a full backlog was stamped by
+-- a clock ahead of this one: brought back to a full backlog from now. Mirror
+-- of src/algorithm/gcra.rs.
+
+-- The tat under `key`, or nil: the expiry millisecond (now_ms + PTTL) less one,
+-- in µs, plus the stored microseconds.
+local function gcra_read(key)
+  local value = redis.call('GET', key)
+  local us = value and tonumber(value)
+  if not us then
+    return nil
+  end
+  local pttl = redis.call('PTTL', key)
+  if pttl < 0 then
+    return nil
+  end
+  return (floor_div(now, 1000) + pttl - 1) * 1000 + us
+end
+
+-- Writes `tat` (ahead of now) as gcra_read reads it.
+local function gcra_write(key, tat)
+  local ms = floor_div(tat, 1000)
+  redis.call('SET', key, int(tat - ms * 1000), 'PXAT', int(ms + 1))
+end
+
 local function gcra_interval(p)
   local t = ceil_div(p.period, p.limit)
   if t < 1 then
@@ -22,12 +48,11 @@ ALGOS[5] = {
     local t = gcra_interval(p)
     local tau = p.burst * t
     local start = now
-    local value = redis.call('GET', key)
-    local tat = value and tonumber(value)
+    local tat = gcra_read(key)
     if tat then
       if tat > now + tau then
         tat = now + tau
-        redis.call('SET', key, int(tat), 'PX', ttl_ms(tat - now))
+        gcra_write(key, tat)
       end
       if tat > now then
         start = tat
@@ -51,7 +76,7 @@ ALGOS[5] = {
     return d
   end,
   commit = function(key, p, d)
-    redis.call('SET', key, int(d.write), 'PX', ttl_ms(d.after_reset))
+    gcra_write(key, d.write)
   end,
   -- Gives back what the call still holds: cost·T less the time gone since the
   -- take (the part of its backlog not yet worked off). A bucket full again is
@@ -61,8 +86,7 @@ ALGOS[5] = {
     if give <= 0 then
       return
     end
-    local value = redis.call('GET', key)
-    local tat = value and tonumber(value)
+    local tat = gcra_read(key)
     if not tat then
       return
     end
@@ -70,7 +94,7 @@ ALGOS[5] = {
     if back <= now then
       redis.call('DEL', key)
     else
-      redis.call('SET', key, int(back), 'PX', ttl_ms(back - now))
+      gcra_write(key, back)
     end
   end,
 }

@@ -346,10 +346,15 @@ impl Db {
                 let mut expires_ms = None;
                 let mut rest = &args[2..];
                 while let Some((opt, tail)) = rest.split_first() {
-                    if !opt.eq_ignore_ascii_case(b"PX") || tail.is_empty() || expires_ms.is_some() {
+                    let absolute = opt.eq_ignore_ascii_case(b"PXAT");
+                    if !(absolute || opt.eq_ignore_ascii_case(b"PX"))
+                        || tail.is_empty()
+                        || expires_ms.is_some()
+                    {
                         return Reply::error(SYNTAX);
                     }
                     match parse_int(&tail[0]) {
+                        Some(ms) if ms > 0 && absolute => expires_ms = Some(ms.unsigned_abs()),
                         Some(ms) if ms > 0 => {
                             expires_ms = Some(self.now_ms() + ms.unsigned_abs());
                         }
@@ -359,6 +364,11 @@ impl Db {
                         None => return Reply::error(NOT_INT),
                     }
                     rest = &tail[1..];
+                }
+                // An absolute expiry not after now: Redis sets nothing (and drops the key).
+                if expires_ms.is_some_and(|at| at <= self.now_ms()) {
+                    self.keys.remove(&args[0]);
+                    return Reply::Status("OK".to_owned());
                 }
                 self.keys.insert(
                     args[0].clone(),
