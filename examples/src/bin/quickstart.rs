@@ -68,9 +68,9 @@ async fn main() {
         match sms.send_code(phone).await {
             Ok(()) => println!("call {}: {phone} admitted", i + 1),
             Err(SmsError::TooManyCodes { retry_after, limit }) => println!(
-                "call {}: {phone} LIMITED ({limit} allowed; retry in {}s)",
+                "call {}: {phone} LIMITED ({limit} allowed; retry in {:.1}s)",
                 i + 1,
-                retry_after.as_secs_f64().ceil()
+                retry_after.as_secs_f64()
             ),
             Err(SmsError::LimiterUnavailable) => {
                 println!(
