@@ -220,9 +220,22 @@ pub fn idle_at(state: &State, p: &Params) -> u64 {
     }
 }
 
-/// `a / b` rounded up (`b > 0`).
+/// `a / b` rounded up (`b > 0`). In `u64` when both fit, as they do for every policy the bounds
+/// allow: a `u128` division is a library call several times slower, on the memory store's hot
+/// path.
 pub(crate) fn ceil_div(a: u128, b: u128) -> u128 {
-    a.div_ceil(b.max(1))
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => u128::from(a.div_ceil(b.max(1))),
+        _ => a.div_ceil(b.max(1)),
+    }
+}
+
+/// `a / b` rounded down (`b > 0`), in `u64` when both fit (see [`ceil_div`]).
+pub(crate) fn floor_div(a: u128, b: u128) -> u128 {
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => u128::from(a / b.max(1)),
+        _ => a / b.max(1),
+    }
 }
 
 /// Greatest common divisor.

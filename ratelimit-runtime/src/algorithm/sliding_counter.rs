@@ -22,7 +22,7 @@
 //! The state is one Redis string `"<window>:<cur>:<prev>"` with a TTL to the end of the next
 //! window (when `cur` stops counting): two counters per caller, whatever `num` is.
 
-use super::{Evaluation, Params, Receipt};
+use super::{Evaluation, Params, Receipt, floor_div};
 
 /// The counts of the window `window` (`cur`) and of the one before it (`prev`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +78,7 @@ pub fn evaluate(c: Option<&Counters>, p: &Params, now: u64) -> (Evaluation, Opti
     let load = prev_w * (pms - e) + cur_w * pms;
     let quota = num * pms;
     let admitted = load + cost * pms <= quota;
-    let remaining = |taken: u128| super::sat(quota.saturating_sub(taken) / pms);
+    let remaining = |taken: u128| super::sat(floor_div(quota.saturating_sub(taken), pms));
     let window_end = start + period;
     let mut out = Evaluation {
         admitted,
@@ -114,10 +114,13 @@ fn retry(p: &Params, now: u64, start: u64, cur: u64, prev: u64) -> u64 {
     let pms = u128::from(period / 1000);
     let (num, cost) = (u128::from(p.limit), u128::from(p.cost));
     // The first elapsed millisecond `e` at which `weight · (pms - e) ≤ room · pms`.
-    let first_ms = |weight: u128, room: u128| match (room * pms).checked_div(weight) {
-        Some(share) => pms.saturating_sub(share),
-        // Nothing to decay: at once.
-        None => 0,
+    // Nothing to decay (weight 0): at once.
+    let first_ms = |weight: u128, room: u128| {
+        if weight == 0 {
+            0
+        } else {
+            pms.saturating_sub(floor_div(room * pms, weight))
+        }
     };
     let (cur, prev) = (u128::from(cur), u128::from(prev));
     if cur + cost <= num {
