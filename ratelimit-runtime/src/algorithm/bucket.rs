@@ -101,19 +101,10 @@ pub fn refund(b: Level, r: &Receipt, p: &Params, now: u64) -> Option<Level> {
 mod tests {
     use super::*;
 
-    fn p(limit: u64, period_us: u64, burst: u64, cost: u64) -> Params {
-        Params {
-            limit,
-            period_us,
-            burst,
-            cost,
-        }
-    }
-
     #[test]
     fn fractional_rates_stay_exact() {
         // 3 per 10 s, burst 3: a call every 3.333… s once the bucket is full.
-        let p = p(3, 10_000_000, 3, 1);
+        let p = Params::new(3, 10_000_000, 3, 1);
         let mut b = None;
         for _ in 0..3 {
             let (e, next) = evaluate(b.as_ref(), &p, 0);
@@ -130,7 +121,7 @@ mod tests {
 
     #[test]
     fn a_stamp_from_the_future_drains_from_now() {
-        let p = p(1, 1_000_000, 1, 1);
+        let p = Params::new(1, 1_000_000, 1, 1);
         let mut b = Level {
             level: 1_000_000,
             at: 70_000_000,
@@ -143,7 +134,7 @@ mod tests {
 
     #[test]
     fn a_refund_gives_back_only_what_has_not_drained() {
-        let p = p(1, 1_000_000, 2, 1);
+        let p = Params::new(1, 1_000_000, 2, 1);
         let b = Level {
             level: 2_000_000,
             at: 0,

@@ -86,19 +86,10 @@ pub fn refund(tat: Tat, r: &Receipt, p: &Params, now: u64) -> Option<Tat> {
 mod tests {
     use super::*;
 
-    fn p(limit: u64, period_us: u64, burst: u64, cost: u64) -> Params {
-        Params {
-            limit,
-            period_us,
-            burst,
-            cost,
-        }
-    }
-
     #[test]
     fn a_burst_then_one_unit_per_emission_interval() {
         // 10 per second (T = 100 ms), burst 3.
-        let p = p(10, 1_000_000, 3, 1);
+        let p = Params::new(10, 1_000_000, 3, 1);
         let now = 50_000_000;
         let mut tat = None;
         for left in [2, 1, 0] {
@@ -118,7 +109,7 @@ mod tests {
     #[test]
     fn the_interval_rounds_up_so_the_rate_is_never_faster() {
         // 3 per 10 s: T = 3_333_334 µs.
-        let p = p(3, 10_000_000, 1, 1);
+        let p = Params::new(3, 10_000_000, 1, 1);
         assert_eq!(emission_interval(&p), 3_333_334);
         let (_, tat) = evaluate(None, &p, 0);
         let (e, _) = evaluate(tat.as_ref(), &p, 0);
@@ -127,7 +118,7 @@ mod tests {
 
     #[test]
     fn a_tat_from_a_clock_ahead_is_brought_back_to_a_full_backlog() {
-        let p = p(1, 1_000_000, 2, 1);
+        let p = Params::new(1, 1_000_000, 2, 1);
         let mut tat = Tat(90_000_000);
         assert!(normalize(&mut tat, &p, 10_000_000));
         assert_eq!(tat, Tat(12_000_000));
@@ -137,7 +128,7 @@ mod tests {
 
     #[test]
     fn a_refund_gives_back_only_the_backlog_not_yet_worked_off() {
-        let p = p(1, 1_000_000, 5, 2);
+        let p = Params::new(1, 1_000_000, 5, 2);
         let r = Receipt {
             at_us: 0,
             reset_us: 0,

@@ -41,6 +41,17 @@ pub struct Params {
 }
 
 impl Params {
+    /// Parameters from their parts (`period_us` in microseconds), unchecked: the rules' own
+    /// tests and the conformance test build them directly; stores use [`Params::of`].
+    pub const fn new(limit: u64, period_us: u64, burst: u64, cost: u64) -> Self {
+        Self {
+            limit,
+            period_us,
+            burst,
+            cost,
+        }
+    }
+
     /// The parameters of `policy`.
     pub fn of(policy: &Policy) -> Self {
         Self {

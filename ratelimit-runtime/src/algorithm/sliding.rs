@@ -187,12 +187,7 @@ mod tests {
     use super::*;
 
     fn p(limit: u64, period_us: u64, cost: u64) -> Params {
-        Params {
-            limit,
-            period_us,
-            burst: limit,
-            cost,
-        }
+        Params::new(limit, period_us, limit, cost)
     }
 
     #[test]

@@ -154,12 +154,7 @@ mod tests {
     use super::*;
 
     fn p(limit: u64, period_ms: u64, cost: u64) -> Params {
-        Params {
-            limit,
-            period_us: period_ms * 1000,
-            burst: limit,
-            cost,
-        }
+        Params::new(limit, period_ms * 1000, limit, cost)
     }
 
     fn run(c: &mut Option<Counters>, p: &Params, now: u64) -> Evaluation {
