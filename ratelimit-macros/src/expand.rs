@@ -9,8 +9,9 @@
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned as _;
-use syn::{AttrStyle, Attribute, FnArg, ItemFn, Meta, Pat, ReturnType};
+use syn::{AttrStyle, Attribute, Expr, FnArg, ItemFn, Meta, Pat, ReturnType, Stmt};
 
+use crate::async_trait::{self, AsyncTrait};
 use crate::attr::{Args, By, Framework, KeyTemplate, Piece};
 use crate::valid::{self, Checked, Mode};
 
@@ -29,8 +30,9 @@ pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     let mut all = vec![Args::from_tokens(args, Span::call_site())];
     all.extend(take_stacked(&mut func.attrs));
-    match valid::check(all, &func) {
-        Ok(checked) => generate(&func, &checked),
+    let boxed = async_trait::recognise(&func);
+    match valid::check(all, &func, boxed.as_ref()) {
+        Ok(checked) => generate(&func, &checked, boxed.as_ref()),
         Err(e) => {
             let e = e.into_compile_error();
             quote!(#func #e)
@@ -87,7 +89,7 @@ fn local(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
 }
 
-fn generate(func: &ItemFn, checked: &Checked) -> TokenStream {
+fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> TokenStream {
     let p = private();
     let limits_ident = local("__RATELIMIT_LIMITS");
     let n = checked.limits.len();
@@ -146,7 +148,7 @@ fn generate(func: &ItemFn, checked: &Checked) -> TokenStream {
             continue;
         }
         let ident = local(&format!("__ratelimit_key{i}"));
-        let render = render(key);
+        let render = render(key, boxed.and_then(|b| b.self_alias.as_ref()));
         let value = if http {
             let binds = http_bindings(func, checked, key);
             quote!({ #(#binds)* #render })
@@ -158,7 +160,7 @@ fn generate(func: &ItemFn, checked: &Checked) -> TokenStream {
     }
 
     match &checked.mode {
-        Mode::Plain { ret } => plain(func, *ret, &statics, &key_lets, &key_refs),
+        Mode::Plain { ret } => plain(func, *ret, boxed.is_some(), &statics, &key_lets, &key_refs),
         Mode::Http { http, framework } => http_handler(
             func,
             *http,
@@ -171,8 +173,9 @@ fn generate(func: &ItemFn, checked: &Checked) -> TokenStream {
 }
 
 /// `render(&[Piece::Text("sms:"), Piece::Arg(&phone)])`, with the argument expressions
-/// located at the `key` literal so a type without `Display` is reported there.
-fn render(key: &KeyTemplate) -> TokenStream {
+/// located at the `key` literal so a type without `Display` is reported there. `self_alias`:
+/// what `self` is called where the check runs (`__self` inside an `#[async_trait]` future).
+fn render(key: &KeyTemplate, self_alias: Option<&Ident>) -> TokenStream {
     let p = private();
     let span = at(key.lit.span());
     let pieces = key.pieces.iter().map(|piece| match piece {
@@ -189,6 +192,12 @@ fn render(key: &KeyTemplate) -> TokenStream {
                         span,
                     }
                     .to_tokens(&mut expr);
+                } else if let (0, "self", Some(alias)) = (i, seg.as_str(), self_alias) {
+                    // The alias's own hygiene (it names a local of async-trait's output),
+                    // shown at the key literal.
+                    let mut alias = alias.clone();
+                    alias.set_span(alias.span().located_at(span));
+                    alias.to_tokens(&mut expr);
                 } else {
                     segment_ident(seg, span).to_tokens(&mut expr);
                 }
@@ -268,10 +277,12 @@ fn split_attrs(attrs: &[Attribute]) -> (Vec<&Attribute>, Vec<&Attribute>) {
         .partition(|a| matches!(a.style, AttrStyle::Outer))
 }
 
-/// Plain mode: the signature untouched, the check prepended to the body.
+/// Plain mode: the signature untouched, the check prepended to the body (for an
+/// `#[async_trait]` method, to the user's body inside its boxed future).
 fn plain(
     func: &ItemFn,
     ret: Span,
+    boxed: bool,
     statics: &TokenStream,
     key_lets: &[TokenStream],
     key_refs: &[TokenStream],
@@ -283,20 +294,34 @@ fn plain(
     let err = local("__ratelimit_error");
     // Spanned at the return type, so a missing `From<RateLimitError>` is reported there.
     let from = quote_spanned!(ret=> ::core::convert::From::from({ #err }));
+    let check = quote! {
+        #[allow(unused_braces, clippy::all, clippy::pedantic)]
+        {
+            #statics
+            #(#key_lets)*
+            if let ::core::result::Result::Err(#err) =
+                #p::check(&#limits, &[#(#key_refs),*]).await
+            {
+                return ::core::result::Result::Err(#from);
+            }
+        }
+    };
+    if boxed {
+        let mut func = func.clone();
+        // `recognise` found this site, so it is there; never emit the method unchecked.
+        let Some(site) = async_trait::check_site(&mut func) else {
+            let e = syn::Error::new(ret, "#[rate_limit] did not recognise this #[async_trait] body")
+                .into_compile_error();
+            return quote!(#func #e);
+        };
+        site.stmts.insert(0, Stmt::Expr(Expr::Verbatim(check), None));
+        return func.into_token_stream();
+    }
     quote! {
         #(#outer)*
         #vis #sig {
             #(#inner)*
-            #[allow(unused_braces, clippy::all, clippy::pedantic)]
-            {
-                #statics
-                #(#key_lets)*
-                if let ::core::result::Result::Err(#err) =
-                    #p::check(&#limits, &[#(#key_refs),*]).await
-                {
-                    return ::core::result::Result::Err(#from);
-                }
-            }
+            #check
             #(#stmts)*
         }
     }

@@ -5,6 +5,7 @@
 //! cross-checks them against each other and the function, `expand` generates the code. The
 //! numeric rules of a policy are the runtime's own file (`rules`), compiled here too.
 
+mod async_trait;
 mod attr;
 mod expand;
 // The runtime's policy rules: this file is a link to `ratelimit-runtime/src/policy/rules.rs`.
