@@ -31,8 +31,9 @@ use syn::{
 /// What the rewritten method tells about the original `async fn`.
 #[derive(Debug)]
 pub(crate) struct AsyncTrait {
-    /// `R`, the original return type: the `Output` of the boxed future.
-    pub(crate) output: Type,
+    /// `R`, the original return type: the `Output` of the boxed future (`None` for `()`,
+    /// which async-trait writes for a method that returns nothing).
+    pub(crate) output: Option<Type>,
     /// The names the argument `let`s bind inside the future (patterns included), which a key
     /// template may read.
     pub(crate) bound: Vec<String>,
@@ -45,7 +46,10 @@ pub(crate) fn recognise(func: &ItemFn) -> Option<AsyncTrait> {
     if func.sig.asyncness.is_some() {
         return None;
     }
-    let output = future_output(&func.sig.output)?.clone();
+    let output = match future_output(&func.sig.output)? {
+        Type::Tuple(unit) if unit.elems.is_empty() => None,
+        ty => Some(ty.clone()),
+    };
     let inner = boxed_async_block(&func.block)?;
     let mut bound = Vec::new();
     let mut self_alias = None;
@@ -64,6 +68,13 @@ pub(crate) fn recognise(func: &ItemFn) -> Option<AsyncTrait> {
         bound,
         self_alias,
     })
+}
+
+/// Whether `name` is one of the `__argN` that async-trait gives a pattern parameter in the
+/// signature (the pattern itself is bound inside the future).
+pub(crate) fn is_positional(name: &str) -> bool {
+    name.strip_prefix("__arg")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The block the check goes in front of: the user's body (`let __ret: R = { … };`) when it is

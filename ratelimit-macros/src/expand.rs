@@ -540,6 +540,81 @@ mod tests {
         assert!(body.contains("&[::core::option::Option::None,::core::option::Option::None,::core::option::Option::Some(__ratelimit_key2.as_str())]"), "{body}");
     }
 
+    /// What `#[async_trait]` 0.1 makes of `async fn send(&mut self, (id, to): (u32, String))
+    /// -> Result<u32, E> { body }` before `#[rate_limit]` runs.
+    fn async_trait_shaped() -> TokenStream {
+        quote! {
+            #[rate_limit(num = 20, time = "1m", key = "{to}")]
+            fn send<'life0, 'async_trait>(&'life0 mut self, __arg1: (u32, String))
+                -> ::core::pin::Pin<Box<dyn ::core::future::Future<Output = Result<u32, E>>
+                    + ::core::marker::Send + 'async_trait>>
+            where 'life0: 'async_trait, Self: 'async_trait
+            {
+                Box::pin(async move {
+                    if let ::core::option::Option::Some(__ret) =
+                        ::core::option::Option::None::<Result<u32, E>>
+                    {
+                        #[allow(unreachable_code)]
+                        return __ret;
+                    }
+                    let mut __self = self;
+                    let (id, to) = { let __arg1 = __arg1; __arg1 };
+                    let __ret: Result<u32, E> = { __self.sent += id; body(to) };
+                    #[allow(unreachable_code)]
+                    __ret
+                })
+            }
+        }
+    }
+
+    #[test]
+    fn async_trait_methods_are_checked_inside_the_future_before_the_body() {
+        let f = expand(
+            quote!(num = 5, time = 1, key = "{self.tenant}:{id}"),
+            async_trait_shaped(),
+        );
+        assert!(f.sig.asyncness.is_none());
+        assert!(f.attrs.is_empty());
+        let body = compact(&f.block);
+        assert_eq!(body.matches("::check(").count(), 1, "{body}");
+        assert!(body.contains("Limit;2usize]"), "{body}");
+        // The receiver is read as async-trait renamed it, the pattern-bound names directly.
+        assert!(body.contains("Piece::Arg(&__self.tenant)"), "{body}");
+        assert!(body.contains("Piece::Arg(&id)"), "{body}");
+        assert!(body.contains("Piece::Arg(&to)"), "{body}");
+        // First thing in the user's body, so the arguments are bound and the body skipped.
+        let user_body = body
+            .split("let__ret:Result<u32,E>={")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{body}"));
+        assert!(
+            user_body.starts_with("#[allow(unused_braces,clippy::all,clippy::pedantic)]{static__RATELIMIT_LIMITS"),
+            "{user_body}"
+        );
+        let check_end = user_body.find("__self.sent+=id").unwrap_or_else(|| panic!("{body}"));
+        assert!(
+            user_body[..check_end].contains("return::core::result::Result::Err(::core::convert::From::from({__ratelimit_error}));"),
+            "{user_body}"
+        );
+    }
+
+    #[test]
+    fn a_sync_fn_that_only_returns_a_boxed_future_of_another_shape_is_not_taken_for_async_trait()
+    {
+        // Two statements: not what async-trait writes, so not recognised.
+        let out = rate_limit(
+            quote!(num = 5, time = 1),
+            quote! {
+                fn f() -> Pin<Box<dyn Future<Output = Result<(), E>> + Send>> {
+                    side_effect();
+                    Box::pin(async move { Ok(()) })
+                }
+            },
+        )
+        .to_string();
+        assert!(out.contains("works on `async fn` only"), "{out}");
+    }
+
     #[test]
     fn errors_keep_the_function() {
         let out = rate_limit(

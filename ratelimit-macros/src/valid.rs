@@ -103,7 +103,13 @@ pub(crate) fn check(
     // What a key template may read: the parameters, and inside an `#[async_trait]` future the
     // names its argument `let`s bind (a pattern parameter is renamed in the signature).
     let mut readable = params.clone();
-    readable.extend(boxed.map(|b| b.bound.clone()));
+    if let Some(boxed) = boxed {
+        // async-trait's positional `__argN` stand for the patterns it binds in `bound`.
+        for names in &mut readable {
+            names.retain(|n| !crate::async_trait::is_positional(n));
+        }
+        readable.push(boxed.bound.clone());
+    }
 
     let mut limits = Vec::new();
     let mut http: Option<Span> = None;
@@ -161,7 +167,7 @@ pub(crate) fn check(
         Mode::Http { http, framework }
     } else {
         let output = match (boxed, &sig.output) {
-            (Some(b), _) => Some(&b.output),
+            (Some(b), _) => b.output.as_ref(),
             (None, ReturnType::Type(_, ty)) => Some(&**ty),
             (None, ReturnType::Default) => None,
         };

@@ -1,6 +1,7 @@
 //! Methods of `#[async_trait]` impls (which rewrite each method to a boxed future before
-//! `#[rate_limit]` runs): `&self` and `&mut self`, stacked limits, key templates over the
-//! receiver, a plain argument and a pattern argument, `?Send`, and an error type that converts.
+//! `#[rate_limit]` runs): `&self`, `&mut self` and `self`, stacked limits, key templates over
+//! the receiver, a plain argument and a pattern argument, a trait's default method, `?Send`,
+//! and an error type that converts.
 #![deny(warnings)]
 
 use async_trait::async_trait;
@@ -22,6 +23,14 @@ pub trait Sender {
     async fn send(&self, phone: &str) -> Result<u32, RateLimitError>;
     async fn send_mut(&mut self, to: String) -> Result<u32, AppError>;
     async fn pair(&self, pair: (u32, String)) -> Result<String, RateLimitError>;
+    async fn consume(self) -> Result<String, RateLimitError>
+    where
+        Self: Sized;
+
+    #[rate_limit(num = 3, time = 1, key = "default:{n}")]
+    async fn default_method(&self, n: u32) -> Result<u32, RateLimitError> {
+        Ok(n)
+    }
 }
 
 pub struct Sms {
@@ -47,6 +56,11 @@ impl Sender for Sms {
     #[rate_limit(num = 2, time = 1, key = "{id}:{name}")]
     async fn pair(&self, (id, name): (u32, String)) -> Result<String, RateLimitError> {
         Ok(format!("{}:{id}:{name}", self.tenant))
+    }
+
+    #[rate_limit(num = 1, time = 1, key = "{self.tenant}")]
+    async fn consume(self) -> Result<String, RateLimitError> {
+        Ok(self.tenant)
     }
 }
 
@@ -77,4 +91,6 @@ async fn main() {
     assert_eq!(sms.send_mut("+1".to_owned()).await.unwrap(), 1);
     assert_eq!(sms.pair((7, "x".to_owned())).await.unwrap(), "acme:7:x");
     assert_eq!(sms.local(1).await.unwrap(), 2);
+    assert_eq!(sms.default_method(4).await.unwrap(), 4);
+    assert_eq!(sms.consume().await.unwrap(), "acme");
 }
