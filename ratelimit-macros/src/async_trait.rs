@@ -109,9 +109,10 @@ fn user_body_index(inner: &Block) -> Option<usize> {
             return false;
         };
         matches!(&*t.pat, Pat::Ident(p) if p.ident == "__ret")
-            && local.init.as_ref().is_some_and(|init| {
-                init.diverge.is_none() && matches!(&*init.expr, Expr::Block(_))
-            })
+            && local
+                .init
+                .as_ref()
+                .is_some_and(|init| init.diverge.is_none() && matches!(&*init.expr, Expr::Block(_)))
     })
 }
 

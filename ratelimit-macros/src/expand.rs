@@ -310,11 +310,15 @@ fn plain(
         let mut func = func.clone();
         // `recognise` found this site, so it is there; never emit the method unchecked.
         let Some(site) = async_trait::check_site(&mut func) else {
-            let e = syn::Error::new(ret, "#[rate_limit] did not recognise this #[async_trait] body")
-                .into_compile_error();
+            let e = syn::Error::new(
+                ret,
+                "#[rate_limit] did not recognise this #[async_trait] body",
+            )
+            .into_compile_error();
             return quote!(#func #e);
         };
-        site.stmts.insert(0, Stmt::Expr(Expr::Verbatim(check), None));
+        site.stmts
+            .insert(0, Stmt::Expr(Expr::Verbatim(check), None));
         return func.into_token_stream();
     }
     quote! {
@@ -588,10 +592,14 @@ mod tests {
             .nth(1)
             .unwrap_or_else(|| panic!("{body}"));
         assert!(
-            user_body.starts_with("#[allow(unused_braces,clippy::all,clippy::pedantic)]{static__RATELIMIT_LIMITS"),
+            user_body.starts_with(
+                "#[allow(unused_braces,clippy::all,clippy::pedantic)]{static__RATELIMIT_LIMITS"
+            ),
             "{user_body}"
         );
-        let check_end = user_body.find("__self.sent+=id").unwrap_or_else(|| panic!("{body}"));
+        let check_end = user_body
+            .find("__self.sent+=id")
+            .unwrap_or_else(|| panic!("{body}"));
         assert!(
             user_body[..check_end].contains("return::core::result::Result::Err(::core::convert::From::from({__ratelimit_error}));"),
             "{user_body}"
@@ -599,8 +607,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sync_fn_that_only_returns_a_boxed_future_of_another_shape_is_not_taken_for_async_trait()
-    {
+    fn a_sync_fn_that_only_returns_a_boxed_future_of_another_shape_is_not_taken_for_async_trait() {
         // Two statements: not what async-trait writes, so not recognised.
         let out = rate_limit(
             quote!(num = 5, time = 1),

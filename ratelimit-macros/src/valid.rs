@@ -150,7 +150,42 @@ pub(crate) fn check(
         }
     }
 
-    let mode = if let Some(http) = http {
+    let mode = mode_of(sig, http, framework, boxed, &mut errors);
+
+    let name = sig.ident.to_string();
+    let name = name.strip_prefix("r#").unwrap_or(&name);
+    if !crate::attr::valid_scope(name) && limits.iter().any(|l| l.scope.is_none()) {
+        errors.push(syn::Error::new(
+            sig.ident.span(),
+            "the default scope is the function's module path and name, which must be ASCII: give this function a `scope = \"...\"`",
+        ));
+    }
+
+    match errors.into_iter().reduce(|mut a, b| {
+        a.combine(b);
+        a
+    }) {
+        Some(e) => Err(e),
+        None => Ok(Checked {
+            limits,
+            mode,
+            params,
+        }),
+    }
+}
+
+/// Plain or HTTP, and the mistakes of that mode: a handler cannot take `self` nor be an
+/// `#[async_trait]` method; a plain function returns a `Result` (the boxed future's `Output`
+/// for an `#[async_trait]` method).
+fn mode_of(
+    sig: &syn::Signature,
+    http: Option<Span>,
+    framework: Option<Spanned<Framework>>,
+    boxed: Option<&AsyncTrait>,
+    errors: &mut Vec<syn::Error>,
+) -> Mode {
+    let receiver = sig.receiver().map(syn::Receiver::span);
+    if let Some(http) = http {
         if boxed.is_some() {
             errors.push(syn::Error::new(
                 http,
@@ -176,29 +211,8 @@ pub(crate) fn check(
             errors.push(e);
         }
         Mode::Plain {
-            ret: output.map_or(none, |ty| ty.span()),
+            ret: output.map_or(none, syn::spanned::Spanned::span),
         }
-    };
-
-    let name = sig.ident.to_string();
-    let name = name.strip_prefix("r#").unwrap_or(&name);
-    if !crate::attr::valid_scope(name) && limits.iter().any(|l| l.scope.is_none()) {
-        errors.push(syn::Error::new(
-            sig.ident.span(),
-            "the default scope is the function's module path and name, which must be ASCII: give this function a `scope = \"...\"`",
-        ));
-    }
-
-    match errors.into_iter().reduce(|mut a, b| {
-        a.combine(b);
-        a
-    }) {
-        Some(e) => Err(e),
-        None => Ok(Checked {
-            limits,
-            mode,
-            params,
-        }),
     }
 }
 
