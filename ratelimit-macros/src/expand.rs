@@ -9,8 +9,9 @@
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned as _;
-use syn::{AttrStyle, Attribute, FnArg, ItemFn, Meta, Pat, ReturnType};
+use syn::{AttrStyle, Attribute, Expr, FnArg, ItemFn, Meta, Pat, ReturnType, Stmt};
 
+use crate::async_trait::{self, AsyncTrait};
 use crate::attr::{Args, By, Framework, KeyTemplate, Piece};
 use crate::valid::{self, Checked, Mode};
 
@@ -29,8 +30,9 @@ pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     let mut all = vec![Args::from_tokens(args, Span::call_site())];
     all.extend(take_stacked(&mut func.attrs));
-    match valid::check(all, &func) {
-        Ok(checked) => generate(&func, &checked),
+    let boxed = async_trait::recognise(&func);
+    match valid::check(all, &func, boxed.as_ref()) {
+        Ok(checked) => generate(&func, &checked, boxed.as_ref()),
         Err(e) => {
             let e = e.into_compile_error();
             quote!(#func #e)
@@ -87,7 +89,7 @@ fn local(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
 }
 
-fn generate(func: &ItemFn, checked: &Checked) -> TokenStream {
+fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> TokenStream {
     let p = private();
     let limits_ident = local("__RATELIMIT_LIMITS");
     let n = checked.limits.len();
@@ -146,7 +148,7 @@ fn generate(func: &ItemFn, checked: &Checked) -> TokenStream {
             continue;
         }
         let ident = local(&format!("__ratelimit_key{i}"));
-        let render = render(key);
+        let render = render(key, boxed.and_then(|b| b.self_alias.as_ref()));
         let value = if http {
             let binds = http_bindings(func, checked, key);
             quote!({ #(#binds)* #render })
@@ -158,7 +160,7 @@ fn generate(func: &ItemFn, checked: &Checked) -> TokenStream {
     }
 
     match &checked.mode {
-        Mode::Plain { ret } => plain(func, *ret, &statics, &key_lets, &key_refs),
+        Mode::Plain { ret } => plain(func, *ret, boxed.is_some(), &statics, &key_lets, &key_refs),
         Mode::Http { http, framework } => http_handler(
             func,
             *http,
@@ -171,8 +173,9 @@ fn generate(func: &ItemFn, checked: &Checked) -> TokenStream {
 }
 
 /// `render(&[Piece::Text("sms:"), Piece::Arg(&phone)])`, with the argument expressions
-/// located at the `key` literal so a type without `Display` is reported there.
-fn render(key: &KeyTemplate) -> TokenStream {
+/// located at the `key` literal so a type without `Display` is reported there. `self_alias`:
+/// what `self` is called where the check runs (`__self` inside an `#[async_trait]` future).
+fn render(key: &KeyTemplate, self_alias: Option<&Ident>) -> TokenStream {
     let p = private();
     let span = at(key.lit.span());
     let pieces = key.pieces.iter().map(|piece| match piece {
@@ -189,6 +192,12 @@ fn render(key: &KeyTemplate) -> TokenStream {
                         span,
                     }
                     .to_tokens(&mut expr);
+                } else if let (0, "self", Some(alias)) = (i, seg.as_str(), self_alias) {
+                    // The alias's own hygiene (it names a local of async-trait's output),
+                    // shown at the key literal.
+                    let mut alias = alias.clone();
+                    alias.set_span(alias.span().located_at(span));
+                    alias.to_tokens(&mut expr);
                 } else {
                     segment_ident(seg, span).to_tokens(&mut expr);
                 }
@@ -268,10 +277,12 @@ fn split_attrs(attrs: &[Attribute]) -> (Vec<&Attribute>, Vec<&Attribute>) {
         .partition(|a| matches!(a.style, AttrStyle::Outer))
 }
 
-/// Plain mode: the signature untouched, the check prepended to the body.
+/// Plain mode: the signature untouched, the check prepended to the body (for an
+/// `#[async_trait]` method, to the user's body inside its boxed future).
 fn plain(
     func: &ItemFn,
     ret: Span,
+    boxed: bool,
     statics: &TokenStream,
     key_lets: &[TokenStream],
     key_refs: &[TokenStream],
@@ -283,20 +294,38 @@ fn plain(
     let err = local("__ratelimit_error");
     // Spanned at the return type, so a missing `From<RateLimitError>` is reported there.
     let from = quote_spanned!(ret=> ::core::convert::From::from({ #err }));
+    let check = quote! {
+        #[allow(unused_braces, clippy::all, clippy::pedantic)]
+        {
+            #statics
+            #(#key_lets)*
+            if let ::core::result::Result::Err(#err) =
+                #p::check(&#limits, &[#(#key_refs),*]).await
+            {
+                return ::core::result::Result::Err(#from);
+            }
+        }
+    };
+    if boxed {
+        let mut func = func.clone();
+        // `recognise` found this site, so it is there; never emit the method unchecked.
+        let Some(site) = async_trait::check_site(&mut func) else {
+            let e = syn::Error::new(
+                ret,
+                "#[rate_limit] did not recognise this #[async_trait] body",
+            )
+            .into_compile_error();
+            return quote!(#func #e);
+        };
+        site.stmts
+            .insert(0, Stmt::Expr(Expr::Verbatim(check), None));
+        return func.into_token_stream();
+    }
     quote! {
         #(#outer)*
         #vis #sig {
             #(#inner)*
-            #[allow(unused_braces, clippy::all, clippy::pedantic)]
-            {
-                #statics
-                #(#key_lets)*
-                if let ::core::result::Result::Err(#err) =
-                    #p::check(&#limits, &[#(#key_refs),*]).await
-                {
-                    return ::core::result::Result::Err(#from);
-                }
-            }
+            #check
             #(#stmts)*
         }
     }
@@ -513,6 +542,84 @@ mod tests {
         assert!(body.contains("Limit;3usize]"), "{body}");
         assert!(body.contains("Piece::Arg(&phone)"), "{body}");
         assert!(body.contains("&[::core::option::Option::None,::core::option::Option::None,::core::option::Option::Some(__ratelimit_key2.as_str())]"), "{body}");
+    }
+
+    /// What `#[async_trait]` 0.1 makes of `async fn send(&mut self, (id, to): (u32, String))
+    /// -> Result<u32, E> { body }` before `#[rate_limit]` runs.
+    fn async_trait_shaped() -> TokenStream {
+        quote! {
+            #[rate_limit(num = 20, time = "1m", key = "{to}")]
+            fn send<'life0, 'async_trait>(&'life0 mut self, __arg1: (u32, String))
+                -> ::core::pin::Pin<Box<dyn ::core::future::Future<Output = Result<u32, E>>
+                    + ::core::marker::Send + 'async_trait>>
+            where 'life0: 'async_trait, Self: 'async_trait
+            {
+                Box::pin(async move {
+                    if let ::core::option::Option::Some(__ret) =
+                        ::core::option::Option::None::<Result<u32, E>>
+                    {
+                        #[allow(unreachable_code)]
+                        return __ret;
+                    }
+                    let mut __self = self;
+                    let (id, to) = { let __arg1 = __arg1; __arg1 };
+                    let __ret: Result<u32, E> = { __self.sent += id; body(to) };
+                    #[allow(unreachable_code)]
+                    __ret
+                })
+            }
+        }
+    }
+
+    #[test]
+    fn async_trait_methods_are_checked_inside_the_future_before_the_body() {
+        let f = expand(
+            quote!(num = 5, time = 1, key = "{self.tenant}:{id}"),
+            async_trait_shaped(),
+        );
+        assert!(f.sig.asyncness.is_none());
+        assert!(f.attrs.is_empty());
+        let body = compact(&f.block);
+        assert_eq!(body.matches("::check(").count(), 1, "{body}");
+        assert!(body.contains("Limit;2usize]"), "{body}");
+        // The receiver is read as async-trait renamed it, the pattern-bound names directly.
+        assert!(body.contains("Piece::Arg(&__self.tenant)"), "{body}");
+        assert!(body.contains("Piece::Arg(&id)"), "{body}");
+        assert!(body.contains("Piece::Arg(&to)"), "{body}");
+        // First thing in the user's body, so the arguments are bound and the body skipped.
+        let user_body = body
+            .split("let__ret:Result<u32,E>={")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{body}"));
+        assert!(
+            user_body.starts_with(
+                "#[allow(unused_braces,clippy::all,clippy::pedantic)]{static__RATELIMIT_LIMITS"
+            ),
+            "{user_body}"
+        );
+        let check_end = user_body
+            .find("__self.sent+=id")
+            .unwrap_or_else(|| panic!("{body}"));
+        assert!(
+            user_body[..check_end].contains("return::core::result::Result::Err(::core::convert::From::from({__ratelimit_error}));"),
+            "{user_body}"
+        );
+    }
+
+    #[test]
+    fn a_sync_fn_that_only_returns_a_boxed_future_of_another_shape_is_not_taken_for_async_trait() {
+        // Two statements: not what async-trait writes, so not recognised.
+        let out = rate_limit(
+            quote!(num = 5, time = 1),
+            quote! {
+                fn f() -> Pin<Box<dyn Future<Output = Result<(), E>> + Send>> {
+                    side_effect();
+                    Box::pin(async move { Ok(()) })
+                }
+            },
+        )
+        .to_string();
+        assert!(out.contains("works on `async fn` only"), "{out}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! cross-checks them against each other and the function, `expand` generates the code. The
 //! numeric rules of a policy are the runtime's own file (`rules`), compiled here too.
 
+mod async_trait;
 mod attr;
 mod expand;
 // The runtime's policy rules: this file is a link to `ratelimit-runtime/src/policy/rules.rs`.
@@ -44,9 +45,11 @@ use proc_macro::TokenStream;
 /// # Modes
 ///
 /// * **Plain** (`by = "global"`, no `framework`): free functions, methods (`&self`,
-///   `&mut self`, `self`), generic functions, `async fn` in trait impls. The function must
-///   return `Result<T, E>` with `E: From<RateLimitError>`; a rejected call returns
-///   `Err(E::from(error))` without running the body. The signature is unchanged.
+///   `&mut self`, `self`), generic functions, `async fn` in trait impls, and the methods of
+///   `#[async_trait]` impls and traits (recognised in the boxed future async-trait makes of
+///   them; the check runs inside it). The function must return `Result<T, E>` with
+///   `E: From<RateLimitError>`; a rejected call returns `Err(E::from(error))` without running
+///   the body. The signature is unchanged.
 /// * **HTTP handler** (an HTTP `by`, or `framework`): a hidden extractor parameter is added in
 ///   front of the handler's own, and the return type becomes a wrapper that answers 429 (with
 ///   the rate-limit headers) when the call is rejected. Needs the `axum` or `actix` feature of
@@ -57,6 +60,19 @@ use proc_macro::TokenStream;
 /// Several `#[rate_limit]` on one function all apply, checked in one call (one Redis round
 /// trip): the call runs only if every limit admits it, and a rejected call takes nothing from
 /// any limit.
+///
+/// # Attribute order
+///
+/// Attributes expand from the top down, each seeing the function the ones above it left.
+///
+/// * Actix-web's routing macros (`#[get("/")]`, `#[post(...)]`…) go above `#[rate_limit]`.
+/// * `#[axum::debug_handler]` goes below `#[rate_limit]`, so that it checks the handler with
+///   its hidden parameter; above it, its own check calls the handler with one argument too few
+///   and the build fails at `#[axum::debug_handler]` ("argument #1 of type `HttpCaller` is
+///   missing").
+/// * `#[tracing::instrument]` works in either order; above `#[rate_limit]` it records the
+///   function's own parameters (below, on a handler, it would record the hidden ones).
+/// * `#[async_trait]` goes on the `impl` (and the trait), `#[rate_limit]` on the method inside.
 ///
 /// # Mistakes
 ///

@@ -5,6 +5,7 @@ use proc_macro2::Span;
 use syn::spanned::Spanned as _;
 use syn::{FnArg, ItemFn, Pat, ReturnType, Type};
 
+use crate::async_trait::AsyncTrait;
 use crate::attr::{Algo, Args, By, Framework, KeyTemplate, Spanned};
 use crate::rules;
 
@@ -68,12 +69,17 @@ pub(crate) struct Checked {
 }
 
 /// Checks every attribute's arguments (errors found while parsing them included) and the
-/// function; all mistakes come back combined.
-pub(crate) fn check(attrs: Vec<Args>, func: &ItemFn) -> syn::Result<Checked> {
+/// function; all mistakes come back combined. `boxed` is set when `#[async_trait]` already
+/// rewrote the method: its future's `Output` is then the return type to check.
+pub(crate) fn check(
+    attrs: Vec<Args>,
+    func: &ItemFn,
+    boxed: Option<&AsyncTrait>,
+) -> syn::Result<Checked> {
     let mut errors: Vec<syn::Error> = Vec::new();
     let sig = &func.sig;
 
-    if sig.asyncness.is_none() {
+    if sig.asyncness.is_none() && boxed.is_none() {
         errors.push(syn::Error::new(
             sig.fn_token.span,
             "#[rate_limit] works on `async fn` only: make this function `async`",
@@ -93,6 +99,17 @@ pub(crate) fn check(attrs: Vec<Args>, func: &ItemFn) -> syn::Result<Checked> {
             FnArg::Receiver(_) => None,
         })
         .collect();
+
+    // What a key template may read: the parameters, and inside an `#[async_trait]` future the
+    // names its argument `let`s bind (a pattern parameter is renamed in the signature).
+    let mut readable = params.clone();
+    if let Some(boxed) = boxed {
+        // async-trait's positional `__argN` stand for the patterns it binds in `bound`.
+        for names in &mut readable {
+            names.retain(|n| !crate::async_trait::is_positional(n));
+        }
+        readable.push(boxed.bound.clone());
+    }
 
     let mut limits = Vec::new();
     let mut http: Option<Span> = None;
@@ -125,7 +142,7 @@ pub(crate) fn check(attrs: Vec<Args>, func: &ItemFn) -> syn::Result<Checked> {
             http.get_or_insert(by.span);
         }
         if let Some(key) = &args.key {
-            check_template(key, receiver.is_some(), &params, &mut errors);
+            check_template(key, receiver.is_some(), &readable, &mut errors);
         }
         if let Some(limit) = limit_of(&args, &mut errors) {
             errors.extend(shared_bucket(&limits, &limit, args.span));
@@ -133,27 +150,7 @@ pub(crate) fn check(attrs: Vec<Args>, func: &ItemFn) -> syn::Result<Checked> {
         }
     }
 
-    let mode = if let Some(http) = http {
-        if let Some(recv) = receiver {
-            let mut e = syn::Error::new(
-                http,
-                "this makes the function an HTTP handler, and handlers cannot take `self`: use a free function, or by = \"global\" with a `key` template on a method",
-            );
-            e.combine(syn::Error::new(recv, "`self` is taken here"));
-            errors.push(e);
-        }
-        Mode::Http { http, framework }
-    } else {
-        if let Err(e) = check_result(sig) {
-            errors.push(e);
-        }
-        Mode::Plain {
-            ret: match &sig.output {
-                ReturnType::Type(_, ty) => ty.span(),
-                ReturnType::Default => sig.paren_token.span.close(),
-            },
-        }
-    };
+    let mode = mode_of(sig, http, framework, boxed, &mut errors);
 
     let name = sig.ident.to_string();
     let name = name.strip_prefix("r#").unwrap_or(&name);
@@ -174,6 +171,48 @@ pub(crate) fn check(attrs: Vec<Args>, func: &ItemFn) -> syn::Result<Checked> {
             mode,
             params,
         }),
+    }
+}
+
+/// Plain or HTTP, and the mistakes of that mode: a handler cannot take `self` nor be an
+/// `#[async_trait]` method; a plain function returns a `Result` (the boxed future's `Output`
+/// for an `#[async_trait]` method).
+fn mode_of(
+    sig: &syn::Signature,
+    http: Option<Span>,
+    framework: Option<Spanned<Framework>>,
+    boxed: Option<&AsyncTrait>,
+    errors: &mut Vec<syn::Error>,
+) -> Mode {
+    let receiver = sig.receiver().map(syn::Receiver::span);
+    if let Some(http) = http {
+        if boxed.is_some() {
+            errors.push(syn::Error::new(
+                http,
+                "this makes the function an HTTP handler, but it is a method of an #[async_trait] impl, which #[rate_limit] supports in plain mode only: use by = \"global\" with a `key` template, or a free `async fn` handler",
+            ));
+        } else if let Some(recv) = receiver {
+            let mut e = syn::Error::new(
+                http,
+                "this makes the function an HTTP handler, and handlers cannot take `self`: use a free function, or by = \"global\" with a `key` template on a method",
+            );
+            e.combine(syn::Error::new(recv, "`self` is taken here"));
+            errors.push(e);
+        }
+        Mode::Http { http, framework }
+    } else {
+        let output = match (boxed, &sig.output) {
+            (Some(b), _) => b.output.as_ref(),
+            (None, ReturnType::Type(_, ty)) => Some(&**ty),
+            (None, ReturnType::Default) => None,
+        };
+        let none = sig.paren_token.span.close();
+        if let Err(e) = check_result(output, none) {
+            errors.push(e);
+        }
+        Mode::Plain {
+            ret: output.map_or(none, syn::spanned::Spanned::span),
+        }
     }
 }
 
@@ -285,7 +324,7 @@ fn check_template(
 }
 
 /// The names a parameter pattern binds (`phone`, `Json(form)` → `form`, `(a, b)` → `a`, `b`).
-fn bound_names(pat: &Pat, out: &mut Vec<String>) {
+pub(crate) fn bound_names(pat: &Pat, out: &mut Vec<String>) {
     match pat {
         Pat::Ident(p) => {
             out.push(syn::ext::IdentExt::unraw(&p.ident).to_string());
@@ -304,16 +343,17 @@ fn bound_names(pat: &Pat, out: &mut Vec<String>) {
     }
 }
 
-/// A plain function must return `Result<T, E>` (or an alias whose name ends in `Result`).
-fn check_result(sig: &syn::Signature) -> syn::Result<()> {
+/// A plain function must return `Result<T, E>` (or an alias whose name ends in `Result`);
+/// `output` is `None` when it returns nothing (reported at `none`).
+fn check_result(output: Option<&Type>, none: Span) -> syn::Result<()> {
     let msg = "a rate-limited plain function must return `Result<T, E>` with `E: From<ratelimit_runtime::RateLimitError>`, so that a rejected call can return the error";
-    match &sig.output {
-        ReturnType::Default => Err(syn::Error::new(
-            sig.paren_token.span.close(),
+    match output {
+        None => Err(syn::Error::new(
+            none,
             format!("{msg}; this one returns nothing"),
         )),
-        ReturnType::Type(_, ty) => {
-            let ok = match &**ty {
+        Some(ty) => {
+            let ok = match ty {
                 Type::Path(p) => {
                     p.qself.is_none()
                         && p.path
