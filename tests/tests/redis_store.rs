@@ -1003,3 +1003,34 @@ async fn gcra_and_sliding_counter_keys_cost_no_more_memory_than_fixed() {
         "sliding_counter {counter} B against fixed {fixed} B"
     );
 }
+
+/// A fixed window's key holding something INCRBY cannot raise (`1.5`, ` 1`, `0x10`, written by
+/// someone else) reads as no window: the next admitted call replaces it with a counter of its
+/// own instead of failing half way through its writes (found by the security review).
+#[tokio::test]
+async fn a_fixed_key_holding_a_foreign_value_is_replaced_not_failed_on() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.expect("connect");
+    let mut conn = server.connection().await;
+    let p = policy(Algorithm::Fixed, 2, MINUTE);
+    for (i, foreign) in ["1.5", " 1", "0x10", "-3", "1e3"].into_iter().enumerate() {
+        let key = key::build("foreign", &format!("app::f{i}"), &[], &p);
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(foreign)
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .expect("plant");
+        let d = store
+            .check(&[Check::new(&key, &p)])
+            .await
+            .expect("check")
+            .decisions()[0];
+        assert!(d.admitted && d.remaining == 1, "{foreign:?}: {d:?}");
+        let value: String = conn.get(&key).await.expect("GET");
+        assert_eq!(value, "1", "{foreign:?}");
+        assert!(pttl(&mut conn, &key).await > 0, "{foreign:?}");
+    }
+}

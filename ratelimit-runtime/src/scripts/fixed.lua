@@ -35,8 +35,10 @@ ALGOS[1] = {
           redis.call('PEXPIRE', key, int(period_ms))
           pttl = period_ms
         end
-        local n = tonumber(value)
-        if n ~= nil and n >= 0 then
+        -- Only a counter INCRBY can raise (digits): anything else under the key
+        -- (written by someone else) is no window, replaced by the next SET.
+        local n = string.match(value, '^%d+$') and tonumber(value)
+        if n then
           live = true
           count = n
           left_us = math.min(fixed_left(pttl), p.period + 1000)
@@ -80,9 +82,9 @@ ALGOS[1] = {
     if not value then
       return
     end
-    local n = tonumber(value)
+    local n = string.match(value, '^%d+$') and tonumber(value)
     local pttl = redis.call('PTTL', key)
-    if n == nil or pttl < 0 then
+    if not n or pttl < 0 then
       return
     end
     -- When the key's window ends, as evaluate reckons it (never early).
