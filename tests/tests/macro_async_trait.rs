@@ -6,50 +6,10 @@
 //! through `dyn Trait` as async-trait users do.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use ratelimit_runtime::store::ManualClock;
-use ratelimit_runtime::{MemoryStore, RateLimitError, RateLimiter, rate_limit};
-use ratelimit_tests::redis_server::RedisServer;
-
-/// Where a scenario runs: the memory store on a manual clock, or a real Redis.
-enum Env {
-    Memory(ManualClock),
-    Redis(#[allow(dead_code, reason = "kept alive until the test ends")] RedisServer),
-}
-
-impl Env {
-    async fn memory() -> (RateLimiter, Self) {
-        let clock = ManualClock::new();
-        let limiter = RateLimiter::builder()
-            .store(MemoryStore::with_clock(clock.clone()))
-            .build()
-            .await
-            .expect("memory limiter");
-        (limiter, Self::Memory(clock))
-    }
-
-    async fn redis() -> (RateLimiter, Self) {
-        let server = RedisServer::start();
-        let limiter = RateLimiter::builder()
-            .redis_url(server.url())
-            .timeout(Duration::from_secs(2))
-            .build()
-            .await
-            .expect("redis limiter");
-        (limiter, Self::Redis(server))
-    }
-
-    /// Lets `d` pass: the manual clock moves, or the test sleeps (Redis answers `retry_after`
-    /// from its own clock, rounded to the millisecond).
-    async fn wait(&self, d: Duration) {
-        match self {
-            Self::Memory(clock) => clock.advance(d),
-            Self::Redis(_) => tokio::time::sleep(d + Duration::from_millis(2)).await,
-        }
-    }
-}
+use ratelimit_runtime::{RateLimitError, rate_limit};
+use ratelimit_tests::env::Env;
 
 #[derive(Debug)]
 enum AppError {

@@ -11,56 +11,13 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use ratelimit_runtime::store::ManualClock;
 use ratelimit_runtime::{
-    Algorithm, Check, FailurePolicy, MemoryStore, Policy, RateLimitError, RateLimiter, key,
-    rate_limit,
+    Algorithm, Check, FailurePolicy, Policy, RateLimitError, RateLimiter, key, rate_limit,
 };
-use ratelimit_tests::redis_server::{RedisServer, free_port};
+use ratelimit_tests::env::Env;
+use ratelimit_tests::redis_server::free_port;
 
 const MS: Duration = Duration::from_millis(1);
-
-/// Where a scenario runs: the memory store on a manual clock, or a real Redis.
-enum Env {
-    Memory(ManualClock),
-    Redis(#[allow(dead_code, reason = "kept alive until the test ends")] RedisServer),
-}
-
-impl Env {
-    async fn memory() -> (RateLimiter, Self) {
-        let clock = ManualClock::new();
-        let limiter = RateLimiter::builder()
-            .store(MemoryStore::with_clock(clock.clone()))
-            .build()
-            .await
-            .expect("memory limiter");
-        (limiter, Self::Memory(clock))
-    }
-
-    async fn redis() -> (RateLimiter, Self) {
-        let server = RedisServer::start();
-        let limiter = RateLimiter::builder()
-            .redis_url(server.url())
-            .timeout(Duration::from_secs(2))
-            .build()
-            .await
-            .expect("redis limiter");
-        (limiter, Self::Redis(server))
-    }
-
-    /// Lets `d` pass: the manual clock moves, or the test sleeps.
-    async fn wait(&self, d: Duration) {
-        match self {
-            Self::Memory(clock) => clock.advance(d),
-            // Redis answers retry_after from its own clock, rounded to the millisecond.
-            Self::Redis(_) => tokio::time::sleep(d + 2 * MS).await,
-        }
-    }
-
-    fn exact(&self) -> bool {
-        matches!(self, Self::Memory(_))
-    }
-}
 
 /// The fields of a `Limited` error; panics on anything else.
 fn limited(result: Result<impl std::fmt::Debug, RateLimitError>) -> (Duration, u64, u64) {
