@@ -182,7 +182,10 @@
 //!
 //! * `axum` — Axum 0.8 handlers; `actix` — Actix-web 4 handlers (both can be on at once);
 //! * `cluster` — `RedisClusterStore`, a Redis Cluster store;
-//! * `tls` — `rediss://` URLs (rustls).
+//! * `tls` — `rediss://` URLs (rustls);
+//! * `tonic` — gRPC methods of tonic 0.14 services (`by = "ip"`, `"header:<name>"`, `"app_id"`,
+//!   `"user"` read from their `tonic::Request`), and `tonic::Status: From<RateLimitError>`
+//!   (see [`grpc`]).
 //!
 //! # Where things are
 //!
@@ -193,6 +196,7 @@
 pub mod algorithm;
 #[doc(hidden)] // its items are re-exported at the root
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod key;
 mod limit;

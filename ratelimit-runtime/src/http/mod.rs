@@ -68,10 +68,13 @@ pub(crate) use self::settings::{ForwardedHeader, HeaderStyle};
 #[cfg(any(feature = "axum", feature = "actix"))]
 pub(crate) use self::user::UserId;
 
-#[cfg(any(feature = "axum", feature = "actix"))]
-mod ip;
-#[cfg(any(feature = "axum", feature = "actix"))]
-mod response;
+// Also the gRPC integration's (feature `tonic`): the same client address and the same fields.
+#[cfg(any(feature = "axum", feature = "actix", feature = "tonic"))]
+#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
+pub(crate) mod ip;
+#[cfg(any(feature = "axum", feature = "actix", feature = "tonic"))]
+#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
+pub(crate) mod response;
 
 #[cfg(any(feature = "axum", feature = "actix"))]
 mod caller;
