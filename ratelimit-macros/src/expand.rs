@@ -161,6 +161,9 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
 
     match &checked.mode {
         Mode::Plain { ret } => plain(func, *ret, boxed.is_some(), &statics, &key_lets, &key_refs),
+        Mode::Grpc { by, request, ret } => {
+            grpc(func, *by, request, *ret, &statics, &key_lets, &key_refs)
+        }
         Mode::Http { http, framework } => http_handler(
             func,
             *http,
@@ -307,19 +310,7 @@ fn plain(
         }
     };
     if boxed {
-        let mut func = func.clone();
-        // `recognise` found this site, so it is there; never emit the method unchecked.
-        let Some(site) = async_trait::check_site(&mut func) else {
-            let e = syn::Error::new(
-                ret,
-                "#[rate_limit] did not recognise this #[async_trait] body",
-            )
-            .into_compile_error();
-            return quote!(#func #e);
-        };
-        site.stmts
-            .insert(0, Stmt::Expr(Expr::Verbatim(check), None));
-        return func.into_token_stream();
+        return into_boxed_body(func, check, ret);
     }
     quote! {
         #(#outer)*
@@ -329,6 +320,62 @@ fn plain(
             #(#stmts)*
         }
     }
+}
+
+/// Puts `check` first in the user's body inside an `#[async_trait]` method's future.
+fn into_boxed_body(func: &ItemFn, check: TokenStream, ret: Span) -> TokenStream {
+    let mut func = func.clone();
+    // `recognise` found this site, so it is there; never emit the method unchecked.
+    let Some(site) = async_trait::check_site(&mut func) else {
+        let e = syn::Error::new(ret, "#[rate_limit] did not recognise this #[async_trait] body")
+            .into_compile_error();
+        return quote!(#func #e);
+    };
+    site.stmts
+        .insert(0, Stmt::Expr(Expr::Verbatim(check), None));
+    func.into_token_stream()
+}
+
+/// gRPC mode: like plain mode inside an `#[async_trait]` future, but the caller is read from
+/// the method's `tonic::Request` (synchronously, so the check's future holds no borrow of it)
+/// and a refusal is a `tonic::Status`, converted into the method's error.
+fn grpc(
+    func: &ItemFn,
+    by: Span,
+    request: &Ident,
+    ret: Span,
+    statics: &TokenStream,
+    key_lets: &[TokenStream],
+    key_refs: &[TokenStream],
+) -> TokenStream {
+    let p = private();
+    let limits = local("__RATELIMIT_LIMITS");
+    let call = local("__ratelimit_call");
+    let status = local("__ratelimit_status");
+    let require =
+        quote_spanned!(by=> const _: () = ::ratelimit_runtime::__private::grpc::RequireTonic::<()>::OK;);
+    // Located at the parameter, so a `Request` that is not tonic's is reported there.
+    let request = {
+        let span = at(request.span());
+        let mut r = request.clone();
+        r.set_span(r.span().located_at(span));
+        quote_spanned!(span=> &#r)
+    };
+    // Spanned at the return type, so a missing `From<Status>` is reported there.
+    let from = quote_spanned!(ret=> ::ratelimit_runtime::__private::grpc::into_error(#status));
+    let check = quote! {
+        #[allow(unused_braces, clippy::all, clippy::pedantic)]
+        {
+            #require
+            #statics
+            #(#key_lets)*
+            let #call = #p::grpc::prepare(&#limits, #request, &[#(#key_refs),*]);
+            if let ::core::result::Result::Err(#status) = #p::grpc::check(&#limits, #call).await {
+                return ::core::result::Result::Err(#from);
+            }
+        }
+    };
+    into_boxed_body(func, check, ret)
 }
 
 /// HTTP mode, as the contract with the runtime says: a hidden `HttpCaller` first, the user's
