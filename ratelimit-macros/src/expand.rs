@@ -327,8 +327,11 @@ fn into_boxed_body(func: &ItemFn, check: TokenStream, ret: Span) -> TokenStream 
     let mut func = func.clone();
     // `recognise` found this site, so it is there; never emit the method unchecked.
     let Some(site) = async_trait::check_site(&mut func) else {
-        let e = syn::Error::new(ret, "#[rate_limit] did not recognise this #[async_trait] body")
-            .into_compile_error();
+        let e = syn::Error::new(
+            ret,
+            "#[rate_limit] did not recognise this #[async_trait] body",
+        )
+        .into_compile_error();
         return quote!(#func #e);
     };
     site.stmts
@@ -352,8 +355,7 @@ fn grpc(
     let limits = local("__RATELIMIT_LIMITS");
     let call = local("__ratelimit_call");
     let status = local("__ratelimit_status");
-    let require =
-        quote_spanned!(by=> const _: () = ::ratelimit_runtime::__private::grpc::RequireTonic::<()>::OK;);
+    let require = quote_spanned!(by=> const _: () = ::ratelimit_runtime::__private::grpc::RequireTonic::<()>::OK;);
     // Located at the parameter, so a `Request` that is not tonic's is reported there.
     let request = {
         let span = at(request.span());

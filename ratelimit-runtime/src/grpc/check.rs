@@ -7,6 +7,7 @@ use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::{Code, Request, Status};
 
 use super::details::retry_info_status;
+use crate::UserId;
 use crate::error::RateLimitError;
 use crate::http::HttpSettings;
 use crate::http::ip;
@@ -15,7 +16,6 @@ use crate::limit::{By, Limit, keys_for};
 use crate::limiter::RateLimiter;
 use crate::policy::Verdict;
 use crate::store::Check;
-use crate::UserId;
 
 /// A call's limiter and store keys, read from its request by [`prepare`] so that the check's
 /// future holds no reference to the request (whose message may be neither `Sync` nor `Send`,
@@ -49,10 +49,7 @@ pub fn prepare<T>(
 /// Checks every limit of a method for one call (one store round trip): `Ok` runs the body,
 /// `Err` is `RESOURCE_EXHAUSTED` (quota spent), `UNAVAILABLE` (store down under the deny
 /// failure policy), or what [`prepare`] refused.
-pub async fn check(
-    limits: &'static [Limit],
-    call: Result<GrpcCall, Status>,
-) -> Result<(), Status> {
+pub async fn check(limits: &'static [Limit], call: Result<GrpcCall, Status>) -> Result<(), Status> {
     let GrpcCall { limiter, keys } = call?;
     let checks: Vec<Check<'_>> = limits
         .iter()

@@ -70,7 +70,10 @@ mod tests {
             (127, &[0x7f]),
             (128, &[0x80, 0x01]),
             (300, &[0xac, 0x02]),
-            (u64::MAX, &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]),
+            (
+                u64::MAX,
+                &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
+            ),
         ] {
             let mut out = Vec::new();
             varint(&mut out, n);
@@ -87,7 +90,9 @@ mod tests {
         want.extend_from_slice(&[0x1a, 54, 0x0a, 40]);
         want.extend_from_slice(RETRY_INFO_URL.as_bytes());
         // RetryInfo { retry_delay: Duration { seconds: 1, nanos: 500_000_000 } }
-        want.extend_from_slice(&[0x12, 10, 0x0a, 8, 0x08, 1, 0x10, 0x80, 0xca, 0xb5, 0xee, 0x01]);
+        want.extend_from_slice(&[
+            0x12, 10, 0x0a, 8, 0x08, 1, 0x10, 0x80, 0xca, 0xb5, 0xee, 0x01,
+        ]);
         assert_eq!(got, want);
     }
 }
