@@ -655,6 +655,88 @@ mod tests {
         );
     }
 
+    /// What `#[tonic::async_trait]` makes of a tonic method taking `mut request`.
+    fn grpc_shaped(attr: TokenStream) -> TokenStream {
+        quote! {
+            #attr
+            fn say<'life0, 'async_trait>(&'life0 self, request: tonic::Request<Hello>)
+                -> ::core::pin::Pin<Box<dyn ::core::future::Future<Output = Result<Response<Reply>, Status>>
+                    + ::core::marker::Send + 'async_trait>>
+            where 'life0: 'async_trait, Self: 'async_trait
+            {
+                Box::pin(async move {
+                    let __self = self;
+                    let mut request = request;
+                    let __ret: Result<Response<Reply>, Status> = { reply(request) };
+                    #[allow(unreachable_code)]
+                    __ret
+                })
+            }
+        }
+    }
+
+    #[test]
+    fn grpc_methods_read_their_request_before_the_body() {
+        let f = expand(
+            quote!(
+                num = 5,
+                time = 1,
+                by = "header:X-Api-Key",
+                key = "{self.tenant}"
+            ),
+            grpc_shaped(quote!()),
+        );
+        let body = compact(&f.block);
+        let user_body = body
+            .split("let__ret:Result<Response<Reply>,Status>={")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{body}"));
+        assert!(
+            user_body.contains("grpc::RequireTonic::<()>::OK"),
+            "{user_body}"
+        );
+        assert!(
+            user_body.contains("By::Header(\"x-api-key\")"),
+            "{user_body}"
+        );
+        assert!(
+            user_body.contains("Piece::Arg(&__self.tenant)"),
+            "{user_body}"
+        );
+        let prepare = user_body
+            .find("let__ratelimit_call=::ratelimit_runtime::__private::grpc::prepare(&__RATELIMIT_LIMITS,&request,")
+            .unwrap_or_else(|| panic!("{user_body}"));
+        let check = user_body
+            .find("grpc::check(&__RATELIMIT_LIMITS,__ratelimit_call).await")
+            .unwrap_or_else(|| panic!("{user_body}"));
+        let ret = user_body
+            .find("return::core::result::Result::Err(::ratelimit_runtime::__private::grpc::into_error(__ratelimit_status));")
+            .unwrap_or_else(|| panic!("{user_body}"));
+        let body_starts = user_body.find("reply(request)").unwrap();
+        assert!(
+            prepare < check && check < ret && ret < body_starts,
+            "{user_body}"
+        );
+    }
+
+    #[test]
+    fn grpc_mode_needs_a_request_and_no_url() {
+        let out =
+            rate_limit(quote!(num = 5, time = 1, by = "url"), grpc_shaped(quote!())).to_string();
+        assert!(out.contains("not available on a gRPC method"), "{out}");
+        // Without a `Request` parameter: the plain-mode-only error, which says what is needed.
+        let plain = async_trait_shaped().to_string().replace(
+            "# [rate_limit (num = 20 , time = \"1m\" , key = \"{to}\")]",
+            "",
+        );
+        let out =
+            rate_limit(quote!(num = 5, time = 1, by = "ip"), plain.parse().unwrap()).to_string();
+        assert!(
+            out.contains("takes no `tonic::Request<T>` parameter"),
+            "{out}"
+        );
+    }
+
     #[test]
     fn a_sync_fn_that_only_returns_a_boxed_future_of_another_shape_is_not_taken_for_async_trait() {
         // Two statements: not what async-trait writes, so not recognised.
