@@ -656,9 +656,8 @@ mod tests {
     }
 
     /// What `#[tonic::async_trait]` makes of a tonic method taking `mut request`.
-    fn grpc_shaped(attr: TokenStream) -> TokenStream {
+    fn grpc_shaped() -> TokenStream {
         quote! {
-            #attr
             fn say<'life0, 'async_trait>(&'life0 self, request: tonic::Request<Hello>)
                 -> ::core::pin::Pin<Box<dyn ::core::future::Future<Output = Result<Response<Reply>, Status>>
                     + ::core::marker::Send + 'async_trait>>
@@ -684,7 +683,7 @@ mod tests {
                 by = "header:X-Api-Key",
                 key = "{self.tenant}"
             ),
-            grpc_shaped(quote!()),
+            grpc_shaped(),
         );
         let body = compact(&f.block);
         let user_body = body
@@ -721,8 +720,7 @@ mod tests {
 
     #[test]
     fn grpc_mode_needs_a_request_and_no_url() {
-        let out =
-            rate_limit(quote!(num = 5, time = 1, by = "url"), grpc_shaped(quote!())).to_string();
+        let out = rate_limit(quote!(num = 5, time = 1, by = "url"), grpc_shaped()).to_string();
         assert!(out.contains("not available on a gRPC method"), "{out}");
         // Without a `Request` parameter: the plain-mode-only error, which says what is needed.
         let plain = async_trait_shaped().to_string().replace(
