@@ -278,6 +278,68 @@ mod tests {
         );
     }
 
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn metadata(value: &[u8]) -> Option<tonic::metadata::AsciiMetadataValue> {
+            // What a client can send: any bytes a header value may hold.
+            let value = http::HeaderValue::from_bytes(value).ok()?;
+            let mut headers = http::HeaderMap::new();
+            headers.insert("x", value);
+            MetadataMap::from_headers(headers).get("x").cloned()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any bytes in the keyed entry and in `x-forwarded-for`, trusted or not: no
+            /// panic; a key of bounded length with one hash tag, or a refusal of a blank value;
+            /// by IP always a key, the peer's when no proxy is trusted.
+            #[test]
+            fn any_metadata_gives_a_bounded_key_or_a_refusal(
+                key in proptest::collection::vec(any::<u8>(), 0..300),
+                xff in proptest::collection::vec(any::<u8>(), 0..300),
+                trusting in any::<bool>(),
+            ) {
+                let proxies: &[&str] = if trusting { &["0.0.0.0/0", "::/0"] } else { &[] };
+                let limiter = RateLimiter::builder()
+                    .trusted_proxies(proxies.iter().copied())
+                    .build_lazy()
+                    .unwrap();
+                let settings = limiter.settings();
+                let mut r = Request::new(());
+                r.extensions_mut().insert(tonic::transport::server::TcpConnectInfo {
+                    local_addr: None,
+                    remote_addr: Some("10.0.0.1:5000".parse().unwrap()),
+                });
+                if let Some(v) = metadata(&key) {
+                    r.metadata_mut().insert("x-key", v);
+                }
+                if let Some(v) = metadata(&xff) {
+                    r.metadata_mut().insert("x-forwarded-for", v);
+                }
+                let limits = [limit(By::Header("x-key"))];
+                match keys_for(&settings.prefix, &limits, &[None], |by| by_value(&r, by, &settings.http)) {
+                    Ok(keys) => {
+                        prop_assert!(keys[0].len() < 120, "{}", keys[0]);
+                        prop_assert_eq!(keys[0].matches('{').count(), 1);
+                    }
+                    Err(status) => prop_assert_eq!(status.code(), Code::InvalidArgument),
+                }
+                // By IP, the peer or a hop the header spells: always a key.
+                let limits = [limit(By::Ip)];
+                let keys = keys_for(&settings.prefix, &limits, &[None], |by| by_value(&r, by, &settings.http));
+                let keys = keys.map_err(|s| TestCaseError::fail(format!("{s:?}")))?;
+                prop_assert!(keys[0].len() < 120, "{}", keys[0]);
+                if !trusting {
+                    prop_assert!(keys[0].contains("10.0.0.1"), "{}", keys[0]);
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_store_failure_is_unavailable() {
         let status = Status::from(RateLimitError::StoreUnavailable(
