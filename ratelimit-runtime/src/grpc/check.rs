@@ -20,10 +20,19 @@ use crate::store::Check;
 /// A call's limiter and store keys, read from its request by [`prepare`] so that the check's
 /// future holds no reference to the request (whose message may be neither `Sync` nor `Send`,
 /// as a `Streaming` is not).
-#[derive(Debug)]
 pub struct GrpcCall {
     limiter: RateLimiter,
     keys: Vec<String>,
+}
+
+impl std::fmt::Debug for GrpcCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Keys may hold a caller's metadata (an API key): not printed.
+        f.debug_struct("GrpcCall")
+            .field("limiter", &self.limiter)
+            .field("keys", &self.keys.len())
+            .finish()
+    }
 }
 
 /// Reads what `limits` are `by` from `request` and builds the store keys (one per limit;
