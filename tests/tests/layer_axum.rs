@@ -3,6 +3,11 @@
 //! instead of an attribute, a whole router under one layer, the 429 compared byte for byte with
 //! the attribute's, and a route under both.
 
+#![allow(
+    clippy::duration_suboptimal_units,
+    reason = "Duration::from_mins is newer than the workspace's rust-version"
+)]
+
 mod http_support;
 
 use std::net::SocketAddr;
@@ -69,15 +74,15 @@ fn layer(
         .expect("layer")
 }
 
-/// The scenarios' routes (http_support/scenarios.rs), each limited by a layer of the
+/// The scenarios' routes (`http_support/scenarios.rs`), each limited by a layer of the
 /// attribute's policy and a scope named like the attribute's handler.
 fn app(limiter: &RateLimiter) -> Router {
     let fixed = |scope, by| layer(limiter, scope, Algorithm::Fixed, 2, 60, by);
-    let limited = |route: MethodRouter<AppState>, l: RateLimitLayer| route.layer(l);
+    let under = |route: MethodRouter<AppState>, with: RateLimitLayer| route.layer(with);
     Router::new()
         .route(
             "/login",
-            limited(
+            under(
                 post(login),
                 layer(limiter, "login", Algorithm::Sliding, 3, 10, "ip"),
             ),
@@ -85,21 +90,21 @@ fn app(limiter: &RateLimiter) -> Router {
         .route("/stats", get(stats))
         .route(
             "/url/{*rest}",
-            limited(get(|| async { "url" }), fixed("by_url", "url")),
+            under(get(|| async { "url" }), fixed("by_url", "url")),
         )
-        .route("/me", limited(get(|| async { "me" }), fixed("me", "user")))
+        .route("/me", under(get(|| async { "me" }), fixed("me", "user")))
         .route(
             "/api",
-            limited(get(|| async { "api" }), fixed("api", "app_id")),
+            under(get(|| async { "api" }), fixed("api", "app_id")),
         )
         .route(
             "/keyed",
-            limited(
+            under(
                 get(|| async { "keyed" }),
                 fixed("keyed", "header:X-Api-Key"),
             ),
         )
-        .route("/ip", limited(get(|| async { "ip" }), fixed("by_ip", "ip")))
+        .route("/ip", under(get(|| async { "ip" }), fixed("by_ip", "ip")))
         .layer(middleware::from_fn(auth))
         .with_state(AppState::default())
 }
@@ -188,7 +193,7 @@ async fn whole_router_is_exact(backend: &Backend) {
             Answer::from(request.send().await.expect("send")).await
         }));
     }
-    let (mut ok, mut limited) = (0, 0);
+    let (mut ok, mut refused) = (0, 0);
     for h in handles {
         let a = h.await.expect("join");
         match a.status {
@@ -198,12 +203,12 @@ async fn whole_router_is_exact(backend: &Backend) {
             }
             429 => {
                 a.assert_too_many();
-                limited += 1;
+                refused += 1;
             }
             _ => panic!("unexpected {a:?}"),
         }
     }
-    assert_eq!((ok, limited), (7, 33));
+    assert_eq!((ok, refused), (7, 33));
     // Another client has its own quota.
     let other = Answer::from(
         client_from("127.0.0.2")
@@ -244,12 +249,12 @@ async fn the_layer_answers_exactly_what_the_attribute_answers() {
     let attributed = Router::new()
         .route("/x", get(attributed))
         .layer(Extension(with_attribute));
-    let a = format!("http://{}/x", serve_axum(layered, "127.0.0.1").await);
-    let b = format!("http://{}/x", serve_axum(attributed, "127.0.0.1").await);
+    let layered = format!("http://{}/x", serve_axum(layered, "127.0.0.1").await);
+    let attributed = format!("http://{}/x", serve_axum(attributed, "127.0.0.1").await);
     let c = client();
     for _ in 0..3 {
-        let x = Answer::from(c.get(&a).send().await.expect("send")).await;
-        let y = Answer::from(c.get(&b).send().await.expect("send")).await;
+        let x = Answer::from(c.get(&layered).send().await.expect("send")).await;
+        let y = Answer::from(c.get(&attributed).send().await.expect("send")).await;
         assert_eq!(x.status, y.status, "{x:?} {y:?}");
         assert_eq!(x.body, y.body);
         for name in [

@@ -2,6 +2,11 @@
 //! service), called over loopback by tonic clients: gRPC status codes, not HTTP ones, with the
 //! retry and rate-limit fields as metadata.
 
+#![allow(
+    clippy::duration_suboptimal_units,
+    reason = "Duration::from_mins is newer than the workspace's rust-version"
+)]
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
