@@ -181,3 +181,37 @@ async fn missing_header_is_invalid_argument_and_a_store_down_is_unavailable() {
     let status = with_tenant().await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
 }
+
+/// Without trusted proxies, forwarding headers a client sends as metadata change nothing: a
+/// fresh `x-forwarded-for` (and `forwarded`, `x-real-ip`) on every call is still one caller.
+#[tokio::test]
+async fn spoofed_forwarding_metadata_changes_nothing() {
+    let limiter = limiter(None).await;
+    let addr = serve(per_ip(&limiter, 2)).await;
+    let client = client_from(addr, "127.0.0.1").await;
+    let mut codes = Vec::new();
+    for i in 0..4 {
+        let fake = format!("198.51.100.{i}");
+        let mut request = tonic::Request::new(HealthCheckRequest {
+            service: String::new(),
+        });
+        let metadata = request.metadata_mut();
+        metadata.insert("x-forwarded-for", fake.parse().unwrap());
+        metadata.insert("forwarded", format!("for={fake}").parse().unwrap());
+        metadata.insert("x-real-ip", fake.parse().unwrap());
+        let code = match client.clone().check(request).await {
+            Ok(_) => Code::Ok,
+            Err(status) => status.code(),
+        };
+        codes.push(code);
+    }
+    assert_eq!(
+        codes,
+        [
+            Code::Ok,
+            Code::Ok,
+            Code::ResourceExhausted,
+            Code::ResourceExhausted
+        ]
+    );
+}
