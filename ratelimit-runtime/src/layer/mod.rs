@@ -77,6 +77,24 @@
 //!
 //! The limiter is, in order: the one given to [`RateLimitLayerBuilder::limiter`], a
 //! [`RateLimiter`] in the request extensions, [`RateLimiter::current`] at call time.
+//!
+//! # Where it goes
+//!
+//! * Axum: `Router::layer` limits every route (and the fallback); `Router::route_layer` only
+//!   matched routes; `MethodRouter::layer` (`get(h).layer(…)`) one route.
+//! * tonic: `Server::builder().layer(…)`, around every service of the server. (A single
+//!   service wrapped with it no longer answers tonic's own body type, which `add_service`
+//!   requires; the server's layer does not have that constraint.)
+//! * Any other `Service<http::Request<B>, Response = http::Response<R>>` that is `Clone`; the
+//!   response body becomes [`LayerBody<R>`].
+//!
+//! # Cost
+//!
+//! Per request, the layer allocates what the attribute does — each limit's store key (and the
+//! client address's text for `ip`), the rate-limit field values, the check's small vectors —
+//! plus one boxed future, since the check is an `async fn` whose future cannot be named. It
+//! clones no headers: the sources read the request in place. The service polled ready is the
+//! one called (the inner service is cloned and swapped in `call`).
 
 mod body;
 mod grpc;
@@ -602,7 +620,11 @@ impl Shared {
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
     {
-        let grpc = grpc::is_grpc(request.method(), request.headers());
+        // For gRPC, the request's content type (reference-counted), answered back: a
+        // gRPC-Web client expects its own.
+        let grpc = grpc::is_grpc(request.method(), request.headers())
+            .then(|| request.headers().get(CONTENT_TYPE).cloned())
+            .flatten();
         let limiter = match &self.limiter {
             Some(l) => l.clone(),
             None => match request.extensions().get::<RateLimiter>() {
@@ -613,7 +635,7 @@ impl Shared {
         let settings = limiter.settings();
         let keys = match self.keys(&request, settings) {
             Ok(keys) => keys,
-            Err(missing) => return Ok(Self::missing(missing, grpc)),
+            Err(missing) => return Ok(Self::missing(missing, grpc.as_ref())),
         };
         let checks: Vec<Check<'_>> = self
             .limits
@@ -632,10 +654,14 @@ impl Shared {
             }
             Ok(v) => Ok(answer(
                 Refusal::too_many_requests(&self.limits, &v, &settings.http),
-                grpc,
+                grpc.as_ref(),
                 &settings.http.message,
             )),
-            Err(_) => Ok(answer(Refusal::store_unavailable(), grpc, STORE_DOWN)),
+            Err(_) => Ok(answer(
+                Refusal::store_unavailable(),
+                grpc.as_ref(),
+                STORE_DOWN,
+            )),
         }
     }
 
@@ -679,7 +705,7 @@ impl Shared {
     }
 
     /// The answer to a request that lacks what a limit is `by`.
-    fn missing<B>(missing: Missing, grpc: bool) -> Response<LayerBody<B>> {
+    fn missing<B>(missing: Missing, grpc: Option<&HeaderValue>) -> Response<LayerBody<B>> {
         let refusal = missing.refusal(|| {
             if !MISSING_PEER_LOGGED.swap(true, Ordering::Relaxed) {
                 tracing::error!("{MISSING_PEER}");
@@ -692,13 +718,18 @@ impl Shared {
 }
 
 /// The response that replaces the inner service's: the attribute's (status, JSON body,
-/// fields), or for gRPC a trailers-only answer with the same fields and `message`.
-fn answer<B>(refusal: Refusal, grpc: bool, message: &str) -> Response<LayerBody<B>> {
+/// fields), or for a gRPC request (`grpc`: its content type) a trailers-only answer with the
+/// same fields and `message`.
+fn answer<B>(
+    refusal: Refusal,
+    grpc: Option<&HeaderValue>,
+    message: &str,
+) -> Response<LayerBody<B>> {
     let mut response;
-    if grpc {
+    if let Some(content_type) = grpc {
         response = Response::new(LayerBody::empty());
         let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(CONTENT_TYPE, content_type.clone());
         headers.insert(
             HeaderName::from_static("grpc-status"),
             HeaderValue::from(u16::from(grpc::code(refusal.status))),
@@ -901,6 +932,43 @@ mod tests {
         );
         assert_eq!(headers[LEGACY_REMAINING], "0");
         assert_eq!(headers["x-ratelimit-limit"], "3");
+    }
+
+    #[test]
+    fn grpc_answers_are_trailers_only_in_the_request_s_content_type() {
+        use http_body::Body as _;
+        let limits = [Limit {
+            policy: Policy::from_parts(Algorithm::Fixed, 2, 10_000, 2, 1).unwrap(),
+            scope: "api",
+            by: By::Ip,
+        }];
+        let verdict = crate::Verdict::new(vec![crate::Decision::new(
+            false,
+            2,
+            0,
+            secs(10),
+            Duration::from_millis(1_500),
+        )]);
+        let settings = crate::http::HttpSettings::default();
+        let refusal = Refusal::too_many_requests(&limits, &verdict, &settings);
+        let web = HeaderValue::from_static("application/grpc-web+proto");
+        let r = answer::<String>(refusal.clone(), Some(&web), "100% full\n");
+        assert_eq!(r.status(), 200);
+        assert!(r.body().is_end_stream());
+        let h = r.headers();
+        assert_eq!(h[CONTENT_TYPE], "application/grpc-web+proto");
+        assert_eq!(h["grpc-status"], "8");
+        assert_eq!(h["grpc-message"], "100%25 full%0A");
+        assert_eq!(h["retry-after"], "2");
+        assert_eq!(h["ratelimit-policy"], "\"api\";q=2;w=10");
+        assert_eq!(h["ratelimit"], "\"api\";r=0;t=10");
+        let len = refusal.body.len() as u64;
+        let r = answer::<String>(refusal, None, "unused");
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers()[CONTENT_TYPE], "application/json");
+        assert_eq!(r.body().size_hint().exact(), Some(len));
+        let r = answer::<String>(Refusal::store_unavailable(), Some(&web), STORE_DOWN);
+        assert_eq!(r.headers()["grpc-status"], "14");
     }
 
     proptest! {
