@@ -432,3 +432,35 @@ async fn grpc_content_type_on_get_is_http_and_a_store_down_is_503() {
     assert_eq!(down.status, 503, "{down:?}");
     assert_eq!(down.json()["error"], "rate_limit_unavailable");
 }
+
+/// With the legacy fields, a route under both limits reports the tighter one (the lower
+/// remaining), once.
+#[tokio::test]
+async fn legacy_fields_describe_the_tighter_limit() {
+    let limiter = Backend::memory()
+        .limiter_with(&[], ratelimit_runtime::HeaderStyle::Legacy)
+        .await;
+    let app = Router::new()
+        .route("/tight", get(tight))
+        .route("/free", get(|| async { "free" }))
+        .layer(Extension(limiter.clone()))
+        .layer(layer(&limiter, "api", Algorithm::Fixed, 5, 60, "ip"));
+    let base = format!("http://{}", serve_axum(app, "127.0.0.1").await);
+    let c = client();
+    let get = |path: &str| {
+        let request = c.get(format!("{base}{path}"));
+        async move { Answer::from(request.send().await.expect("send")).await }
+    };
+    let legacy = |a: &Answer| {
+        ["x-ratelimit-limit", "x-ratelimit-remaining"].map(|name| {
+            let all: Vec<_> = a.headers.get_all(name).iter().collect();
+            assert_eq!(all.len(), 1, "{name}: {a:?}");
+            all[0].to_str().unwrap().to_owned()
+        })
+    };
+    let tight = get("/tight").await;
+    assert_eq!(tight.status, 200, "{tight:?}");
+    assert!(tight.header("ratelimit").is_none(), "{tight:?}");
+    assert_eq!(legacy(&tight), ["2", "1"]);
+    assert_eq!(legacy(&get("/free").await), ["5", "3"]);
+}
