@@ -971,6 +971,88 @@ mod tests {
         assert_eq!(r.headers()["grpc-status"], "14");
     }
 
+    /// A service that fails the test when called without `poll_ready` on that very instance;
+    /// its clones start unready.
+    #[derive(Debug)]
+    struct MustBeReady {
+        ready: bool,
+        calls: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Clone for MustBeReady {
+        fn clone(&self) -> Self {
+            Self {
+                ready: false,
+                calls: Arc::clone(&self.calls),
+            }
+        }
+    }
+
+    impl Service<Request<String>> for MustBeReady {
+        type Response = Response<String>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Response<String>, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            self.ready = true;
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<String>) -> Self::Future {
+            assert!(self.ready, "called without poll_ready");
+            self.ready = false;
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(Response::new("ok".to_owned())))
+        }
+    }
+
+    #[tokio::test]
+    async fn the_service_polled_ready_is_the_one_called_and_refusals_never_call_it() {
+        let clock = crate::store::ManualClock::new();
+        let limiter = RateLimiter::builder()
+            .store(crate::MemoryStore::with_clock(clock))
+            .build()
+            .await
+            .unwrap();
+        let layer = RateLimitLayer::builder()
+            .num(2)
+            .period(secs(60))
+            .limiter(limiter)
+            .build()
+            .unwrap();
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut service = layer.layer(MustBeReady {
+            ready: false,
+            calls: Arc::clone(&calls),
+        });
+        let mut statuses = Vec::new();
+        for grpc in [false, false, false, true] {
+            std::future::poll_fn(|cx| service.poll_ready(cx))
+                .await
+                .unwrap();
+            let mut request = Request::new(String::new());
+            if grpc {
+                *request.method_mut() = http::Method::POST;
+                request
+                    .headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            }
+            let response = service.call(request).await.unwrap();
+            let grpc_status = response.headers().get("grpc-status").cloned();
+            statuses.push((response.status().as_u16(), grpc_status));
+        }
+        assert_eq!(
+            statuses,
+            [
+                (200, None),
+                (200, None),
+                (429, None),
+                (200, Some(HeaderValue::from_static("8")))
+            ]
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
     proptest! {
         #[test]
         fn any_by_parses_or_is_refused_without_panic(s in any::<String>()) {
