@@ -182,7 +182,10 @@
 //!
 //! * `axum` — Axum 0.8 handlers; `actix` — Actix-web 4 handlers (both can be on at once);
 //! * `cluster` — `RedisClusterStore`, a Redis Cluster store;
-//! * `tls` — `rediss://` URLs (rustls).
+//! * `tls` — `rediss://` URLs (rustls);
+//! * `tower` — [`RateLimitLayer`], a Tower layer that limits a whole Axum router, tonic server
+//!   or any `tower::Service` over `http::Request` ([`layer`]); with `tonic`, the layer reads the
+//!   peer address tonic's server records.
 //!
 //! # Where things are
 //!
@@ -195,6 +198,8 @@ pub mod algorithm;
 pub mod error;
 pub mod http;
 pub mod key;
+#[cfg(feature = "tower")]
+pub mod layer;
 mod limit;
 #[doc(hidden)] // its items are re-exported at the root
 pub mod limiter;
@@ -210,6 +215,8 @@ pub mod __private;
 pub use error::{ConfigError, RateLimitError, StoreError};
 pub use http::settings::{ForwardedHeader, HeaderStyle};
 pub use http::user::UserId;
+#[cfg(feature = "tower")]
+pub use layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
 pub use limiter::{Builder, FailurePolicy, RateLimiter, Settings};
 pub use net::{IpNet, IpNetParseError};
 pub use policy::{
