@@ -189,6 +189,9 @@
 //! * `axum` — Axum 0.8 handlers; `actix` — Actix-web 4 handlers (both can be on at once);
 //! * `cluster` — `RedisClusterStore`, a Redis Cluster store;
 //! * `tls` — `rediss://` URLs (rustls);
+//! * `tower` — [`RateLimitLayer`], a Tower layer that limits a whole Axum router, tonic server
+//!   or any `tower::Service` over `http::Request` ([`layer`]); with `tonic`, the layer reads the
+//!   peer address tonic's server records;
 //! * `tonic` — gRPC methods of tonic 0.14 services (`by = "ip"`, `"header:<name>"`, `"app_id"`,
 //!   `"user"` read from their `tonic::Request`), and `tonic::Status: From<RateLimitError>`
 //!   (see [`grpc`]).
@@ -205,6 +208,8 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod key;
+#[cfg(feature = "tower")]
+pub mod layer;
 mod limit;
 #[doc(hidden)] // its items are re-exported at the root
 pub mod limiter;
@@ -220,6 +225,8 @@ pub mod __private;
 pub use error::{ConfigError, RateLimitError, StoreError};
 pub use http::settings::{ForwardedHeader, HeaderStyle};
 pub use http::user::UserId;
+#[cfg(feature = "tower")]
+pub use layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
 pub use limiter::{Builder, FailurePolicy, RateLimiter, Settings};
 pub use net::{IpNet, IpNetParseError};
 pub use policy::{
