@@ -68,10 +68,23 @@ pub(crate) use self::settings::{ForwardedHeader, HeaderStyle};
 #[cfg(any(feature = "axum", feature = "actix", feature = "tower"))]
 pub(crate) use self::user::UserId;
 
-#[cfg(any(feature = "axum", feature = "actix", feature = "tower"))]
-mod ip;
-#[cfg(any(feature = "axum", feature = "actix", feature = "tower"))]
-#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))] // the layer alone
+// Also the gRPC integration's (feature `tonic`): the same client address and the same fields.
+#[cfg(any(
+    feature = "axum",
+    feature = "actix",
+    feature = "tower",
+    feature = "tonic"
+))]
+#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
+pub(crate) mod ip;
+#[cfg(any(
+    feature = "axum",
+    feature = "actix",
+    feature = "tower",
+    feature = "tonic"
+))]
+// Parts go unused with the layer or gRPC alone.
+#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
 pub(crate) mod response;
 #[cfg(any(feature = "axum", feature = "actix", feature = "tower"))]
 pub(crate) mod source;
