@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use hashbrown::HashTable;
 
-use super::{Check, Store, StoreFuture};
-use crate::algorithm::{self, Evaluation, Params, State};
+use super::{Check, RefundFuture, Store, StoreFuture};
+use crate::algorithm::{self, Evaluation, Params, Receipt, State};
 use crate::error::StoreError;
 use crate::policy::{Decision, Verdict};
 
@@ -201,7 +201,17 @@ struct Inner {
     sweep_interval_ns: AtomicU64,
     /// Set while a janitor task lives (cleared when its runtime drops it).
     janitor_running: AtomicBool,
+    /// The receipts of calls taken with [`Store::take`], by call id: when they expire (µs)
+    /// and one per limit. Only outcome-filtered calls (`count = …`) use it.
+    receipts: Mutex<std::collections::HashMap<Box<str>, (u64, Vec<Receipt>)>>,
 }
+
+/// The most receipts the memory store holds at once; beyond it (every one unexpired), a take
+/// leaves none and the call stays counted.
+const MAX_RECEIPTS: usize = 1 << 16;
+
+/// The longest a receipt lives, µs (as the scripts' `RECEIPT_TTL_US`).
+const RECEIPT_TTL_US: u64 = 10_000_000;
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -250,6 +260,7 @@ impl MemoryStore {
                 max_per_shard: AtomicUsize::new(0),
                 sweep_interval_ns: AtomicU64::new(0),
                 janitor_running: AtomicBool::new(false),
+                receipts: Mutex::new(std::collections::HashMap::new()),
             }),
             janitor: Mutex::new(None),
         };
@@ -374,7 +385,71 @@ impl MemoryStore {
         match checks {
             [] => Ok(Verdict::new(Vec::new())),
             [one] => Ok(Verdict::new(vec![self.inner.check_one(one)?])),
-            many => Ok(Verdict::new(self.inner.check_many(many)?)),
+            many => Ok(Verdict::new(self.inner.check_many(many, None)?)),
+        }
+    }
+
+    /// [`Store::take`] without a future: [`MemoryStore::check_now`], and when the call is
+    /// admitted, a receipt per limit under `call_id` (kept by the store, at most 10 seconds).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
+    /// let checks = [Check::new("login", &policy)];
+    /// assert!(store.take_now(&checks, "a1b2c3d4e5f6a7b8c9")?.is_admitted());
+    /// assert!(!store.check_now(&checks)?.is_admitted());
+    /// store.refund_now(&checks, "a1b2c3d4e5f6a7b8c9"); // the call did not count
+    /// store.refund_now(&checks, "a1b2c3d4e5f6a7b8c9"); // a second refund gives back nothing
+    /// assert!(store.check_now(&checks)?.is_admitted());
+    /// assert!(!store.check_now(&checks)?.is_admitted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`MemoryStore::check_now`].
+    pub fn take_now(&self, checks: &[Check<'_>], call_id: &str) -> Result<Verdict, StoreError> {
+        self.start_janitor();
+        if checks.is_empty() {
+            return Ok(Verdict::new(Vec::new()));
+        }
+        let mut receipts = Vec::with_capacity(checks.len());
+        let verdict = Verdict::new(self.inner.check_many(checks, Some(&mut receipts))?);
+        if verdict.is_admitted() && receipts.len() == checks.len() {
+            let now = self.inner.now();
+            let ttl = receipts
+                .iter()
+                .map(|r| r.reset_us)
+                .max()
+                .unwrap_or(0)
+                .min(RECEIPT_TTL_US);
+            let mut held = lock(&self.inner.receipts);
+            if held.len() >= MAX_RECEIPTS {
+                held.retain(|_, (expires, _)| *expires > now);
+            }
+            // Full of live receipts: none for this call, which stays counted (fails closed).
+            if held.len() < MAX_RECEIPTS {
+                held.insert(call_id.into(), (now.saturating_add(ttl), receipts));
+            }
+        }
+        Ok(verdict)
+    }
+
+    /// [`Store::refund`] without a future: gives back what the call taken under `call_id`
+    /// still holds of its first `checks.len()` limits, at most once (the receipts are removed).
+    pub fn refund_now(&self, checks: &[Check<'_>], call_id: &str) {
+        let Some((expires, receipts)) = lock(&self.inner.receipts).remove(call_id) else {
+            return;
+        };
+        let now = self.inner.now();
+        if now >= expires {
+            return;
+        }
+        for (check, receipt) in checks.iter().zip(&receipts) {
+            self.inner.refund_one(check, receipt, now);
         }
     }
 
@@ -400,6 +475,17 @@ impl MemoryStore {
 impl Store for MemoryStore {
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
         Box::pin(async move { self.check_now(checks) })
+    }
+
+    fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
+        Box::pin(async move { self.take_now(checks, call_id) })
+    }
+
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+        Box::pin(async move {
+            self.refund_now(checks, call_id);
+            Ok(())
+        })
     }
 
     fn name(&self) -> &'static str {
@@ -522,10 +608,37 @@ impl Inner {
         }
     }
 
+    /// Gives back what one limit of a call still holds, by its receipt: the rule is
+    /// [`algorithm::refund`] (the scripts' `refund`).
+    fn refund_one(&self, check: &Check<'_>, receipt: &Receipt, now: u64) {
+        let p = Params::of(check.policy);
+        let hash = self.hash(check.key);
+        let mut guard = lock(&self.shards[Self::shard_of(hash)]);
+        let shard = &mut *guard;
+        let Some(entry) = shard.map.get_mut(hash, check.key) else {
+            return;
+        };
+        if !entry.live(now) {
+            return;
+        }
+        match algorithm::refund(Some(entry.state.clone()), receipt, &p, now) {
+            Some(state) => *entry = Entry::new(state, &p),
+            // The call opened the state and nothing else is in it: as if never taken (idle
+            // now, swept with the others).
+            None => entry.idle_at = now,
+        }
+        shard.next_idle = shard.next_idle.min(entry.idle_at);
+    }
+
     /// Several limits as one call: lock their shards in ascending order, apply the limits one
     /// after the other (a key named twice sees what the call's earlier limits took), and write
-    /// only if all admit and every new key fits.
-    fn check_many(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+    /// only if all admit and every new key fits. With `receipts`, an admitted call's receipt
+    /// per limit is pushed there (for [`MemoryStore::take_now`]).
+    fn check_many(
+        &self,
+        checks: &[Check<'_>],
+        receipts: Option<&mut Vec<Receipt>>,
+    ) -> Result<Vec<Decision>, StoreError> {
         let params: Vec<Params> = checks.iter().map(|c| Params::of(c.policy)).collect();
         // Distinct keys ("slots"), each with its shard and what this call would write to it.
         let mut slots: Vec<Slot<'_>> = Vec::with_capacity(checks.len());
@@ -566,6 +679,7 @@ impl Inner {
 
         // Evaluate every limit in order, each on the state the call's earlier limits left.
         let mut outcomes: Vec<Evaluation> = Vec::with_capacity(checks.len());
+        let mut firsts: Vec<u64> = Vec::new();
         for ((c, p), &s) in checks.iter().zip(&params).zip(&slot_of) {
             let slot = &mut slots[s];
             let base = match &slot.pending {
@@ -573,6 +687,19 @@ impl Inner {
                 None => guards[guard_of(slot.shard)].base(slot.hash, c.key, now),
             };
             let (e, next) = algorithm::evaluate(c.policy.algorithm(), base, p, now);
+            if receipts.is_some() {
+                // The sliding log's first score of this call (what its refund removes).
+                let first = match &next {
+                    Some(State::Sliding(log)) => log.runs.back().map_or(0, |&(start, len)| {
+                        u64::try_from(start)
+                            .unwrap_or(0)
+                            .saturating_add(len)
+                            .saturating_sub(p.cost)
+                    }),
+                    _ => 0,
+                };
+                firsts.push(first);
+            }
             if next.is_some() {
                 slot.pending = next;
             }
@@ -600,6 +727,13 @@ impl Inner {
                     let entry = Entry::new(state, &params[slot.last]);
                     guards[guard_of(slot.shard)].commit(slot.hash, slot.key, entry);
                 }
+            }
+            if let Some(receipts) = receipts {
+                receipts.extend(outcomes.iter().zip(&firsts).map(|(e, &first)| Receipt {
+                    at_us: now,
+                    reset_us: e.after_reset_us,
+                    first,
+                }));
             }
             Ok(checks
                 .iter()
