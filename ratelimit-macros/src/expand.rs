@@ -102,21 +102,31 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
         let d = &l.dynamic;
         // `const` items are written where the literal would be, located at the path so that
         // a const of the wrong type is reported there; the static's evaluation checks them.
-        let num = d.num.as_ref().map_or_else(
-            || Literal::u64_unsuffixed(l.num).into_token_stream(),
-            |path| quote_spanned!(at(path.span())=> #path),
-        );
+        let units = |path: &syn::Path| {
+            let v = local("__ratelimit_units");
+            quote_spanned!(at(path.span())=> { let #v: u64 = #path; #v })
+        };
+        let num = d
+            .num
+            .as_ref()
+            .map_or_else(|| Literal::u64_unsuffixed(l.num).into_token_stream(), units);
         let ms = d.time.as_ref().map_or_else(
             || Literal::u64_unsuffixed(l.period_ms).into_token_stream(),
-            |path| quote_spanned!(at(path.span())=> #p::period_ms(#path)),
+            |path| {
+                let v = local("__ratelimit_period");
+                quote_spanned!(at(path.span())=> {
+                    let #v: ::core::time::Duration = #path;
+                    #p::period_ms(#v)
+                })
+            },
         );
         let burst = match &d.burst {
-            Some(path) => quote_spanned!(at(path.span())=> #path),
+            Some(path) => units(path),
             None if l.burst == 0 => num.clone(),
             None => Literal::u64_unsuffixed(l.burst).into_token_stream(),
         };
         let cost = match (&d.cost, &d.quota) {
-            (Some(Cost::Const(path)), None) => quote_spanned!(at(path.span())=> #path),
+            (Some(Cost::Const(path)), None) => units(path),
             // A quota's limit, or a cost from the arguments: given per call.
             (Some(_), _) | (None, Some(_)) => quote!(1),
             (None, None) => Literal::u64_unsuffixed(l.cost).into_token_stream(),

@@ -301,6 +301,10 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
             dynamic: dynamic.clone(),
         });
     }
+    if args.written.contains(&"quota") {
+        // A `quota` that did not parse: its error says why; no "missing `num`" besides.
+        return None;
+    }
     if !args.written.contains(&"num") {
         errors.push(syn::Error::new(
             args.span,
