@@ -12,7 +12,7 @@ use syn::spanned::Spanned as _;
 use syn::{AttrStyle, Attribute, Expr, FnArg, ItemFn, Meta, Pat, ReturnType, Stmt};
 
 use crate::async_trait::{self, AsyncTrait};
-use crate::attr::{Args, By, Cost, CountArg, Framework, KeyTemplate, Piece, QuotaArg};
+use crate::attr::{Args, By, Cost, CountArg, Framework, KeyTemplate, Piece, QuotaArg, Spanned};
 use crate::valid::{self, Checked, Mode};
 
 /// The whole attribute: never fails; mistakes become `compile_error!`s next to the user's
@@ -99,38 +99,7 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
     };
     let limits = checked.limits.iter().map(|l| {
         let algo = Ident::new(l.algo.variant(), Span::call_site());
-        let d = &l.dynamic;
-        // `const` items are written where the literal would be, located at the path so that
-        // a const of the wrong type is reported there; the static's evaluation checks them.
-        let units = |path: &syn::Path| {
-            let v = local("__ratelimit_units");
-            quote_spanned!(at(path.span())=> { let #v: u64 = #path; #v })
-        };
-        let num = d
-            .num
-            .as_ref()
-            .map_or_else(|| Literal::u64_unsuffixed(l.num).into_token_stream(), units);
-        let ms = d.time.as_ref().map_or_else(
-            || Literal::u64_unsuffixed(l.period_ms).into_token_stream(),
-            |path| {
-                let v = local("__ratelimit_period");
-                quote_spanned!(at(path.span())=> {
-                    let #v: ::core::time::Duration = #path;
-                    #p::period_ms(#v)
-                })
-            },
-        );
-        let burst = match &d.burst {
-            Some(path) => units(path),
-            None if l.burst == 0 => num.clone(),
-            None => Literal::u64_unsuffixed(l.burst).into_token_stream(),
-        };
-        let cost = match (&d.cost, &d.quota) {
-            (Some(Cost::Const(path)), None) => units(path),
-            // A quota's limit, or a cost from the arguments: given per call.
-            (Some(_), _) | (None, Some(_)) => quote!(1),
-            (None, None) => Literal::u64_unsuffixed(l.cost).into_token_stream(),
-        };
+        let (num, ms, burst, cost) = numbers(l);
         let scope = l.scope.as_ref().map_or_else(
             || quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
             |s| quote!(#s),
@@ -152,27 +121,7 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
         }
     });
     let dynamic = checked.limits.iter().any(valid::Limit::is_dynamic);
-    let dyn_ident = local("__RATELIMIT_DYN");
-    let dyn_static = dynamic.then(|| {
-        let entries = checked.limits.iter().map(|l| {
-            let quota = match l.dynamic.quota.as_ref().map(|q| &q.value) {
-                None => quote!(#p::QuotaFrom::Attribute),
-                Some(QuotaArg::Request) => quote!(#p::QuotaFrom::Request),
-                Some(QuotaArg::Arg(_)) => quote!(#p::QuotaFrom::Argument),
-            };
-            let count = match l.dynamic.count.as_ref().map(|c| c.value) {
-                None => quote!(#p::Count::All),
-                Some(CountArg::Err) => quote!(#p::Count::Err),
-                Some(CountArg::Ok) => quote!(#p::Count::Ok),
-                Some(CountArg::Status(mask)) => {
-                    let mask = Literal::u8_unsuffixed(mask);
-                    quote!(#p::Count::Status(#mask))
-                }
-            };
-            quote!(#p::Dynamic { quota: #quota, count: #count })
-        });
-        quote!(static #dyn_ident: [#p::Dynamic; #n] = [#(#entries),*];)
-    });
+    let dyn_static = dynamic.then(|| dynamic_static(checked));
     let statics = quote! {
         static #limits_ident: [#p::Limit; #n] = [#(#limits),*];
         #dyn_static
@@ -239,6 +188,70 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
     }
 }
 
+/// A limit's `num`, period, `burst` and `cost` as the static's tokens: literals, or `const`
+/// items written where the literal would be, located at the path so that a const of the wrong
+/// type is reported there (the static's evaluation checks their values).
+fn numbers(l: &valid::Limit) -> (TokenStream, TokenStream, TokenStream, TokenStream) {
+    let p = private();
+    let d = &l.dynamic;
+    let units = |path: &syn::Path| {
+        let v = local("__ratelimit_units");
+        quote_spanned!(at(path.span())=> { let #v: u64 = #path; #v })
+    };
+    let num = d
+        .num
+        .as_ref()
+        .map_or_else(|| Literal::u64_unsuffixed(l.num).into_token_stream(), units);
+    let ms = d.time.as_ref().map_or_else(
+        || Literal::u64_unsuffixed(l.period_ms).into_token_stream(),
+        |path| {
+            let v = local("__ratelimit_period");
+            quote_spanned!(at(path.span())=> {
+                let #v: ::core::time::Duration = #path;
+                #p::period_ms(#v)
+            })
+        },
+    );
+    let burst = match &d.burst {
+        Some(path) => units(path),
+        None if l.burst == 0 => num.clone(),
+        None => Literal::u64_unsuffixed(l.burst).into_token_stream(),
+    };
+    let cost = match (&d.cost, &d.quota) {
+        (Some(Cost::Const(path)), None) => units(path),
+        // A quota's limit, or a cost from the arguments: given per call.
+        (Some(_), _) | (None, Some(_)) => quote!(1),
+        (None, None) => Literal::u64_unsuffixed(l.cost).into_token_stream(),
+    };
+    (num, ms, burst, cost)
+}
+
+/// `static __RATELIMIT_DYN: [Dynamic; n]`: where each limit's quota comes from and which
+/// outcomes it counts.
+fn dynamic_static(checked: &Checked) -> TokenStream {
+    let p = private();
+    let n = checked.limits.len();
+    let dyn_ident = local("__RATELIMIT_DYN");
+    let entries = checked.limits.iter().map(|l| {
+        let quota = match l.dynamic.quota.as_ref().map(|q| &q.value) {
+            None => quote!(#p::QuotaFrom::Attribute),
+            Some(QuotaArg::Request) => quote!(#p::QuotaFrom::Request),
+            Some(QuotaArg::Arg(_)) => quote!(#p::QuotaFrom::Argument),
+        };
+        let count = match l.dynamic.count.as_ref().map(|c| c.value) {
+            None => quote!(#p::Count::All),
+            Some(CountArg::Err) => quote!(#p::Count::Err),
+            Some(CountArg::Ok) => quote!(#p::Count::Ok),
+            Some(CountArg::Status(mask)) => {
+                let mask = Literal::u8_unsuffixed(mask);
+                quote!(#p::Count::Status(#mask))
+            }
+        };
+        quote!(#p::Dynamic { quota: #quota, count: #count })
+    });
+    quote!(static #dyn_ident: [#p::Dynamic; #n] = [#(#entries),*];)
+}
+
 /// What a function with a dynamic limit adds to the call: the per-call inputs of its limits,
 /// and the span of its `count`, when it has one.
 struct Dyn {
@@ -253,15 +266,15 @@ fn inputs(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>, http: bo
     let p = private();
     let self_alias = boxed.and_then(|b| b.self_alias.as_ref());
     let entries = checked.limits.iter().map(|l| {
-        let quota = match &l.dynamic.quota {
-            Some(q) => match &q.value {
-                QuotaArg::Arg(path) => {
-                    let expr = arg_expr(path, at(q.span), self_alias);
-                    quote_spanned!(at(q.span)=> #p::quota_of(&#expr))
-                }
-                QuotaArg::Request => quote!(::core::option::Option::None),
-            },
-            None => quote!(::core::option::Option::None),
+        let quota = if let Some(Spanned {
+            value: QuotaArg::Arg(path),
+            span,
+        }) = &l.dynamic.quota
+        {
+            let expr = arg_expr(path, at(*span), self_alias);
+            quote_spanned!(at(*span)=> #p::quota_of(&#expr))
+        } else {
+            quote!(::core::option::Option::None)
         };
         let cost = match (&l.dynamic.cost, &l.dynamic.quota) {
             (Some(Cost::Expr(e)), _) => {
@@ -539,67 +552,21 @@ fn finish_plain(
     }
 }
 
-/// HTTP mode, as the contract with the runtime says: a hidden `HttpCaller` first, the user's
-/// function moved into an inner `async fn`, and `check_http` deciding whether it runs.
-fn http_handler(
-    func: &ItemFn,
-    http: Span,
+/// The hidden parameter's type, the output type and the call of an HTTP handler: `check_http`
+/// for static limits, `check_http_dyn` for dynamic ones, the framework's
+/// `check_http_counted` (whose output is the framework's response) with `count`.
+fn http_call(
     framework: Option<&crate::attr::Spanned<Framework>>,
-    statics: &TokenStream,
-    key_lets: &[TokenStream],
-    key_refs: &[TokenStream],
     dynamic: Option<&Dyn>,
-) -> TokenStream {
+    output: TokenStream,
+    key_refs: &[TokenStream],
+    args: &[Ident],
+) -> (TokenStream, TokenStream, TokenStream) {
     let p = private();
-    let (outer, _) = split_attrs(&func.attrs);
-    let inner_attrs = func
-        .attrs
-        .iter()
-        .filter(|a| !matches!(a.style, AttrStyle::Outer));
-    let vis = &func.vis;
-    let sig = &func.sig;
-    let (asyncness, fn_token, ident, generics) =
-        (&sig.asyncness, &sig.fn_token, &sig.ident, &sig.generics);
-    let where_clause = &generics.where_clause;
     let caller = local("__ratelimit_caller");
     let inner = local("__ratelimit_inner");
     let limits = local("__RATELIMIT_LIMITS");
-
-    let mut args = Vec::new();
-    let mut params = Vec::new();
-    for (i, input) in sig
-        .inputs
-        .iter()
-        .filter_map(|a| match a {
-            FnArg::Typed(t) => Some(t),
-            FnArg::Receiver(_) => None,
-        })
-        .enumerate()
-    {
-        let arg = local(&format!("__ratelimit_arg{i}"));
-        let ty = &input.ty;
-        params.push(quote!(#arg: #ty));
-        args.push(arg);
-    }
-    let output = match &sig.output {
-        ReturnType::Default => quote!(()),
-        ReturnType::Type(_, ty) => ty.to_token_stream(),
-    };
-    let mut inner_sig = sig.clone();
-    inner_sig.ident = inner.clone();
-    let stmts = &func.block.stmts;
-    let require = match framework.map(|f| (f.value, f.span)) {
-        None => {
-            quote_spanned!(http=> const _: () = ::ratelimit_runtime::__private::RequireHttp::<()>::OK;)
-        }
-        Some((Framework::Axum, span)) => {
-            quote_spanned!(span=> const _: () = ::ratelimit_runtime::__private::RequireAxum::<()>::OK;)
-        }
-        Some((Framework::Actix, span)) => {
-            quote_spanned!(span=> const _: () = ::ratelimit_runtime::__private::RequireActix::<()>::OK;)
-        }
-    };
-    let (caller_ty, output, call) = match dynamic {
+    match dynamic {
         None => (
             quote!(#p::HttpCaller),
             output,
@@ -653,7 +620,69 @@ fn http_handler(
                 ),
             }
         }
+    }
+}
+
+/// HTTP mode, as the contract with the runtime says: a hidden `HttpCaller` first, the user's
+/// function moved into an inner `async fn`, and `check_http` deciding whether it runs.
+fn http_handler(
+    func: &ItemFn,
+    http: Span,
+    framework: Option<&crate::attr::Spanned<Framework>>,
+    statics: &TokenStream,
+    key_lets: &[TokenStream],
+    key_refs: &[TokenStream],
+    dynamic: Option<&Dyn>,
+) -> TokenStream {
+    let p = private();
+    let (outer, _) = split_attrs(&func.attrs);
+    let inner_attrs = func
+        .attrs
+        .iter()
+        .filter(|a| !matches!(a.style, AttrStyle::Outer));
+    let vis = &func.vis;
+    let sig = &func.sig;
+    let (asyncness, fn_token, ident, generics) =
+        (&sig.asyncness, &sig.fn_token, &sig.ident, &sig.generics);
+    let where_clause = &generics.where_clause;
+    let caller = local("__ratelimit_caller");
+    let inner = local("__ratelimit_inner");
+
+    let mut args = Vec::new();
+    let mut params = Vec::new();
+    for (i, input) in sig
+        .inputs
+        .iter()
+        .filter_map(|a| match a {
+            FnArg::Typed(t) => Some(t),
+            FnArg::Receiver(_) => None,
+        })
+        .enumerate()
+    {
+        let arg = local(&format!("__ratelimit_arg{i}"));
+        let ty = &input.ty;
+        params.push(quote!(#arg: #ty));
+        args.push(arg);
+    }
+    let output = match &sig.output {
+        ReturnType::Default => quote!(()),
+        ReturnType::Type(_, ty) => ty.to_token_stream(),
     };
+    let mut inner_sig = sig.clone();
+    inner_sig.ident = inner.clone();
+    let stmts = &func.block.stmts;
+    let require = match framework.map(|f| (f.value, f.span)) {
+        None => {
+            quote_spanned!(http=> const _: () = ::ratelimit_runtime::__private::RequireHttp::<()>::OK;)
+        }
+        Some((Framework::Axum, span)) => {
+            quote_spanned!(span=> const _: () = ::ratelimit_runtime::__private::RequireAxum::<()>::OK;)
+        }
+        Some((Framework::Actix, span)) => {
+            quote_spanned!(span=> const _: () = ::ratelimit_runtime::__private::RequireActix::<()>::OK;)
+        }
+    };
+    let (caller_ty, output, call) = http_call(framework, dynamic, output, key_refs, &args);
     quote! {
         #(#outer)*
         #vis #asyncness #fn_token #ident #generics (

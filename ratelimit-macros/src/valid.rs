@@ -243,63 +243,7 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
     let before = errors.len();
     let dynamic = &args.dynamic;
     if let Some(quota) = &dynamic.quota {
-        let given = [
-            (
-                "num",
-                args.num
-                    .as_ref()
-                    .map(|n| n.span)
-                    .or_else(|| path_span(dynamic.num.as_ref())),
-            ),
-            (
-                "time",
-                args.time
-                    .as_ref()
-                    .map(|t| t.span)
-                    .or_else(|| path_span(dynamic.time.as_ref())),
-            ),
-            (
-                "burst",
-                args.burst
-                    .as_ref()
-                    .map(|b| b.span)
-                    .or_else(|| path_span(dynamic.burst.as_ref())),
-            ),
-        ];
-        for (name, span) in given {
-            if let Some(span) = span {
-                let mut e = syn::Error::new(
-                    span,
-                    format!(
-                        "`quota` gives this limit's num, time and burst per caller at run time: remove `{name}` (or remove `quota` for a fixed limit)"
-                    ),
-                );
-                e.combine(syn::Error::new(quota.span, "the quota is given here"));
-                errors.push(e);
-            }
-        }
-        let algo = args.algo.as_ref().map_or(Algo::Fixed, |a| a.value);
-        if errors.len() > before {
-            return None;
-        }
-        let cost = args.cost.as_ref().map_or(1, |c| c.value);
-        if let Some(c) = &args.cost
-            && let Err(v) = rules::check_units(c.value)
-        {
-            errors.push(syn::Error::new(c.span, v.message()));
-            return None;
-        }
-        return Some(Limit {
-            algo,
-            num: 1,
-            period_ms: 1000,
-            burst: 1,
-            cost,
-            by: args.by.as_ref().map_or(By::Global, |b| b.value.clone()),
-            key: args.key.clone(),
-            scope: args.scope.as_ref().map(|s| s.value.clone()),
-            dynamic: dynamic.clone(),
-        });
+        return quota_limit(args, quota.span, errors);
     }
     if args.written.contains(&"quota") {
         // A `quota` that did not parse: its error says why; no "missing `num`" besides.
@@ -349,19 +293,7 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         if errors.len() > before {
             return None;
         }
-        let num = args.num.as_ref().map_or(1, |n| n.value);
-        return Some(Limit {
-            algo,
-            num,
-            period_ms: args.time.as_ref().map_or(1000, |t| t.value),
-            // 0: the same as `num` (which may be a const).
-            burst: args.burst.as_ref().map_or(0, |b| b.value),
-            cost: args.cost.as_ref().map_or(1, |c| c.value),
-            by: args.by.as_ref().map_or(By::Global, |b| b.value.clone()),
-            key: args.key.clone(),
-            scope: args.scope.as_ref().map(|s| s.value.clone()),
-            dynamic: dynamic.clone(),
-        });
+        return Some(const_limit(args, algo));
     }
     let (num, time) = (args.num.as_ref()?, args.time.as_ref()?);
     let burst = args.burst.as_ref().map_or(num.value, |b| b.value);
@@ -406,6 +338,88 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         scope: args.scope.as_ref().map(|s| s.value.clone()),
         dynamic: dynamic.clone(),
     })
+}
+
+/// A limit whose quota comes at run time (`quota = …`): no `num`, `time` or `burst` may be
+/// written beside it; the numbers here are placeholders.
+fn quota_limit(args: &Args, quota: Span, errors: &mut Vec<syn::Error>) -> Option<Limit> {
+    let before = errors.len();
+    let dynamic = &args.dynamic;
+    let given = [
+        (
+            "num",
+            args.num
+                .as_ref()
+                .map(|n| n.span)
+                .or_else(|| path_span(dynamic.num.as_ref())),
+        ),
+        (
+            "time",
+            args.time
+                .as_ref()
+                .map(|t| t.span)
+                .or_else(|| path_span(dynamic.time.as_ref())),
+        ),
+        (
+            "burst",
+            args.burst
+                .as_ref()
+                .map(|b| b.span)
+                .or_else(|| path_span(dynamic.burst.as_ref())),
+        ),
+    ];
+    for (name, span) in given {
+        if let Some(span) = span {
+            let mut e = syn::Error::new(
+                span,
+                format!(
+                    "`quota` gives this limit's num, time and burst per caller at run time: remove `{name}` (or remove `quota` for a fixed limit)"
+                ),
+            );
+            e.combine(syn::Error::new(quota, "the quota is given here"));
+            errors.push(e);
+        }
+    }
+    let algo = args.algo.as_ref().map_or(Algo::Fixed, |a| a.value);
+    if errors.len() > before {
+        return None;
+    }
+    let cost = args.cost.as_ref().map_or(1, |c| c.value);
+    if let Some(c) = &args.cost
+        && let Err(v) = rules::check_units(c.value)
+    {
+        errors.push(syn::Error::new(c.span, v.message()));
+        return None;
+    }
+    Some(Limit {
+        algo,
+        num: 1,
+        period_ms: 1000,
+        burst: 1,
+        cost,
+        by: args.by.as_ref().map_or(By::Global, |b| b.value.clone()),
+        key: args.key.clone(),
+        scope: args.scope.as_ref().map(|s| s.value.clone()),
+        dynamic: dynamic.clone(),
+    })
+}
+
+/// A limit whose numbers include `const` items: the literals it has, placeholders for the
+/// rest (the static's tokens name the consts).
+fn const_limit(args: &Args, algo: Algo) -> Limit {
+    let num = args.num.as_ref().map_or(1, |n| n.value);
+    Limit {
+        algo,
+        num,
+        period_ms: args.time.as_ref().map_or(1000, |t| t.value),
+        // 0: the same as `num` (which may be a const).
+        burst: args.burst.as_ref().map_or(0, |b| b.value),
+        cost: args.cost.as_ref().map_or(1, |c| c.value),
+        by: args.by.as_ref().map_or(By::Global, |b| b.value.clone()),
+        key: args.key.clone(),
+        scope: args.scope.as_ref().map(|s| s.value.clone()),
+        dynamic: args.dynamic.clone(),
+    }
 }
 
 fn path_span(path: Option<&syn::Path>) -> Option<Span> {

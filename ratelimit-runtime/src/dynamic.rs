@@ -16,6 +16,7 @@
 //! The macro reaches these items through `crate::__private`.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use crate::error::RateLimitError;
 use crate::limit::{By, Limit, keys_for};
@@ -154,6 +155,7 @@ pub(crate) struct Plan {
 
 /// Works out the limits of one call: policies from quotas, overrides and costs; unlimited
 /// ones dropped; keys built; filtered limits first.
+#[allow(clippy::too_many_arguments)] // the call's parts, as both modes hold them
 pub(crate) fn plan<'c, E>(
     limiter: &RateLimiter,
     limits: &[Limit],
@@ -309,7 +311,7 @@ pub(crate) fn limited(verdict: &Verdict) -> RateLimitError {
     let binding: Decision = verdict
         .binding()
         .copied()
-        .unwrap_or_else(|| Decision::new(false, 0, 0, Default::default(), Default::default()));
+        .unwrap_or_else(|| Decision::new(false, 0, 0, Duration::ZERO, Duration::ZERO));
     RateLimitError::Limited {
         retry_after: binding.retry_after.unwrap_or_default(),
         limit: binding.limit,

@@ -135,6 +135,7 @@ impl Quota {
     }
 }
 
+#[allow(clippy::missing_fields_in_debug)] // `burst` is shown as `burst()`: `num` when unset
 impl fmt::Debug for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_unlimited() {
@@ -188,6 +189,10 @@ impl<T: AsQuota + ?Sized> AsQuota for std::sync::Arc<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    fn quota_of_ref<Q: AsQuota>(q: &Q) -> Option<Quota> {
+        q.as_quota()
+    }
+
     #[test]
     fn quotas_are_checked_and_applied_with_the_base_algorithm_and_cost() {
         let q = Quota::per_minute(100).unwrap();
@@ -214,6 +219,6 @@ mod tests {
         assert_eq!(Quota::per_second(u64::MAX), Err(PolicyError::TooManyUnits));
         assert_eq!(q.with_burst(0), Err(PolicyError::ZeroBurst));
         assert_eq!(Some(q).as_quota(), Some(q));
-        assert_eq!((&None::<Quota>).as_quota(), None);
+        assert_eq!(quota_of_ref(&&None::<Quota>), None);
     }
 }

@@ -3,6 +3,10 @@
 //! the auth layer (an upgrade mid-window, an unlimited plan, a missing quota), a `const`
 //! quota, a quota overridden at run time (shown in `RateLimit-Policy`), a cost from the body,
 //! and a login that counts only failures (50 concurrent mixed calls).
+#![allow(
+    clippy::duration_suboptimal_units,
+    reason = "Duration::from_mins is newer than the workspace's rust-version"
+)]
 
 mod http_support;
 

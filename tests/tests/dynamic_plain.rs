@@ -314,10 +314,10 @@ async fn failures_scenario(env: Option<&Env>) {
     // 50 concurrent calls, every other one a failure.
     let failed = Arc::new(AtomicUsize::new(0));
     let succeeded = Arc::new(AtomicUsize::new(0));
-    let limited = Arc::new(AtomicUsize::new(0));
+    let refused = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for i in 0..50 {
-        let (failed, succeeded, limited) = (failed.clone(), succeeded.clone(), limited.clone());
+        let (failed, succeeded, refused) = (failed.clone(), succeeded.clone(), refused.clone());
         let limiter = RateLimiter::current();
         tasks.push(tokio::spawn(limiter.scope(async move {
             let password = if i % 2 == 0 { "wrong" } else { "right" };
@@ -326,7 +326,7 @@ async fn failures_scenario(env: Option<&Env>) {
                 Err(LoginError::WrongPassword) => failed.fetch_add(1, Ordering::SeqCst),
                 Err(LoginError::Limited(e)) => {
                     assert!(e.is_limited(), "{e:?}");
-                    limited.fetch_add(1, Ordering::SeqCst)
+                    refused.fetch_add(1, Ordering::SeqCst)
                 }
             }
         })));
@@ -340,7 +340,7 @@ async fn failures_scenario(env: Option<&Env>) {
         "{concurrent_failures} failures admitted"
     );
     assert_eq!(
-        concurrent_failures + succeeded.load(Ordering::SeqCst) + limited.load(Ordering::SeqCst),
+        concurrent_failures + succeeded.load(Ordering::SeqCst) + refused.load(Ordering::SeqCst),
         50
     );
     // Every success gave its unit back: the failures still allowed are exactly the quota

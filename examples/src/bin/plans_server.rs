@@ -21,6 +21,10 @@
 //!
 //! Listens on 127.0.0.1:3000 (`PORT` changes the port). Limits are kept in this process's
 //! memory, unless `RATELIMIT_REDIS_URL` is set: then in that Redis.
+#![allow(
+    clippy::duration_suboptimal_units,
+    reason = "Duration::from_mins is newer than the workspace's rust-version"
+)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

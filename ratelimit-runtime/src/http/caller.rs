@@ -325,9 +325,8 @@ pub(crate) async fn admit(
         |e| refusal_of(&e),
     )?;
     drop(caller);
-    let (verdict, taken) = match plan.run(&limiter).await {
-        Ok(r) => r,
-        Err(_) => return Err(Refusal::store_unavailable()),
+    let Ok((verdict, taken)) = plan.run(&limiter).await else {
+        return Err(Refusal::store_unavailable());
     };
     if !verdict.is_admitted() {
         return Err(Refusal::too_many_requests(

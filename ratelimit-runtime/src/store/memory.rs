@@ -203,7 +203,15 @@ struct Inner {
     janitor_running: AtomicBool,
     /// The receipts of calls taken with [`Store::take`], by call id: when they expire (µs)
     /// and one per limit. Only outcome-filtered calls (`count = …`) use it.
-    receipts: Mutex<std::collections::HashMap<Box<str>, (u64, Vec<Receipt>)>>,
+    receipts: Mutex<Receipts>,
+}
+
+/// Receipts by call id: when they expire (µs) and one per limit of the call; and when the map
+/// may next be swept (µs), so that a map full of live receipts is not scanned on every take.
+#[derive(Default)]
+struct Receipts {
+    by_call: std::collections::HashMap<Box<str>, (u64, Vec<Receipt>)>,
+    next_sweep: u64,
 }
 
 /// The most receipts the memory store holds at once; beyond it (every one unexpired), a take
@@ -260,7 +268,7 @@ impl MemoryStore {
                 max_per_shard: AtomicUsize::new(0),
                 sweep_interval_ns: AtomicU64::new(0),
                 janitor_running: AtomicBool::new(false),
-                receipts: Mutex::new(std::collections::HashMap::new()),
+                receipts: Mutex::new(Receipts::default()),
             }),
             janitor: Mutex::new(None),
         };
@@ -427,12 +435,14 @@ impl MemoryStore {
                 .unwrap_or(0)
                 .min(RECEIPT_TTL_US);
             let mut held = lock(&self.inner.receipts);
-            if held.len() >= MAX_RECEIPTS {
-                held.retain(|_, (expires, _)| *expires > now);
+            if held.by_call.len() >= MAX_RECEIPTS && now >= held.next_sweep {
+                held.by_call.retain(|_, (expires, _)| *expires > now);
+                held.next_sweep = now.saturating_add(100_000);
             }
             // Full of live receipts: none for this call, which stays counted (fails closed).
-            if held.len() < MAX_RECEIPTS {
-                held.insert(call_id.into(), (now.saturating_add(ttl), receipts));
+            if held.by_call.len() < MAX_RECEIPTS {
+                held.by_call
+                    .insert(call_id.into(), (now.saturating_add(ttl), receipts));
             }
         }
         Ok(verdict)
@@ -441,7 +451,7 @@ impl MemoryStore {
     /// [`Store::refund`] without a future: gives back what the call taken under `call_id`
     /// still holds of its first `checks.len()` limits, at most once (the receipts are removed).
     pub fn refund_now(&self, checks: &[Check<'_>], call_id: &str) {
-        let Some((expires, receipts)) = lock(&self.inner.receipts).remove(call_id) else {
+        let Some((expires, receipts)) = lock(&self.inner.receipts).by_call.remove(call_id) else {
             return;
         };
         let now = self.inner.now();
@@ -688,17 +698,7 @@ impl Inner {
             };
             let (e, next) = algorithm::evaluate(c.policy.algorithm(), base, p, now);
             if receipts.is_some() {
-                // The sliding log's first score of this call (what its refund removes).
-                let first = match &next {
-                    Some(State::Sliding(log)) => log.runs.back().map_or(0, |&(start, len)| {
-                        u64::try_from(start)
-                            .unwrap_or(0)
-                            .saturating_add(len)
-                            .saturating_sub(p.cost)
-                    }),
-                    _ => 0,
-                };
-                firsts.push(first);
+                firsts.push(sliding_first(next.as_ref(), p));
             }
             if next.is_some() {
                 slot.pending = next;
@@ -756,6 +756,20 @@ impl Inner {
                 })
                 .collect())
         }
+    }
+}
+
+/// The sliding log's first score of the call that left `next` (what its refund removes); 0
+/// for the other algorithms.
+fn sliding_first(next: Option<&State>, p: &Params) -> u64 {
+    match next {
+        Some(State::Sliding(log)) => log.runs.back().map_or(0, |&(start, len)| {
+            u64::try_from(start)
+                .unwrap_or(0)
+                .saturating_add(len)
+                .saturating_sub(p.cost)
+        }),
+        _ => 0,
     }
 }
 
@@ -1153,6 +1167,49 @@ mod tests {
     }
 
     /// A stacked call that one limit rejects leaves every entry byte for byte as it was.
+    #[test]
+    fn refunds_give_back_what_the_take_held_once_and_only_while_the_receipt_lives() {
+        let clock = ManualClock::new();
+        clock.advance(MS);
+        let store = MemoryStore::with_clock(clock.clone());
+        for algo in Algorithm::ALL {
+            let p = policy(algo, 2, Duration::from_secs(60), 2);
+            let other = policy(algo, 3, Duration::from_secs(60), 3);
+            let (a, b) = (format!("{algo}:a"), format!("{algo}:b"));
+            let checks = [Check::new(&a, &p), Check::new(&b, &other)];
+            let remaining = |store: &MemoryStore| {
+                let d = algorithm::evaluate(
+                    algo,
+                    store.inner.shards[Inner::shard_of(store.inner.hash(&a))]
+                        .lock()
+                        .unwrap()
+                        .base(store.inner.hash(&a), &a, store.inner.now()),
+                    &Params::of(&p),
+                    store.inner.now(),
+                )
+                .0;
+                d.now_remaining
+            };
+            assert!(store.take_now(&checks, "1").unwrap().is_admitted());
+            assert_eq!(remaining(&store), 1, "{algo}");
+            // The prefix only: limit `b` keeps its unit.
+            store.refund_now(&checks[..1], "1");
+            assert_eq!(remaining(&store), 2, "{algo}");
+            store.refund_now(&checks[..1], "1");
+            assert_eq!(remaining(&store), 2, "{algo}: never twice");
+            let bv = store.check_now(&[Check::new(&b, &other)]).unwrap();
+            assert_eq!(bv.decisions()[0].remaining, 1, "{algo}: b kept the take");
+            // A receipt that expired (10 s at most) gives back nothing.
+            assert!(store.take_now(&checks[..1], "2").unwrap().is_admitted());
+            clock.advance(Duration::from_secs(11));
+            store.refund_now(&checks[..1], "2");
+            assert!(remaining(&store) < 2, "{algo}: stays counted");
+            // An unknown call id gives back nothing.
+            store.refund_now(&checks[..1], "3");
+            assert!(remaining(&store) < 2, "{algo}");
+        }
+    }
+
     #[test]
     fn a_rejected_stacked_call_writes_nothing() {
         let clock = ManualClock::new();
