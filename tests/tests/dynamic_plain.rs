@@ -444,3 +444,80 @@ async fn only_successes_count_memory() {
         })
         .await;
 }
+
+// ---------------------------------------------------------------- failing closed
+
+/// A store of one's own that counts its checks and implements neither `take` nor `refund`.
+#[derive(Debug, Default)]
+struct CountingStore {
+    memory: ratelimit_runtime::MemoryStore,
+    checks: AtomicUsize,
+}
+
+impl ratelimit_runtime::Store for CountingStore {
+    fn check<'a>(
+        &'a self,
+        checks: &'a [ratelimit_runtime::Check<'a>],
+    ) -> ratelimit_runtime::store::StoreFuture<'a> {
+        self.checks.fetch_add(1, Ordering::SeqCst);
+        self.memory.check(checks)
+    }
+
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+}
+
+#[tokio::test]
+async fn an_unlimited_quota_never_asks_the_store_and_a_store_without_refunds_keeps_calls_counted() {
+    let store = Arc::new(CountingStore::default());
+    let limiter = RateLimiter::builder()
+        .shared_store(store.clone())
+        .build()
+        .await
+        .unwrap();
+    limiter
+        .scope(async {
+            for _ in 0..100 {
+                search("ulla", &Quota::unlimited()).await.unwrap();
+            }
+            assert_eq!(store.checks.load(Ordering::SeqCst), 0, "no store call");
+            search("ulla", &Plan::Free.quota()).await.unwrap();
+            assert_eq!(store.checks.load(Ordering::SeqCst), 1);
+            // Without `take`/`refund`, a success is not given back: fails closed.
+            assert!(export_ok(false).await.is_err());
+            assert!(matches!(
+                export_ok(false).await,
+                Err(LoginError::WrongPassword)
+            ));
+            assert!(matches!(
+                export_ok(false).await,
+                Err(LoginError::Limited(_))
+            ));
+        })
+        .await;
+}
+
+/// A body that runs longer than its receipt lives (10 s at most): the call stays counted.
+#[rate_limit(num = 1, time = "15m", count = "err")]
+async fn slow_success(clock: &ratelimit_runtime::store::ManualClock) -> Result<(), LoginError> {
+    clock.advance(Duration::from_secs(11));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_body_longer_than_its_receipt_stays_counted() {
+    let (limiter, env) = Env::memory().await;
+    let Env::Memory(clock) = &env else {
+        unreachable!()
+    };
+    limiter
+        .scope(async {
+            assert!(slow_success(clock).await.is_ok());
+            assert!(matches!(
+                slow_success(clock).await,
+                Err(LoginError::Limited(_))
+            ));
+        })
+        .await;
+}
