@@ -831,6 +831,55 @@ mod tests {
     }
 
     #[test]
+    fn run_time_forms() {
+        let a = args(quote::quote!(
+            num = config::ATTEMPTS,
+            time = WINDOW,
+            burst = BURST,
+            cost = items.len(),
+            count = "4xx, 5xx"
+        ));
+        assert!(a.errors.is_empty(), "{:?}", a.errors);
+        let d = &a.dynamic;
+        assert!(d.num.is_some() && d.time.is_some() && d.burst.is_some());
+        assert!(matches!(d.cost, Some(Cost::Expr(_))));
+        assert_eq!(
+            d.count.as_ref().map(|c| c.value),
+            Some(CountArg::Status(0b11_0000))
+        );
+        let a = args(quote::quote!(
+            quota = "{self.plan}",
+            cost = n,
+            count = "errors"
+        ));
+        assert!(a.errors.is_empty(), "{:?}", a.errors);
+        assert!(matches!(
+            a.dynamic.quota.as_ref().map(|q| &q.value),
+            Some(QuotaArg::Arg(path)) if path == &["self", "plan"]
+        ));
+        assert!(matches!(a.dynamic.cost, Some(Cost::Const(_))));
+        assert_eq!(
+            a.dynamic.count.as_ref().map(|c| c.value),
+            Some(CountArg::Status(0b11_0000))
+        );
+        for bad in [
+            quote::quote!(count = "6xx"),
+            quote::quote!(count = "4xx,"),
+            quote::quote!(count = "failures"),
+            quote::quote!(count = err),
+            quote::quote!(quota = "{a}:{b}"),
+            quote::quote!(quota = "plan"),
+            quote::quote!(quota = 5),
+        ] {
+            assert_eq!(args(bad.clone()).errors.len(), 1, "{bad}");
+        }
+        // A literal is still a literal, and `time` keeps its duration strings.
+        let a = args(quote::quote!(num = 3, time = "1m", cost = 2));
+        assert!(a.dynamic.num.is_none() && a.dynamic.cost.is_none());
+        assert_eq!(a.time.map(|t| t.value), Some(60_000));
+    }
+
+    #[test]
     fn durations() {
         let s = Span::call_site();
         assert_eq!(parse_duration("500ms", s).unwrap(), 500);
