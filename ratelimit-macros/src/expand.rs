@@ -278,6 +278,7 @@ fn inputs(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>, http: bo
         };
         let cost = match (&l.dynamic.cost, &l.dynamic.quota) {
             (Some(Cost::Expr(e)), _) => {
+                let e = with_self_alias(e.to_token_stream(), self_alias);
                 quote_spanned!(at(e.span())=> ::core::option::Option::Some(#p::cost_of(#e)))
             }
             (Some(Cost::Const(path)), Some(_)) => {
@@ -349,6 +350,33 @@ fn arg_expr(path: &[String], span: Span, self_alias: Option<&Ident>) -> TokenStr
             expr
         }
     }
+}
+
+/// `tokens` with `self` written as `alias` (inside an `#[async_trait]` future, where the
+/// receiver is a local of async-trait's), or as they are.
+fn with_self_alias(tokens: TokenStream, alias: Option<&Ident>) -> TokenStream {
+    let Some(alias) = alias else {
+        return tokens;
+    };
+    tokens
+        .into_iter()
+        .map(|tree| match tree {
+            proc_macro2::TokenTree::Ident(ident) if ident == "self" => {
+                let mut alias = alias.clone();
+                alias.set_span(alias.span().located_at(ident.span()));
+                proc_macro2::TokenTree::Ident(alias)
+            }
+            proc_macro2::TokenTree::Group(group) => {
+                let mut g = proc_macro2::Group::new(
+                    group.delimiter(),
+                    with_self_alias(group.stream(), Some(alias)),
+                );
+                g.set_span(group.span());
+                proc_macro2::TokenTree::Group(g)
+            }
+            other => other,
+        })
+        .collect()
 }
 
 /// An identifier for a template segment: `self`, a plain name, or a raw one for a keyword.
