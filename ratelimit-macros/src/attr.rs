@@ -21,6 +21,8 @@ pub(crate) const KNOWN: &[&str] = &[
     "cost",
     "scope",
     "framework",
+    "quota",
+    "count",
 ];
 
 /// Names people write for an argument by habit (other libraries' words), and the right one.
@@ -30,7 +32,6 @@ const ALIASES: &[(&str, &str)] = &[
     ("strategy", "algo"),
     ("kind", "algo"),
     ("limit", "num"),
-    ("count", "num"),
     ("max", "num"),
     ("rate", "num"),
     ("requests", "num"),
@@ -53,6 +54,9 @@ const ALIASES: &[(&str, &str)] = &[
     ("tokens", "cost"),
     ("name", "scope"),
     ("namespace", "scope"),
+    ("plan", "quota"),
+    ("deduct_when", "count"),
+    ("counts", "count"),
 ];
 
 /// The algorithms `algo` accepts.
@@ -173,6 +177,9 @@ pub(crate) struct Args {
     pub(crate) cost: Option<Spanned<u64>>,
     pub(crate) scope: Option<Spanned<String>>,
     pub(crate) framework: Option<Spanned<Framework>>,
+    /// The forms decided at run time or by a `const` item (`num = CONST`, `cost = items.len()`,
+    /// `quota`, `count`).
+    pub(crate) dynamic: DynamicArgs,
     /// Every mistake found while reading the values.
     pub(crate) errors: Vec<syn::Error>,
     /// The names written, right or wrong (an alias counts as the name it stands for), so that
@@ -255,6 +262,7 @@ impl Args {
             cost: None,
             scope: None,
             framework: None,
+            dynamic: DynamicArgs::default(),
             errors: Vec::new(),
             written: Vec::new(),
             broken: false,
@@ -278,6 +286,22 @@ impl Args {
         }
         let value = &arg.value;
         let result = match name.as_str() {
+            "num" | "burst" | "cost" | "time" if const_path(value).is_some() => {
+                let path = const_path(value).cloned();
+                match name.as_str() {
+                    "num" => self.dynamic.num = path,
+                    "burst" => self.dynamic.burst = path,
+                    "cost" => self.dynamic.cost = path.map(Cost::Const),
+                    _ => self.dynamic.time = path,
+                }
+                Ok(())
+            }
+            "cost" if !matches!(value, Expr::Lit(_)) => {
+                self.dynamic.cost = Some(Cost::Expr(value.clone()));
+                Ok(())
+            }
+            "quota" => parse_quota(value).map(|v| self.dynamic.quota = Some(v)),
+            "count" => parse_count(value).map(|v| self.dynamic.count = Some(v)),
             "algo" => parse_algo(value).map(|v| self.algo = Some(v)),
             "num" => positive("num", value).map(|v| self.num = Some(v)),
             "time" => parse_time(value).map(|v| self.time = Some(v)),
@@ -293,6 +317,130 @@ impl Args {
             self.errors.push(e);
         }
     }
+}
+
+/// The forms of one attribute decided by a `const` item or at run time.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DynamicArgs {
+    /// `num = CONST` (a `u64`).
+    pub(crate) num: Option<syn::Path>,
+    /// `time = CONST` (a `std::time::Duration`).
+    pub(crate) time: Option<syn::Path>,
+    /// `burst = CONST` (a `u64`).
+    pub(crate) burst: Option<syn::Path>,
+    /// `cost = CONST` or `cost = <expression over the arguments>`.
+    pub(crate) cost: Option<Cost>,
+    /// `quota = "request"` or `quota = "{arg}"`.
+    pub(crate) quota: Option<Spanned<QuotaArg>>,
+    /// `count = "err"`, `"ok"`, `"errors"`, `"4xx"`, `"5xx"`, `"4xx,5xx"`…
+    pub(crate) count: Option<Spanned<CountArg>>,
+}
+
+/// A `cost` that is not a literal.
+#[derive(Debug, Clone)]
+pub(crate) enum Cost {
+    /// A `const` item (or, when its one segment names a parameter, an argument: see `valid`).
+    Const(syn::Path),
+    /// An expression evaluated per call.
+    Expr(Expr),
+}
+
+/// Where `quota` reads a caller's quota.
+#[derive(Debug, Clone)]
+pub(crate) enum QuotaArg {
+    /// `"request"`: the `Quota` in the request extensions (handlers).
+    Request,
+    /// `"{arg}"` / `"{arg.field}"`: an argument.
+    Arg(Vec<String>),
+}
+
+/// Which outcomes `count` counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CountArg {
+    /// `"err"`: plain `Err` (handlers: 4xx and 5xx).
+    Err,
+    /// `"ok"`: plain `Ok` (handlers: below 400).
+    Ok,
+    /// Status classes, bit `n` for `nxx` (handlers only).
+    Status(u8),
+}
+
+/// `num = LIMIT`, `time = config::WINDOW`: a path with no generics or `self`, naming a
+/// `const` item.
+fn const_path(value: &Expr) -> Option<&syn::Path> {
+    match value {
+        Expr::Path(p)
+            if p.qself.is_none()
+                && p.path.segments.iter().all(|s| s.arguments.is_none())
+                && !p.path.segments.iter().any(|s| s.ident == "self") =>
+        {
+            Some(&p.path)
+        }
+        _ => None,
+    }
+}
+
+const QUOTAS: &str = "\"request\" (the `Quota` the auth layer put in the request extensions) or \"{arg}\" (an argument of type `Quota`, `&Quota` or `Option<Quota>`)";
+
+fn parse_quota(value: &Expr) -> syn::Result<Spanned<QuotaArg>> {
+    let lit = lit_str("quota", value, QUOTAS)?;
+    let text = lit.value();
+    let quota = if text == "request" {
+        QuotaArg::Request
+    } else {
+        match parse_template(&text).as_deref() {
+            Ok([Piece::Arg(path)]) => QuotaArg::Arg(path.clone()),
+            _ => {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    format!(
+                        "unknown quota \"{}\": expected {QUOTAS}",
+                        text.escape_default()
+                    ),
+                ));
+            }
+        }
+    };
+    Ok(Spanned {
+        value: quota,
+        span: lit.span(),
+    })
+}
+
+const COUNTS: &str = "\"err\" or \"ok\" (plain functions: which results count), or for handlers \"errors\" (4xx and 5xx) or status classes such as \"4xx\", \"5xx\", \"4xx,5xx\"";
+
+fn parse_count(value: &Expr) -> syn::Result<Spanned<CountArg>> {
+    let lit = lit_str("count", value, COUNTS)?;
+    let text = lit.value();
+    let bad = || {
+        syn::Error::new(
+            lit.span(),
+            format!(
+                "unknown count \"{}\": expected {COUNTS}",
+                text.escape_default()
+            ),
+        )
+    };
+    let count = match text.as_str() {
+        "err" => CountArg::Err,
+        "ok" => CountArg::Ok,
+        "errors" => CountArg::Status((1 << 4) | (1 << 5)),
+        classes => {
+            let mut mask = 0_u8;
+            for class in classes.split(',') {
+                let class = class.trim().as_bytes();
+                match class {
+                    [d @ b'1'..=b'5', b'x', b'x'] => mask |= 1 << (d - b'0'),
+                    _ => return Err(bad()),
+                }
+            }
+            CountArg::Status(mask)
+        }
+    };
+    Ok(Spanned {
+        value: count,
+        span: lit.span(),
+    })
 }
 
 /// The one place duplicates are rejected: the second `name` is the error, noting the first.
@@ -680,6 +828,55 @@ mod tests {
         assert_eq!(a.cost.unwrap().value, 2);
         assert_eq!(a.scope.unwrap().value, "sms");
         assert_eq!(a.framework.unwrap().value, Framework::Axum);
+    }
+
+    #[test]
+    fn run_time_forms() {
+        let a = args(quote::quote!(
+            num = config::ATTEMPTS,
+            time = WINDOW,
+            burst = BURST,
+            cost = items.len(),
+            count = "4xx, 5xx"
+        ));
+        assert!(a.errors.is_empty(), "{:?}", a.errors);
+        let d = &a.dynamic;
+        assert!(d.num.is_some() && d.time.is_some() && d.burst.is_some());
+        assert!(matches!(d.cost, Some(Cost::Expr(_))));
+        assert_eq!(
+            d.count.as_ref().map(|c| c.value),
+            Some(CountArg::Status(0b11_0000))
+        );
+        let a = args(quote::quote!(
+            quota = "{self.plan}",
+            cost = n,
+            count = "errors"
+        ));
+        assert!(a.errors.is_empty(), "{:?}", a.errors);
+        assert!(matches!(
+            a.dynamic.quota.as_ref().map(|q| &q.value),
+            Some(QuotaArg::Arg(path)) if path == &["self", "plan"]
+        ));
+        assert!(matches!(a.dynamic.cost, Some(Cost::Const(_))));
+        assert_eq!(
+            a.dynamic.count.as_ref().map(|c| c.value),
+            Some(CountArg::Status(0b11_0000))
+        );
+        for bad in [
+            quote::quote!(count = "6xx"),
+            quote::quote!(count = "4xx,"),
+            quote::quote!(count = "failures"),
+            quote::quote!(count = err),
+            quote::quote!(quota = "{a}:{b}"),
+            quote::quote!(quota = "plan"),
+            quote::quote!(quota = 5),
+        ] {
+            assert_eq!(args(bad.clone()).errors.len(), 1, "{bad}");
+        }
+        // A literal is still a literal, and `time` keeps its duration strings.
+        let a = args(quote::quote!(num = 3, time = "1m", cost = 2));
+        assert!(a.dynamic.num.is_none() && a.dynamic.cost.is_none());
+        assert_eq!(a.time.map(|t| t.value), Some(60_000));
     }
 
     #[test]

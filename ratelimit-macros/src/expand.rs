@@ -12,7 +12,7 @@ use syn::spanned::Spanned as _;
 use syn::{AttrStyle, Attribute, Expr, FnArg, ItemFn, Meta, Pat, ReturnType, Stmt};
 
 use crate::async_trait::{self, AsyncTrait};
-use crate::attr::{Args, By, Framework, KeyTemplate, Piece};
+use crate::attr::{Args, By, Cost, CountArg, Framework, KeyTemplate, Piece, QuotaArg, Spanned};
 use crate::valid::{self, Checked, Mode};
 
 /// The whole attribute: never fails; mistakes become `compile_error!`s next to the user's
@@ -99,10 +99,7 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
     };
     let limits = checked.limits.iter().map(|l| {
         let algo = Ident::new(l.algo.variant(), Span::call_site());
-        let num = Literal::u64_unsuffixed(l.num);
-        let ms = Literal::u64_unsuffixed(l.period_ms);
-        let burst = Literal::u64_unsuffixed(l.burst);
-        let cost = Literal::u64_unsuffixed(l.cost);
+        let (num, ms, burst, cost) = numbers(l);
         let scope = l.scope.as_ref().map_or_else(
             || quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
             |s| quote!(#s),
@@ -123,8 +120,11 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
             }
         }
     });
+    let dynamic = checked.limits.iter().any(valid::Limit::is_dynamic);
+    let dyn_static = dynamic.then(|| dynamic_static(checked));
     let statics = quote! {
         static #limits_ident: [#p::Limit; #n] = [#(#limits),*];
+        #dyn_static
     };
 
     let http = matches!(checked.mode, Mode::Http { .. });
@@ -159,8 +159,23 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
         key_refs.push(quote!(::core::option::Option::Some(#ident.as_str())));
     }
 
+    let dynamic = dynamic.then(|| Dyn {
+        inputs: inputs(func, checked, boxed, http),
+        count: checked
+            .limits
+            .iter()
+            .find_map(|l| l.dynamic.count.as_ref().map(|c| c.span)),
+    });
     match &checked.mode {
-        Mode::Plain { ret } => plain(func, *ret, boxed.is_some(), &statics, &key_lets, &key_refs),
+        Mode::Plain { ret } => plain(
+            func,
+            *ret,
+            boxed.is_some(),
+            &statics,
+            &key_lets,
+            &key_refs,
+            dynamic.as_ref(),
+        ),
         Mode::Grpc { by, request, ret } => {
             grpc(func, *by, request, *ret, &statics, &key_lets, &key_refs)
         }
@@ -171,7 +186,126 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
             &statics,
             &key_lets,
             &key_refs,
+            dynamic.as_ref(),
         ),
+    }
+}
+
+/// A limit's `num`, period, `burst` and `cost` as the static's tokens: literals, or `const`
+/// items written where the literal would be, located at the path so that a const of the wrong
+/// type is reported there (the static's evaluation checks their values).
+fn numbers(l: &valid::Limit) -> (TokenStream, TokenStream, TokenStream, TokenStream) {
+    let p = private();
+    let d = &l.dynamic;
+    let units = |path: &syn::Path| {
+        let v = local("__ratelimit_units");
+        quote_spanned!(at(path.span())=> { let #v: u64 = #path; #v })
+    };
+    let num = d
+        .num
+        .as_ref()
+        .map_or_else(|| Literal::u64_unsuffixed(l.num).into_token_stream(), units);
+    let ms = d.time.as_ref().map_or_else(
+        || Literal::u64_unsuffixed(l.period_ms).into_token_stream(),
+        |path| {
+            let v = local("__ratelimit_period");
+            quote_spanned!(at(path.span())=> {
+                let #v: ::core::time::Duration = #path;
+                #p::period_ms(#v)
+            })
+        },
+    );
+    let burst = match &d.burst {
+        Some(path) => units(path),
+        None if l.burst == 0 => num.clone(),
+        None => Literal::u64_unsuffixed(l.burst).into_token_stream(),
+    };
+    let cost = match (&d.cost, &d.quota) {
+        (Some(Cost::Const(path)), None) => units(path),
+        // A quota's limit, or a cost from the arguments: given per call.
+        (Some(_), _) | (None, Some(_)) => quote!(1),
+        (None, None) => Literal::u64_unsuffixed(l.cost).into_token_stream(),
+    };
+    (num, ms, burst, cost)
+}
+
+/// `static __RATELIMIT_DYN: [Dynamic; n]`: where each limit's quota comes from and which
+/// outcomes it counts.
+fn dynamic_static(checked: &Checked) -> TokenStream {
+    let p = private();
+    let n = checked.limits.len();
+    let dyn_ident = local("__RATELIMIT_DYN");
+    let entries = checked.limits.iter().map(|l| {
+        let quota = match l.dynamic.quota.as_ref().map(|q| &q.value) {
+            None => quote!(#p::QuotaFrom::Attribute),
+            Some(QuotaArg::Request) => quote!(#p::QuotaFrom::Request),
+            Some(QuotaArg::Arg(_)) => quote!(#p::QuotaFrom::Argument),
+        };
+        let count = match l.dynamic.count.as_ref().map(|c| c.value) {
+            None => quote!(#p::Count::All),
+            Some(CountArg::Err) => quote!(#p::Count::Err),
+            Some(CountArg::Ok) => quote!(#p::Count::Ok),
+            Some(CountArg::Status(mask)) => {
+                let mask = Literal::u8_unsuffixed(mask);
+                quote!(#p::Count::Status(#mask))
+            }
+        };
+        quote!(#p::Dynamic { quota: #quota, count: #count })
+    });
+    quote!(static #dyn_ident: [#p::Dynamic; #n] = [#(#entries),*];)
+}
+
+/// What a function with a dynamic limit adds to the call: the per-call inputs of its limits,
+/// and the span of its `count`, when it has one.
+struct Dyn {
+    inputs: TokenStream,
+    count: Option<Span>,
+}
+
+/// `let __ratelimit_inputs = [Input { quota, cost }, …];`: each limit's quota argument and
+/// cost expression, evaluated before the check (in HTTP mode through `let <pattern> =
+/// &__ratelimit_argN;` for every parameter, as key templates read them).
+fn inputs(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>, http: bool) -> TokenStream {
+    let p = private();
+    let self_alias = boxed.and_then(|b| b.self_alias.as_ref());
+    let entries = checked.limits.iter().map(|l| {
+        let quota = if let Some(Spanned {
+            value: QuotaArg::Arg(path),
+            span,
+        }) = &l.dynamic.quota
+        {
+            let expr = arg_expr(path, at(*span), self_alias);
+            quote_spanned!(at(*span)=> #p::quota_of(&#expr))
+        } else {
+            quote!(::core::option::Option::None)
+        };
+        let cost = match (&l.dynamic.cost, &l.dynamic.quota) {
+            (Some(Cost::Expr(e)), _) => {
+                let e = with_self_alias(e.to_token_stream(), self_alias);
+                quote_spanned!(at(e.span())=> ::core::option::Option::Some(#p::cost_of(#e)))
+            }
+            (Some(Cost::Const(path)), Some(_)) => {
+                quote_spanned!(at(path.span())=> ::core::option::Option::Some(#path))
+            }
+            (None, Some(_)) if l.cost != 1 => {
+                let c = Literal::u64_unsuffixed(l.cost);
+                quote!(::core::option::Option::Some(#c))
+            }
+            _ => quote!(::core::option::Option::None),
+        };
+        quote!(#p::Input { quota: #quota, cost: #cost })
+    });
+    let binds = if http {
+        http_bindings_where(func, checked, |_| true)
+    } else {
+        Vec::new()
+    };
+    let ident = local("__ratelimit_inputs");
+    quote! {
+        let #ident = {
+            #(#binds)*
+            [#(#entries),*]
+        };
     }
 }
 
@@ -184,6 +318,17 @@ fn render(key: &KeyTemplate, self_alias: Option<&Ident>) -> TokenStream {
     let pieces = key.pieces.iter().map(|piece| match piece {
         Piece::Text(t) => quote!(#p::Piece::Text(#t)),
         Piece::Arg(path) => {
+            let expr = arg_expr(path, span, self_alias);
+            quote_spanned!(span=> #p::Piece::Arg(&#expr))
+        }
+    });
+    quote!(#p::render(&[#(#pieces),*]))
+}
+
+/// `arg.field.0` from a template path, located at `span`; `self` as `self_alias` when given.
+fn arg_expr(path: &[String], span: Span, self_alias: Option<&Ident>) -> TokenStream {
+    {
+        {
             let mut expr = TokenStream::new();
             for (i, seg) in path.iter().enumerate() {
                 if i > 0 {
@@ -205,10 +350,36 @@ fn render(key: &KeyTemplate, self_alias: Option<&Ident>) -> TokenStream {
                     segment_ident(seg, span).to_tokens(&mut expr);
                 }
             }
-            quote_spanned!(span=> #p::Piece::Arg(&#expr))
+            expr
         }
-    });
-    quote!(#p::render(&[#(#pieces),*]))
+    }
+}
+
+/// `tokens` with `self` written as `alias` (inside an `#[async_trait]` future, where the
+/// receiver is a local of async-trait's), or as they are.
+fn with_self_alias(tokens: TokenStream, alias: Option<&Ident>) -> TokenStream {
+    let Some(alias) = alias else {
+        return tokens;
+    };
+    tokens
+        .into_iter()
+        .map(|tree| match tree {
+            proc_macro2::TokenTree::Ident(ident) if ident == "self" => {
+                let mut alias = alias.clone();
+                alias.set_span(alias.span().located_at(ident.span()));
+                proc_macro2::TokenTree::Ident(alias)
+            }
+            proc_macro2::TokenTree::Group(group) => {
+                let mut g = proc_macro2::Group::new(
+                    group.delimiter(),
+                    with_self_alias(group.stream(), Some(alias)),
+                );
+                g.set_span(group.span());
+                proc_macro2::TokenTree::Group(g)
+            }
+            other => other,
+        })
+        .collect()
 }
 
 /// An identifier for a template segment: `self`, a plain name, or a raw one for a keyword.
@@ -225,6 +396,15 @@ fn segment_ident(seg: &str, span: Span) -> Ident {
 /// become references).
 fn http_bindings(func: &ItemFn, checked: &Checked, key: &KeyTemplate) -> Vec<TokenStream> {
     let roots = key.arg_roots();
+    http_bindings_where(func, checked, |name| roots.contains(&name))
+}
+
+/// The bindings of the parameters that bind a name `wanted` accepts.
+fn http_bindings_where(
+    func: &ItemFn,
+    checked: &Checked,
+    wanted: impl Fn(&str) -> bool,
+) -> Vec<TokenStream> {
     let typed: Vec<&syn::PatType> = func
         .sig
         .inputs
@@ -238,7 +418,7 @@ fn http_bindings(func: &ItemFn, checked: &Checked, key: &KeyTemplate) -> Vec<Tok
         .params
         .iter()
         .enumerate()
-        .filter(|(_, names)| names.iter().any(|n| roots.contains(&n.as_str())))
+        .filter(|(_, names)| names.iter().any(|n| wanted(n)))
         .map(|(i, _)| {
             let mut pat = (*typed[i].pat).clone();
             strip_binding_modes(&mut pat);
@@ -289,6 +469,7 @@ fn plain(
     statics: &TokenStream,
     key_lets: &[TokenStream],
     key_refs: &[TokenStream],
+    dynamic: Option<&Dyn>,
 ) -> TokenStream {
     let p = private();
     let (outer, inner) = split_attrs(&func.attrs);
@@ -297,6 +478,61 @@ fn plain(
     let err = local("__ratelimit_error");
     // Spanned at the return type, so a missing `From<RateLimitError>` is reported there.
     let from = quote_spanned!(ret=> ::core::convert::From::from({ #err }));
+    if let Some(d) = dynamic {
+        let dyns = local("__RATELIMIT_DYN");
+        let inputs = local("__ratelimit_inputs");
+        let hold = local("__ratelimit_hold");
+        let result = local("__ratelimit_result");
+        let (ins, dy) = (&d.inputs, quote!(::core::option::Option::Some(&#dyns)));
+        let checked_call = quote! {
+            #p::check_dyn(&#limits, #dy, &[#(#key_refs),*], &#inputs).await
+        };
+        if d.count.is_none() {
+            let check = quote! {
+                #[allow(unused_braces, clippy::all, clippy::pedantic)]
+                {
+                    #statics
+                    #(#key_lets)*
+                    #ins
+                    if let ::core::result::Result::Err(#err) = #checked_call {
+                        return ::core::result::Result::Err(#from);
+                    }
+                }
+            };
+            return finish_plain(func, boxed, ret, check, &outer, &inner);
+        }
+        // `count`: taken before the body, settled after it by its result. The body runs in an
+        // async block, so that its `return`s and `?`s end the block, not the function.
+        let ReturnType::Type(_, ty) = &sig.output else {
+            return quote!(#func);
+        };
+        return quote! {
+            #(#outer)*
+            #vis #sig {
+                #(#inner)*
+                #[allow(unused_braces, clippy::all, clippy::pedantic)]
+                let #hold = {
+                    #statics
+                    #(#key_lets)*
+                    #ins
+                    match #checked_call {
+                        ::core::result::Result::Ok(hold) => hold,
+                        ::core::result::Result::Err(#err) => {
+                            return ::core::result::Result::Err(#from);
+                        }
+                    }
+                };
+                #[allow(clippy::all, clippy::pedantic)]
+                let #result: #ty = async {
+                    let #result: #ty = { #(#stmts)* };
+                    #result
+                }
+                .await;
+                #hold.settle(#p::Outcome::of(&#result)).await;
+                #result
+            }
+        };
+    }
     let check = quote! {
         #[allow(unused_braces, clippy::all, clippy::pedantic)]
         {
@@ -309,6 +545,19 @@ fn plain(
             }
         }
     };
+    finish_plain(func, boxed, ret, check, &outer, &inner)
+}
+
+/// Plain mode: `check` first in the body (for an `#[async_trait]` method, in its future).
+fn finish_plain(
+    func: &ItemFn,
+    boxed: bool,
+    ret: Span,
+    check: TokenStream,
+    outer: &[&Attribute],
+    inner: &[&Attribute],
+) -> TokenStream {
+    let (vis, sig, stmts) = (&func.vis, &func.sig, &func.block.stmts);
     if boxed {
         return into_boxed_body(func, check, ret);
     }
@@ -380,6 +629,77 @@ fn grpc(
     into_boxed_body(func, check, ret)
 }
 
+/// The hidden parameter's type, the output type and the call of an HTTP handler: `check_http`
+/// for static limits, `check_http_dyn` for dynamic ones, the framework's
+/// `check_http_counted` (whose output is the framework's response) with `count`.
+fn http_call(
+    framework: Option<&crate::attr::Spanned<Framework>>,
+    dynamic: Option<&Dyn>,
+    output: TokenStream,
+    key_refs: &[TokenStream],
+    args: &[Ident],
+) -> (TokenStream, TokenStream, TokenStream) {
+    let p = private();
+    let caller = local("__ratelimit_caller");
+    let inner = local("__ratelimit_inner");
+    let limits = local("__RATELIMIT_LIMITS");
+    match dynamic {
+        None => (
+            quote!(#p::HttpCaller),
+            output,
+            quote! {
+                #p::check_http(
+                    &#limits,
+                    #caller,
+                    &[#(#key_refs),*],
+                    move || #inner(#(#args),*),
+                ).await
+            },
+        ),
+        Some(d) => {
+            let dyns = local("__RATELIMIT_DYN");
+            let inputs = local("__ratelimit_inputs");
+            let ins = &d.inputs;
+            let (module, check) = match d.count {
+                None => (None, quote!(#p::check_http_dyn)),
+                Some(count) => {
+                    let module = match framework.map(|f| f.value) {
+                        Some(Framework::Axum) => quote!(#p::counted::axum),
+                        Some(Framework::Actix) => quote!(#p::counted::actix),
+                        None => quote!(#p::counted::default),
+                    };
+                    let one = framework.is_none().then(|| {
+                        quote_spanned!(count=> const _: () = ::ratelimit_runtime::__private::RequireOneFramework::<()>::OK;)
+                    });
+                    (
+                        Some((module.clone(), one)),
+                        quote!(#module::check_http_counted),
+                    )
+                }
+            };
+            let call = quote! {
+                #ins
+                #check(
+                    &#limits,
+                    ::core::option::Option::Some(&#dyns),
+                    #caller,
+                    &[#(#key_refs),*],
+                    &#inputs,
+                    move || #inner(#(#args),*),
+                ).await
+            };
+            match module {
+                None => (quote!(#p::HttpCaller), output, call),
+                Some((module, one)) => (
+                    quote!(#module::Caller),
+                    quote!(#module::Response),
+                    quote!(#one #call),
+                ),
+            }
+        }
+    }
+}
+
 /// HTTP mode, as the contract with the runtime says: a hidden `HttpCaller` first, the user's
 /// function moved into an inner `async fn`, and `check_http` deciding whether it runs.
 fn http_handler(
@@ -389,6 +709,7 @@ fn http_handler(
     statics: &TokenStream,
     key_lets: &[TokenStream],
     key_refs: &[TokenStream],
+    dynamic: Option<&Dyn>,
 ) -> TokenStream {
     let p = private();
     let (outer, _) = split_attrs(&func.attrs);
@@ -403,7 +724,6 @@ fn http_handler(
     let where_clause = &generics.where_clause;
     let caller = local("__ratelimit_caller");
     let inner = local("__ratelimit_inner");
-    let limits = local("__RATELIMIT_LIMITS");
 
     let mut args = Vec::new();
     let mut params = Vec::new();
@@ -439,10 +759,11 @@ fn http_handler(
             quote_spanned!(span=> const _: () = ::ratelimit_runtime::__private::RequireActix::<()>::OK;)
         }
     };
+    let (caller_ty, output, call) = http_call(framework, dynamic, output, key_refs, &args);
     quote! {
         #(#outer)*
         #vis #asyncness #fn_token #ident #generics (
-            #caller: #p::HttpCaller,
+            #caller: #caller_ty,
             #(#params),*
         ) -> #p::Limited<#output> #where_clause {
             #[allow(clippy::all, clippy::pedantic)]
@@ -453,12 +774,7 @@ fn http_handler(
             #require
             #statics
             #(#key_lets)*
-            #p::check_http(
-                &#limits,
-                #caller,
-                &[#(#key_refs),*],
-                move || #inner(#(#args),*),
-            ).await
+            #call
         }
     }
 }

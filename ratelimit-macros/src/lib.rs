@@ -39,6 +39,14 @@ use proc_macro::TokenStream;
 /// | `cost` | units one call takes (at most the capacity) | `1` |
 /// | `scope` | the bucket's name: functions with the same scope share quota; 1–200 of `A-Z a-z 0-9 _ : . - /` | the module path and function name |
 /// | `framework` | `"axum"` or `"actix"`: makes the function a handler of that framework (checked against the enabled features) | none |
+/// | `quota` | the limit's `num`, period and `burst` per caller, at run time: `"request"` (handlers: the `Quota` the auth layer put in the request extensions) or `"{arg}"` (an argument of type `Quota`, `&Quota` or `Option<Quota>`); replaces `num`/`time`/`burst` | none |
+/// | `count` | which outcomes count: `"err"` or `"ok"` (plain functions: the result); `"errors"` (4xx and 5xx), `"4xx"`, `"5xx"`, `"4xx,5xx"` (handlers: the status) | every call |
+///
+/// `num`, `time`, `burst` and `cost` also take a `const` item (`num = LOGIN_ATTEMPTS`: a
+/// `u64`; `time = WINDOW`: a `std::time::Duration`), checked at compile time by the same rules
+/// as literals, and `cost` an expression over the arguments (`cost = items.len()`), evaluated
+/// per call and checked against the capacity then (a call that can never fit is refused with
+/// `RateLimitError::CostExceedsCapacity`, 400 for handlers).
 ///
 /// A caller's bucket is the scope, the rendered `key` and the `by` value together.
 ///
@@ -62,6 +70,38 @@ use proc_macro::TokenStream;
 ///   `UNAVAILABLE`, or `INVALID_ARGUMENT` naming a missing metadata entry). Needs the `tonic`
 ///   feature of `ratelimit-runtime`; `by = "url"` is not available there. The signature is
 ///   unchanged.
+///
+/// # Limits that follow the caller
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_runtime::{rate_limit, Quota, RateLimitError};
+///
+/// const ATTEMPTS: u64 = 5;
+/// const WINDOW: Duration = Duration::from_secs(15 * 60);
+///
+/// # #[derive(Debug)] enum LoginError { Wrong, Limited(RateLimitError) }
+/// # impl From<RateLimitError> for LoginError { fn from(e: RateLimitError) -> Self { Self::Limited(e) } }
+/// // Five failed attempts per user per 15 minutes; successes give their unit back.
+/// #[rate_limit(num = ATTEMPTS, time = WINDOW, key = "{user}", count = "err")]
+/// async fn login(user: &str, password: &str) -> Result<(), LoginError> {
+///     if password == "open sesame" { Ok(()) } else { Err(LoginError::Wrong) }
+/// }
+///
+/// // The caller's plan decides the quota; the batch's size, the cost.
+/// #[rate_limit(algo = "token", quota = "{plan}", key = "{user}", cost = items.len())]
+/// async fn upload(user: &str, plan: &Quota, items: &[u8]) -> Result<(), RateLimitError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// * A call with `count` takes its units before the body runs (calls in flight hold them, so
+///   concurrent calls never pass the quota) and gives them back after an outcome that does
+///   not count, by the store's receipt; when the refund cannot be made, the call stays
+///   counted (it fails closed).
+/// * A quota's numbers are part of the store key: a caller whose plan changes starts a fresh
+///   window under the new quota, and finds the old window as it was if the plan changes back.
+/// * `RateLimiter::set_quota` (in `ratelimit_runtime`) overrides a scope's quota at run time.
 ///
 /// # Stacking
 ///

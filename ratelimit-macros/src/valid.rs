@@ -6,7 +6,9 @@ use syn::spanned::Spanned as _;
 use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type};
 
 use crate::async_trait::AsyncTrait;
-use crate::attr::{Algo, Args, By, Framework, KeyTemplate, Spanned};
+use crate::attr::{
+    Algo, Args, By, Cost, CountArg, DynamicArgs, Framework, KeyTemplate, QuotaArg, Spanned,
+};
 use crate::rules;
 
 /// One checked limit, ready for code generation.
@@ -20,13 +22,30 @@ pub(crate) struct Limit {
     pub(crate) by: By,
     pub(crate) key: Option<KeyTemplate>,
     pub(crate) scope: Option<String>,
+    /// `const` items, run-time quotas and costs, outcome filters (the numbers above are then
+    /// placeholders where these replace them).
+    pub(crate) dynamic: DynamicArgs,
 }
 
 impl Limit {
+    /// Whether the limit's numbers are known here (literals only).
+    fn literal(&self) -> bool {
+        let d = &self.dynamic;
+        d.quota.is_none() && d.num.is_none() && d.time.is_none() && d.burst.is_none()
+    }
+
+    /// Whether the check is worked out per call (`quota`, a cost from the arguments, `count`).
+    pub(crate) fn is_dynamic(&self) -> bool {
+        let d = &self.dynamic;
+        d.quota.is_some() || d.count.is_some() || matches!(d.cost, Some(Cost::Expr(_)))
+    }
+
     /// Whether `other` would share this limit's store key for every call: the runtime's key is
     /// the scope, the rendered template, the `by` value and the algorithm's parameters.
     fn same_bucket(&self, other: &Limit) -> bool {
-        self.algo == other.algo
+        self.literal()
+            && other.literal()
+            && self.algo == other.algo
             && self.num == other.num
             && self.period_ms == other.period_ms
             && self.burst == other.burst
@@ -154,8 +173,9 @@ pub(crate) fn check(
         if let Some(key) = &args.key {
             check_template(key, receiver.is_some(), &readable, &mut errors);
         }
-        if let Some(limit) = limit_of(&args, &mut errors) {
+        if let Some(mut limit) = limit_of(&args, &mut errors) {
             errors.extend(shared_bucket(&limits, &limit, args.span));
+            check_dynamic(&mut limit, receiver.is_some(), &readable, &mut errors);
             limits.push(limit);
         }
     }
@@ -169,6 +189,7 @@ pub(crate) fn check(
             )
         }));
     }
+    check_dynamic_mode(&limits, &mode, boxed.is_some(), &mut errors);
 
     let name = sig.ident.to_string();
     let name = name.strip_prefix("r#").unwrap_or(&name);
@@ -311,6 +332,14 @@ const GRPC_RESULT: &str = "a rate-limited gRPC method must return `Result<Respon
 /// into both crates), with spans.
 fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
     let before = errors.len();
+    let dynamic = &args.dynamic;
+    if let Some(quota) = &dynamic.quota {
+        return quota_limit(args, quota.span, errors);
+    }
+    if args.written.contains(&"quota") {
+        // A `quota` that did not parse: its error says why; no "missing `num`" besides.
+        return None;
+    }
     if !args.written.contains(&"num") {
         errors.push(syn::Error::new(
             args.span,
@@ -330,9 +359,14 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
     {
         errors.push(syn::Error::new(time.span, v.message()));
     }
-    if let Some(burst) = args.burst.as_ref().filter(|_| !algo.kind().has_burst()) {
+    let burst_span = args
+        .burst
+        .as_ref()
+        .map(|b| b.span)
+        .or_else(|| path_span(dynamic.burst.as_ref()));
+    if let Some(burst_span) = burst_span.filter(|_| !algo.kind().has_burst()) {
         errors.push(syn::Error::new(
-                burst.span,
+                burst_span,
                 "`burst` is the capacity of a bucket: it applies to algo = \"leaky\", \"token\" or \"gcra\" only (for the windows the capacity is `num`)",
             ));
     }
@@ -342,6 +376,15 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
             errors.push(syn::Error::new(value.span, v.message()));
             units_ok = false;
         }
+    }
+    let consts = dynamic.num.is_some() || dynamic.time.is_some() || dynamic.burst.is_some();
+    if consts {
+        // The numbers are `const` items: the compiler checks the same rules when it evaluates
+        // the limit's `static` (`__private::policy`), with the same messages.
+        if errors.len() > before {
+            return None;
+        }
+        return Some(const_limit(args, algo));
     }
     let (num, time) = (args.num.as_ref()?, args.time.as_ref()?);
     let burst = args.burst.as_ref().map_or(num.value, |b| b.value);
@@ -384,7 +427,253 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         by: args.by.as_ref().map_or(By::Global, |b| b.value.clone()),
         key: args.key.clone(),
         scope: args.scope.as_ref().map(|s| s.value.clone()),
+        dynamic: dynamic.clone(),
     })
+}
+
+/// A limit whose quota comes at run time (`quota = …`): no `num`, `time` or `burst` may be
+/// written beside it; the numbers here are placeholders.
+fn quota_limit(args: &Args, quota: Span, errors: &mut Vec<syn::Error>) -> Option<Limit> {
+    let before = errors.len();
+    let dynamic = &args.dynamic;
+    let given = [
+        (
+            "num",
+            args.num
+                .as_ref()
+                .map(|n| n.span)
+                .or_else(|| path_span(dynamic.num.as_ref())),
+        ),
+        (
+            "time",
+            args.time
+                .as_ref()
+                .map(|t| t.span)
+                .or_else(|| path_span(dynamic.time.as_ref())),
+        ),
+        (
+            "burst",
+            args.burst
+                .as_ref()
+                .map(|b| b.span)
+                .or_else(|| path_span(dynamic.burst.as_ref())),
+        ),
+    ];
+    for (name, span) in given {
+        if let Some(span) = span {
+            let mut e = syn::Error::new(
+                span,
+                format!(
+                    "`quota` gives this limit's num, time and burst per caller at run time: remove `{name}` (or remove `quota` for a fixed limit)"
+                ),
+            );
+            e.combine(syn::Error::new(quota, "the quota is given here"));
+            errors.push(e);
+        }
+    }
+    let algo = args.algo.as_ref().map_or(Algo::Fixed, |a| a.value);
+    if errors.len() > before {
+        return None;
+    }
+    let cost = args.cost.as_ref().map_or(1, |c| c.value);
+    if let Some(c) = &args.cost
+        && let Err(v) = rules::check_units(c.value)
+    {
+        errors.push(syn::Error::new(c.span, v.message()));
+        return None;
+    }
+    Some(Limit {
+        algo,
+        num: 1,
+        period_ms: 1000,
+        burst: 1,
+        cost,
+        by: args.by.as_ref().map_or(By::Global, |b| b.value.clone()),
+        key: args.key.clone(),
+        scope: args.scope.as_ref().map(|s| s.value.clone()),
+        dynamic: dynamic.clone(),
+    })
+}
+
+/// A limit whose numbers include `const` items: the literals it has, placeholders for the
+/// rest (the static's tokens name the consts).
+fn const_limit(args: &Args, algo: Algo) -> Limit {
+    let num = args.num.as_ref().map_or(1, |n| n.value);
+    Limit {
+        algo,
+        num,
+        period_ms: args.time.as_ref().map_or(1000, |t| t.value),
+        // 0: the same as `num` (which may be a const).
+        burst: args.burst.as_ref().map_or(0, |b| b.value),
+        cost: args.cost.as_ref().map_or(1, |c| c.value),
+        by: args.by.as_ref().map_or(By::Global, |b| b.value.clone()),
+        key: args.key.clone(),
+        scope: args.scope.as_ref().map(|s| s.value.clone()),
+        dynamic: args.dynamic.clone(),
+    }
+}
+
+fn path_span(path: Option<&syn::Path>) -> Option<Span> {
+    path.map(syn::spanned::Spanned::span)
+}
+
+/// The names a function's code may read, for messages.
+fn known_names(has_self: bool, params: &[Vec<String>]) -> String {
+    let mut names: Vec<String> = params.iter().flatten().map(|n| format!("`{n}`")).collect();
+    if has_self {
+        names.insert(0, "`self`".to_owned());
+    }
+    if names.is_empty() {
+        "it has no arguments".to_owned()
+    } else {
+        format!("its arguments are {}", names.join(", "))
+    }
+}
+
+/// The argument rules of the run-time forms: `quota = "{arg}"` names an argument; a `cost`
+/// whose one segment names an argument is read from it per call, and a cost expression reads
+/// only arguments (and items: paths of more than one segment, or upper-case names).
+fn check_dynamic(
+    limit: &mut Limit,
+    has_self: bool,
+    params: &[Vec<String>],
+    errors: &mut Vec<syn::Error>,
+) {
+    let is_param = |name: &str| params.iter().flatten().any(|n| n == name);
+    if let Some(Spanned {
+        value: QuotaArg::Arg(path),
+        span,
+    }) = &limit.dynamic.quota
+    {
+        let root = path[0].as_str();
+        if !((root == "self" && has_self) || is_param(root)) {
+            errors.push(syn::Error::new(
+                *span,
+                format!(
+                    "the quota reads `{{{root}}}`, but the function has no argument `{root}`: {}",
+                    known_names(has_self, params)
+                ),
+            ));
+        }
+    }
+    if let Some(Cost::Const(path)) = &limit.dynamic.cost
+        && let Some(ident) = path.get_ident()
+        && is_param(&ident.to_string())
+    {
+        let expr = syn::Expr::Path(syn::ExprPath {
+            attrs: Vec::new(),
+            qself: None,
+            path: path.clone(),
+        });
+        limit.dynamic.cost = Some(Cost::Expr(expr));
+    }
+    if let Some(Cost::Expr(expr)) = &limit.dynamic.cost {
+        let mut reads = Reads::default();
+        syn::visit::Visit::visit_expr(&mut reads, expr);
+        for ident in reads.0 {
+            let name = ident.to_string();
+            let lower = name.starts_with(|c: char| c.is_lowercase() || c == '_');
+            if lower && !is_param(&name) && !(name == "self" && has_self) {
+                errors.push(syn::Error::new(
+                    ident.span(),
+                    format!(
+                        "the cost expression reads `{name}`, but the function has no argument `{name}`: {}",
+                        known_names(has_self, params)
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// The one-segment paths an expression reads (`items` in `items.len()`), not inside closures.
+#[derive(Default)]
+struct Reads(Vec<syn::Ident>);
+
+impl<'ast> syn::visit::Visit<'ast> for Reads {
+    fn visit_expr_path(&mut self, p: &'ast syn::ExprPath) {
+        if p.qself.is_none()
+            && let Some(ident) = p.path.get_ident()
+        {
+            self.0.push(ident.clone());
+        }
+    }
+
+    fn visit_expr_closure(&mut self, _: &'ast syn::ExprClosure) {}
+
+    fn visit_expr_method_call(&mut self, m: &'ast syn::ExprMethodCall) {
+        // The receiver and the arguments, not the method's name or turbofish.
+        self.visit_expr(&m.receiver);
+        for arg in &m.args {
+            self.visit_expr(arg);
+        }
+    }
+}
+
+/// The rules of the run-time forms that depend on the mode: `quota = "request"` and status
+/// classes need a handler, `count` is one filter for the whole call and is not available on
+/// `#[async_trait]` methods.
+fn check_dynamic_mode(limits: &[Limit], mode: &Mode, boxed: bool, errors: &mut Vec<syn::Error>) {
+    let http = matches!(mode, Mode::Http { .. });
+    let mut first_count: Option<&Spanned<CountArg>> = None;
+    for limit in limits {
+        if matches!(mode, Mode::Grpc { .. }) && limit.is_dynamic() {
+            let d = &limit.dynamic;
+            let span = d
+                .quota
+                .as_ref()
+                .map(|q| q.span)
+                .or(d.count.as_ref().map(|c| c.span))
+                .or(match &d.cost {
+                    Some(Cost::Expr(e)) => Some(e.span()),
+                    _ => None,
+                })
+                .unwrap_or_else(Span::call_site);
+            errors.push(syn::Error::new(
+                span,
+                "`quota`, `count` and `cost = <expression>` are not available on gRPC methods yet: limit an `async fn` the method calls (plain mode), or use literals and `const` items here",
+            ));
+            continue;
+        }
+        if let Some(Spanned {
+            value: QuotaArg::Request,
+            span,
+        }) = &limit.dynamic.quota
+            && !http
+        {
+            errors.push(syn::Error::new(
+                *span,
+                "quota = \"request\" reads the `Quota` in the request extensions, so it needs an HTTP handler (by = \"user\", \"ip\"… or framework = …); a plain function takes its quota from an argument: quota = \"{plan}\"",
+            ));
+        }
+        let Some(count) = &limit.dynamic.count else {
+            continue;
+        };
+        if boxed {
+            errors.push(syn::Error::new(
+                count.span,
+                "`count` is not available on the methods of #[async_trait] impls: put the limit on an `async fn` the method calls",
+            ));
+        }
+        if !http && matches!(count.value, CountArg::Status(_)) {
+            errors.push(syn::Error::new(
+                count.span,
+                "status classes count a handler's responses; a plain function counts its results: count = \"err\" (failures only) or count = \"ok\"",
+            ));
+        }
+        match first_count {
+            Some(first) if first.value != count.value => {
+                let mut e = syn::Error::new(
+                    count.span,
+                    "stacked limits of one function count the same outcomes: give every `count` the same value (a limit without `count` counts every call)",
+                );
+                e.combine(syn::Error::new(first.span, "the other `count` is here"));
+                errors.push(e);
+            }
+            Some(_) => {}
+            None => first_count = Some(count),
+        }
+    }
 }
 
 fn check_template(

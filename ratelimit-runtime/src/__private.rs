@@ -15,8 +15,11 @@
 //! A leaf: it only re-exports, and nothing in the crate imports from it. The items live where
 //! they belong (`limit`, `http`, `policy`).
 
-pub use crate::http::{HttpCaller, Limited, RequireActix, RequireAxum, RequireHttp, check_http};
-pub use crate::limit::{By, Limit, Piece, check, policy, render};
+pub use crate::http::{
+    HttpCaller, Limited, RequireActix, RequireAxum, RequireHttp, RequireOneFramework, check_http,
+    check_http_dyn, counted,
+};
+pub use crate::limit::{By, Limit, Piece, check, period_ms, policy, render};
 pub use crate::policy::{Algorithm, Policy};
 
 /// gRPC mode (a method of an `#[async_trait]` impl taking a `tonic::Request<T>`, with an
@@ -26,3 +29,8 @@ pub use crate::policy::{Algorithm, Policy};
 pub mod grpc {
     pub use crate::grpc::{GrpcCall, RequireTonic, check, into_error, prepare};
 }
+
+// Limits that follow the caller (`quota`, `cost = <expression>`, `count`, overrides).
+pub use crate::dynamic::{
+    Count, Dynamic, Hold, Input, Outcome, QuotaFrom, check_dyn, cost_of, quota_of,
+};

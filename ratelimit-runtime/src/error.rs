@@ -38,6 +38,21 @@ pub enum RateLimitError {
     },
     /// The store did not answer in time or failed, and the failure policy is `deny`.
     StoreUnavailable(StoreError),
+    /// A limit written with `quota = …` found no [`crate::Quota`] for this call: none in the
+    /// request extensions, or an argument that was `None` (HTTP: 401, as a missing user).
+    MissingQuota,
+    /// The quota chosen at run time (a caller's [`crate::Quota`] or a scope's override) breaks
+    /// a rule of the limit's algorithm (HTTP: 500); nothing was taken.
+    InvalidQuota(crate::PolicyError),
+    /// The call's cost (`cost = <expression>`) is larger than the limit's capacity: it could
+    /// never be admitted, so it is refused at once instead of being retried for ever (HTTP:
+    /// 400); nothing was taken.
+    CostExceedsCapacity {
+        /// What the call would take.
+        cost: u64,
+        /// The most the limit holds.
+        capacity: u64,
+    },
 }
 
 impl RateLimitError {
@@ -55,7 +70,7 @@ impl RateLimitError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Limited { retry_after, .. } => Some(*retry_after),
-            Self::StoreUnavailable(_) => None,
+            _ => None,
         }
     }
 }
@@ -71,6 +86,14 @@ impl fmt::Display for RateLimitError {
                 retry_after.as_secs_f64()
             ),
             Self::StoreUnavailable(e) => write!(f, "rate-limit store unavailable: {e}"),
+            Self::MissingQuota => f.write_str(
+                "no quota for this caller: the limit takes its quota from the caller (quota = …), and none was given",
+            ),
+            Self::InvalidQuota(e) => write!(f, "the quota chosen for this call is invalid: {e}"),
+            Self::CostExceedsCapacity { cost, capacity } => write!(
+                f,
+                "this call costs {cost} units, more than the limit's capacity of {capacity}: it can never be admitted"
+            ),
         }
     }
 }
@@ -79,7 +102,8 @@ impl std::error::Error for RateLimitError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::StoreUnavailable(e) => Some(e),
-            Self::Limited { .. } => None,
+            Self::InvalidQuota(e) => Some(e),
+            _ => None,
         }
     }
 }

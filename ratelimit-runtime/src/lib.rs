@@ -218,6 +218,10 @@ pub mod net;
 #[doc(hidden)] // its items are re-exported at the root
 pub mod policy;
 pub mod store;
+// Run-time quotas: callers' plans and scope overrides.
+mod quota;
+// Limits worked out per call: quotas, costs from arguments, outcome filters.
+mod dynamic;
 
 #[doc(hidden)]
 pub mod __private;
@@ -232,6 +236,7 @@ pub use net::{IpNet, IpNetParseError};
 pub use policy::{
     Algorithm, Decision, MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS, Policy, PolicyError, Verdict,
 };
+pub use quota::{AsQuota, Quota};
 pub use ratelimit_macros::rate_limit;
 #[cfg(feature = "cluster")]
 pub use store::RedisClusterStore;

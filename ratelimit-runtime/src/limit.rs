@@ -42,7 +42,7 @@ impl By {
 }
 
 /// One `#[rate_limit]` attribute, as the macro wrote it.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct Limit {
     /// The limit.
     pub policy: Policy,
@@ -128,6 +128,20 @@ pub const fn policy(
     }
 }
 
+/// `time = CONST`: a `Duration` const as the whole milliseconds a policy counts in (saturating;
+/// the policy's rules then reject a period that is too long, at compile time).
+pub const fn period_ms(period: std::time::Duration) -> u64 {
+    let ms = period.as_millis();
+    if ms > u64::MAX as u128 {
+        u64::MAX
+    } else {
+        #[allow(clippy::cast_possible_truncation)] // checked just above
+        {
+            ms as u64
+        }
+    }
+}
+
 /// Builds the keys of `limits` for one caller: `templates[i]` is limit `i`'s rendered `key`
 /// template (if any), `by_value(by)` its caller's value for `by` (`None` for `global`), or the
 /// reason the caller cannot be keyed. The one place where a limit's key is put together.
@@ -175,6 +189,12 @@ pub(crate) async fn run(
 /// Plain mode: checks every limit for one call against the process's limiter.
 pub async fn check(limits: &'static [Limit], keys: &[Option<&str>]) -> Result<(), RateLimitError> {
     let limiter = RateLimiter::current();
+    // A scope's quota overridden at run time: the limits are worked out per call.
+    if limiter.has_overrides() {
+        return crate::dynamic::check_dyn(limits, None, keys, &[])
+            .await
+            .map(drop);
+    }
     let Ok(keys) =
         keys_for::<std::convert::Infallible>(&limiter.settings().prefix, limits, keys, |_| {
             Ok(None)

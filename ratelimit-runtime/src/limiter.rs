@@ -17,6 +17,7 @@ mod blocked;
 mod breaker;
 mod builder;
 mod log_throttle;
+mod overrides;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -123,6 +124,8 @@ struct Inner {
     breaker: Breaker,
     blocked: Option<BlockedCache>,
     warnings: LogThrottle,
+    /// Quotas set at run time for scopes ([`RateLimiter::set_quota`]).
+    overrides: overrides::Overrides,
 }
 
 /// A store with the settings every check uses. Cheap to clone.
@@ -171,6 +174,7 @@ impl RateLimiter {
                 breaker: Breaker::new(),
                 blocked,
                 warnings: LogThrottle::new(LOG_INTERVAL),
+                overrides: overrides::Overrides::default(),
             }),
         }
     }
@@ -283,6 +287,17 @@ impl RateLimiter {
     ///   made while the store is known to be failing (the breaker; see the module docs), until
     ///   a probe finds the store answering again.
     pub async fn check(&self, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
+        self.check_as(checks, None).await
+    }
+
+    /// [`RateLimiter::check`]; with a `call_id`, an admitted call leaves receipts for
+    /// [`RateLimiter::refund`] ([`Store::take`]), and a rejection is not cached (units held by
+    /// calls in flight may come back at once).
+    async fn check_as(
+        &self,
+        checks: &[Check<'_>],
+        call_id: Option<&str>,
+    ) -> Result<Verdict, StoreError> {
         let inner = &*self.inner;
         if let Some(blocked) = &inner.blocked
             && let Some(verdict) = blocked.lookup(checks, tokio::time::Instant::now())
@@ -297,7 +312,11 @@ impl RateLimiter {
         };
         let sent_at = tokio::time::Instant::now();
         let timeout = inner.settings.timeout;
-        let result = match tokio::time::timeout(timeout, inner.store.check(checks)).await {
+        let call = match call_id {
+            Some(id) => inner.store.take(checks, id),
+            None => inner.store.check(checks),
+        };
+        let result = match tokio::time::timeout(timeout, call).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(timeout)),
         };
@@ -313,7 +332,7 @@ impl RateLimiter {
                 }
                 drop(probe);
                 if !verdict.is_admitted() {
-                    if let Some(blocked) = &inner.blocked {
+                    if let Some(blocked) = inner.blocked.as_ref().filter(|_| call_id.is_none()) {
                         blocked.record(checks, &verdict, sent_at);
                     }
                     log_rejection(checks, &verdict, inner.store.name());

@@ -144,13 +144,13 @@ impl fmt::Display for PolicyError {
 impl std::error::Error for PolicyError {}
 
 #[allow(unreachable_pub)] // some rules are the macro's only
-mod rules;
+pub(crate) mod rules;
 
 use self::rules::Violation;
 pub use self::rules::{MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS};
 
 impl PolicyError {
-    const fn from_violation(v: Violation) -> Self {
+    pub(crate) const fn from_violation(v: Violation) -> Self {
         match v {
             Violation::ZeroLimit => Self::ZeroLimit,
             Violation::ZeroPeriod => Self::ZeroPeriod,

@@ -202,6 +202,12 @@ impl From<RateLimitError> for Status {
                 refused(&error.to_string(), &fields, retry_after)
             }
             RateLimitError::StoreUnavailable(_) => unavailable(),
+            // The HTTP integrations' 401, 500 and 400, in gRPC's codes.
+            RateLimitError::MissingQuota => Status::unauthenticated(error.to_string()),
+            RateLimitError::InvalidQuota(_) => Status::internal(error.to_string()),
+            RateLimitError::CostExceedsCapacity { .. } => {
+                Status::invalid_argument(error.to_string())
+            }
         }
     }
 }
@@ -258,6 +264,21 @@ mod tests {
         let e = err(&r, By::Ip);
         assert_eq!(e.code(), Code::FailedPrecondition);
         assert!(e.message().contains("remote_addr"), "{e:?}");
+    }
+
+    #[test]
+    fn errors_of_limits_that_follow_the_caller_are_the_http_answers_in_grpc_codes() {
+        let missing = Status::from(RateLimitError::MissingQuota);
+        assert_eq!(missing.code(), Code::Unauthenticated);
+        let cost = Status::from(RateLimitError::CostExceedsCapacity {
+            cost: 101,
+            capacity: 100,
+        });
+        assert_eq!(cost.code(), Code::InvalidArgument);
+        assert!(cost.message().contains("101"), "{cost:?}");
+        let invalid = Policy::from_parts(Algorithm::Sliding, 10_001, 1000, 10_001, 1).unwrap_err();
+        let invalid = Status::from(RateLimitError::InvalidQuota(invalid));
+        assert_eq!(invalid.code(), Code::Internal);
     }
 
     #[test]

@@ -30,6 +30,7 @@ impl FromRequest for HttpCaller {
             },
             user: req.extensions().get::<UserId>().cloned(),
             limiter,
+            quota: req.extensions().get::<crate::Quota>().copied(),
             framework: Framework::Actix,
         }))
     }
@@ -84,5 +85,66 @@ impl FromRequest for UserId {
             )
             .into()),
         })
+    }
+}
+
+/// The hidden extractor of `count = …` Actix-web handlers: the [`HttpCaller`] and the
+/// request, which turning the handler's output into a response (to read its status) needs.
+pub struct CountingCaller {
+    caller: HttpCaller,
+    request: HttpRequest,
+}
+
+impl std::fmt::Debug for CountingCaller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CountingCaller")
+            .field("caller", &self.caller)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FromRequest for CountingCaller {
+    type Error = actix_web::Error;
+    type Future = Ready<Result<Self, Self::Error>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        ready(
+            HttpCaller::from_request(req, payload)
+                .into_inner()
+                .map(|caller| Self {
+                    caller,
+                    request: req.clone(),
+                }),
+        )
+    }
+}
+
+/// `count = …` on an Actix-web handler: the limits are taken before the handler runs and,
+/// when the response's status does not count, given back after it (see `#[rate_limit]`'s
+/// docs). The handler's output becomes its response here, to read the status.
+pub async fn check_http_counted<F, Fut>(
+    limits: &'static [crate::limit::Limit],
+    dynamics: Option<&'static [crate::dynamic::Dynamic]>,
+    caller: CountingCaller,
+    templates: &[Option<&str>],
+    inputs: &[crate::dynamic::Input],
+    handler: F,
+) -> Limited<HttpResponse>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future,
+    Fut::Output: Responder,
+{
+    let CountingCaller { caller, request } = caller;
+    match super::caller::admit(limits, dynamics, caller, templates, inputs).await {
+        Ok((limiter, taken, fields)) => {
+            let response = handler().await.respond_to(&request).map_into_boxed_body();
+            let status = response.status().as_u16();
+            taken
+                .settle(&limiter, crate::dynamic::Outcome::Status(status))
+                .await;
+            Limited(Outcome::Admitted(response, fields))
+        }
+        Err(refusal) => Limited(Outcome::Refused(refusal)),
     }
 }

@@ -1,5 +1,6 @@
 //! Axum 0.8: `HttpCaller` is a `FromRequestParts`, `Limited<T>` an `IntoResponse`.
 
+use std::future::Future;
 use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, FromRequestParts};
@@ -28,6 +29,7 @@ impl<S: Send + Sync> FromRequestParts<S> for HttpCaller {
             },
             user: parts.extensions.get::<UserId>().cloned(),
             limiter: parts.extensions.get::<RateLimiter>().cloned(),
+            quota: parts.extensions.get::<crate::Quota>().copied(),
             framework: Framework::Axum,
         })
     }
@@ -81,5 +83,34 @@ impl<S: Send + Sync> FromRequestParts<S> for UserId {
             Some(user) if !user.as_str().is_empty() => Ok(user.clone()),
             _ => Err(Refusal::no_user().into_response()),
         }
+    }
+}
+
+/// `count = …` on an Axum handler: the limits are taken before the handler runs and, when
+/// the response's status does not count, given back after it (see `#[rate_limit]`'s docs).
+/// The handler's output becomes its response here, to read the status.
+pub async fn check_http_counted<F, Fut>(
+    limits: &'static [crate::limit::Limit],
+    dynamics: Option<&'static [crate::dynamic::Dynamic]>,
+    caller: HttpCaller,
+    templates: &[Option<&str>],
+    inputs: &[crate::dynamic::Input],
+    handler: F,
+) -> Limited<Response>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future,
+    Fut::Output: IntoResponse,
+{
+    match super::caller::admit(limits, dynamics, caller, templates, inputs).await {
+        Ok((limiter, taken, fields)) => {
+            let response = handler().await.into_response();
+            let status = response.status().as_u16();
+            taken
+                .settle(&limiter, crate::dynamic::Outcome::Status(status))
+                .await;
+            Limited(Outcome::Admitted(response, fields))
+        }
+        Err(refusal) => Limited(Outcome::Refused(refusal)),
     }
 }

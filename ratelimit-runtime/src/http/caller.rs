@@ -8,9 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::UserId;
 use super::ip;
-use super::response::{Fields, Refusal, static_rate_fields};
+use super::response::{Fields, Refusal, rate_fields, static_rate_fields};
 use super::settings::HttpSettings;
 use super::source::{Headers, RequestParts};
+use crate::dynamic::{Dynamic, Input, Taken};
+use crate::error::RateLimitError;
 use crate::limit::{By, Limit, keys_for};
 use crate::limiter::{RateLimiter, Settings};
 use crate::store::Check;
@@ -92,6 +94,8 @@ pub struct HttpCaller {
     pub(crate) user: Option<UserId>,
     pub(crate) limiter: Option<RateLimiter>,
     pub(crate) framework: Framework,
+    /// The caller's [`crate::Quota`] from the request extensions (for `quota = "request"`).
+    pub(crate) quota: Option<crate::Quota>,
 }
 
 impl fmt::Debug for HttpCaller {
@@ -224,6 +228,10 @@ where
         Some(l) => l.clone(),
         None => RateLimiter::current(),
     };
+    // A scope's quota overridden at run time: the limits are worked out per call.
+    if limiter.has_overrides() {
+        return check_http_dyn(limits, None, caller, templates, &[], handler).await;
+    }
     let settings = limiter.settings();
     let keys = match caller.keys(settings, limits, templates) {
         Ok(keys) => keys,
@@ -251,6 +259,89 @@ where
     }
 }
 
+/// The response of a call a run-time rule refused before checking it.
+fn refusal_of(error: &RateLimitError) -> Refusal {
+    match error {
+        RateLimitError::MissingQuota => Refusal::new(
+            401,
+            "unauthorized",
+            "quota info empty: the request carries no quota for its caller (Quota)",
+        ),
+        RateLimitError::CostExceedsCapacity { .. } => {
+            Refusal::new(400, "cost_exceeds_capacity", &error.to_string())
+        }
+        RateLimitError::StoreUnavailable(_) => Refusal::store_unavailable(),
+        _ => {
+            tracing::error!(%error, "a rate limit could not be applied");
+            Refusal::new(500, "internal_error", &error.to_string())
+        }
+    }
+}
+
+/// Checks (or takes) a handler's limits worked out for this caller: the limiter, what to
+/// settle after the handler, and the rate-limit fields; or the response that replaces the
+/// handler's.
+pub(crate) async fn admit(
+    limits: &'static [Limit],
+    dynamics: Option<&'static [Dynamic]>,
+    caller: HttpCaller,
+    templates: &[Option<&str>],
+    inputs: &[Input],
+) -> Result<(RateLimiter, Taken, Fields), Refusal> {
+    let limiter = match &caller.limiter {
+        Some(l) => l.clone(),
+        None => RateLimiter::current(),
+    };
+    let settings = limiter.settings();
+    let plan = crate::dynamic::plan(
+        &limiter,
+        limits,
+        dynamics,
+        inputs,
+        caller.quota,
+        templates,
+        |by| caller.by_value(by, &settings.http),
+        |e| refusal_of(&e),
+    )?;
+    drop(caller);
+    let Ok((verdict, taken)) = plan.run(&limiter).await else {
+        return Err(Refusal::store_unavailable());
+    };
+    if !verdict.is_admitted() {
+        return Err(Refusal::too_many_requests(
+            taken.limits(),
+            &verdict,
+            &settings.http,
+        ));
+    }
+    let fields = if taken.limits().is_empty() {
+        Vec::new()
+    } else {
+        rate_fields(taken.limits(), &verdict, settings.http.header_style)
+    };
+    Ok((limiter, taken, fields))
+}
+
+/// [`check_http`] for handlers with a dynamic limit (`quota`, `cost = <expression>`) or
+/// whose limiter overrides a scope's quota. `inputs[i]` is what the call gives limit `i`.
+pub async fn check_http_dyn<F, Fut>(
+    limits: &'static [Limit],
+    dynamics: Option<&'static [Dynamic]>,
+    caller: HttpCaller,
+    templates: &[Option<&str>],
+    inputs: &[Input],
+    handler: F,
+) -> Limited<Fut::Output>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future,
+{
+    match admit(limits, dynamics, caller, templates, inputs).await {
+        Ok((_, _, fields)) => Limited(Outcome::Admitted(handler().await, fields)),
+        Err(refusal) => Limited(Outcome::Refused(refusal)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,6 +364,7 @@ mod tests {
             user: None,
             limiter: None,
             framework: Framework::Axum,
+            quota: None,
         }
     }
 

@@ -47,3 +47,28 @@ where
     let _ = (limits, templates, handler);
     match caller.never {}
 }
+
+/// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
+#[allow(clippy::unused_async)]
+pub async fn check_http_dyn<F, Fut>(
+    limits: &'static [Limit],
+    dynamics: Option<&'static [crate::dynamic::Dynamic]>,
+    caller: HttpCaller,
+    templates: &[Option<&str>],
+    inputs: &[crate::dynamic::Input],
+    handler: F,
+) -> Limited<Fut::Output>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future,
+{
+    let _ = (limits, dynamics, templates, inputs, handler);
+    match caller.never {}
+}
+
+/// Stand-ins of the `count = …` handlers' items.
+pub mod counted {
+    pub use super::{HttpCaller as Caller, check_http_dyn as check_http_counted};
+    /// Stand-in.
+    pub type Response = ();
+}

@@ -92,17 +92,59 @@ pub(crate) mod source;
 #[cfg(any(feature = "axum", feature = "actix"))]
 mod caller;
 #[cfg(any(feature = "axum", feature = "actix"))]
-pub use caller::{HttpCaller, Limited, check_http};
+pub use caller::{HttpCaller, Limited, check_http, check_http_dyn};
 
 #[cfg(feature = "actix")]
-mod actix;
+pub(crate) mod actix;
 #[cfg(feature = "axum")]
-mod axum;
+pub(crate) mod axum;
+
+/// The items of `count = …` handlers, per framework (`#[rate_limit]` picks the module).
+#[doc(hidden)]
+pub mod counted {
+    /// Axum.
+    #[cfg(feature = "axum")]
+    pub mod axum {
+        pub use crate::http::HttpCaller as Caller;
+        pub use crate::http::axum::check_http_counted;
+        /// What a counted handler answers.
+        pub type Response = ::axum::response::Response;
+    }
+    /// Actix-web.
+    #[cfg(feature = "actix")]
+    pub mod actix {
+        pub use crate::http::actix::{CountingCaller as Caller, check_http_counted};
+        /// What a counted handler answers.
+        pub type Response = ::actix_web::HttpResponse;
+    }
+    #[cfg(all(feature = "actix", not(feature = "axum")))]
+    pub use self::actix as default;
+    /// The one framework enabled (with both, the attribute names one: `RequireOneFramework`).
+    #[cfg(feature = "axum")]
+    pub use self::axum as default;
+    #[cfg(not(any(feature = "axum", feature = "actix")))]
+    pub use super::disabled::counted as default;
+}
+
+/// `RequireOneFramework::<()>::OK` compiles unless both HTTP integrations are enabled: a
+/// `count = …` handler turns its output into its framework's response, so with both it
+/// names its framework.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct RequireOneFramework<T>(T);
+
+impl<T> RequireOneFramework<T> {
+    /// `()`, or a compile error asking for `framework = …`.
+    pub const OK: () = assert!(
+        !(cfg!(feature = "axum") && cfg!(feature = "actix")),
+        "`count` on a handler turns its output into a response of its framework, and both the `axum` and `actix` features of ratelimit-runtime are enabled: name the framework, framework = \"axum\" or framework = \"actix\""
+    );
+}
 
 #[cfg(not(any(feature = "axum", feature = "actix")))]
 mod disabled;
 #[cfg(not(any(feature = "axum", feature = "actix")))]
-pub use disabled::{HttpCaller, Limited, check_http};
+pub use disabled::{HttpCaller, Limited, check_http, check_http_dyn};
 
 /// The address that identifies the client of a request, as `by = "ip"` computes it before
 /// grouping: `peer` itself unless it is a trusted proxy, else the right-most hop that is not a

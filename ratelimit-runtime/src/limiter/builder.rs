@@ -18,6 +18,7 @@ impl RateLimiter {
             store: StoreChoice::Memory,
             settings: Settings::default(),
             proxies: Vec::new(),
+            overrides: Vec::new(),
         }
     }
 }
@@ -53,6 +54,8 @@ pub struct Builder {
     store: StoreChoice,
     settings: Settings,
     proxies: Vec<String>,
+    /// Scope quotas set from the start ([`Builder::override_quota`]).
+    pub(super) overrides: Vec<(String, crate::quota::Quota)>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -221,7 +224,8 @@ impl Builder {
 
     /// Builds the limiter, connecting to Redis when one was named: a malformed URL or an
     /// unreachable server is an error here, not at the first check.
-    pub async fn build(self) -> Result<RateLimiter, ConfigError> {
+    pub async fn build(mut self) -> Result<RateLimiter, ConfigError> {
+        let overrides = std::mem::take(&mut self.overrides);
         let (store, settings) = self.settings()?;
         let store: Arc<dyn Store> = match store {
             StoreChoice::Memory => Arc::new(MemoryStore::new()),
@@ -232,12 +236,13 @@ impl Builder {
             }
             StoreChoice::Store(s) => s,
         };
-        Ok(RateLimiter::from_parts(store, settings))
+        super::overrides::install(RateLimiter::from_parts(store, settings), overrides)
     }
 
     /// Builds the limiter without waiting for any server: a Redis store connects at its first
     /// check (and again after each failure). A malformed URL is still an error here.
-    pub fn build_lazy(self) -> Result<RateLimiter, ConfigError> {
+    pub fn build_lazy(mut self) -> Result<RateLimiter, ConfigError> {
+        let overrides = std::mem::take(&mut self.overrides);
         let (store, settings) = self.settings()?;
         let store: Arc<dyn Store> = match store {
             StoreChoice::Memory => Arc::new(MemoryStore::new()),
@@ -248,6 +253,6 @@ impl Builder {
             }
             StoreChoice::Store(s) => s,
         };
-        Ok(RateLimiter::from_parts(store, settings))
+        super::overrides::install(RateLimiter::from_parts(store, settings), overrides)
     }
 }

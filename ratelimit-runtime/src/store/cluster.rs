@@ -86,7 +86,7 @@ use redis::{IntoConnectionInfo, Script, Value};
 
 use super::lazy::LazyConnection;
 use super::redis::{eval_checks, load_scripts, parse_reply, script_sources};
-use super::{Check, Store, StoreFuture};
+use super::{Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Decision, Policy, Verdict};
 
@@ -493,6 +493,29 @@ impl Store for RedisClusterStore {
             task.await.map_err(|e| {
                 StoreError::connection(format!("the cross-slot check task failed: {e}"))
             })?
+        })
+    }
+
+    /// Receipts are left only when every limit of the call is in one slot (the usual case:
+    /// the limits of one scope share a hash tag); a call across slots is taken without them
+    /// and stays counted whatever its outcome.
+    fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
+        Box::pin(async move {
+            if group_by_slot(checks).len() > 1 {
+                return self.check(checks).await;
+            }
+            let mut conn = self.connection().await?;
+            eval_checks(&mut conn, checks, Some(call_id)).await
+        })
+    }
+
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+        Box::pin(async move {
+            if checks.is_empty() || group_by_slot(checks).len() > 1 {
+                return Ok(());
+            }
+            let mut conn = self.connection().await?;
+            crate::store::redis::refund_checks(&mut conn, checks, call_id).await
         })
     }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use hashbrown::HashTable;
 
-use super::{Check, Store, StoreFuture};
-use crate::algorithm::{self, Evaluation, Params, State};
+use super::{Check, RefundFuture, Store, StoreFuture};
+use crate::algorithm::{self, Evaluation, Params, Receipt, State};
 use crate::error::StoreError;
 use crate::policy::{Decision, Verdict};
 
@@ -201,7 +201,25 @@ struct Inner {
     sweep_interval_ns: AtomicU64,
     /// Set while a janitor task lives (cleared when its runtime drops it).
     janitor_running: AtomicBool,
+    /// The receipts of calls taken with [`Store::take`], by call id: when they expire (µs)
+    /// and one per limit. Only outcome-filtered calls (`count = …`) use it.
+    receipts: Mutex<Receipts>,
 }
+
+/// Receipts by call id: when they expire (µs) and one per limit of the call; and when the map
+/// may next be swept (µs), so that a map full of live receipts is not scanned on every take.
+#[derive(Default)]
+struct Receipts {
+    by_call: std::collections::HashMap<Box<str>, (u64, Vec<Receipt>)>,
+    next_sweep: u64,
+}
+
+/// The most receipts the memory store holds at once; beyond it (every one unexpired), a take
+/// leaves none and the call stays counted.
+const MAX_RECEIPTS: usize = 1 << 16;
+
+/// The longest a receipt lives, µs (as the scripts' `RECEIPT_TTL_US`).
+const RECEIPT_TTL_US: u64 = 10_000_000;
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -250,6 +268,7 @@ impl MemoryStore {
                 max_per_shard: AtomicUsize::new(0),
                 sweep_interval_ns: AtomicU64::new(0),
                 janitor_running: AtomicBool::new(false),
+                receipts: Mutex::new(Receipts::default()),
             }),
             janitor: Mutex::new(None),
         };
@@ -374,7 +393,73 @@ impl MemoryStore {
         match checks {
             [] => Ok(Verdict::new(Vec::new())),
             [one] => Ok(Verdict::new(vec![self.inner.check_one(one)?])),
-            many => Ok(Verdict::new(self.inner.check_many(many)?)),
+            many => Ok(Verdict::new(self.inner.check_many(many, None)?)),
+        }
+    }
+
+    /// [`Store::take`] without a future: [`MemoryStore::check_now`], and when the call is
+    /// admitted, a receipt per limit under `call_id` (kept by the store, at most 10 seconds).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
+    /// let checks = [Check::new("login", &policy)];
+    /// assert!(store.take_now(&checks, "a1b2c3d4e5f6a7b8c9")?.is_admitted());
+    /// assert!(!store.check_now(&checks)?.is_admitted());
+    /// store.refund_now(&checks, "a1b2c3d4e5f6a7b8c9"); // the call did not count
+    /// store.refund_now(&checks, "a1b2c3d4e5f6a7b8c9"); // a second refund gives back nothing
+    /// assert!(store.check_now(&checks)?.is_admitted());
+    /// assert!(!store.check_now(&checks)?.is_admitted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`MemoryStore::check_now`].
+    pub fn take_now(&self, checks: &[Check<'_>], call_id: &str) -> Result<Verdict, StoreError> {
+        self.start_janitor();
+        if checks.is_empty() {
+            return Ok(Verdict::new(Vec::new()));
+        }
+        let mut receipts = Vec::with_capacity(checks.len());
+        let verdict = Verdict::new(self.inner.check_many(checks, Some(&mut receipts))?);
+        if verdict.is_admitted() && receipts.len() == checks.len() {
+            let now = self.inner.now();
+            let ttl = receipts
+                .iter()
+                .map(|r| r.reset_us)
+                .max()
+                .unwrap_or(0)
+                .min(RECEIPT_TTL_US);
+            let mut held = lock(&self.inner.receipts);
+            if held.by_call.len() >= MAX_RECEIPTS && now >= held.next_sweep {
+                held.by_call.retain(|_, (expires, _)| *expires > now);
+                held.next_sweep = now.saturating_add(100_000);
+            }
+            // Full of live receipts: none for this call, which stays counted (fails closed).
+            if held.by_call.len() < MAX_RECEIPTS {
+                held.by_call
+                    .insert(call_id.into(), (now.saturating_add(ttl), receipts));
+            }
+        }
+        Ok(verdict)
+    }
+
+    /// [`Store::refund`] without a future: gives back what the call taken under `call_id`
+    /// still holds of its first `checks.len()` limits, at most once (the receipts are removed).
+    pub fn refund_now(&self, checks: &[Check<'_>], call_id: &str) {
+        let Some((expires, receipts)) = lock(&self.inner.receipts).by_call.remove(call_id) else {
+            return;
+        };
+        let now = self.inner.now();
+        if now >= expires {
+            return;
+        }
+        for (check, receipt) in checks.iter().zip(&receipts) {
+            self.inner.refund_one(check, receipt, now);
         }
     }
 
@@ -400,6 +485,17 @@ impl MemoryStore {
 impl Store for MemoryStore {
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
         Box::pin(async move { self.check_now(checks) })
+    }
+
+    fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
+        Box::pin(async move { self.take_now(checks, call_id) })
+    }
+
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+        Box::pin(async move {
+            self.refund_now(checks, call_id);
+            Ok(())
+        })
     }
 
     fn name(&self) -> &'static str {
@@ -522,10 +618,37 @@ impl Inner {
         }
     }
 
+    /// Gives back what one limit of a call still holds, by its receipt: the rule is
+    /// [`algorithm::refund`] (the scripts' `refund`).
+    fn refund_one(&self, check: &Check<'_>, receipt: &Receipt, now: u64) {
+        let p = Params::of(check.policy);
+        let hash = self.hash(check.key);
+        let mut guard = lock(&self.shards[Self::shard_of(hash)]);
+        let shard = &mut *guard;
+        let Some(entry) = shard.map.get_mut(hash, check.key) else {
+            return;
+        };
+        if !entry.live(now) {
+            return;
+        }
+        match algorithm::refund(Some(entry.state.clone()), receipt, &p, now) {
+            Some(state) => *entry = Entry::new(state, &p),
+            // The call opened the state and nothing else is in it: as if never taken (idle
+            // now, swept with the others).
+            None => entry.idle_at = now,
+        }
+        shard.next_idle = shard.next_idle.min(entry.idle_at);
+    }
+
     /// Several limits as one call: lock their shards in ascending order, apply the limits one
     /// after the other (a key named twice sees what the call's earlier limits took), and write
-    /// only if all admit and every new key fits.
-    fn check_many(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+    /// only if all admit and every new key fits. With `receipts`, an admitted call's receipt
+    /// per limit is pushed there (for [`MemoryStore::take_now`]).
+    fn check_many(
+        &self,
+        checks: &[Check<'_>],
+        receipts: Option<&mut Vec<Receipt>>,
+    ) -> Result<Vec<Decision>, StoreError> {
         let params: Vec<Params> = checks.iter().map(|c| Params::of(c.policy)).collect();
         // Distinct keys ("slots"), each with its shard and what this call would write to it.
         let mut slots: Vec<Slot<'_>> = Vec::with_capacity(checks.len());
@@ -566,6 +689,7 @@ impl Inner {
 
         // Evaluate every limit in order, each on the state the call's earlier limits left.
         let mut outcomes: Vec<Evaluation> = Vec::with_capacity(checks.len());
+        let mut firsts: Vec<u64> = Vec::new();
         for ((c, p), &s) in checks.iter().zip(&params).zip(&slot_of) {
             let slot = &mut slots[s];
             let base = match &slot.pending {
@@ -573,6 +697,9 @@ impl Inner {
                 None => guards[guard_of(slot.shard)].base(slot.hash, c.key, now),
             };
             let (e, next) = algorithm::evaluate(c.policy.algorithm(), base, p, now);
+            if receipts.is_some() {
+                firsts.push(sliding_first(next.as_ref(), p));
+            }
             if next.is_some() {
                 slot.pending = next;
             }
@@ -601,6 +728,13 @@ impl Inner {
                     guards[guard_of(slot.shard)].commit(slot.hash, slot.key, entry);
                 }
             }
+            if let Some(receipts) = receipts {
+                receipts.extend(outcomes.iter().zip(&firsts).map(|(e, &first)| Receipt {
+                    at_us: now,
+                    reset_us: e.after_reset_us,
+                    first,
+                }));
+            }
             Ok(checks
                 .iter()
                 .zip(&outcomes)
@@ -622,6 +756,20 @@ impl Inner {
                 })
                 .collect())
         }
+    }
+}
+
+/// The sliding log's first score of the call that left `next` (what its refund removes); 0
+/// for the other algorithms.
+fn sliding_first(next: Option<&State>, p: &Params) -> u64 {
+    match next {
+        Some(State::Sliding(log)) => log.runs.back().map_or(0, |&(start, len)| {
+            u64::try_from(start)
+                .unwrap_or(0)
+                .saturating_add(len)
+                .saturating_sub(p.cost)
+        }),
+        _ => 0,
     }
 }
 
@@ -1019,6 +1167,49 @@ mod tests {
     }
 
     /// A stacked call that one limit rejects leaves every entry byte for byte as it was.
+    #[test]
+    fn refunds_give_back_what_the_take_held_once_and_only_while_the_receipt_lives() {
+        let clock = ManualClock::new();
+        clock.advance(MS);
+        let store = MemoryStore::with_clock(clock.clone());
+        for algo in Algorithm::ALL {
+            let p = policy(algo, 2, Duration::from_secs(60), 2);
+            let other = policy(algo, 3, Duration::from_secs(60), 3);
+            let (a, b) = (format!("{algo}:a"), format!("{algo}:b"));
+            let checks = [Check::new(&a, &p), Check::new(&b, &other)];
+            let remaining = |store: &MemoryStore| {
+                let d = algorithm::evaluate(
+                    algo,
+                    store.inner.shards[Inner::shard_of(store.inner.hash(&a))]
+                        .lock()
+                        .unwrap()
+                        .base(store.inner.hash(&a), &a, store.inner.now()),
+                    &Params::of(&p),
+                    store.inner.now(),
+                )
+                .0;
+                d.now_remaining
+            };
+            assert!(store.take_now(&checks, "1").unwrap().is_admitted());
+            assert_eq!(remaining(&store), 1, "{algo}");
+            // The prefix only: limit `b` keeps its unit.
+            store.refund_now(&checks[..1], "1");
+            assert_eq!(remaining(&store), 2, "{algo}");
+            store.refund_now(&checks[..1], "1");
+            assert_eq!(remaining(&store), 2, "{algo}: never twice");
+            let bv = store.check_now(&[Check::new(&b, &other)]).unwrap();
+            assert_eq!(bv.decisions()[0].remaining, 1, "{algo}: b kept the take");
+            // A receipt that expired (10 s at most) gives back nothing.
+            assert!(store.take_now(&checks[..1], "2").unwrap().is_admitted());
+            clock.advance(Duration::from_secs(11));
+            store.refund_now(&checks[..1], "2");
+            assert!(remaining(&store) < 2, "{algo}: stays counted");
+            // An unknown call id gives back nothing.
+            store.refund_now(&checks[..1], "3");
+            assert!(remaining(&store) < 2, "{algo}");
+        }
+    }
+
     #[test]
     fn a_rejected_stacked_call_writes_nothing() {
         let clock = ManualClock::new();

@@ -75,6 +75,35 @@ impl<'a> Check<'a> {
 /// The future a [`Store`] returns.
 pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Verdict, StoreError>> + Send + 'a>>;
 
+/// The future of [`Store::refund`].
+pub type RefundFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
+/// A fresh id for one call's receipts ([`Store::take`]): this process's random 64-bit value
+/// and a counter, as 17 to 32 lower-case hex digits (the scripts' call id format). The
+/// receipts of two calls never share a name: within a process the counter differs, across
+/// processes the random value does.
+pub(crate) fn new_call_id() -> String {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    use std::sync::LazyLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PROCESS: LazyLock<u64> = LazyLock::new(|| {
+        let mut h = std::hash::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish()
+    });
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{:016x}{:x}",
+        *PROCESS,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// Where limits keep their state.
 ///
 /// Implementations must be exact under any concurrency: N concurrent calls against a quota of
@@ -97,5 +126,31 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// of your own that keeps its state in process.
     fn is_local(&self) -> bool {
         false
+    }
+
+    /// Like [`Store::check`], and when the call is admitted, leaves a receipt per limit under
+    /// `call_id` (17 to 32 lower-case hex digits, fresh for each call) so that
+    /// [`Store::refund`] can give back what the call took: `count = "err"` and the other
+    /// outcome filters of `#[rate_limit]` take before the body runs and give back after an
+    /// outcome that does not count.
+    ///
+    /// The default takes without receipts (it is [`Store::check`]): a store of your own that
+    /// does not override both methods keeps every admitted call counted, whatever its outcome
+    /// (it fails closed: never more admitted than the quota).
+    fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
+        let _ = call_id;
+        self.check(checks)
+    }
+
+    /// Gives back what the admitted call taken under `call_id` still holds of its first
+    /// `checks.len()` limits (`checks` is that prefix of the take's checks, in order). At most
+    /// what the call took, and once: the receipts are read and deleted. A receipt outlives the
+    /// take by the limit's `reset_after`, at most 10 seconds; a refund after that gives back
+    /// nothing, and the call stays counted.
+    ///
+    /// The default gives back nothing (see [`Store::take`]).
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+        let _ = (checks, call_id);
+        Box::pin(async { Ok(()) })
     }
 }

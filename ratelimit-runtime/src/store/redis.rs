@@ -45,7 +45,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ErrorKind, Script, ServerErrorKind, Value};
 
 use super::lazy::LazyConnection;
-use super::{Check, Store, StoreFuture};
+use super::{Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Algorithm, Decision, Verdict};
 
@@ -459,11 +459,64 @@ impl RedisStore {
     }
 }
 
+/// The companion script (peek and refund modes, `scripts/refund.lua`): the Redis stores'
+/// refunds of outcome-filtered calls (`count = …`) and of the cluster's cross-slot calls.
+pub(crate) static COMPANION: LazyLock<Script> =
+    LazyLock::new(|| Script::new(script_sources().companion));
+
+/// Gives back, through the receipts the driver wrote under `call_id`, what an admitted call
+/// still holds of its first `checks.len()` limits (receipt `i` of key `i` is
+/// `<key>:r:<id>:<i>`, from 1). A receipt is read once and deleted: a second refund gives back
+/// nothing.
+pub(crate) async fn refund_checks<C>(
+    conn: &mut C,
+    checks: &[Check<'_>],
+    call_id: &str,
+) -> Result<(), StoreError>
+where
+    C: ConnectionLike + Send,
+{
+    if checks.is_empty() {
+        return Ok(());
+    }
+    let mut invocation = COMPANION.prepare_invoke();
+    invocation.arg("refund").arg(call_id);
+    for check in checks {
+        let p = check.policy;
+        invocation
+            .key(check.key)
+            .arg(p.algorithm().code())
+            .arg(p.limit())
+            .arg(p.period_ms().saturating_mul(1000))
+            .arg(p.burst())
+            .arg(p.cost());
+    }
+    for (i, check) in checks.iter().enumerate() {
+        invocation.key(format!("{}:r:{call_id}:{}", check.key, i + 1));
+    }
+    let reply: Value = invocation.invoke_async(conn).await?;
+    parse_reply(&reply, checks).map(drop)
+}
+
 impl Store for RedisStore {
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
             eval_checks(&mut conn, checks, None).await
+        })
+    }
+
+    fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
+        Box::pin(async move {
+            let mut conn = self.manager().await?;
+            eval_checks(&mut conn, checks, Some(call_id)).await
+        })
+    }
+
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+        Box::pin(async move {
+            let mut conn = self.manager().await?;
+            refund_checks(&mut conn, checks, call_id).await
         })
     }
 

@@ -32,10 +32,22 @@ pub async fn login(State(s): State<AppState>, Json(form): Json<LoginForm>) -> im
     format!("welcome {}", form.user)
 }
 
+/// A login that counts only failures, with no `framework`: the one integration enabled is the
+/// framework `count` turns the output into a response of.
+#[rate_limit(num = 5, time = "15m", by = "ip", count = "errors")]
+pub async fn attempt(Json(form): Json<LoginForm>) -> axum::http::StatusCode {
+    if form.user == "right" {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::UNAUTHORIZED
+    }
+}
+
 /// The router, with its own limiter.
 pub fn app(state: AppState, limiter: RateLimiter) -> Router {
     Router::new()
         .route("/login", post(login))
+        .route("/attempt", post(attempt))
         .layer(Extension(limiter))
         .with_state(state)
 }

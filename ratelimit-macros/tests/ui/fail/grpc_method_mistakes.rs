@@ -1,6 +1,7 @@
 //! The mistakes on a tonic service method: no `Request<T>` to read the caller from,
 //! `by = "url"` (a tonic request has no path), an unnamed request, and an error type that
-//! `Status` does not convert into.
+//! `Status` does not convert into, and the forms of limits that follow the caller, which gRPC
+//! methods do not take yet.
 use ratelimit_runtime::rate_limit;
 use tonic::{Request, Response, Status};
 
@@ -10,6 +11,7 @@ pub trait Greeter: Send + Sync + 'static {
     async fn by_url(&self, request: Request<String>) -> Result<Response<String>, Status>;
     async fn unnamed(&self, _: Request<String>) -> Result<Response<String>, Status>;
     async fn wrong_error(&self, request: Request<String>) -> Result<Response<String>, String>;
+    async fn by_cost(&self, request: Request<Vec<u8>>) -> Result<Response<String>, Status>;
 }
 
 pub struct MyGreeter;
@@ -34,6 +36,11 @@ impl Greeter for MyGreeter {
     #[rate_limit(num = 5, time = 60, by = "ip")]
     async fn wrong_error(&self, request: Request<String>) -> Result<Response<String>, String> {
         Ok(Response::new(request.into_inner()))
+    }
+
+    #[rate_limit(num = 5, time = 60, by = "ip", cost = request.get_ref().len())]
+    async fn by_cost(&self, request: Request<Vec<u8>>) -> Result<Response<String>, Status> {
+        Ok(Response::new(String::new()))
     }
 }
 

@@ -5,7 +5,7 @@
 #![deny(warnings)]
 
 use async_trait::async_trait;
-use ratelimit_runtime::{RateLimitError, rate_limit};
+use ratelimit_runtime::{Quota, RateLimitError, rate_limit};
 
 #[derive(Debug)]
 pub enum AppError {
@@ -36,6 +36,7 @@ pub trait Sender {
 pub struct Sms {
     tenant: String,
     sent: u32,
+    quota: Quota,
 }
 
 #[async_trait]
@@ -67,6 +68,7 @@ impl Sender for Sms {
 #[async_trait(?Send)]
 pub trait Local {
     async fn local(&self, n: u64) -> Result<u64, RateLimitError>;
+    async fn weighted(&self, items: Vec<u8>) -> Result<usize, RateLimitError>;
 }
 
 #[async_trait(?Send)]
@@ -74,6 +76,13 @@ impl Local for Sms {
     #[rate_limit(num = 2, time = 1, key = "{n}")]
     async fn local(&self, n: u64) -> Result<u64, RateLimitError> {
         Ok(n + u64::from(self.sent))
+    }
+
+    /// A cost over the arguments and the receiver, and a quota from the receiver.
+    #[rate_limit(algo = "token", num = 4, time = 60, cost = items.len() + usize::from(self.sent > 100))]
+    #[rate_limit(quota = "{self.quota}")]
+    async fn weighted(&self, items: Vec<u8>) -> Result<usize, RateLimitError> {
+        Ok(items.len())
     }
 }
 
@@ -84,6 +93,7 @@ async fn main() {
     let mut sms = Sms {
         tenant: "acme".to_owned(),
         sent: 0,
+        quota: Quota::per_minute(100).unwrap(),
     };
     let fut = sms.send("+100");
     assert_send(&fut);
@@ -92,5 +102,12 @@ async fn main() {
     assert_eq!(sms.pair((7, "x".to_owned())).await.unwrap(), "acme:7:x");
     assert_eq!(sms.local(1).await.unwrap(), 2);
     assert_eq!(sms.default_method(4).await.unwrap(), 4);
+    assert_eq!(sms.weighted(vec![1, 2, 3]).await.unwrap(), 3);
+    assert!(sms.weighted(vec![1, 2]).await.unwrap_err().is_limited());
+    assert_eq!(sms.weighted(vec![1]).await.unwrap(), 1);
+    assert!(matches!(
+        sms.weighted(vec![1; 5]).await,
+        Err(RateLimitError::CostExceedsCapacity { cost: 5, capacity: 4 })
+    ));
     assert_eq!(sms.consume().await.unwrap(), "acme");
 }

@@ -1,0 +1,8 @@
+use ratelimit_runtime::{RateLimitError, rate_limit};
+
+#[rate_limit(num = 5, time = 60, count = "failures")]
+async fn login() -> Result<(), RateLimitError> {
+    Ok(())
+}
+
+fn main() {}

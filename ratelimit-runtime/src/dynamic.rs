@@ -1,0 +1,395 @@
+//! Limits that follow the caller: the run-time half of `quota = …`, `cost = <expression>`,
+//! `count = …` and of the limiter's scope overrides.
+//!
+//! A function whose limits are all static never comes here unless its limiter has an
+//! override (one atomic load per call tells). Here, per call:
+//!
+//! 1. each limit's policy is worked out: the caller's [`Quota`] (`quota = …`) or the scope's
+//!    override, then the call's cost; an unlimited quota drops the limit (no store call);
+//! 2. the keys are built as for static limits ([`keys_for`]): the policy's numbers are part of
+//!    the key, so a caller under another quota counts in another bucket;
+//! 3. the call is checked, or — when some limit counts only some outcomes — *taken* with
+//!    receipts, and after the body the limits whose `count` excludes the outcome get their
+//!    units back ([`Taken::settle`]). Calls in flight hold their units, so concurrent calls
+//!    never get more than the quota of counted outcomes.
+//!
+//! The macro reaches these items through `crate::__private`.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use crate::error::RateLimitError;
+use crate::limit::{By, Limit, keys_for};
+use crate::limiter::RateLimiter;
+use crate::policy::{Decision, Policy, Verdict};
+use crate::quota::{AsQuota, Quota};
+use crate::store::Check;
+
+/// Where a limit's quota comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaFrom {
+    /// The attribute's `num`/`time`/`burst` (or the scope's override).
+    Attribute,
+    /// `quota = "request"`: the [`Quota`] the auth layer put in the request extensions.
+    Request,
+    /// `quota = "{arg}"`: an argument of the call ([`Input::quota`]).
+    Argument,
+}
+
+/// Which outcomes of a call count against a limit (`count = …`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// Every admitted call (the default).
+    All,
+    /// Plain functions: calls that return `Err` (handlers: status 400 and above).
+    Err,
+    /// Plain functions: calls that return `Ok` (handlers: status below 400).
+    Ok,
+    /// Handlers: responses whose status class is in the mask (bit `n` for `nxx`).
+    Status(u8),
+}
+
+/// What a call ended with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A plain function returned `Ok`.
+    Ok,
+    /// A plain function returned `Err`.
+    Err,
+    /// A handler answered with this status.
+    Status(u16),
+}
+
+impl Outcome {
+    /// The outcome of a plain function's result.
+    pub fn of<T, E>(result: &Result<T, E>) -> Self {
+        if result.is_ok() { Self::Ok } else { Self::Err }
+    }
+}
+
+impl Count {
+    /// `4xx` and `5xx`: what `count = "errors"` means for handlers.
+    pub const ERRORS: Self = Self::Status((1 << 4) | (1 << 5));
+
+    /// Whether `outcome` counts.
+    pub fn counts(self, outcome: Outcome) -> bool {
+        let failed = match outcome {
+            Outcome::Ok => false,
+            Outcome::Err => true,
+            Outcome::Status(s) => s >= 400,
+        };
+        match self {
+            Self::All => true,
+            Self::Err => failed,
+            Self::Ok => !failed,
+            Self::Status(mask) => match outcome {
+                Outcome::Status(s) => u8::try_from(s / 100)
+                    .ok()
+                    .filter(|class| *class < 8)
+                    .is_some_and(|class| mask & (1 << class) != 0),
+                // A handler's outcome is a status; a result counts as its class would.
+                Outcome::Err => mask & (1 << 5) != 0,
+                Outcome::Ok => mask & (1 << 2) != 0,
+            },
+        }
+    }
+}
+
+/// The run-time parts of one limit, as the macro wrote them (a `static` beside the
+/// [`Limit`]s, for functions with a dynamic limit).
+#[derive(Debug, Clone, Copy)]
+pub struct Dynamic {
+    /// Where the quota comes from.
+    pub quota: QuotaFrom,
+    /// Which outcomes count.
+    pub count: Count,
+}
+
+impl Dynamic {
+    /// A limit with nothing dynamic (in a stack where another limit is).
+    pub const STATIC: Self = Self {
+        quota: QuotaFrom::Attribute,
+        count: Count::All,
+    };
+}
+
+/// What one call gives a limit at run time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Input {
+    /// `quota = "{arg}"`: the argument's quota (`None` when the argument had none).
+    pub quota: Option<Quota>,
+    /// `cost = <expression>`: the call's cost.
+    pub cost: Option<u64>,
+}
+
+impl Input {
+    /// No run-time input.
+    pub const NONE: Self = Self {
+        quota: None,
+        cost: None,
+    };
+}
+
+/// A `quota = "{arg}"` argument's quota.
+pub fn quota_of<Q: AsQuota + ?Sized>(quota: &Q) -> Option<Quota> {
+    quota.as_quota()
+}
+
+/// A `cost = <expression>` value as units: a negative or oversized value is more than any
+/// capacity (the call is refused, never admitted for free); 0 counts as 1 (a call always
+/// takes at least one unit).
+pub fn cost_of<T: TryInto<u64>>(cost: T) -> u64 {
+    cost.try_into().unwrap_or(u64::MAX).max(1)
+}
+
+/// The limits of one call as they apply to this caller: effective policies, in the order the
+/// store sees them (the limits with an outcome filter first), with their keys.
+pub(crate) struct Plan {
+    pub(crate) limits: Vec<Limit>,
+    pub(crate) keys: Vec<String>,
+    /// How many of the first limits count only some outcomes.
+    filtered: usize,
+    /// Their filter (one for the whole call: the macro checks they agree).
+    count: Count,
+}
+
+/// Works out the limits of one call: policies from quotas, overrides and costs; unlimited
+/// ones dropped; keys built; filtered limits first.
+#[allow(clippy::too_many_arguments)] // the call's parts, as both modes hold them
+pub(crate) fn plan<'c, E>(
+    limiter: &RateLimiter,
+    limits: &[Limit],
+    dynamics: Option<&[Dynamic]>,
+    inputs: &[Input],
+    request_quota: Option<Quota>,
+    templates: &[Option<&str>],
+    by_value: impl FnMut(By) -> Result<Option<Cow<'c, [u8]>>, E>,
+    error: impl Fn(RateLimitError) -> E,
+) -> Result<Plan, E> {
+    let mut effective: Vec<(Limit, Option<&str>, Count)> = Vec::with_capacity(limits.len());
+    for (i, limit) in limits.iter().enumerate() {
+        let dynamic = dynamics.and_then(|d| d.get(i)).copied();
+        let dynamic = dynamic.unwrap_or(Dynamic::STATIC);
+        let input = inputs.get(i).copied().unwrap_or(Input::NONE);
+        let base = limit.policy;
+        let quota = match dynamic.quota {
+            QuotaFrom::Attribute => limiter.quota_override(limit.scope),
+            QuotaFrom::Request => {
+                Some(request_quota.ok_or_else(|| error(RateLimitError::MissingQuota))?)
+            }
+            QuotaFrom::Argument => Some(
+                input
+                    .quota
+                    .ok_or_else(|| error(RateLimitError::MissingQuota))?,
+            ),
+        };
+        let cost = input.cost.unwrap_or(base.cost());
+        let policy = match quota {
+            Some(q) => match q.apply(base.algorithm(), 1) {
+                Ok(Some(p)) => p,
+                Ok(None) => continue,
+                Err(e) => return Err(error(RateLimitError::InvalidQuota(e))),
+            },
+            None => base,
+        };
+        let policy = with_cost(policy, cost).map_err(&error)?;
+        let template = templates.get(i).copied().flatten();
+        effective.push((Limit { policy, ..*limit }, template, dynamic.count));
+    }
+    // Filtered limits first: a refund gives back a prefix of the take (the receipts are
+    // numbered by position).
+    effective.sort_by_key(|(_, _, count)| *count == Count::All);
+    let filtered = effective
+        .iter()
+        .filter(|(_, _, c)| *c != Count::All)
+        .count();
+    let count = effective.first().map_or(Count::All, |(_, _, c)| *c);
+    let (limits, templates): (Vec<Limit>, Vec<Option<&str>>) =
+        effective.into_iter().map(|(l, t, _)| (l, t)).unzip();
+    let keys = keys_for(&limiter.settings().prefix, &limits, &templates, by_value)?;
+    Ok(Plan {
+        limits,
+        keys,
+        filtered,
+        count,
+    })
+}
+
+/// `policy` with `cost`, or the typed error of a cost that never fits.
+fn with_cost(policy: Policy, cost: u64) -> Result<Policy, RateLimitError> {
+    if cost == policy.cost() {
+        return Ok(policy);
+    }
+    policy
+        .with_cost(cost)
+        .map_err(|_| RateLimitError::CostExceedsCapacity {
+            cost,
+            capacity: policy.capacity(),
+        })
+}
+
+impl Plan {
+    fn checks(&self) -> Vec<Check<'_>> {
+        self.limits
+            .iter()
+            .zip(&self.keys)
+            .map(|(l, k)| Check::new(k, &l.policy).with_scope(l.scope))
+            .collect()
+    }
+
+    /// Checks the call (taking with receipts when some limit counts only some outcomes). An
+    /// empty plan (every limit unlimited) is admitted without a store call.
+    pub(crate) async fn run(
+        self,
+        limiter: &RateLimiter,
+    ) -> Result<(Verdict, Taken), crate::error::StoreError> {
+        if self.limits.is_empty() {
+            return Ok((
+                Verdict::new(Vec::new()),
+                Taken {
+                    plan: self,
+                    call_id: None,
+                },
+            ));
+        }
+        let checks = self.checks();
+        let (verdict, call_id) = if self.filtered > 0 {
+            let (v, id) = limiter.take(&checks).await?;
+            (v, Some(id))
+        } else {
+            (limiter.check(&checks).await?, None)
+        };
+        drop(checks);
+        Ok((
+            verdict,
+            Taken {
+                plan: self,
+                call_id,
+            },
+        ))
+    }
+}
+
+/// A checked call: what [`Taken::settle`] gives back after the body, if its outcome does not
+/// count.
+pub(crate) struct Taken {
+    plan: Plan,
+    call_id: Option<String>,
+}
+
+impl std::fmt::Debug for Taken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Taken")
+            .field("limits", &self.plan.limits.len())
+            .field("filtered", &self.plan.filtered)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Taken {
+    /// The limits as they applied to this call (for the rate-limit fields).
+    #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
+    pub(crate) fn limits(&self) -> &[Limit] {
+        &self.plan.limits
+    }
+
+    /// After the body: gives back the filtered limits' units when `outcome` does not count.
+    pub(crate) async fn settle(self, limiter: &RateLimiter, outcome: Outcome) {
+        let Some(id) = &self.call_id else {
+            return;
+        };
+        if self.plan.filtered == 0 || self.plan.count.counts(outcome) {
+            return;
+        }
+        let checks = self.plan.checks();
+        limiter.refund(&checks[..self.plan.filtered], id).await;
+    }
+}
+
+/// A rejection as the plain-mode error.
+pub(crate) fn limited(verdict: &Verdict) -> RateLimitError {
+    let binding: Decision = verdict
+        .binding()
+        .copied()
+        .unwrap_or_else(|| Decision::new(false, 0, 0, Duration::ZERO, Duration::ZERO));
+    RateLimitError::Limited {
+        retry_after: binding.retry_after.unwrap_or_default(),
+        limit: binding.limit,
+        remaining: binding.remaining,
+        reset_after: binding.reset_after,
+    }
+}
+
+/// Plain mode with a dynamic limit (or an override): checks the call, `Ok(None)` when
+/// nothing is to settle after the body.
+pub async fn check_dyn(
+    limits: &'static [Limit],
+    dynamics: Option<&'static [Dynamic]>,
+    keys: &[Option<&str>],
+    inputs: &[Input],
+) -> Result<Hold, RateLimitError> {
+    let limiter = RateLimiter::current();
+    let plan = plan(
+        &limiter,
+        limits,
+        dynamics,
+        inputs,
+        None,
+        keys,
+        |_| Ok(None),
+        |e| e,
+    )?;
+    let (verdict, taken) = plan
+        .run(&limiter)
+        .await
+        .map_err(RateLimitError::StoreUnavailable)?;
+    if !verdict.is_admitted() {
+        return Err(limited(&verdict));
+    }
+    Ok(Hold { limiter, taken })
+}
+
+/// An admitted plain call, to settle after its body ([`Hold::settle`]).
+#[derive(Debug)]
+pub struct Hold {
+    limiter: RateLimiter,
+    taken: Taken,
+}
+
+impl Hold {
+    /// Gives back what the call took from the limits whose `count` excludes `outcome`.
+    pub async fn settle(self, outcome: Outcome) {
+        self.taken.settle(&self.limiter, outcome).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_follow_the_outcome() {
+        assert!(Count::All.counts(Outcome::Ok));
+        assert!(Count::Err.counts(Outcome::Err));
+        assert!(!Count::Err.counts(Outcome::Ok));
+        assert!(Count::Err.counts(Outcome::Status(401)));
+        assert!(!Count::Err.counts(Outcome::Status(302)));
+        assert!(Count::Ok.counts(Outcome::Status(200)));
+        assert!(Count::ERRORS.counts(Outcome::Status(500)));
+        assert!(Count::ERRORS.counts(Outcome::Status(404)));
+        assert!(!Count::ERRORS.counts(Outcome::Status(204)));
+        let five = Count::Status(1 << 5);
+        assert!(!five.counts(Outcome::Status(429)));
+        assert!(five.counts(Outcome::Status(503)));
+        // Out-of-range statuses never index past the mask.
+        assert!(!five.counts(Outcome::Status(u16::MAX)));
+    }
+
+    #[test]
+    fn costs_are_at_least_one_and_never_wrap() {
+        assert_eq!(cost_of(3_usize), 3);
+        assert_eq!(cost_of(0_u32), 1);
+        assert_eq!(cost_of(-1_i64), u64::MAX);
+        assert_eq!(cost_of(u128::MAX), u64::MAX);
+    }
+}

@@ -1,0 +1,209 @@
+//! Run-time quotas of the limiter: scope overrides ([`RateLimiter::set_quota`]) and the
+//! take-then-refund of outcome-filtered calls ([`RateLimiter::take`], [`RateLimiter::refund`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{PoisonError, RwLock};
+
+use super::RateLimiter;
+use crate::error::{ConfigError, StoreError};
+use crate::key;
+use crate::policy::Verdict;
+use crate::quota::Quota;
+use crate::store::Check;
+
+/// Quotas that replace the attribute's for whole scopes. `any` is read first, so a limiter
+/// without overrides pays one relaxed atomic load per call.
+#[derive(Debug, Default)]
+pub(crate) struct Overrides {
+    any: AtomicBool,
+    map: RwLock<HashMap<Box<str>, Quota>>,
+}
+
+impl Overrides {
+    fn get(&self, scope: &str) -> Option<Quota> {
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.map
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(scope)
+            .copied()
+    }
+
+    fn set(&self, scope: &str, quota: Option<Quota>) {
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        match quota {
+            Some(q) => {
+                map.insert(scope.into(), q);
+            }
+            None => {
+                map.remove(scope);
+            }
+        }
+        self.any.store(!map.is_empty(), Ordering::Relaxed);
+    }
+}
+
+impl RateLimiter {
+    /// Replaces the quota of every limit of `scope` (its `num`, period and `burst`; the
+    /// algorithm and the cost stay the attribute's) from the next call on, without a restart:
+    /// for quotas read from configuration. [`Quota::unlimited`] switches the scope's limits
+    /// off. The `RateLimit-Policy` field of HTTP responses shows the quota in force.
+    ///
+    /// The scope is the attribute's `scope`, or the function's module path and name
+    /// (`my_app::handlers::login`) when it has none. A limit written with `quota = …` takes
+    /// its quota from the caller and ignores overrides.
+    ///
+    /// A different quota is a different bucket (the store key holds the quota's numbers): a
+    /// caller's next call after a change starts a fresh window under the new quota, and
+    /// setting the old quota back finds the old window where it was (until it expires).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use ratelimit_runtime::{Quota, RateLimitError, RateLimiter, rate_limit};
+    ///
+    /// #[rate_limit(num = 1, time = 60, scope = "reports")]
+    /// async fn report() -> Result<(), RateLimitError> {
+    ///     Ok(())
+    /// }
+    ///
+    /// let limiter = RateLimiter::builder().build().await?;
+    /// limiter.set_quota("reports", Quota::per_minute(3)?)?;
+    /// let admitted = limiter
+    ///     .clone()
+    ///     .scope(async {
+    ///         let mut n = 0;
+    ///         for _ in 0..5 {
+    ///             n += usize::from(report().await.is_ok());
+    ///         }
+    ///         n
+    ///     })
+    ///     .await;
+    /// assert_eq!(admitted, 3);
+    /// assert_eq!(limiter.quota_override("reports"), Some(Quota::per_minute(3)?));
+    /// limiter.clear_quota("reports");
+    /// assert_eq!(limiter.quota_override("reports"), None);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] when `scope` is not a valid scope name.
+    pub fn set_quota(&self, scope: &str, quota: Quota) -> Result<(), ConfigError> {
+        if !key::valid_scope(scope) {
+            return Err(ConfigError::Invalid(format!(
+                "invalid scope {scope:?}: use 1 to 200 characters of A-Z a-z 0-9 _ : . - /"
+            )));
+        }
+        self.inner.overrides.set(scope, Some(quota));
+        Ok(())
+    }
+
+    /// Removes the override of `scope`: its limits use the attribute's quota again.
+    pub fn clear_quota(&self, scope: &str) {
+        self.inner.overrides.set(scope, None);
+    }
+
+    /// The quota that overrides `scope`'s, if one was set.
+    pub fn quota_override(&self, scope: &str) -> Option<Quota> {
+        self.inner.overrides.get(scope)
+    }
+
+    /// Whether any scope has an override (one atomic load): the static limits' fast path
+    /// is kept when not.
+    pub(crate) fn has_overrides(&self) -> bool {
+        self.inner.overrides.any.load(Ordering::Relaxed)
+    }
+
+    /// Like [`RateLimiter::check`], and when the store admits the call it leaves receipts
+    /// under a fresh call id, returned with the verdict, so that [`RateLimiter::refund`] can
+    /// give back what the call took (for calls whose outcome decides whether they count).
+    /// A verdict given by the failure policy, or by a store without refunds, has no receipts
+    /// behind it: its refund gives back nothing.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::builder().build().await?;
+    /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
+    /// let checks = [Check::new("login", &policy)];
+    /// let (verdict, call_id) = limiter.take(&checks).await?;
+    /// assert!(verdict.is_admitted());
+    /// limiter.refund(&checks, &call_id).await; // this attempt did not count
+    /// assert!(limiter.check(&checks).await?.is_admitted());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::check`].
+    pub async fn take(&self, checks: &[Check<'_>]) -> Result<(Verdict, String), StoreError> {
+        let id = crate::store::new_call_id();
+        let verdict = self.check_as(checks, Some(&id)).await?;
+        Ok((verdict, id))
+    }
+
+    /// Gives back what the call taken under `call_id` ([`RateLimiter::take`]) still holds of
+    /// its first `checks.len()` limits. Never more than the call took, never twice. Bounded
+    /// by the timeout; a refund that fails or comes too late (after the receipts expired, at
+    /// most 10 seconds after the take) gives back nothing and the call stays counted: it
+    /// fails closed, never admitting more than the quota.
+    pub async fn refund(&self, checks: &[Check<'_>], call_id: &str) {
+        if checks.is_empty() || self.store_failing() {
+            return;
+        }
+        let timeout = self.inner.settings.timeout;
+        let result =
+            match tokio::time::timeout(timeout, self.inner.store.refund(checks, call_id)).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout(timeout)),
+            };
+        if let Err(error) = result
+            && let Some(held_back) = self.inner.warnings.permit()
+        {
+            let scope = checks.first().map_or("", |c| c.scope);
+            tracing::warn!(
+                store = self.inner.store.name(),
+                scope,
+                %error,
+                held_back,
+                "rate-limit refund failed; the call stays counted"
+            );
+        }
+    }
+}
+
+impl super::Builder {
+    /// Overrides the quota of `scope` from the start (see [`RateLimiter::set_quota`]); an
+    /// invalid scope name makes the build fail.
+    ///
+    /// ```
+    /// use ratelimit_runtime::{Quota, RateLimiter};
+    /// let limiter = RateLimiter::builder()
+    ///     .override_quota("my_app::login", Quota::per_minute(10)?)
+    ///     .build_lazy()?;
+    /// assert_eq!(limiter.quota_override("my_app::login"), Some(Quota::per_minute(10)?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn override_quota(mut self, scope: impl Into<String>, quota: Quota) -> Self {
+        self.overrides.push((scope.into(), quota));
+        self
+    }
+}
+
+/// Applies a builder's overrides to the limiter it built.
+pub(super) fn install(
+    limiter: RateLimiter,
+    overrides: Vec<(String, Quota)>,
+) -> Result<RateLimiter, ConfigError> {
+    for (scope, quota) in overrides {
+        limiter.set_quota(&scope, quota)?;
+    }
+    Ok(limiter)
+}
