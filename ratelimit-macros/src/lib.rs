@@ -39,6 +39,7 @@ use proc_macro::TokenStream;
 /// | `cost` | units one call takes (at most the capacity) | `1` |
 /// | `scope` | the bucket's name: functions with the same scope share quota; 1–200 of `A-Z a-z 0-9 _ : . - /` | the module path and function name |
 /// | `framework` | `"axum"` or `"actix"`: makes the function a handler of that framework (checked against the enabled features) | none |
+/// | `shadow` | `true`: shadow mode — checked and counted as usual, a rejection is only logged and counted (`shadow_rejected`), never enforced; the function runs, and a handler's responses carry no rate-limit headers | `false` |
 ///
 /// A caller's bucket is the scope, the rendered `key` and the `by` value together.
 ///

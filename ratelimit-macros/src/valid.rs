@@ -20,6 +20,8 @@ pub(crate) struct Limit {
     pub(crate) by: By,
     pub(crate) key: Option<KeyTemplate>,
     pub(crate) scope: Option<String>,
+    /// `shadow = true`.
+    pub(crate) shadow: bool,
 }
 
 impl Limit {
@@ -293,6 +295,7 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         by: args.by.as_ref().map_or(By::Global, |b| b.value.clone()),
         key: args.key.clone(),
         scope: args.scope.as_ref().map(|s| s.value.clone()),
+        shadow: args.shadow.as_ref().is_some_and(|s| s.value),
     })
 }
 

@@ -182,7 +182,9 @@
 //!
 //! * `axum` — Axum 0.8 handlers; `actix` — Actix-web 4 handlers (both can be on at once);
 //! * `cluster` — `RedisClusterStore`, a Redis Cluster store;
-//! * `tls` — `rediss://` URLs (rustls).
+//! * `tls` — `rediss://` URLs (rustls);
+//! * `metrics` — counters and a store-latency histogram through the `metrics` facade
+//!   ([`observe`]).
 //!
 //! # Where things are
 //!
@@ -200,6 +202,7 @@ mod limit;
 pub mod limiter;
 #[doc(hidden)] // its items are re-exported at the root
 pub mod net;
+pub mod observe;
 #[doc(hidden)] // its items are re-exported at the root
 pub mod policy;
 pub mod store;
@@ -210,6 +213,9 @@ pub mod __private;
 pub use error::{ConfigError, RateLimitError, StoreError};
 pub use http::settings::{ForwardedHeader, HeaderStyle};
 pub use http::user::UserId;
+pub use limit::{By, Limit};
+pub use limiter::admin::Target;
+pub use limiter::exempt::{CallerView, Exemptions};
 pub use limiter::{Builder, FailurePolicy, RateLimiter, Settings};
 pub use net::{IpNet, IpNetParseError};
 pub use policy::{

@@ -30,6 +30,36 @@ if not limits then
   return refused
 end
 
+-- Blocks (RateLimiter::block): a key `<KEYS[i]>:b` with a TTL rejects every
+-- call on limit i until it expires, whatever the limit's state. The hot path
+-- pays one EXISTS for all of the call's keys; only a call that finds a block
+-- reads more. A blocked call takes nothing: the other limits report their
+-- state as it is. A marker without a TTL (written by someone else) is no block.
+local markers = {}
+for i = 1, nkeys do
+  markers[i] = KEYS[i] .. ':b'
+end
+if redis.call('EXISTS', unpack(markers)) > 0 then
+  local blocked = false
+  local reply = {}
+  for i = 1, nkeys do
+    local l = limits[i]
+    local d = l.algo.evaluate(KEYS[i], l.p)
+    local pttl = redis.call('PTTL', markers[i])
+    if pttl >= 0 then
+      blocked = true
+      -- Gone once the clock passes its expiry millisecond: never early.
+      local left = pttl * 1000 + 1000 - math.fmod(now, 1000)
+      reply[i] = { 0, 0, math.max(clamp(d.now_reset), left), left }
+    else
+      reply[i] = state_reply(l, d, d.admitted, d.retry)
+    end
+  end
+  if blocked then
+    return reply
+  end
+end
+
 -- A take under a call id that already left its receipts ran before: the
 -- cluster client sent it again after a timeout. It is not taken twice; the
 -- reply reads the limits as that first take left them.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hashbrown::HashTable;
 
-use super::{Check, Store, StoreFuture};
+use super::{AdminFuture, Check, Store, StoreFuture};
 use crate::algorithm::{self, Evaluation, Params, State};
 use crate::error::StoreError;
 use crate::policy::{Decision, Verdict};
@@ -201,6 +201,11 @@ struct Inner {
     sweep_interval_ns: AtomicU64,
     /// Set while a janitor task lives (cleared when its runtime drops it).
     janitor_running: AtomicBool,
+    /// Blocked keys ([`Store::block`]) → until when (µs on the clock). Checked on every call
+    /// only while it holds any: an empty one costs one atomic load.
+    blocks: Mutex<std::collections::HashMap<Box<str>, u64>>,
+    /// The number of entries in `blocks`, readable without its lock.
+    blocks_len: AtomicUsize,
 }
 
 impl fmt::Debug for MemoryStore {
@@ -250,6 +255,8 @@ impl MemoryStore {
                 max_per_shard: AtomicUsize::new(0),
                 sweep_interval_ns: AtomicU64::new(0),
                 janitor_running: AtomicBool::new(false),
+                blocks: Mutex::default(),
+                blocks_len: AtomicUsize::new(0),
             }),
             janitor: Mutex::new(None),
         };
@@ -371,11 +378,91 @@ impl MemoryStore {
     /// A call on keys already held never fails.
     pub fn check_now(&self, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
         self.start_janitor();
+        if let Some(verdict) = self.inner.blocked(checks) {
+            return Ok(verdict);
+        }
         match checks {
             [] => Ok(Verdict::new(Vec::new())),
             [one] => Ok(Verdict::new(vec![self.inner.check_one(one)?])),
             many => Ok(Verdict::new(self.inner.check_many(many)?)),
         }
+    }
+
+    /// [`Store::peek`] without a future: the state of each limit now, taking nothing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::new(Algorithm::Fixed, 2, Duration::from_secs(10))?;
+    /// let checks = [Check::new("k", &policy)];
+    /// store.check_now(&checks)?;
+    /// for _ in 0..3 {
+    ///     assert_eq!(store.peek_now(&checks).decisions()[0].remaining, 1); // unchanged
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek_now(&self, checks: &[Check<'_>]) -> Verdict {
+        self.inner.peek(checks, self.inner.now())
+    }
+
+    /// [`Store::reset`] without a future: forgets the state of `keys` and any block on them.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
+    /// let checks = [Check::new("k", &policy)];
+    /// assert!(store.check_now(&checks)?.is_admitted());
+    /// assert!(!store.check_now(&checks)?.is_admitted());
+    /// store.reset_now(&["k"]);
+    /// assert!(store.check_now(&checks)?.is_admitted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset_now(&self, keys: &[&str]) {
+        for key in keys {
+            let hash = self.inner.hash(key);
+            let mut shard = lock(&self.inner.shards[Inner::shard_of(hash)]);
+            shard.map.remove(hash, key);
+        }
+        let mut blocks = lock(&self.inner.blocks);
+        for key in keys {
+            blocks.remove(*key);
+        }
+        self.inner.blocks_len.store(blocks.len(), Ordering::Release);
+    }
+
+    /// [`Store::block`] without a future: every call under `keys` is rejected for
+    /// `duration` from now (on the store's clock).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    /// use ratelimit_runtime::store::ManualClock;
+    ///
+    /// let clock = ManualClock::new();
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let policy = Policy::new(Algorithm::Fixed, 100, Duration::from_secs(1))?;
+    /// let checks = [Check::new("k", &policy)];
+    /// store.block_now(&["k"], Duration::from_secs(3600));
+    /// let rejected = store.check_now(&checks)?;
+    /// assert_eq!(rejected.retry_after(), Some(Duration::from_secs(3600)));
+    /// clock.advance(Duration::from_secs(3600));
+    /// assert!(store.check_now(&checks)?.is_admitted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn block_now(&self, keys: &[&str], duration: Duration) {
+        let now = self.inner.now();
+        let until = now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX));
+        let mut blocks = lock(&self.inner.blocks);
+        blocks.retain(|_, end| *end > now);
+        for key in keys {
+            blocks.insert((*key).into(), until);
+        }
+        self.inner.blocks_len.store(blocks.len(), Ordering::Release);
     }
 
     /// Starts the janitor when none is running and this runs inside a tokio runtime.
@@ -409,6 +496,35 @@ impl Store for MemoryStore {
     fn is_local(&self) -> bool {
         true
     }
+
+    fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        Box::pin(async move { Ok(self.peek_now(checks)) })
+    }
+
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+        Box::pin(async move {
+            self.reset_now(keys);
+            Ok(())
+        })
+    }
+
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+        Box::pin(async move {
+            self.block_now(keys, duration);
+            Ok(())
+        })
+    }
+}
+
+/// The decision of a blocked limit: rejected, nothing left, until the block's end (`left_us`).
+fn blocked_decision(capacity: u64, reset_us: u64, left_us: u64) -> Decision {
+    Decision::new(
+        false,
+        capacity,
+        0,
+        Duration::from_micros(reset_us.max(left_us)),
+        Duration::from_micros(left_us),
+    )
 }
 
 /// The janitor's hold on the store: weak, and it clears the store's "janitor running" flag
@@ -469,6 +585,57 @@ impl Inner {
     fn shard_of(hash: u64) -> usize {
         // SHARDS is a power of two far below u32::MAX: the remainder always fits.
         usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0)
+    }
+
+    /// The state of each limit of `checks` at `now`, taking nothing (blocks included).
+    fn peek(&self, checks: &[Check<'_>], now: u64) -> Verdict {
+        let decisions = checks
+            .iter()
+            .map(|c| {
+                let p = Params::of(c.policy);
+                let capacity = c.policy.capacity();
+                let hash = self.hash(c.key);
+                let shard = lock(&self.shards[Self::shard_of(hash)]);
+                let mut entry = shard.map.get(hash, c.key).cloned();
+                drop(shard);
+                // Read on a copy: a restamp (a clock that went backwards) is not written.
+                if let Some(e) = &mut entry {
+                    e.normalize(&p, now);
+                }
+                let base = entry.as_ref().filter(|e| e.live(now)).map(|e| &e.state);
+                let (e, _) = algorithm::evaluate(c.policy.algorithm(), base, &p, now);
+                match self.block_left(c.key, now) {
+                    Some(left) => blocked_decision(capacity, e.now_reset_us, left),
+                    None => e.untaken(capacity, e.admitted, e.retry_us),
+                }
+            })
+            .collect();
+        Verdict::new(decisions)
+    }
+
+    /// µs left of a block on `key`, if one holds at `now`.
+    fn block_left(&self, key: &str, now: u64) -> Option<u64> {
+        if self.blocks_len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        lock(&self.blocks)
+            .get(key)
+            .filter(|&&until| until > now)
+            .map(|&until| until - now)
+    }
+
+    /// The verdict of a call of which a limit is blocked: that limit rejects until the
+    /// block's end, the others report their state as it is; nothing is taken. `None` when no
+    /// limit of the call is blocked (one atomic load while no block exists).
+    fn blocked(&self, checks: &[Check<'_>]) -> Option<Verdict> {
+        if self.blocks_len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let now = self.now();
+        if !checks.iter().any(|c| self.block_left(c.key, now).is_some()) {
+            return None;
+        }
+        Some(self.peek(checks, now))
     }
 
     fn max_per_shard(&self) -> usize {
@@ -755,6 +922,12 @@ impl Map {
             },
             |h| h.hash,
         );
+    }
+
+    fn remove(&mut self, hash: u64, key: &str) {
+        if let Ok(found) = self.0.find_entry(hash, |h| &*h.key == key) {
+            found.remove();
+        }
     }
 
     fn retain(&mut self, mut keep: impl FnMut(&str, &Entry) -> bool) {

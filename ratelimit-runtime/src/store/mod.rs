@@ -12,6 +12,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use crate::error::StoreError;
 use crate::policy::{Policy, Verdict};
@@ -75,6 +76,17 @@ impl<'a> Check<'a> {
 /// The future a [`Store`] returns.
 pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Verdict, StoreError>> + Send + 'a>>;
 
+/// The future of [`Store::reset`] and [`Store::block`].
+pub type AdminFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
+/// The answer of an operation a store does not implement (the default of [`Store::peek`],
+/// [`Store::reset`] and [`Store::block`]).
+fn unsupported<'a, T: Send + 'a>(
+    operation: &'static str,
+) -> Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>> {
+    Box::pin(async move { Err(StoreError::Unsupported(operation)) })
+}
+
 /// Where limits keep their state.
 ///
 /// Implementations must be exact under any concurrency: N concurrent calls against a quota of
@@ -97,5 +109,39 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// of your own that keeps its state in process.
     fn is_local(&self) -> bool {
         false
+    }
+
+    // The operations below are for operators (the admin calls of
+    // [`crate::RateLimiter::peek`], [`crate::RateLimiter::reset`] and
+    // [`crate::RateLimiter::block`]); a store of your own that does not implement them
+    // answers [`StoreError::Unsupported`].
+
+    /// Reads the state of every limit in `checks` now, taking nothing: one [`crate::Decision`]
+    /// per check, in order, as a call of that check's cost would be decided now (`admitted`,
+    /// `remaining`, `reset_after`, `retry_after`). A blocked key ([`Store::block`]) reads as
+    /// rejected until the block's end.
+    ///
+    /// The default answers [`StoreError::Unsupported`].
+    fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        let _ = checks;
+        unsupported("peek")
+    }
+
+    /// Deletes the state of `keys` (and any block on them): the next call under each starts
+    /// from a full quota.
+    ///
+    /// The default answers [`StoreError::Unsupported`].
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+        let _ = keys;
+        unsupported("reset")
+    }
+
+    /// Rejects every call under `keys` for `duration` (from now, on the store's clock),
+    /// whatever their state; a later block replaces an earlier one, [`Store::reset`] lifts it.
+    ///
+    /// The default answers [`StoreError::Unsupported`].
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+        let _ = (keys, duration);
+        unsupported("block")
     }
 }
