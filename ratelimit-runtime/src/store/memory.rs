@@ -436,7 +436,8 @@ impl MemoryStore {
     }
 
     /// [`Store::block`] without a future: every call under `keys` is rejected for
-    /// `duration` from now (on the store's clock).
+    /// `duration` from now (on the store's clock; whole milliseconds, at least one, to the
+    /// millisecond after, as Redis expires the block).
     ///
     /// ```
     /// use std::time::Duration;
@@ -448,15 +449,26 @@ impl MemoryStore {
     /// let policy = Policy::new(Algorithm::Fixed, 100, Duration::from_secs(1))?;
     /// let checks = [Check::new("k", &policy)];
     /// store.block_now(&["k"], Duration::from_secs(3600));
-    /// let rejected = store.check_now(&checks)?;
-    /// assert_eq!(rejected.retry_after(), Some(Duration::from_secs(3600)));
-    /// clock.advance(Duration::from_secs(3600));
+    /// let wait = store.check_now(&checks)?.retry_after().unwrap();
+    /// assert!(wait > Duration::from_secs(3600)); // to the millisecond after, as on Redis
+    /// clock.advance(wait - Duration::from_millis(1));
+    /// assert!(!store.check_now(&checks)?.is_admitted());
+    /// clock.advance(Duration::from_millis(1));
     /// assert!(store.check_now(&checks)?.is_admitted());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn block_now(&self, keys: &[&str], duration: Duration) {
         let now = self.inner.now();
-        let until = now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX));
+        // As Redis expires the block's marker (`SET … PX ms`): it lives through the
+        // millisecond `now_ms + ms` and is gone from the next one, so both stores answer the
+        // same wait.
+        let ms = u64::try_from(duration.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let until = (now / 1000)
+            .saturating_add(ms)
+            .saturating_add(1)
+            .saturating_mul(1000);
         let mut blocks = lock(&self.inner.blocks);
         blocks.retain(|_, end| *end > now);
         for key in keys {
