@@ -46,7 +46,9 @@ pub(crate) enum Outcome {
     Admitted,
     Rejected,
     ShadowRejected,
+    #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
     Exempted,
+    #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
     Denied,
     FailureAllow,
     FailureDeny,

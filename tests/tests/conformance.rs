@@ -113,6 +113,12 @@ struct Limit {
 struct Counts(BTreeMap<&'static str, u64>);
 
 impl Counts {
+    fn add_all(&mut self, algorithms: &[Algorithm]) {
+        for a in algorithms {
+            *self.0.entry(a.as_str()).or_default() += 1;
+        }
+    }
+
     fn add(&mut self, checks: &[Check<'_>]) {
         for c in checks {
             *self.0.entry(c.policy.algorithm().as_str()).or_default() += 1;
@@ -890,7 +896,7 @@ fn script_texts_are_the_ones_the_store_loads() {
 #[test]
 fn blocks_resets_and_peeks_decide_alike() {
     let mut counts = Counts::default();
-    let (mut blocks, mut blocked_calls, mut resets, mut peeks) = (0, 0, 0, 0);
+    let mut ops = Ops::default();
     for t in 0..36_u64 {
         let seed = 0xB10C_0000 + t;
         let mut rng = Rng::new(seed ^ 0x5EED);
@@ -925,57 +931,7 @@ fn blocks_resets_and_peeks_decide_alike() {
                 .zip(&policies)
                 .map(|(l, p)| Check::new(&l.key, p))
                 .collect();
-            let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-            let memory: &dyn Store = &pair.memory;
-            let lua: &dyn Store = &pair.lua;
-            let roll = rng.below(100);
-            let (what, m, l) = if roll < 8 {
-                blocks += 1;
-                // Whole milliseconds, from 1 ms to two periods.
-                let ms = rng.between(1, (2 * period / 1000).max(2));
-                let one = &keys[..1];
-                pair.runtime.block_on(async {
-                    memory.block(one, Duration::from_millis(ms)).await.unwrap();
-                    lua.block(one, Duration::from_millis(ms)).await.unwrap();
-                });
-                (format!("block {ms} ms"), None, None)
-            } else if roll < 13 {
-                resets += 1;
-                pair.runtime.block_on(async {
-                    memory.reset(&keys).await.unwrap();
-                    lua.reset(&keys).await.unwrap();
-                });
-                ("reset".to_owned(), None, None)
-            } else if roll < 30 {
-                peeks += 1;
-                let before = pair.lua.lua().db().shapes();
-                let (m, l) = pair
-                    .runtime
-                    .block_on(async { (memory.peek(&checks).await, lua.peek(&checks).await) });
-                let again = pair.runtime.block_on(memory.peek(&checks));
-                assert_eq!(
-                    m.as_ref().ok(),
-                    again.as_ref().ok(),
-                    "trace {seed:#x}: a memory peek changed the state"
-                );
-                assert_eq!(
-                    before,
-                    pair.lua.lua().db().shapes(),
-                    "trace {seed:#x}: a Lua peek wrote"
-                );
-                ("peek".to_owned(), Some(m), Some(l))
-            } else {
-                let (m, l) = pair.check(&checks);
-                if m.as_ref().is_ok_and(|v| {
-                    v.decisions()
-                        .iter()
-                        .any(|d| !d.admitted && d.remaining == 0 && d.retry_after.is_some())
-                }) {
-                    blocked_calls += 1;
-                }
-                counts.add(&checks);
-                ("check".to_owned(), Some(m), Some(l))
-            };
+            let (what, m, l) = admin_or_check(&pair, &mut rng, &checks, period, &mut ops);
             let line = format!(
                 "step {step} at {now} µs: {what} {}\n  memory: {m:?}\n  lua:    {l:?}",
                 describe(&checks)
@@ -999,20 +955,90 @@ fn blocks_resets_and_peeks_decide_alike() {
             history.push(line);
         }
     }
-    println!(
-        "blocks {blocks}, blocked-or-spent calls {blocked_calls}, resets {resets}, peeks {peeks}; checks {:?}",
-        counts.0
-    );
+    counts.add_all(&ops.checked);
+    println!("{ops:?}; checks {:?}", counts.0);
     assert!(
-        blocks > 100 && resets > 100 && peeks > 300,
-        "too few operations"
+        ops.blocks > 100 && ops.resets > 100 && ops.peeks > 300 && ops.blocked_calls > 100,
+        "too few operations: {ops:?}"
     );
+}
+
+/// What [`blocks_resets_and_peeks_decide_alike`] did.
+#[derive(Debug, Default)]
+struct Ops {
+    blocks: u64,
+    blocked_calls: u64,
+    resets: u64,
+    peeks: u64,
+    checked: Vec<Algorithm>,
+}
+
+type Answers = Option<Result<Verdict, StoreError>>;
+
+/// One step of that trace on both sides: a block of the call's first key (8%), a reset of its
+/// keys (5%), a peek (17%: it must change nothing on either side) or the call itself.
+fn admin_or_check(
+    pair: &Pair,
+    rng: &mut Rng,
+    checks: &[Check<'_>],
+    period: u64,
+    ops: &mut Ops,
+) -> (String, Answers, Answers) {
+    let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
+    let memory: &dyn Store = &pair.memory;
+    let lua: &dyn Store = &pair.lua;
+    let roll = rng.below(100);
+    if roll < 8 {
+        ops.blocks += 1;
+        // Whole milliseconds, from 1 ms to two periods.
+        let ms = rng.between(1, (2 * period / 1000).max(2));
+        let one = &keys[..1];
+        pair.runtime.block_on(async {
+            memory.block(one, Duration::from_millis(ms)).await.unwrap();
+            lua.block(one, Duration::from_millis(ms)).await.unwrap();
+        });
+        return (format!("block {ms} ms"), None, None);
+    }
+    if roll < 13 {
+        ops.resets += 1;
+        pair.runtime.block_on(async {
+            memory.reset(&keys).await.unwrap();
+            lua.reset(&keys).await.unwrap();
+        });
+        return ("reset".to_owned(), None, None);
+    }
+    if roll < 30 {
+        ops.peeks += 1;
+        let before = pair.lua.lua().db().shapes();
+        let (m, l) = pair
+            .runtime
+            .block_on(async { (memory.peek(checks).await, lua.peek(checks).await) });
+        let again = pair.runtime.block_on(memory.peek(checks));
+        assert_eq!(
+            m.as_ref().ok(),
+            again.as_ref().ok(),
+            "a memory peek changed the state"
+        );
+        assert_eq!(before, pair.lua.lua().db().shapes(), "a Lua peek wrote");
+        return ("peek".to_owned(), Some(m), Some(l));
+    }
+    let (m, l) = pair.check(checks);
+    if m.as_ref().is_ok_and(|v| !v.is_admitted()) {
+        ops.blocked_calls += 1;
+    }
+    ops.checked
+        .extend(checks.iter().map(|c| c.policy.algorithm()));
+    ("check".to_owned(), Some(m), Some(l))
 }
 
 /// A blocked key rejects every call, whatever its state, with the block's own wait, and a
 /// call that names it with another limit takes nothing from that limit; the block ends at the
 /// millisecond after its TTL (on both sides).
 #[test]
+#[allow(
+    clippy::duration_suboptimal_units,
+    reason = "Duration::from_hours is newer than the workspace's rust-version"
+)]
 fn a_block_rejects_until_its_end_and_takes_nothing() {
     let pair = Pair::new();
     let p = Policy::new(Algorithm::Token, 100, Duration::from_secs(1)).unwrap();

@@ -6,6 +6,11 @@
 //! process; the log events through a small subscriber, also process-wide. Every test uses
 //! scopes of its own, so the counts of parallel tests never mix.
 
+#![allow(
+    clippy::duration_suboptimal_units,
+    reason = "Duration::from_mins is newer than the workspace's rust-version"
+)]
+
 mod http_support;
 
 use std::collections::HashMap;
@@ -48,8 +53,10 @@ fn snapshotter() -> &'static Snapshotter {
 /// Everything recorded so far, by metric name and sorted labels: counters summed, histograms
 /// as their number of samples. The debugging recorder's snapshots drain what they read, and
 /// tests run in parallel: every snapshot is added here, and tests read from here.
-fn recorded() -> std::sync::MutexGuard<'static, HashMap<(String, Vec<String>), u64>> {
-    static TOTALS: OnceLock<Mutex<HashMap<(String, Vec<String>), u64>>> = OnceLock::new();
+type Totals = HashMap<(String, Vec<String>), u64>;
+
+fn recorded() -> std::sync::MutexGuard<'static, Totals> {
+    static TOTALS: OnceLock<Mutex<Totals>> = OnceLock::new();
     let mut totals = TOTALS.get_or_init(Mutex::default).lock().unwrap();
     for (key, _, _, value) in snapshotter().snapshot().into_vec() {
         let key = key.key();
@@ -113,15 +120,17 @@ impl tracing::field::Visit for Fields {
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
         match field.name() {
             "message" => self.message = format!("{value:?}"),
-            "scope" => self.scope = format!("{value:?}").trim_matches('"').to_owned(),
+            "scope" => format!("{value:?}")
+                .trim_matches('"')
+                .clone_into(&mut self.scope),
             _ => {}
         }
     }
 
     fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
         match field.name() {
-            "message" => self.message = value.to_owned(),
-            "scope" => self.scope = value.to_owned(),
+            "message" => value.clone_into(&mut self.message),
+            "scope" => value.clone_into(&mut self.scope),
             _ => {}
         }
     }
@@ -578,7 +587,8 @@ async fn peek_changes_nothing_reset_lets_through_block_rejects_until_its_end() {
                 // Alice is not blocked.
                 call("alice").await.unwrap();
                 if env.exact() {
-                    env.wait(wait - Duration::from_millis(1)).await;
+                    env.wait(wait.saturating_sub(Duration::from_millis(1)))
+                        .await;
                     assert!(call("bob").await.unwrap_err().is_limited(), "{scope}");
                     env.wait(Duration::from_millis(1)).await;
                 } else {

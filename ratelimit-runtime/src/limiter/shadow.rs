@@ -27,6 +27,7 @@ impl RateLimiter {
 
     /// Whether any of `limits` is in shadow mode here (their responses then carry no
     /// rate-limit headers).
+    #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
     pub(crate) fn any_shadow(&self, limits: &[Limit]) -> bool {
         self.inner.settings.shadow || limits.iter().any(|l| l.shadow)
     }
