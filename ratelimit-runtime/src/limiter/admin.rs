@@ -1,5 +1,5 @@
 //! The admin calls: read, reset and block one caller's limits, with keys built exactly as
-//! the attribute builds them ([`crate::limit`]'s `keys_for`, the one place keys are made).
+//! the attribute builds them (`keys_for` in `limit.rs`, the one place keys are made).
 
 use std::borrow::Cow;
 use std::net::IpAddr;
