@@ -147,6 +147,19 @@
 //! that concerns one call only ([`StoreError::is_transport`] is `false`) never changes another
 //! call's answer.
 //!
+//! # Operations
+//!
+//! * **Shadow mode** — `shadow = true` on one attribute, or [`Builder::shadow`] for all: checked
+//!   and counted as usual, a rejection is only logged and counted, never enforced (a handler
+//!   then sends no rate-limit headers).
+//! * **Exemptions** — [`Builder::exempt_networks`], [`Builder::exempt_when`] and
+//!   [`Builder::deny_networks`] (403 before any store call), for HTTP handlers; see
+//!   [`Exemptions`].
+//! * **Admin calls** — [`RateLimiter::peek`], [`RateLimiter::reset`] and [`RateLimiter::block`]
+//!   for one caller ([`Target`]) of a function's limits ([`Limit`]), on every store.
+//! * **Metrics** — feature `metrics`: counters per scope, algorithm and outcome, and the store's
+//!   latency, never a caller value in a label ([`observe`]).
+//!
 //! # Tests
 //!
 //! [`RateLimiter::scope`] runs a future with a limiter of its own, and a [`MemoryStore`] on a

@@ -222,14 +222,16 @@ fn admin_token() -> String {
         .ok()
         .filter(|t| t.len() >= 16)
         .unwrap_or_else(|| {
+            use std::fmt::Write as _;
             use std::hash::{BuildHasher, Hasher};
-            (0..2)
-                .map(|_| {
-                    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-                    h.write_u32(std::process::id());
-                    format!("{:016x}", h.finish())
-                })
-                .collect()
+            // RandomState's keys come from the OS's randomness: two of them, 128 bits.
+            let mut token = String::new();
+            for _ in 0..2 {
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u32(std::process::id());
+                let _ = write!(token, "{:016x}", h.finish());
+            }
+            token
         })
 }
 

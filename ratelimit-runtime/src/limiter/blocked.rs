@@ -282,6 +282,29 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_admin_block_rejects_any_cost_until_its_end_and_a_reset_forgets_it() {
+        let cache = BlockedCache::new(16);
+        let p = Policy::new(Algorithm::Token, 4, Duration::from_secs(1)).unwrap();
+        let checks = [Check::new("a", &p)];
+        let until = Instant::now() + Duration::from_secs(600);
+        cache.block(&checks, until);
+        assert_eq!(cache.len(), 1);
+        let v = cache.lookup(&checks, Instant::now()).unwrap();
+        assert_eq!(v.retry_after(), Some(Duration::from_secs(600)));
+        assert_eq!(v.decisions()[0].remaining, 0);
+        // A block replaces what was there, and is not counted twice.
+        cache.record(&checks, &Verdict::new(vec![rejected(100)]), Instant::now());
+        cache.block(&checks, until);
+        assert_eq!(cache.len(), 1);
+        cache.remove(&["a", "never-held"]);
+        assert_eq!(cache.len(), 0);
+        assert!(cache.lookup(&checks, Instant::now()).is_none());
+        // A block that already ended is not kept.
+        cache.block(&checks, Instant::now());
+        assert!(cache.lookup(&checks, Instant::now()).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn blocked_cache_stays_within_its_capacity() {
         let cache = BlockedCache::new(64);
         let p = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60)).unwrap();

@@ -30,8 +30,22 @@ if not limits then
   return refused
 end
 
+-- A take under a call id that already left its receipts ran before: the
+-- cluster client sent it again after a timeout. It is not taken twice; the
+-- reply reads the limits as that first take left them.
+if call_id ~= nil and redis.call('EXISTS', receipt_key(KEYS[1], call_id, 1)) == 1 then
+  local again = {}
+  for i = 1, nkeys do
+    local d = limits[i].algo.evaluate(KEYS[i], limits[i].p)
+    again[i] = state_reply(limits[i], d, true, 0)
+  end
+  return again
+end
+
 -- Blocks (RateLimiter::block): a key `<KEYS[i]>:b` with a TTL rejects every
--- call on limit i until it expires, whatever the limit's state. The hot path
+-- call on limit i until it expires, whatever the limit's state. Read after the
+-- replay above: a take that ran before is answered as it ran, so the cluster
+-- store refunds it like any other when a later slot rejects. The hot path
 -- pays one EXISTS for all of the call's keys; only a call that finds a block
 -- reads more. A blocked call takes nothing: the other limits report their
 -- state as it is. A marker without a TTL (written by someone else) is no block.
@@ -60,17 +74,6 @@ if redis.call('EXISTS', unpack(markers)) > 0 then
   end
 end
 
--- A take under a call id that already left its receipts ran before: the
--- cluster client sent it again after a timeout. It is not taken twice; the
--- reply reads the limits as that first take left them.
-if call_id ~= nil and redis.call('EXISTS', receipt_key(KEYS[1], call_id, 1)) == 1 then
-  local again = {}
-  for i = 1, nkeys do
-    local d = limits[i].algo.evaluate(KEYS[i], limits[i].p)
-    again[i] = state_reply(limits[i], d, true, 0)
-  end
-  return again
-end
 local repeated = false
 local seen = {}
 for i = 1, nkeys do

@@ -201,11 +201,13 @@ struct Inner {
     sweep_interval_ns: AtomicU64,
     /// Set while a janitor task lives (cleared when its runtime drops it).
     janitor_running: AtomicBool,
-    /// Blocked keys ([`Store::block`]) → until when (µs on the clock). Checked on every call
-    /// only while it holds any: an empty one costs one atomic load.
-    blocks: Mutex<std::collections::HashMap<Box<str>, u64>>,
-    /// The number of entries in `blocks`, readable without its lock.
+    /// Blocked keys ([`Store::block`]) → until when (µs on the clock). Read on every call
+    /// only while a block is in force (`blocks_len > 0`): otherwise one atomic load.
+    blocks: std::sync::RwLock<std::collections::HashMap<Box<str>, u64>>,
+    /// The number of entries in `blocks`, readable without its lock; 0 once every block ended.
     blocks_len: AtomicUsize,
+    /// The latest end of a block held (µs): from then on `blocks` can be emptied.
+    blocks_until: AtomicU64,
 }
 
 impl fmt::Debug for MemoryStore {
@@ -255,8 +257,9 @@ impl MemoryStore {
                 max_per_shard: AtomicUsize::new(0),
                 sweep_interval_ns: AtomicU64::new(0),
                 janitor_running: AtomicBool::new(false),
-                blocks: Mutex::default(),
+                blocks: std::sync::RwLock::default(),
                 blocks_len: AtomicUsize::new(0),
+                blocks_until: AtomicU64::new(0),
             }),
             janitor: Mutex::new(None),
         };
@@ -428,7 +431,7 @@ impl MemoryStore {
             let mut shard = lock(&self.inner.shards[Inner::shard_of(hash)]);
             shard.map.remove(hash, key);
         }
-        let mut blocks = lock(&self.inner.blocks);
+        let mut blocks = write(&self.inner.blocks);
         for key in keys {
             blocks.remove(*key);
         }
@@ -469,11 +472,13 @@ impl MemoryStore {
             .saturating_add(ms)
             .saturating_add(1)
             .saturating_mul(1000);
-        let mut blocks = lock(&self.inner.blocks);
+        let mut blocks = write(&self.inner.blocks);
         blocks.retain(|_, end| *end > now);
         for key in keys {
             blocks.insert((*key).into(), until);
         }
+        let latest = blocks.values().copied().max().unwrap_or(0);
+        self.inner.blocks_until.store(latest, Ordering::Release);
         self.inner.blocks_len.store(blocks.len(), Ordering::Release);
     }
 
@@ -571,6 +576,16 @@ async fn janitor(running: JanitorRunning) {
     }
 }
 
+/// Reads a lock, ignoring poisoning (as [`lock`]).
+fn read<T>(l: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Writes a lock, ignoring poisoning (as [`lock`]).
+fn write<T>(l: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Locks a mutex, ignoring poisoning: no code path panics while holding one, and the state
 /// stays consistent between statements anyway.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -630,7 +645,7 @@ impl Inner {
         if self.blocks_len.load(Ordering::Acquire) == 0 {
             return None;
         }
-        lock(&self.blocks)
+        read(&self.blocks)
             .get(key)
             .filter(|&&until| until > now)
             .map(|&until| until - now)
@@ -644,6 +659,13 @@ impl Inner {
             return None;
         }
         let now = self.now();
+        if now >= self.blocks_until.load(Ordering::Acquire) {
+            // Every block ended: back to one atomic load per call.
+            let mut blocks = write(&self.blocks);
+            blocks.retain(|_, end| *end > now);
+            self.blocks_len.store(blocks.len(), Ordering::Release);
+            return None;
+        }
         if !checks.iter().any(|c| self.block_left(c.key, now).is_some()) {
             return None;
         }
