@@ -22,7 +22,8 @@ use super::RateLimiter;
 /// source reads it: [`Target::ip`] is grouped as `by = "ip"` groups it (IPv6 by
 /// [`crate::Builder::ipv6_prefix`]), [`Target::path`] is normalized as `by = "url"`
 /// normalizes it, and [`Target::value`] (a user id, an `appId`, a header value) is taken as
-/// is. `global` limits take no value.
+/// is (for a `by = "ip"` limit it must be an address, grouped like [`Target::ip`]). `global`
+/// limits take no value.
 ///
 /// ```
 /// use ratelimit_runtime::Target;
@@ -111,6 +112,18 @@ impl Target {
                     Cow::Owned(crate::http::normalized_path(p.as_bytes()).into_owned())
                 }
                 (Value::Path(p), _) => Cow::Borrowed(p.as_bytes()),
+                // An address written as text, for an ip limit: grouped as `by = "ip"` groups it.
+                (Value::Raw(v), By::Ip) => match std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|t| t.trim().parse::<IpAddr>().ok())
+                {
+                    Some(ip) => Cow::Owned(ip_bucket(ip, limiter).into_bytes()),
+                    None => {
+                        return Err(StoreError::bad_reply(
+                            "a limit is by ip: name the caller with Target::ip (or an address as text)",
+                        ));
+                    }
+                },
                 (Value::Raw(v), _) => Cow::Borrowed(v.as_slice()),
             };
             Ok(Some(value))
@@ -260,5 +273,59 @@ impl RateLimiter {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(timeout)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Algorithm, Policy};
+
+    fn limits(by: By) -> [Limit; 1] {
+        [Limit::new(
+            Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60)).unwrap(),
+            "s",
+            by,
+        )]
+    }
+
+    #[test]
+    #[cfg(any(feature = "axum", feature = "actix"))]
+    fn targets_key_callers_as_the_attribute_does() {
+        let limiter = RateLimiter::builder().build_lazy().unwrap();
+        let ip = |t: &Target| t.keys(&limiter, &limits(By::Ip)).unwrap().remove(0);
+        // IPv6 grouped by /64, as by = "ip" groups it; an address as text is the same caller.
+        let low = ip(&Target::ip("2001:db8::1".parse().unwrap()));
+        let high = ip(&Target::ip("2001:db8::ffff".parse().unwrap()));
+        let text = ip(&Target::value("2001:db8::2"));
+        assert_eq!(low, high);
+        assert_eq!(low, text);
+        assert!(low.contains("ip=2001:db8::/64"), "{low}");
+        assert!(
+            Target::value("not an ip")
+                .keys(&limiter, &limits(By::Ip))
+                .is_err()
+        );
+        // A global limit takes no value; others need one.
+        let global = Target::global().key("sms:+1555");
+        let sms = global
+            .keys(&limiter, &limits(By::Global))
+            .unwrap()
+            .remove(0);
+        assert!(sms.contains("k=sms:+1555"), "{sms}");
+        assert!(Target::global().keys(&limiter, &limits(By::User)).is_err());
+        let user = Target::value("alice")
+            .keys(&limiter, &limits(By::User))
+            .unwrap()
+            .remove(0);
+        assert!(user.contains("user=alice"), "{user}");
+        // A path is normalized as by = "url" normalizes it.
+        let path = |s: &str| {
+            Target::path(s)
+                .keys(&limiter, &limits(By::Url))
+                .unwrap()
+                .remove(0)
+        };
+        assert_eq!(path("/%73earch"), path("/search"));
     }
 }
