@@ -807,9 +807,71 @@ async fn metrics_count_each_outcome_without_caller_values() {
         assert_eq!(calls("ops_metrics_failing", outcome), 3, "{policy:?}");
     }
     assert_eq!(calls("ops_metrics_failing", "admitted"), 3);
+    // In shadow mode, even the deny policy never refuses the call.
+    let shadow_deny = RateLimiter::builder()
+        .redis_url(format!("redis://127.0.0.1:{port}"))
+        .failure_policy(FailurePolicy::Deny)
+        .shadow(true)
+        .build_lazy()
+        .unwrap();
+    let ran = shadow_deny
+        .scope(async { metrics_failing().await.is_ok() })
+        .await;
+    assert!(ran, "a shadow limit refused a call");
     assert_eq!(calls("ops_metrics_failing", "failure_local"), 0);
     for label in all_label_values() {
         assert!(!label.contains("secret-user-42"), "{label}");
         assert!(!label.contains("127.0.0."), "{label}");
     }
+}
+
+#[rate_limit(num = 1, time = 60, by = "ip", scope = "ops_actix")]
+async fn actix_handler() -> &'static str {
+    "ran"
+}
+
+/// The same exemptions and deny list on Actix-web: the exempt network through, the denied one
+/// 403 with the JSON body, an untrusted peer naming the exempt network in `X-Forwarded-For`
+/// limited as itself.
+#[actix_web::test]
+async fn actix_exemptions_and_deny_list() {
+    use actix_web::{App, HttpServer, web};
+    snapshotter();
+    let limiter = RateLimiter::builder()
+        .exempt_networks([net("127.0.0.2/32")])
+        .deny_networks([net("127.0.0.3/32")])
+        .build()
+        .await
+        .unwrap();
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(limiter.clone())
+            .route("/", web::get().to(actix_handler))
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(0)
+    .bind(("127.0.0.1", 0))
+    .expect("bind");
+    let url = format!("http://{}/", server.addrs()[0]);
+    actix_web::rt::spawn(server.run());
+    let get = |from: &str, xff: Option<&str>| {
+        let mut req = client_from(from).get(&url);
+        if let Some(v) = xff {
+            req = req.header("x-forwarded-for", v);
+        }
+        async move { Answer::from(req.send().await.unwrap()).await }
+    };
+    for _ in 0..3 {
+        let a = get("127.0.0.2", None).await;
+        assert_eq!(a.status, 200, "{a:?}");
+        assert!(a.header("ratelimit").is_none(), "{a:?}");
+    }
+    let denied = get("127.0.0.3", None).await;
+    assert_eq!(denied.status, 403, "{denied:?}");
+    assert_eq!(denied.json()["error"], "forbidden");
+    assert_eq!(get("127.0.0.4", Some("127.0.0.2")).await.status, 200);
+    get("127.0.0.4", Some("127.0.0.2")).await.assert_too_many();
+    assert_eq!(calls("ops_actix", "exempted"), 3);
+    assert_eq!(calls("ops_actix", "denied"), 1);
 }

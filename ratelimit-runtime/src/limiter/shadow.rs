@@ -9,7 +9,11 @@
 //! leaves it: the counts in shadow mode are the rejections enforcing would make. When a
 //! function stacks enforced and shadow limits, the enforced ones are then checked again on
 //! their own (a second store call, only for the would-be rejected calls), so that they count
-//! the call that goes through.
+//! the call that goes through. Shadow limits never refuse a call: when the store fails and
+//! the failure policy would refuse ([`crate::FailurePolicy::Deny`]), a call whose limits are
+//! all in shadow mode runs all the same.
+
+use std::time::Duration;
 
 use crate::error::StoreError;
 use crate::limit::Limit;
@@ -45,7 +49,20 @@ impl RateLimiter {
             .map(|(l, k)| Check::new(k, &l.policy).with_scope(l.scope))
             .collect();
         let labels = || limits.iter().map(|l| (l.scope, l.policy.algorithm()));
-        let verdict = self.check(&checks).await?;
+        let verdict = match self.check(&checks).await {
+            Ok(v) => v,
+            // The store failed and the failure policy refused: a call whose limits are all in
+            // shadow mode runs all the same (shadow never refuses; the failure was logged and
+            // counted by the policy's answer).
+            Err(_) if limits.iter().all(|l| self.is_shadow(l)) => {
+                let whole = |l: &Limit| {
+                    let cap = l.policy.capacity();
+                    Decision::new(true, cap, cap, Duration::ZERO, Duration::ZERO)
+                };
+                return Ok(Verdict::new(limits.iter().map(whole).collect()));
+            }
+            Err(e) => return Err(e),
+        };
         let shadow = |i: usize| limits.get(i).is_some_and(|l| self.is_shadow(l));
         observe::count_verdict(labels(), &verdict, shadow);
         if verdict.is_admitted() {
@@ -74,15 +91,8 @@ impl RateLimiter {
             );
         }
         let enforced: Vec<usize> = (0..limits.len()).filter(|&i| !shadow(i)).collect();
-        let as_admitted = |d: &Decision| {
-            Decision::new(
-                true,
-                d.limit,
-                d.remaining,
-                d.reset_after,
-                std::time::Duration::ZERO,
-            )
-        };
+        let as_admitted =
+            |d: &Decision| Decision::new(true, d.limit, d.remaining, d.reset_after, Duration::ZERO);
         if enforced.is_empty() {
             return Ok(Verdict::new(
                 verdict.decisions().iter().map(as_admitted).collect(),
