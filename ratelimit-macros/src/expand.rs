@@ -163,6 +163,9 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
 
     match &checked.mode {
         Mode::Plain { ret } => plain(func, *ret, boxed.is_some(), &statics, &key_lets, &key_refs),
+        Mode::Grpc { by, request, ret } => {
+            grpc(func, *by, request, *ret, &statics, &key_lets, &key_refs)
+        }
         Mode::Http { http, framework } => http_handler(
             func,
             *http,
@@ -309,19 +312,7 @@ fn plain(
         }
     };
     if boxed {
-        let mut func = func.clone();
-        // `recognise` found this site, so it is there; never emit the method unchecked.
-        let Some(site) = async_trait::check_site(&mut func) else {
-            let e = syn::Error::new(
-                ret,
-                "#[rate_limit] did not recognise this #[async_trait] body",
-            )
-            .into_compile_error();
-            return quote!(#func #e);
-        };
-        site.stmts
-            .insert(0, Stmt::Expr(Expr::Verbatim(check), None));
-        return func.into_token_stream();
+        return into_boxed_body(func, check, ret);
     }
     quote! {
         #(#outer)*
@@ -331,6 +322,64 @@ fn plain(
             #(#stmts)*
         }
     }
+}
+
+/// Puts `check` first in the user's body inside an `#[async_trait]` method's future.
+fn into_boxed_body(func: &ItemFn, check: TokenStream, ret: Span) -> TokenStream {
+    let mut func = func.clone();
+    // `recognise` found this site, so it is there; never emit the method unchecked.
+    let Some(site) = async_trait::check_site(&mut func) else {
+        let e = syn::Error::new(
+            ret,
+            "#[rate_limit] did not recognise this #[async_trait] body",
+        )
+        .into_compile_error();
+        return quote!(#func #e);
+    };
+    site.stmts
+        .insert(0, Stmt::Expr(Expr::Verbatim(check), None));
+    func.into_token_stream()
+}
+
+/// gRPC mode: like plain mode inside an `#[async_trait]` future, but the caller is read from
+/// the method's `tonic::Request` (synchronously, so the check's future holds no borrow of it)
+/// and a refusal is a `tonic::Status`, converted into the method's error.
+fn grpc(
+    func: &ItemFn,
+    by: Span,
+    request: &Ident,
+    ret: Span,
+    statics: &TokenStream,
+    key_lets: &[TokenStream],
+    key_refs: &[TokenStream],
+) -> TokenStream {
+    let p = private();
+    let limits = local("__RATELIMIT_LIMITS");
+    let call = local("__ratelimit_call");
+    let status = local("__ratelimit_status");
+    let require = quote_spanned!(by=> const _: () = ::ratelimit_runtime::__private::grpc::RequireTonic::<()>::OK;);
+    // Located at the parameter, so a `Request` that is not tonic's is reported there.
+    let request = {
+        let span = at(request.span());
+        let mut r = request.clone();
+        r.set_span(r.span().located_at(span));
+        quote_spanned!(span=> &#r)
+    };
+    // Spanned at the return type, so a missing `From<Status>` is reported there.
+    let from = quote_spanned!(ret=> ::ratelimit_runtime::__private::grpc::into_error(#status));
+    let check = quote! {
+        #[allow(unused_braces, clippy::all, clippy::pedantic)]
+        {
+            #require
+            #statics
+            #(#key_lets)*
+            let #call = #p::grpc::prepare(&#limits, #request, &[#(#key_refs),*]);
+            if let ::core::result::Result::Err(#status) = #p::grpc::check(&#limits, #call).await {
+                return ::core::result::Result::Err(#from);
+            }
+        }
+    };
+    into_boxed_body(func, check, ret)
 }
 
 /// HTTP mode, as the contract with the runtime says: a hidden `HttpCaller` first, the user's
@@ -605,6 +654,86 @@ mod tests {
         assert!(
             user_body[..check_end].contains("return::core::result::Result::Err(::core::convert::From::from({__ratelimit_error}));"),
             "{user_body}"
+        );
+    }
+
+    /// What `#[tonic::async_trait]` makes of a tonic method taking `mut request`.
+    fn grpc_shaped() -> TokenStream {
+        quote! {
+            fn say<'life0, 'async_trait>(&'life0 self, request: tonic::Request<Hello>)
+                -> ::core::pin::Pin<Box<dyn ::core::future::Future<Output = Result<Response<Reply>, Status>>
+                    + ::core::marker::Send + 'async_trait>>
+            where 'life0: 'async_trait, Self: 'async_trait
+            {
+                Box::pin(async move {
+                    let __self = self;
+                    let mut request = request;
+                    let __ret: Result<Response<Reply>, Status> = { reply(request) };
+                    #[allow(unreachable_code)]
+                    __ret
+                })
+            }
+        }
+    }
+
+    #[test]
+    fn grpc_methods_read_their_request_before_the_body() {
+        let f = expand(
+            quote!(
+                num = 5,
+                time = 1,
+                by = "header:X-Api-Key",
+                key = "{self.tenant}"
+            ),
+            grpc_shaped(),
+        );
+        let body = compact(&f.block);
+        let user_body = body
+            .split("let__ret:Result<Response<Reply>,Status>={")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{body}"));
+        assert!(
+            user_body.contains("grpc::RequireTonic::<()>::OK"),
+            "{user_body}"
+        );
+        assert!(
+            user_body.contains("By::Header(\"x-api-key\")"),
+            "{user_body}"
+        );
+        assert!(
+            user_body.contains("Piece::Arg(&__self.tenant)"),
+            "{user_body}"
+        );
+        let prepare = user_body
+            .find("let__ratelimit_call=::ratelimit_runtime::__private::grpc::prepare(&__RATELIMIT_LIMITS,&request,")
+            .unwrap_or_else(|| panic!("{user_body}"));
+        let check = user_body
+            .find("grpc::check(&__RATELIMIT_LIMITS,__ratelimit_call).await")
+            .unwrap_or_else(|| panic!("{user_body}"));
+        let ret = user_body
+            .find("return::core::result::Result::Err(::ratelimit_runtime::__private::grpc::into_error(__ratelimit_status));")
+            .unwrap_or_else(|| panic!("{user_body}"));
+        let body_starts = user_body.find("reply(request)").unwrap();
+        assert!(
+            prepare < check && check < ret && ret < body_starts,
+            "{user_body}"
+        );
+    }
+
+    #[test]
+    fn grpc_mode_needs_a_request_and_no_url() {
+        let out = rate_limit(quote!(num = 5, time = 1, by = "url"), grpc_shaped()).to_string();
+        assert!(out.contains("not available on a gRPC method"), "{out}");
+        // Without a `Request` parameter: the plain-mode-only error, which says what is needed.
+        let plain = async_trait_shaped().to_string().replace(
+            "# [rate_limit (num = 20 , time = \"1m\" , key = \"{to}\")]",
+            "",
+        );
+        let out =
+            rate_limit(quote!(num = 5, time = 1, by = "ip"), plain.parse().unwrap()).to_string();
+        assert!(
+            out.contains("takes no `tonic::Request<T>` parameter"),
+            "{out}"
         );
     }
 

@@ -56,6 +56,14 @@ use proc_macro::TokenStream;
 ///   the rate-limit headers) when the call is rejected. Needs the `axum` or `actix` feature of
 ///   `ratelimit-runtime`; handlers cannot take `self`.
 ///
+/// * **gRPC method** (an HTTP-like `by` on a method of an `#[async_trait]` impl, such as a
+///   tonic service's, that takes a `request: Request<T>`): the caller is read from that
+///   request (peer address, metadata, extensions) before the body runs, and a refused call
+///   returns `Err(E::from(tonic::Status))` (`RESOURCE_EXHAUSTED` with the retry metadata,
+///   `UNAVAILABLE`, or `INVALID_ARGUMENT` naming a missing metadata entry). Needs the `tonic`
+///   feature of `ratelimit-runtime`; `by = "url"` is not available there. The signature is
+///   unchanged.
+///
 /// # Stacking
 ///
 /// Several `#[rate_limit]` on one function all apply, checked in one call (one Redis round

@@ -3,7 +3,7 @@
 
 use proc_macro2::Span;
 use syn::spanned::Spanned as _;
-use syn::{FnArg, ItemFn, Pat, ReturnType, Type};
+use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type};
 
 use crate::async_trait::AsyncTrait;
 use crate::attr::{Algo, Args, By, Framework, KeyTemplate, Spanned};
@@ -59,6 +59,11 @@ pub(crate) enum Mode {
         http: Span,
         framework: Option<Spanned<Framework>>,
     },
+    /// A gRPC (tonic) method: an `#[async_trait]` method with an HTTP-like `by` and a
+    /// `Request<T>` parameter. `by` is the span of that `by` (for "needs the `tonic` feature"),
+    /// `request` the name the parameter is bound to in the future, `ret` the return type's
+    /// span.
+    Grpc { by: Span, request: Ident, ret: Span },
 }
 
 /// Everything code generation needs.
@@ -116,6 +121,8 @@ pub(crate) fn check(
     let mut limits = Vec::new();
     let mut http: Option<Span> = None;
     let mut framework: Option<Spanned<Framework>> = None;
+    // The `by = "url"`s, which a gRPC method cannot have.
+    let mut urls: Vec<Span> = Vec::new();
 
     for mut args in attrs {
         errors.append(&mut args.errors);
@@ -142,6 +149,9 @@ pub(crate) fn check(
         }
         if let Some(by) = args.by.as_ref().filter(|b| b.value.is_http()) {
             http.get_or_insert(by.span);
+            if by.value == By::Url {
+                urls.push(by.span);
+            }
         }
         if let Some(key) = &args.key {
             check_template(key, receiver.is_some(), &readable, &mut errors);
@@ -153,6 +163,14 @@ pub(crate) fn check(
     }
 
     let mode = mode_of(sig, http, framework, boxed, &mut errors);
+    if matches!(mode, Mode::Grpc { .. }) {
+        errors.extend(urls.into_iter().map(|span| {
+            syn::Error::new(
+                span,
+                "by = \"url\" is not available on a gRPC method: a tonic request carries no path, and every call of this method has the same one; the default scope is already per method, so use by = \"global\" (or another `by`)",
+            )
+        }));
+    }
 
     let name = sig.ident.to_string();
     let name = name.strip_prefix("r#").unwrap_or(&name);
@@ -188,6 +206,9 @@ fn mode_of(
 ) -> Mode {
     let receiver = sig.receiver().map(syn::Receiver::span);
     if let Some(http) = http {
+        if let (Some(boxed), None) = (boxed, &framework) {
+            return grpc_mode(sig, http, boxed, errors);
+        }
         if boxed.is_some() {
             errors.push(syn::Error::new(
                 http,
@@ -209,7 +230,7 @@ fn mode_of(
             (None, ReturnType::Default) => None,
         };
         let none = sig.paren_token.span.close();
-        if let Err(e) = check_result(output, none) {
+        if let Err(e) = check_result(output, none, PLAIN_RESULT) {
             errors.push(e);
         }
         Mode::Plain {
@@ -217,6 +238,76 @@ fn mode_of(
         }
     }
 }
+
+/// An `#[async_trait]` method with an HTTP-like `by` (`http` is its span): a gRPC method when
+/// it takes a named `Request<T>` (tonic's, by the name: the macro cannot see types), which the
+/// check reads; returning a `Result` whose error is `From<tonic::Status>`.
+fn grpc_mode(
+    sig: &syn::Signature,
+    http: Span,
+    boxed: &AsyncTrait,
+    errors: &mut Vec<syn::Error>,
+) -> Mode {
+    let none = sig.paren_token.span.close();
+    let output = boxed.output.as_ref();
+    if let Err(e) = check_result(output, none, GRPC_RESULT) {
+        errors.push(e);
+    }
+    let ret = output.map_or(none, syn::spanned::Spanned::span);
+    let param = sig.inputs.iter().find_map(|arg| match arg {
+        FnArg::Typed(t) if is_request(&t.ty) => Some(t),
+        _ => None,
+    });
+    let request = match param.map(|t| &*t.pat) {
+        Some(Pat::Ident(p)) if !crate::async_trait::is_positional(&p.ident.to_string()) => {
+            p.ident.clone()
+        }
+        Some(_) => {
+            let at = param.map_or(http, |t| t.pat.span());
+            let mut e = syn::Error::new(
+                at,
+                "the `Request` parameter of a rate-limited gRPC method needs a name, which the check reads the caller from: write `request: Request<T>`",
+            );
+            e.combine(syn::Error::new(http, "this `by` reads the request"));
+            errors.push(e);
+            Ident::new("request", http)
+        }
+        None => {
+            errors.push(syn::Error::new(
+                http,
+                "this `by` reads a request, but this method of an #[async_trait] impl takes no `tonic::Request<T>` parameter: a gRPC (tonic) method is limited by its `request: Request<T>` parameter; any other #[async_trait] method supports plain mode only (by = \"global\" with a `key` template)",
+            ));
+            Ident::new("request", http)
+        }
+    };
+    Mode::Grpc {
+        by: http,
+        request,
+        ret,
+    }
+}
+
+/// `Request<T>`, `tonic::Request<T>`, `::tonic::Request<T>`: a path ending in `Request` with
+/// one type argument.
+fn is_request(ty: &Type) -> bool {
+    let Type::Path(p) = ty else {
+        return false;
+    };
+    let Some(last) = p.path.segments.last() else {
+        return false;
+    };
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return false;
+    };
+    p.qself.is_none()
+        && last.ident == "Request"
+        && args.args.len() == 1
+        && matches!(args.args.first(), Some(GenericArgument::Type(_)))
+}
+
+const PLAIN_RESULT: &str = "a rate-limited plain function must return `Result<T, E>` with `E: From<ratelimit_runtime::RateLimitError>`, so that a rejected call can return the error";
+
+const GRPC_RESULT: &str = "a rate-limited gRPC method must return `Result<Response<T>, E>` with `E: From<tonic::Status>` (`tonic::Status` itself, as tonic writes it), so that a rejected call can return the status";
 
 /// The policy rules of `ratelimit_runtime::Policy::from_parts` (one file, [`rules`], compiled
 /// into both crates), with spans.
@@ -348,8 +439,7 @@ pub(crate) fn bound_names(pat: &Pat, out: &mut Vec<String>) {
 
 /// A plain function must return `Result<T, E>` (or an alias whose name ends in `Result`);
 /// `output` is `None` when it returns nothing (reported at `none`).
-fn check_result(output: Option<&Type>, none: Span) -> syn::Result<()> {
-    let msg = "a rate-limited plain function must return `Result<T, E>` with `E: From<ratelimit_runtime::RateLimitError>`, so that a rejected call can return the error";
+fn check_result(output: Option<&Type>, none: Span, msg: &str) -> syn::Result<()> {
     match output {
         None => Err(syn::Error::new(
             none,

@@ -18,3 +18,11 @@
 pub use crate::http::{HttpCaller, Limited, RequireActix, RequireAxum, RequireHttp, check_http};
 pub use crate::limit::{By, Limit, Piece, check, policy, render};
 pub use crate::policy::{Algorithm, Policy};
+
+/// gRPC mode (a method of an `#[async_trait]` impl taking a `tonic::Request<T>`, with an
+/// HTTP-like `by`): `RequireTonic::<()>::OK`, then
+/// `let call = prepare(&LIMITS, &request, &[keys…]);` and
+/// `if let Err(s) = check(&LIMITS, call).await { return Err(into_error(s)); }` before the body.
+pub mod grpc {
+    pub use crate::grpc::{GrpcCall, RequireTonic, check, into_error, prepare};
+}

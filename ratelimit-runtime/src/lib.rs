@@ -87,6 +87,12 @@
 //! first, then `#[rate_limit(...)]`). The [`http`] module lists what each `by` reads and what
 //! the responses carry.
 //!
+//! The methods of a tonic 0.14 gRPC service (feature `tonic`) take the same attribute: with
+//! `by = "ip"`, `"header:<name>"`, `"app_id"` or `"user"` on a method of a
+//! `#[tonic::async_trait]` impl that takes a `tonic::Request<T>`, the caller is read from that
+//! request and a refused call returns `RESOURCE_EXHAUSTED` with `retry-after` and the
+//! `RateLimit` fields in its metadata. The [`grpc`] module has the details.
+//!
 //! **Behind a reverse proxy**, `by = "ip"` sees the proxy's address until you name the proxies
 //! with [`Builder::trusted_proxies`]. No forwarding header is believed from any other peer,
 //! and only the one header your proxies set ([`Builder::forwarded_header`]) is read: a header
@@ -196,6 +202,12 @@
 //! * `axum` — Axum 0.8 handlers; `actix` — Actix-web 4 handlers (both can be on at once);
 //! * `cluster` — `RedisClusterStore`, a Redis Cluster store;
 //! * `tls` — `rediss://` URLs (rustls);
+//! * `tower` — [`RateLimitLayer`], a Tower layer that limits a whole Axum router, tonic server
+//!   or any `tower::Service` over `http::Request` ([`layer`]); with `tonic`, the layer reads the
+//!   peer address tonic's server records;
+//! * `tonic` — gRPC methods of tonic 0.14 services (`by = "ip"`, `"header:<name>"`, `"app_id"`,
+//!   `"user"` read from their `tonic::Request`), and `tonic::Status: From<RateLimitError>`
+//!   (see [`grpc`]);
 //! * `metrics` — counters and a store-latency histogram through the `metrics` facade
 //!   ([`observe`]).
 //!
@@ -208,8 +220,11 @@
 pub mod algorithm;
 #[doc(hidden)] // its items are re-exported at the root
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod key;
+#[cfg(feature = "tower")]
+pub mod layer;
 mod limit;
 #[doc(hidden)] // its items are re-exported at the root
 pub mod limiter;
@@ -226,6 +241,8 @@ pub mod __private;
 pub use error::{ConfigError, RateLimitError, StoreError};
 pub use http::settings::{ForwardedHeader, HeaderStyle};
 pub use http::user::UserId;
+#[cfg(feature = "tower")]
+pub use layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::{By, Limit};
 pub use limiter::admin::Target;
 pub use limiter::exempt::{CallerView, Exemptions};

@@ -51,3 +51,25 @@ fn the_card_line_compiles_and_limits_with_only_the_axum_integration() {
         "{out}"
     );
 }
+
+#[test]
+fn a_grpc_method_without_the_tonic_feature_is_one_error_naming_the_feature() {
+    let target = workspace_root().join("target/axum-only");
+    let target = target.to_str().expect("a UTF-8 path");
+    let (ok, out) = cargo(&[
+        "check",
+        "--features",
+        "grpc-without-tonic",
+        "--target-dir",
+        target,
+    ]);
+    assert!(!ok, "a gRPC method built without the tonic feature:\n{out}");
+    assert!(
+        out.contains("needs the `tonic` feature of ratelimit-runtime"),
+        "{out}"
+    );
+    // That one error, spanned at the `by`, and no type error from the generated code.
+    assert_eq!(out.matches("error[").count(), 1, "{out}");
+    assert!(out.contains("error[E0080]"), "{out}");
+    assert!(out.contains("by = \"ip\""), "{out}");
+}

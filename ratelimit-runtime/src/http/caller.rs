@@ -10,6 +10,7 @@ use super::UserId;
 use super::ip;
 use super::response::{Fields, Refusal, static_rate_fields};
 use super::settings::HttpSettings;
+use super::source::{Headers, RequestParts};
 use crate::limit::{By, Limit, keys_for};
 use crate::limiter::exempt::CallerView;
 use crate::limiter::{RateLimiter, Settings};
@@ -49,6 +50,12 @@ impl Head {
                 .get(name)
                 .map(actix_web::http::header::HeaderValue::as_bytes),
         }
+    }
+}
+
+impl Headers for Head {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        Head::first(self, name)
     }
 }
 
@@ -114,46 +121,18 @@ impl HttpCaller {
         self.head.path()
     }
 
-    /// The first value of header `name`, unless it is blank.
-    fn header(&self, name: &str) -> Option<&[u8]> {
-        let value = self.head.first(name)?;
-        (!value.trim_ascii().is_empty()).then_some(value)
-    }
-
     /// The value `by` identifies this caller with (`None` for `global`), or the response that
     /// replaces the handler's when the request lacks it.
     fn by_value(&self, by: By, settings: &HttpSettings) -> Result<Option<Cow<'_, [u8]>>, Refusal> {
-        Ok(Some(match by {
-            By::Global => return Ok(None),
-            By::Ip => {
-                let Some(peer) = self.peer else {
-                    return Err(self.missing_peer());
-                };
-                let client = ip::client_ip(peer, &self.head, settings);
-                Cow::Owned(ip::bucket(client, settings).into_bytes())
-            }
-            By::Url => super::path::normalized_path(self.path().as_bytes()),
-            By::User => match &self.user {
-                Some(user) if !user.as_str().is_empty() => Cow::Borrowed(user.as_str().as_bytes()),
-                _ => return Err(Refusal::no_user()),
-            },
-            By::AppId => match self.header("appid") {
-                Some(v) => Cow::Borrowed(v),
-                None => {
-                    return Err(Refusal::new(400, "bad_request", "appId must not be empty"));
-                }
-            },
-            By::Header(name) => match self.header(name) {
-                Some(v) => Cow::Borrowed(v),
-                None => {
-                    return Err(Refusal::new(
-                        400,
-                        "bad_request",
-                        &format!("header {name} must not be empty"),
-                    ));
-                }
-            },
-        }))
+        let parts = RequestParts {
+            peer: self.peer,
+            path: self.path(),
+            headers: &self.head,
+            user: self.user.as_ref(),
+        };
+        parts
+            .by_value(by, settings)
+            .map_err(|missing| missing.refusal(|| self.missing_peer()))
     }
 
     /// Whether the deny list or an exemption answers this request (see

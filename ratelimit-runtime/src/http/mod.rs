@@ -65,13 +65,29 @@ pub(crate) mod user;
 pub use self::path::normalized_path;
 pub use self::settings::HttpSettings;
 pub(crate) use self::settings::{ForwardedHeader, HeaderStyle};
-#[cfg(any(feature = "axum", feature = "actix"))]
+#[cfg(any(feature = "axum", feature = "actix", feature = "tower"))]
 pub(crate) use self::user::UserId;
 
-#[cfg(any(feature = "axum", feature = "actix"))]
-mod ip;
-#[cfg(any(feature = "axum", feature = "actix"))]
-mod response;
+// Also the gRPC integration's (feature `tonic`): the same client address and the same fields.
+#[cfg(any(
+    feature = "axum",
+    feature = "actix",
+    feature = "tower",
+    feature = "tonic"
+))]
+#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
+pub(crate) mod ip;
+#[cfg(any(
+    feature = "axum",
+    feature = "actix",
+    feature = "tower",
+    feature = "tonic"
+))]
+// Parts go unused with the layer or gRPC alone.
+#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
+pub(crate) mod response;
+#[cfg(any(feature = "axum", feature = "actix", feature = "tower"))]
+pub(crate) mod source;
 
 #[cfg(any(feature = "axum", feature = "actix"))]
 mod caller;
@@ -95,7 +111,7 @@ pub use disabled::{HttpCaller, Limited, check_http};
 /// other forwarding headers are never read. IPv4-mapped IPv6 addresses are returned as IPv4.
 ///
 /// ```
-/// # #[cfg(any(feature = "axum", feature = "actix"))] {
+/// # #[cfg(any(feature = "axum", feature = "actix", feature = "tower"))] {
 /// use ratelimit_runtime::{RateLimiter, http::client_ip};
 ///
 /// let limiter = RateLimiter::builder().trusted_proxies(["10.0.0.0/8"]).build_lazy().unwrap();
@@ -112,7 +128,7 @@ pub use disabled::{HttpCaller, Limited, check_http};
 /// assert_eq!(client_ip(peer, &headers, &limiter.settings().http).to_string(), "203.0.113.7");
 /// # }
 /// ```
-#[cfg(any(feature = "axum", feature = "actix"))]
+#[cfg(any(feature = "axum", feature = "actix", feature = "tower"))]
 pub fn client_ip(
     peer: std::net::IpAddr,
     headers: &http::HeaderMap,

@@ -67,13 +67,13 @@ impl Refusal {
         }
     }
 
+    /// The message of [`Refusal::no_user`].
+    pub(crate) const NO_USER: &str =
+        "user info empty: the request carries no authenticated user (UserId)";
+
     /// 401: `by = "user"` and no [`super::UserId`] in the request.
     pub(crate) fn no_user() -> Self {
-        Self::new(
-            401,
-            "unauthorized",
-            "user info empty: the request carries no authenticated user (UserId)",
-        )
+        Self::new(401, "unauthorized", Self::NO_USER)
     }
 
     /// 503: the store failed and the failure policy is `deny`.

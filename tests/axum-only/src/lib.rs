@@ -118,3 +118,31 @@ mod tests {
         assert_eq!(status, 200, "another IP: {head}");
     }
 }
+
+/// A method shaped like a tonic service's, in a build without the `tonic` feature: must not
+/// compile, and say which feature it needs.
+#[cfg(feature = "grpc-without-tonic")]
+pub mod grpc_without_tonic {
+    use ratelimit_runtime::rate_limit;
+
+    /// Stands for `tonic::Request` (the macro knows the parameter by its type's name).
+    pub struct Request<T>(pub T);
+
+    /// A service trait.
+    #[async_trait::async_trait]
+    pub trait Greeter {
+        /// A method.
+        async fn say_hello(&self, request: Request<String>) -> Result<String, String>;
+    }
+
+    /// A service.
+    pub struct MyGreeter;
+
+    #[async_trait::async_trait]
+    impl Greeter for MyGreeter {
+        #[rate_limit(num = 3, time = 10, by = "ip")]
+        async fn say_hello(&self, request: Request<String>) -> Result<String, String> {
+            Ok(request.0)
+        }
+    }
+}
