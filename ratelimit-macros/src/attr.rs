@@ -23,6 +23,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "framework",
     "quota",
     "count",
+    "shadow",
 ];
 
 /// Names people write for an argument by habit (other libraries' words), and the right one.
@@ -57,6 +58,8 @@ const ALIASES: &[(&str, &str)] = &[
     ("plan", "quota"),
     ("deduct_when", "count"),
     ("counts", "count"),
+    ("dry_run", "shadow"),
+    ("dryrun", "shadow"),
 ];
 
 /// The algorithms `algo` accepts.
@@ -180,6 +183,8 @@ pub(crate) struct Args {
     /// The forms decided at run time or by a `const` item (`num = CONST`, `cost = items.len()`,
     /// `quota`, `count`).
     pub(crate) dynamic: DynamicArgs,
+    /// `shadow = true`: rejections are logged and counted, never enforced.
+    pub(crate) shadow: Option<Spanned<bool>>,
     /// Every mistake found while reading the values.
     pub(crate) errors: Vec<syn::Error>,
     /// The names written, right or wrong (an alias counts as the name it stands for), so that
@@ -263,6 +268,7 @@ impl Args {
             scope: None,
             framework: None,
             dynamic: DynamicArgs::default(),
+            shadow: None,
             errors: Vec::new(),
             written: Vec::new(),
             broken: false,
@@ -311,6 +317,7 @@ impl Args {
             "cost" => positive("cost", value).map(|v| self.cost = Some(v)),
             "scope" => parse_scope(value).map(|v| self.scope = Some(v)),
             "framework" => parse_framework(value).map(|v| self.framework = Some(v)),
+            "shadow" => parse_shadow(value).map(|v| self.shadow = Some(v)),
             _ => unreachable!("every known name has a parser"),
         };
         if let Err(e) = result {
@@ -545,6 +552,22 @@ fn parse_algo(value: &Expr) -> syn::Result<Spanned<Algo>> {
         value: algo,
         span: lit.span(),
     })
+}
+
+/// `shadow`: the literal `true` or `false`.
+fn parse_shadow(value: &Expr) -> syn::Result<Spanned<bool>> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Bool(b), ..
+        }) => Ok(Spanned {
+            value: b.value,
+            span: b.span,
+        }),
+        other => Err(syn::Error::new(
+            other.span(),
+            "`shadow` must be `true` or `false` (no quotes): `shadow = true` checks and counts the limit but never rejects a call",
+        )),
+    }
 }
 
 /// A positive integer literal (`num`, `burst`, `cost`).

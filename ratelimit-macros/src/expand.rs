@@ -112,11 +112,13 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
             By::AppId => quote!(#p::By::AppId),
             By::Header(h) => quote!(#p::By::Header(#h)),
         };
+        let shadow = l.shadow;
         quote! {
             #p::Limit {
                 policy: #p::policy(#p::Algorithm::#algo, #num, #ms, #burst, #cost),
                 scope: #scope,
                 by: #by,
+                shadow: #shadow,
             }
         }
     });

@@ -41,6 +41,7 @@ use proc_macro::TokenStream;
 /// | `framework` | `"axum"` or `"actix"`: makes the function a handler of that framework (checked against the enabled features) | none |
 /// | `quota` | the limit's `num`, period and `burst` per caller, at run time: `"request"` (handlers: the `Quota` the auth layer put in the request extensions) or `"{arg}"` (an argument of type `Quota`, `&Quota` or `Option<Quota>`); replaces `num`/`time`/`burst` | none |
 /// | `count` | which outcomes count: `"err"` or `"ok"` (plain functions: the result); `"errors"` (4xx and 5xx), `"4xx"`, `"5xx"`, `"4xx,5xx"` (handlers: the status) | every call |
+/// | `shadow` | `true`: shadow mode — checked and counted as usual, a rejection is only logged and counted (`shadow_rejected`), never enforced; the function runs, and a handler's responses carry no rate-limit headers | `false` |
 ///
 /// `num`, `time`, `burst` and `cost` also take a `const` item (`num = LOGIN_ATTEMPTS`: a
 /// `u64`; `time = WINDOW`: a `std::time::Duration`), checked at compile time by the same rules

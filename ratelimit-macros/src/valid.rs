@@ -25,6 +25,8 @@ pub(crate) struct Limit {
     /// `const` items, run-time quotas and costs, outcome filters (the numbers above are then
     /// placeholders where these replace them).
     pub(crate) dynamic: DynamicArgs,
+    /// `shadow = true`.
+    pub(crate) shadow: bool,
 }
 
 impl Limit {
@@ -428,6 +430,7 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         key: args.key.clone(),
         scope: args.scope.as_ref().map(|s| s.value.clone()),
         dynamic: dynamic.clone(),
+        shadow: args.shadow.as_ref().is_some_and(|s| s.value),
     })
 }
 
@@ -492,6 +495,7 @@ fn quota_limit(args: &Args, quota: Span, errors: &mut Vec<syn::Error>) -> Option
         key: args.key.clone(),
         scope: args.scope.as_ref().map(|s| s.value.clone()),
         dynamic: dynamic.clone(),
+        shadow: args.shadow.as_ref().is_some_and(|s| s.value),
     })
 }
 
@@ -510,6 +514,7 @@ fn const_limit(args: &Args, algo: Algo) -> Limit {
         key: args.key.clone(),
         scope: args.scope.as_ref().map(|s| s.value.clone()),
         dynamic: args.dynamic.clone(),
+        shadow: args.shadow.as_ref().is_some_and(|s| s.value),
     }
 }
 

@@ -252,14 +252,11 @@ impl Plan {
                 },
             ));
         }
-        let checks = self.checks();
-        let (verdict, call_id) = if self.filtered > 0 {
-            let (v, id) = limiter.take(&checks).await?;
-            (v, Some(id))
-        } else {
-            (limiter.check(&checks).await?, None)
-        };
-        drop(checks);
+        // Shadow mode and the metrics apply as to static limits.
+        let call_id = (self.filtered > 0).then(crate::store::new_call_id);
+        let verdict = limiter
+            .decide_as(&self.limits, &self.keys, call_id.as_deref())
+            .await?;
         Ok((
             verdict,
             Taken {
@@ -287,6 +284,20 @@ impl std::fmt::Debug for Taken {
 }
 
 impl Taken {
+    /// A call that took nothing (an exempt caller): nothing to settle.
+    #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
+    pub(crate) fn nothing() -> Self {
+        Self {
+            plan: Plan {
+                limits: Vec::new(),
+                keys: Vec::new(),
+                filtered: 0,
+                count: Count::All,
+            },
+            call_id: None,
+        }
+    }
+
     /// The limits as they applied to this call (for the rate-limit fields).
     #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
     pub(crate) fn limits(&self) -> &[Limit] {

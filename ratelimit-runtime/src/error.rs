@@ -164,6 +164,10 @@ pub enum StoreError {
         /// The store's bound ([`crate::MemoryStore::max_keys`]).
         max_keys: usize,
     },
+    /// The store does not implement this operation (a store of your own that keeps the
+    /// defaults of [`crate::Store::peek`], [`crate::Store::reset`] or [`crate::Store::block`]):
+    /// an error for this call only. Holds the operation's name.
+    Unsupported(&'static str),
 }
 
 impl StoreError {
@@ -211,6 +215,16 @@ impl StoreError {
         matches!(self, Self::Full { .. })
     }
 
+    /// `true` when the store does not implement the operation.
+    ///
+    /// ```
+    /// use ratelimit_runtime::StoreError;
+    /// assert!(StoreError::Unsupported("peek").is_unsupported());
+    /// ```
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, Self::Unsupported(_))
+    }
+
     /// `true` when the store could not be asked at all (a timeout or a connection failure),
     /// which says nothing good about the next call either; `false` when it answered this call
     /// with something unusable, which says nothing about other calls. Only transport failures
@@ -240,6 +254,9 @@ impl fmt::Display for StoreError {
                 f,
                 "the memory store holds its maximum of {max_keys} keys and none is idle"
             ),
+            Self::Unsupported(operation) => {
+                write!(f, "this store does not implement `{operation}`")
+            }
         }
     }
 }
@@ -248,7 +265,7 @@ impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Connection { source } | Self::Backend { source } => Some(&**source),
-            Self::Timeout(_) | Self::BadReply(_) | Self::Full { .. } => None,
+            Self::Timeout(_) | Self::BadReply(_) | Self::Full { .. } | Self::Unsupported(_) => None,
         }
     }
 }

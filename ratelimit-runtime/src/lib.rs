@@ -153,6 +153,19 @@
 //! that concerns one call only ([`StoreError::is_transport`] is `false`) never changes another
 //! call's answer.
 //!
+//! # Operations
+//!
+//! * **Shadow mode** — `shadow = true` on one attribute, or [`Builder::shadow`] for all: checked
+//!   and counted as usual, a rejection is only logged and counted, never enforced (a handler
+//!   then sends no rate-limit headers).
+//! * **Exemptions** — [`Builder::exempt_networks`], [`Builder::exempt_when`] and
+//!   [`Builder::deny_networks`] (403 before any store call), for HTTP handlers; see
+//!   [`Exemptions`].
+//! * **Admin calls** — [`RateLimiter::peek`], [`RateLimiter::reset`] and [`RateLimiter::block`]
+//!   for one caller ([`Target`]) of a function's limits ([`Limit`]), on every store.
+//! * **Metrics** — feature `metrics`: counters per scope, algorithm and outcome, and the store's
+//!   latency, never a caller value in a label ([`observe`]).
+//!
 //! # Tests
 //!
 //! [`RateLimiter::scope`] runs a future with a limiter of its own, and a [`MemoryStore`] on a
@@ -194,7 +207,9 @@
 //!   peer address tonic's server records;
 //! * `tonic` — gRPC methods of tonic 0.14 services (`by = "ip"`, `"header:<name>"`, `"app_id"`,
 //!   `"user"` read from their `tonic::Request`), and `tonic::Status: From<RateLimitError>`
-//!   (see [`grpc`]).
+//!   (see [`grpc`]);
+//! * `metrics` — counters and a store-latency histogram through the `metrics` facade
+//!   ([`observe`]).
 //!
 //! # Where things are
 //!
@@ -215,6 +230,7 @@ mod limit;
 pub mod limiter;
 #[doc(hidden)] // its items are re-exported at the root
 pub mod net;
+pub mod observe;
 #[doc(hidden)] // its items are re-exported at the root
 pub mod policy;
 pub mod store;
@@ -231,6 +247,9 @@ pub use http::settings::{ForwardedHeader, HeaderStyle};
 pub use http::user::UserId;
 #[cfg(feature = "tower")]
 pub use layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
+pub use limit::{By, Limit};
+pub use limiter::admin::Target;
+pub use limiter::exempt::{CallerView, Exemptions};
 pub use limiter::{Builder, FailurePolicy, RateLimiter, Settings};
 pub use net::{IpNet, IpNetParseError};
 pub use policy::{

@@ -8,7 +8,6 @@ use crate::error::RateLimitError;
 use crate::key;
 use crate::limiter::RateLimiter;
 use crate::policy::{Algorithm, Policy};
-use crate::store::Check;
 
 /// Who a caller is, from the `by` argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +40,31 @@ impl By {
     }
 }
 
-/// One `#[rate_limit]` attribute, as the macro wrote it.
+/// One `#[rate_limit]` attribute, as the macro wrote it; also how the admin calls
+/// ([`RateLimiter::peek`], [`RateLimiter::reset`], [`RateLimiter::block`]) name a limit.
+///
+/// An admin call builds a caller's keys exactly as the attribute does, from the same three
+/// things: the policy (algorithm, `num`, `time`, `burst`, `cost`), the scope and the `by`.
+/// Give the function an explicit `scope` and declare the same limit as a `const` next to it:
+///
+/// ```
+/// use ratelimit_runtime::{Algorithm, By, Limit, Policy};
+///
+/// // On the handler:
+/// // #[rate_limit(algo = "sliding", num = 3, time = 10, by = "user", scope = "login")]
+///
+/// /// `login`'s limit, for the admin calls: the same algorithm, num, time (ms), burst, cost,
+/// /// scope and by.
+/// pub const LOGIN: Limit = Limit::new(
+///     match Policy::from_parts(Algorithm::Sliding, 3, 10_000, 3, 1) {
+///         Ok(p) => p,
+///         Err(_) => panic!("invalid policy"),
+///     },
+///     "login",
+///     By::User,
+/// );
+/// assert_eq!(LOGIN.scope, "login");
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Limit {
     /// The limit.
@@ -50,6 +73,45 @@ pub struct Limit {
     pub scope: &'static str,
     /// Who a caller is.
     pub by: By,
+    /// Shadow mode (`shadow = true`): checked and counted as usual, a rejection is only
+    /// logged and counted (`shadow_rejected`), never enforced.
+    pub shadow: bool,
+}
+
+impl Limit {
+    /// A limit (enforced, not in shadow mode).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, By, Limit, Policy};
+    /// let policy = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(60))?;
+    /// let limit = Limit::new(policy, "sms", By::Global);
+    /// assert!(!limit.shadow);
+    /// # Ok::<(), ratelimit_runtime::PolicyError>(())
+    /// ```
+    pub const fn new(policy: Policy, scope: &'static str, by: By) -> Self {
+        Self {
+            policy,
+            scope,
+            by,
+            shadow: false,
+        }
+    }
+
+    /// The same limit in shadow mode.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, By, Limit, Policy};
+    /// let policy = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(60))?;
+    /// assert!(Limit::new(policy, "sms", By::Global).in_shadow().shadow);
+    /// # Ok::<(), ratelimit_runtime::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub const fn in_shadow(mut self) -> Self {
+        self.shadow = true;
+        self
+    }
 }
 
 /// One piece of a `key` template: literal text, or an argument formatted with `Display`.
@@ -178,12 +240,11 @@ pub(crate) async fn run(
     keys: &[String],
 ) -> Result<crate::Verdict, RateLimitError> {
     debug_assert_eq!(limits.len(), keys.len());
-    let checks: Vec<Check<'_>> = limits
-        .iter()
-        .zip(keys)
-        .map(|(l, k)| Check::new(k, &l.policy).with_scope(l.scope))
-        .collect();
-    limiter.acquire(&checks).await
+    let verdict = limiter
+        .decide(limits, keys)
+        .await
+        .map_err(RateLimitError::StoreUnavailable)?;
+    RateLimiter::verdict_to_result(verdict)
 }
 
 /// Plain mode: checks every limit for one call against the process's limiter.

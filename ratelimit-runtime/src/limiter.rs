@@ -13,11 +13,14 @@
 //! the blocked-caller cache in `blocked.rs` and the warning throttle in `log_throttle.rs`. The
 //! events stay here, so their target is `ratelimit_runtime::limiter`.
 
+pub mod admin;
 mod blocked;
 mod breaker;
 mod builder;
+pub mod exempt;
 mod log_throttle;
 mod overrides;
+mod shadow;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -95,6 +98,11 @@ pub struct Settings {
     /// What the HTTP integrations read: trusted proxies, the forwarding header, IPv6 grouping,
     /// the response headers and the 429 message. The limiter itself never reads it.
     pub http: HttpSettings,
+    /// Shadow mode for every limit ([`Builder::shadow`]): checked and counted, never enforced.
+    pub shadow: bool,
+    /// Exempt and denied callers of the HTTP integrations ([`Builder::exempt_networks`],
+    /// [`Builder::exempt_when`], [`Builder::deny_networks`]).
+    pub exemptions: exempt::Exemptions,
 }
 
 impl Settings {
@@ -113,6 +121,8 @@ impl Default for Settings {
             failure_policy: FailurePolicy::Allow,
             blocked_cache: Self::DEFAULT_BLOCKED_CACHE,
             http: HttpSettings::default(),
+            shadow: false,
+            exemptions: exempt::Exemptions::default(),
         }
     }
 }
@@ -320,6 +330,7 @@ impl RateLimiter {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(timeout)),
         };
+        crate::observe::store_latency(inner.store.name(), sent_at.elapsed());
         match result {
             Ok(verdict) => {
                 if inner.breaker.success() {
@@ -377,6 +388,11 @@ impl RateLimiter {
             .check(checks)
             .await
             .map_err(RateLimitError::StoreUnavailable)?;
+        Self::verdict_to_result(verdict)
+    }
+
+    /// A verdict as [`RateLimiter::acquire`] answers it.
+    pub(crate) fn verdict_to_result(verdict: Verdict) -> Result<Verdict, RateLimitError> {
         if verdict.is_admitted() {
             return Ok(verdict);
         }
@@ -401,6 +417,14 @@ impl RateLimiter {
     ) -> Result<Verdict, StoreError> {
         let inner = &*self.inner;
         let policy = inner.settings.failure_policy;
+        crate::observe::count_all(
+            checks.iter().map(|c| (c.scope, c.policy.algorithm())),
+            match policy {
+                FailurePolicy::Allow => crate::observe::Outcome::FailureAllow,
+                FailurePolicy::Deny => crate::observe::Outcome::FailureDeny,
+                FailurePolicy::Local => crate::observe::Outcome::FailureLocal,
+            },
+        );
         if let Some(held_back) = inner.warnings.permit() {
             let store = inner.store.name();
             let scope = checks.first().map_or("", |c| c.scope);

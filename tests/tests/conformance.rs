@@ -113,6 +113,12 @@ struct Limit {
 struct Counts(BTreeMap<&'static str, u64>);
 
 impl Counts {
+    fn add_all(&mut self, algorithms: &[Algorithm]) {
+        for a in algorithms {
+            *self.0.entry(a.as_str()).or_default() += 1;
+        }
+    }
+
     fn add(&mut self, checks: &[Check<'_>]) {
         for c in checks {
             *self.0.entry(c.policy.algorithm().as_str()).or_default() += 1;
@@ -879,4 +885,180 @@ fn script_texts_are_the_ones_the_store_loads() {
         expected.push(0);
         assert_eq!(found, expected);
     });
+}
+
+/// Blocks (`Store::block`: the driver's `<key>:b` marker, one `EXISTS` per call), resets
+/// (`Store::reset`) and peeks (`Store::peek`: the companion's read-only mode) decide alike in
+/// Rust and Lua, field by field, mixed into random traces of calls: a blocked limit rejects
+/// until the millisecond after its block's end whatever its state, the other limits of the
+/// call report their state and nothing is taken; a reset starts from a full quota; a peek
+/// answers what a call would get and changes nothing.
+#[test]
+fn blocks_resets_and_peeks_decide_alike() {
+    let mut counts = Counts::default();
+    let mut ops = Ops::default();
+    for t in 0..36_u64 {
+        let seed = 0xB10C_0000 + t;
+        let mut rng = Rng::new(seed ^ 0x5EED);
+        let stacked = t % 3 == 0;
+        let algorithms: Vec<Algorithm> = if stacked {
+            (0..2).map(|_| *rng.pick(&Algorithm::ALL)).collect()
+        } else {
+            vec![Algorithm::ALL[usize::try_from(t).unwrap_or(0) % Algorithm::ALL.len()]; 2]
+        };
+        let limits = limits_of(&mut rng, &algorithms, 1000 + t);
+        let mut pair = Pair::new();
+        let (period, unit) = scales(&limits);
+        let mut retry = 0;
+        let mut history: Vec<String> = Vec::new();
+        for step in 0..160 {
+            let now = pair.now + trace::step(&mut rng, pair.now, period, unit, retry);
+            pair.set(now);
+            let chosen: Vec<&Limit> = if stacked {
+                limits.iter().collect()
+            } else {
+                vec![rng.pick(&limits)]
+            };
+            let policies: Vec<Policy> = chosen
+                .iter()
+                .map(|l| {
+                    let cost = trace::cost(&mut rng, &l.policy);
+                    l.policy.with_cost(cost).expect("cost within capacity")
+                })
+                .collect();
+            let checks: Vec<Check<'_>> = chosen
+                .iter()
+                .zip(&policies)
+                .map(|(l, p)| Check::new(&l.key, p))
+                .collect();
+            let (what, m, l) = admin_or_check(&pair, &mut rng, &checks, period, &mut ops);
+            let line = format!(
+                "step {step} at {now} µs: {what} {}\n  memory: {m:?}\n  lua:    {l:?}",
+                describe(&checks)
+            );
+            match (&m, &l) {
+                (None, None) => {}
+                (Some(Ok(a)), Some(Ok(b))) if a == b => {}
+                _ => {
+                    let before = history[history.len().saturating_sub(12)..].join("\n");
+                    panic!(
+                        "trace seed {seed:#x}: Rust and Lua differ\n{line}\nsteps before:\n{before}"
+                    );
+                }
+            }
+            let left = pair.lua.lua().db().immortal_keys();
+            assert!(
+                left.is_empty(),
+                "keys without a TTL: {left:?} after\n{line}"
+            );
+            retry = m.and_then(Result::ok).map_or(0, |v| retry_of(&v));
+            history.push(line);
+        }
+    }
+    counts.add_all(&ops.checked);
+    println!("{ops:?}; checks {:?}", counts.0);
+    assert!(
+        ops.blocks > 100 && ops.resets > 100 && ops.peeks > 300 && ops.blocked_calls > 100,
+        "too few operations: {ops:?}"
+    );
+}
+
+/// What [`blocks_resets_and_peeks_decide_alike`] did.
+#[derive(Debug, Default)]
+struct Ops {
+    blocks: u64,
+    blocked_calls: u64,
+    resets: u64,
+    peeks: u64,
+    checked: Vec<Algorithm>,
+}
+
+type Answers = Option<Result<Verdict, StoreError>>;
+
+/// One step of that trace on both sides: a block of the call's first key (8%), a reset of its
+/// keys (5%), a peek (17%: it must change nothing on either side) or the call itself.
+fn admin_or_check(
+    pair: &Pair,
+    rng: &mut Rng,
+    checks: &[Check<'_>],
+    period: u64,
+    ops: &mut Ops,
+) -> (String, Answers, Answers) {
+    let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
+    let memory: &dyn Store = &pair.memory;
+    let lua: &dyn Store = &pair.lua;
+    let roll = rng.below(100);
+    if roll < 8 {
+        ops.blocks += 1;
+        // Whole milliseconds, from 1 ms to two periods.
+        let ms = rng.between(1, (2 * period / 1000).max(2));
+        let one = &keys[..1];
+        pair.runtime.block_on(async {
+            memory.block(one, Duration::from_millis(ms)).await.unwrap();
+            lua.block(one, Duration::from_millis(ms)).await.unwrap();
+        });
+        return (format!("block {ms} ms"), None, None);
+    }
+    if roll < 13 {
+        ops.resets += 1;
+        pair.runtime.block_on(async {
+            memory.reset(&keys).await.unwrap();
+            lua.reset(&keys).await.unwrap();
+        });
+        return ("reset".to_owned(), None, None);
+    }
+    if roll < 30 {
+        ops.peeks += 1;
+        let before = pair.lua.lua().db().shapes();
+        let (m, l) = pair
+            .runtime
+            .block_on(async { (memory.peek(checks).await, lua.peek(checks).await) });
+        let again = pair.runtime.block_on(memory.peek(checks));
+        assert_eq!(
+            m.as_ref().ok(),
+            again.as_ref().ok(),
+            "a memory peek changed the state"
+        );
+        assert_eq!(before, pair.lua.lua().db().shapes(), "a Lua peek wrote");
+        return ("peek".to_owned(), Some(m), Some(l));
+    }
+    let (m, l) = pair.check(checks);
+    if m.as_ref().is_ok_and(|v| !v.is_admitted()) {
+        ops.blocked_calls += 1;
+    }
+    ops.checked
+        .extend(checks.iter().map(|c| c.policy.algorithm()));
+    ("check".to_owned(), Some(m), Some(l))
+}
+
+/// A blocked key rejects every call, whatever its state, with the block's own wait, and a
+/// call that names it with another limit takes nothing from that limit; the block ends at the
+/// millisecond after its TTL (on both sides).
+#[test]
+#[allow(
+    clippy::duration_suboptimal_units,
+    reason = "Duration::from_hours is newer than the workspace's rust-version"
+)]
+fn a_block_rejects_until_its_end_and_takes_nothing() {
+    let pair = Pair::new();
+    let p = Policy::new(Algorithm::Token, 100, Duration::from_secs(1)).unwrap();
+    let checks = [Check::new("a", &p), Check::new("b", &p)];
+    let memory: &dyn Store = &pair.memory;
+    let lua: &dyn Store = &pair.lua;
+    for store in [memory, lua] {
+        pair.runtime.block_on(async {
+            store
+                .block(&["a"], Duration::from_secs(3600))
+                .await
+                .unwrap();
+            let v = store.check(&checks).await.unwrap();
+            assert!(!v.is_admitted(), "{}", store.name());
+            let [a, b] = v.decisions() else { panic!() };
+            assert_eq!(a.retry_after, Some(Duration::from_millis(3_600_001)));
+            assert_eq!((a.remaining, b.remaining), (0, 100), "{}", store.name());
+            // b was not taken.
+            let b_alone = store.check(&checks[1..]).await.unwrap();
+            assert_eq!(b_alone.decisions()[0].remaining, 99, "{}", store.name());
+        });
+    }
 }

@@ -12,17 +12,41 @@
 //!
 //! Listens on 127.0.0.1:3000 (`PORT` changes the port). Limits are kept in this process's
 //! memory, unless `RATELIMIT_REDIS_URL` (or `REDIS_URL`) is set: then in that Redis.
+//!
+//! Running it in production (the README's "Running in production"):
+//!
+//! * `GET /search` — a new limit rolled out in **shadow mode** (`shadow = true`): it never
+//!   rejects, and `ratelimit_calls_total{outcome="shadow_rejected"}` shows what it would reject;
+//! * **exemptions**: the internal service user (`Authorization: Bearer svc-token`) bypasses
+//!   every limit; clients from 192.0.2.0/24 (a documentation network, standing in for an abuse
+//!   list) get 403 before any store call;
+//! * **`GET /metrics`** — the limiter's counters and store latency in the Prometheus text format;
+//! * **the admin API** on a second listener, `127.0.0.1:3001` (`ADMIN_PORT`), loopback only and
+//!   behind a token (`ADMIN_TOKEN`, else a random one printed at start, sent as
+//!   `Authorization: Bearer <token>`):
+//!
+//! ```text
+//! curl -H "authorization: Bearer $TOKEN" localhost:3001/admin/users/alice            # peek
+//! curl -H "authorization: Bearer $TOKEN" -X POST localhost:3001/admin/users/alice/reset
+//! curl -H "authorization: Bearer $TOKEN" -X POST 'localhost:3001/admin/ips/203.0.113.7/block?seconds=600'
+//! ```
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use ratelimit_runtime::{RateLimiter, UserId, rate_limit};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use ratelimit_runtime::{
+    Algorithm, By, IpNet, Limit, Policy, PolicyError, RateLimiter, Target, UserId, Verdict,
+    rate_limit,
+};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Default)]
@@ -36,7 +60,7 @@ struct LoginForm {
 }
 
 /// The card's line: three logins per 10 seconds per client IP.
-#[rate_limit(algo = "sliding", num = 3, time = 10, by = "ip")]
+#[rate_limit(algo = "sliding", num = 3, time = 10, by = "ip", scope = "login")]
 async fn login(State(s): State<AppState>, Json(form): Json<LoginForm>) -> impl IntoResponse {
     let n = s.logins.fetch_add(1, Ordering::Relaxed) + 1;
     Json(serde_json::json!({ "welcome": form.user, "logins_so_far": n }))
@@ -49,9 +73,182 @@ async fn orders() -> impl IntoResponse {
 }
 
 /// Two calls per 10 seconds per signed-in user, refilled continuously.
-#[rate_limit(algo = "token", num = 2, time = 10, by = "user")]
+#[rate_limit(algo = "token", num = 2, time = 10, by = "user", scope = "me")]
 async fn me(user: UserId) -> impl IntoResponse {
     Json(serde_json::json!({ "user": user.as_str() }))
+}
+
+/// A new limit being rolled out: in shadow mode it never rejects, its would-be rejections are
+/// counted (`outcome="shadow_rejected"`) and logged; drop `shadow = true` to enforce it.
+#[rate_limit(num = 10, time = "1m", by = "ip", scope = "search", shadow = true)]
+async fn search() -> impl IntoResponse {
+    Json(serde_json::json!({ "results": [] }))
+}
+
+/// `GET /metrics`: everything recorded, in the Prometheus text format.
+async fn metrics(State(handle): State<PrometheusHandle>) -> String {
+    handle.render()
+}
+
+// ---- The admin API: the limits of `login` and `me`, named as their attributes write them.
+
+const fn must(policy: Result<Policy, PolicyError>) -> Policy {
+    match policy {
+        Ok(p) => p,
+        Err(_) => panic!("invalid policy"),
+    }
+}
+
+/// `login`'s limit: sliding, 3 per 10 s (burst = num, cost 1), scope "login", by ip.
+const LOGIN: [Limit; 1] = [Limit::new(
+    must(Policy::from_parts(Algorithm::Sliding, 3, 10_000, 3, 1)),
+    "login",
+    By::Ip,
+)];
+
+/// `me`'s limit: token bucket, 2 per 10 s, scope "me", by user.
+const ME: [Limit; 1] = [Limit::new(
+    must(Policy::from_parts(Algorithm::Token, 2, 10_000, 2, 1)),
+    "me",
+    By::User,
+)];
+
+#[derive(Clone)]
+struct Admin {
+    limiter: RateLimiter,
+    token: Arc<str>,
+}
+
+/// `?seconds=N` of a block.
+#[derive(Debug, Deserialize)]
+struct BlockFor {
+    seconds: Option<u64>,
+}
+
+/// What a caller's limits read now.
+fn state(verdict: &Verdict) -> serde_json::Value {
+    let limits: Vec<serde_json::Value> = verdict
+        .decisions()
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "admitted": d.admitted,
+                "limit": d.limit,
+                "remaining": d.remaining,
+                "reset_after_ms": d.reset_after.as_millis(),
+                "retry_after_ms": d.retry_after.map(|r| r.as_millis()),
+            })
+        })
+        .collect();
+    serde_json::json!({ "limits": limits })
+}
+
+/// Runs one admin call: `op` is "peek", "reset" or "block".
+async fn admin_call(
+    admin: &Admin,
+    limits: &[Limit],
+    target: &Target,
+    op: &str,
+    block: Option<Duration>,
+) -> Response {
+    let limiter = &admin.limiter;
+    let result = match (op, block) {
+        ("peek", _) => limiter.peek(limits, target).await.map(|v| state(&v)),
+        ("reset", _) => limiter
+            .reset(limits, target)
+            .await
+            .map(|()| serde_json::json!({ "reset": true })),
+        ("block", Some(d)) => limiter
+            .block(limits, target, d)
+            .await
+            .map(|()| serde_json::json!({ "blocked_for_s": d.as_secs() })),
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    };
+    match result {
+        Ok(body) => Json(body).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
+async fn admin_user(
+    State(admin): State<Admin>,
+    Path((user, op)): Path<(String, String)>,
+    Query(block): Query<BlockFor>,
+) -> Response {
+    let block = block.seconds.map(Duration::from_secs);
+    admin_call(&admin, &ME, &Target::value(user), &op, block).await
+}
+
+async fn admin_user_peek(State(admin): State<Admin>, Path(user): Path<String>) -> Response {
+    admin_call(&admin, &ME, &Target::value(user), "peek", None).await
+}
+
+async fn admin_ip(
+    State(admin): State<Admin>,
+    Path((ip, op)): Path<(IpAddr, String)>,
+    Query(block): Query<BlockFor>,
+) -> Response {
+    let block = block.seconds.map(Duration::from_secs);
+    admin_call(&admin, &LOGIN, &Target::ip(ip), &op, block).await
+}
+
+async fn admin_ip_peek(State(admin): State<Admin>, Path(ip): Path<IpAddr>) -> Response {
+    admin_call(&admin, &LOGIN, &Target::ip(ip), "peek", None).await
+}
+
+/// The admin API's guard: `Authorization: Bearer <token>`, compared in constant time.
+async fn require_token(State(admin): State<Admin>, req: Request, next: Next) -> Response {
+    let sent = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .unwrap_or_default();
+    let expected = admin.token.as_bytes();
+    let same = sent.len() == expected.len()
+        && sent
+            .iter()
+            .zip(expected)
+            .fold(0, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if !same {
+        return (StatusCode::UNAUTHORIZED, "admin token required").into_response();
+    }
+    next.run(req).await
+}
+
+/// `ADMIN_TOKEN`, or a random one (printed at start).
+fn admin_token() -> String {
+    std::env::var("ADMIN_TOKEN")
+        .ok()
+        .filter(|t| t.len() >= 16)
+        .unwrap_or_else(|| {
+            use std::fmt::Write as _;
+            use std::hash::{BuildHasher, Hasher};
+            // RandomState's keys come from the OS's randomness: two of them, 128 bits.
+            let mut token = String::new();
+            for _ in 0..2 {
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u32(std::process::id());
+                let _ = write!(token, "{:016x}", h.finish());
+            }
+            token
+        })
+}
+
+/// The limiter: Redis when `RATELIMIT_REDIS_URL` or `REDIS_URL` is set, else memory; the
+/// internal service user exempt, a documentation network denied.
+async fn limiter() -> Result<RateLimiter, Box<dyn std::error::Error>> {
+    let builder = RateLimiter::builder()
+        .exempt_when(|caller| caller.user().is_some_and(|u| u.as_str() == "svc"))
+        .deny_networks(["192.0.2.0/24".parse::<IpNet>()?]);
+    let url = ["RATELIMIT_REDIS_URL", "REDIS_URL"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|u| !u.trim().is_empty()));
+    let builder = match url {
+        Some(url) => builder.redis_url(url),
+        None => builder.memory(),
+    };
+    Ok(builder.build().await?)
 }
 
 /// The tiny auth layer: a known bearer token becomes a `UserId` in the request extensions.
@@ -63,6 +260,7 @@ async fn auth(mut req: Request, next: Next) -> Response {
     {
         Some(b"Bearer alice-token") => Some("alice"),
         Some(b"Bearer bob-token") => Some("bob"),
+        Some(b"Bearer svc-token") => Some("svc"),
         _ => None,
     };
     if let Some(user) = user {
@@ -72,27 +270,60 @@ async fn auth(mut req: Request, next: Next) -> Response {
 }
 
 #[tokio::main]
-async fn main() -> std::io::Result<()> {
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let port: u16 = std::env::var("PORT")
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(3000);
+    let admin_port: u16 = std::env::var("ADMIN_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(3001);
+    // The recorder first: the limiter's counters go to it (feature `metrics`).
+    let prometheus = PrometheusBuilder::new().install_recorder()?;
+    let limiter = limiter().await?;
+    limiter.clone().install()?;
+
     let app = Router::new()
         .route("/login", post(login))
         .route("/api/orders", get(orders))
         .route("/me", get(me))
+        .route("/search", get(search))
         .layer(middleware::from_fn(auth))
-        .with_state(AppState::default());
+        .with_state(AppState::default())
+        .merge(
+            Router::new()
+                .route("/metrics", get(metrics))
+                .with_state(prometheus),
+        );
+    let admin = Admin {
+        limiter: limiter.clone(),
+        token: admin_token().into(),
+    };
+    let admin_app = Router::new()
+        .route("/admin/users/{user}", get(admin_user_peek))
+        .route("/admin/users/{user}/{op}", post(admin_user))
+        .route("/admin/ips/{ip}", get(admin_ip_peek))
+        .route("/admin/ips/{ip}/{op}", post(admin_ip))
+        .layer(middleware::from_fn_with_state(admin.clone(), require_token))
+        .with_state(admin.clone());
+
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    // The admin API listens on loopback only: never expose it where clients can reach it.
+    let admin_listener = tokio::net::TcpListener::bind(("127.0.0.1", admin_port)).await?;
     println!(
-        "axum_server listening on http://{} (store: {})",
+        "axum_server listening on http://{} (store: {}); admin API on http://{} (token {})",
         listener.local_addr()?,
-        RateLimiter::global().store().name()
+        limiter.store().name(),
+        admin_listener.local_addr()?,
+        admin.token,
     );
+    tokio::spawn(async move { axum::serve(admin_listener, admin_app).await });
     // `by = "ip"` reads the peer address from `ConnectInfo`.
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .await
+    .await?;
+    Ok(())
 }

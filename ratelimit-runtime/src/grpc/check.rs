@@ -15,7 +15,6 @@ use crate::http::response::{Fields, Refusal, whole_seconds};
 use crate::limit::{By, Limit, keys_for};
 use crate::limiter::RateLimiter;
 use crate::policy::Verdict;
-use crate::store::Check;
 
 /// A call's limiter and store keys, read from its request by [`prepare`] so that the check's
 /// future holds no reference to the request (whose message may be neither `Sync` nor `Send`,
@@ -60,12 +59,8 @@ pub fn prepare<T>(
 /// failure policy), or what [`prepare`] refused.
 pub async fn check(limits: &'static [Limit], call: Result<GrpcCall, Status>) -> Result<(), Status> {
     let GrpcCall { limiter, keys } = call?;
-    let checks: Vec<Check<'_>> = limits
-        .iter()
-        .zip(&keys)
-        .map(|(l, k)| Check::new(k, &l.policy).with_scope(l.scope))
-        .collect();
-    match limiter.check(&checks).await {
+    // Shadow mode and the metrics apply as for handlers (`RateLimiter::decide`).
+    match limiter.decide(limits, &keys).await {
         Ok(v) if v.is_admitted() => Ok(()),
         Ok(v) => Err(resource_exhausted(limits, &v, &limiter.settings().http)),
         Err(_) => Err(unavailable()),
@@ -224,6 +219,7 @@ mod tests {
             policy: Policy::from_parts(Algorithm::Fixed, 1, 1000, 1, 1).unwrap(),
             scope: "app::hello",
             by,
+            shadow: false,
         }
     }
 

@@ -14,8 +14,9 @@ use super::source::{Headers, RequestParts};
 use crate::dynamic::{Dynamic, Input, Taken};
 use crate::error::RateLimitError;
 use crate::limit::{By, Limit, keys_for};
+use crate::limiter::exempt::CallerView;
 use crate::limiter::{RateLimiter, Settings};
-use crate::store::Check;
+use crate::observe::{self, Outcome as Count};
 
 /// The path and headers of a request, as its framework holds them: cloning them is cheap
 /// (reference-counted bytes), converting them would not be.
@@ -138,6 +139,52 @@ impl HttpCaller {
             .map_err(|missing| missing.refusal(|| self.missing_peer()))
     }
 
+    /// Whether the deny list or an exemption answers this request (see
+    /// [`crate::Exemptions`]). The address is the one `by = "ip"` computes.
+    fn exemption(&self, settings: &Settings, limits: &[Limit]) -> Option<Exemption> {
+        let exemptions = &settings.exemptions;
+        let ip = self
+            .peer
+            .map(|peer| ip::client_ip(peer, &self.head, &settings.http));
+        if let Some(ip) = ip {
+            if exemptions.is_denied_ip(ip) {
+                return Some(Exemption::Denied);
+            }
+            if exemptions.is_exempt_ip(ip) {
+                return Some(Exemption::Exempt);
+            }
+        }
+        let predicate = exemptions.predicate.as_ref()?;
+        let header = |name: &str| self.head.first(name);
+        let view = CallerView {
+            ip,
+            user: self.user.as_ref(),
+            path: self.path(),
+            header: &header,
+            scope: limits.first().map_or("", |l| l.scope),
+        };
+        predicate(&view).then_some(Exemption::Exempt)
+    }
+
+    /// The answer of the deny list (`Err`: 403) or of an exemption (`Ok`: the handler runs
+    /// unlimited) to this request, counted in the metrics; `None` when it is limited as usual.
+    /// Every HTTP check path asks it before any store call.
+    fn exempted(&self, settings: &Settings, limits: &[Limit]) -> Option<Result<(), Refusal>> {
+        if settings.exemptions.is_empty() {
+            return None;
+        }
+        match self.exemption(settings, limits)? {
+            Exemption::Denied => {
+                observe::count_all(labels(limits), Count::Denied);
+                Some(Err(Refusal::forbidden()))
+            }
+            Exemption::Exempt => {
+                observe::count_all(labels(limits), Count::Exempted);
+                Some(Ok(()))
+            }
+        }
+    }
+
     fn missing_peer(&self) -> Refusal {
         let message = match self.framework {
             Framework::Axum => MISSING_CONNECT_INFO,
@@ -160,6 +207,17 @@ impl HttpCaller {
             self.by_value(by, &settings.http)
         })
     }
+}
+
+/// What the deny list or an exemption makes of a request.
+enum Exemption {
+    Denied,
+    Exempt,
+}
+
+/// The metric labels of `limits`.
+fn labels(limits: &[Limit]) -> impl Iterator<Item = (&'static str, crate::Algorithm)> + '_ {
+    limits.iter().map(|l| (l.scope, l.policy.algorithm()))
 }
 
 /// What a limited handler returns: the handler's own response with the rate-limit fields
@@ -233,19 +291,26 @@ where
         return check_http_dyn(limits, None, caller, templates, &[], handler).await;
     }
     let settings = limiter.settings();
+    match caller.exempted(settings, limits) {
+        Some(Err(refusal)) => return Limited(Outcome::Refused(refusal)),
+        Some(Ok(())) => {
+            drop(caller);
+            return Limited(Outcome::Admitted(handler().await, Vec::new()));
+        }
+        None => {}
+    }
     let keys = match caller.keys(settings, limits, templates) {
         Ok(keys) => keys,
         Err(refusal) => return Limited(Outcome::Refused(refusal)),
     };
     drop(caller);
-    let checks: Vec<Check<'_>> = limits
-        .iter()
-        .zip(&keys)
-        .map(|(l, k)| Check::new(k, &l.policy).with_scope(l.scope))
-        .collect();
-    let verdict = limiter.check(&checks).await;
-    drop(checks);
+    let verdict = limiter.decide(limits, &keys).await;
     match verdict {
+        // A function with a limit in shadow mode sends no rate-limit headers: its responses
+        // are the handler's own, as if no limit were there.
+        Ok(v) if v.is_admitted() && limiter.any_shadow(limits) => {
+            Limited(Outcome::Admitted(handler().await, Vec::new()))
+        }
         Ok(v) if v.is_admitted() => {
             let fields = static_rate_fields(limits, &v, settings.http.header_style);
             Limited(Outcome::Admitted(handler().await, fields))
@@ -293,6 +358,12 @@ pub(crate) async fn admit(
         None => RateLimiter::current(),
     };
     let settings = limiter.settings();
+    // The deny list and the exemptions apply to these limits as to static ones.
+    match caller.exempted(settings, limits) {
+        Some(Err(refusal)) => return Err(refusal),
+        Some(Ok(())) => return Ok((limiter.clone(), Taken::nothing(), Vec::new())),
+        None => {}
+    }
     let plan = crate::dynamic::plan(
         &limiter,
         limits,
@@ -373,6 +444,7 @@ mod tests {
             policy: Policy::from_parts(Algorithm::Fixed, 1, 1000, 1, 1).unwrap(),
             scope: "s",
             by,
+            shadow: false,
         }
     }
 

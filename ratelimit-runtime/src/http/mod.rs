@@ -179,6 +179,12 @@ pub fn client_ip(
     ip::client_ip(peer, headers, settings)
 }
 
+/// The address as `by = "ip"` keys it (IPv6 grouped by the settings' prefix).
+#[cfg(any(feature = "axum", feature = "actix"))]
+pub(crate) fn ip_bucket(ip: std::net::IpAddr, settings: &HttpSettings) -> String {
+    ip::bucket(ip, settings)
+}
+
 const INTEGRATION_ENABLED: bool = cfg!(any(feature = "axum", feature = "actix"));
 
 /// `RequireHttp::<()>::OK` compiles only when an HTTP integration is enabled: the macro

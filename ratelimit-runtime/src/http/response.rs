@@ -38,6 +38,15 @@ impl Refusal {
         }
     }
 
+    /// 403: the client's network is on the deny list ([`crate::Builder::deny_networks`]).
+    pub(crate) fn forbidden() -> Self {
+        Self::new(
+            403,
+            "forbidden",
+            "requests from this network are not accepted",
+        )
+    }
+
     /// 429: the quota is spent.
     pub(crate) fn too_many_requests(
         limits: &[Limit],
@@ -271,6 +280,7 @@ mod tests {
             policy: Policy::from_parts(algo, num, ms, burst, 1).unwrap(),
             scope,
             by: By::Ip,
+            shadow: false,
         }
     }
 

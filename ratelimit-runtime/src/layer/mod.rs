@@ -123,7 +123,6 @@ use crate::key;
 use crate::limit::{By, Limit, keys_for};
 use crate::limiter::{RateLimiter, Settings};
 use crate::policy::{Algorithm, Policy, PolicyError};
-use crate::store::Check;
 
 /// A hook that finds the peer address of a request in its extensions, for servers whose
 /// connection info the layer does not know (TLS, Unix sockets, PROXY protocol…).
@@ -392,7 +391,12 @@ impl RateLimitLayerBuilder {
             let by = parse_by(&draft.by).ok_or_else(|| LayerError::InvalidBy {
                 by: draft.by.clone().into_owned(),
             })?;
-            limits.push(Limit { policy, scope, by });
+            limits.push(Limit {
+                policy,
+                scope,
+                by,
+                shadow: false,
+            });
         }
         let needs_peer = limits.iter().any(|l| l.by == By::Ip);
         Ok(RateLimitLayer {
@@ -637,15 +641,14 @@ impl Shared {
             Ok(keys) => keys,
             Err(missing) => return Ok(Self::missing(missing, grpc.as_ref())),
         };
-        let checks: Vec<Check<'_>> = self
-            .limits
-            .iter()
-            .zip(&keys)
-            .map(|(l, k)| Check::new(k, &l.policy).with_scope(l.scope))
-            .collect();
-        let verdict = limiter.check(&checks).await;
-        drop(checks);
+        // Shadow mode and the metrics apply as for handlers (`RateLimiter::decide`); with a
+        // limit in shadow mode, responses carry no rate-limit headers.
+        let verdict = limiter.decide(&self.limits, &keys).await;
         match verdict {
+            Ok(_) if limiter.any_shadow(&self.limits) => {
+                let response = inner.call(request).await?;
+                Ok(response.map(LayerBody::new))
+            }
             Ok(v) if v.is_admitted() => {
                 let fields = rate_fields(&self.limits, &v, settings.http.header_style);
                 let mut response = inner.call(request).await?;
@@ -941,6 +944,7 @@ mod tests {
             policy: Policy::from_parts(Algorithm::Fixed, 2, 10_000, 2, 1).unwrap(),
             scope: "api",
             by: By::Ip,
+            shadow: false,
         }];
         let verdict = crate::Verdict::new(vec![crate::Decision::new(
             false,

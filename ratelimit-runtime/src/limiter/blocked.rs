@@ -162,6 +162,50 @@ impl BlockedCache {
         }
     }
 
+    /// Forgets `keys` (an admin reset: the store forgot them too).
+    pub(crate) fn remove(&self, keys: &[&str]) {
+        for key in keys {
+            let Ok(mut map) = self.shard(key).lock() else {
+                continue;
+            };
+            if map.remove(*key).is_some() {
+                self.len.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Rejects every call on the keys of `checks` until `until` (an admin block: the store
+    /// rejects them until then too).
+    pub(crate) fn block(&self, checks: &[Check<'_>], until: Instant) {
+        let now = Instant::now();
+        if until <= now {
+            return;
+        }
+        for check in checks {
+            let entry = Blocked {
+                until,
+                reset_at: until,
+                cost: 1,
+                limit: check.policy.capacity(),
+                remaining: 0,
+            };
+            let Ok(mut map) = self.shard(check.key).lock() else {
+                continue;
+            };
+            let before = map.len();
+            if before >= self.per_shard && !map.contains_key(check.key) {
+                Self::evict(&mut map, self.per_shard, now);
+            }
+            map.insert(check.key.into(), entry);
+            let after = map.len();
+            if after >= before {
+                self.len.fetch_add(after - before, Ordering::AcqRel);
+            } else {
+                self.len.fetch_sub(before - after, Ordering::AcqRel);
+            }
+        }
+    }
+
     /// Makes room: drops the expired entries, then, if still full, the eighth of the entries
     /// that expire soonest (so a full cache sweeps once per `capacity / 8` inserts).
     fn evict(map: &mut HashMap<Box<str>, Blocked>, capacity: usize, now: Instant) {
@@ -235,6 +279,29 @@ mod tests {
             .unwrap();
         assert!(v.decisions()[0].admitted);
         assert!(!v.decisions()[1].admitted);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_admin_block_rejects_any_cost_until_its_end_and_a_reset_forgets_it() {
+        let cache = BlockedCache::new(16);
+        let p = Policy::new(Algorithm::Token, 4, Duration::from_secs(1)).unwrap();
+        let checks = [Check::new("a", &p)];
+        let until = Instant::now() + Duration::from_secs(600);
+        cache.block(&checks, until);
+        assert_eq!(cache.len(), 1);
+        let v = cache.lookup(&checks, Instant::now()).unwrap();
+        assert_eq!(v.retry_after(), Some(Duration::from_secs(600)));
+        assert_eq!(v.decisions()[0].remaining, 0);
+        // A block replaces what was there, and is not counted twice.
+        cache.record(&checks, &Verdict::new(vec![rejected(100)]), Instant::now());
+        cache.block(&checks, until);
+        assert_eq!(cache.len(), 1);
+        cache.remove(&["a", "never-held"]);
+        assert_eq!(cache.len(), 0);
+        assert!(cache.lookup(&checks, Instant::now()).is_none());
+        // A block that already ended is not kept.
+        cache.block(&checks, Instant::now());
+        assert!(cache.lookup(&checks, Instant::now()).is_none());
     }
 
     #[tokio::test(start_paused = true)]

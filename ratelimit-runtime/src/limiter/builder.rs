@@ -193,6 +193,79 @@ impl Builder {
         self
     }
 
+    /// Shadow mode for every limit: each call is checked and counted as usual, but a
+    /// rejection is only logged (`INFO`, "rate limit would reject (shadow mode)") and counted
+    /// (`ratelimit_calls_total{outcome="shadow_rejected"}`, feature `metrics`); the function
+    /// runs. Handlers in shadow mode answer as if no limit were there: no 429 and **no
+    /// rate-limit headers**. The attribute's `shadow = true` does the same for one limit.
+    ///
+    /// ```
+    /// use ratelimit_runtime::RateLimiter;
+    /// let limiter = RateLimiter::builder().shadow(true).build_lazy()?;
+    /// assert!(limiter.settings().shadow);
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.settings.shadow = shadow;
+        self
+    }
+
+    /// Networks whose clients bypass every limit of the HTTP handlers (no store call, no
+    /// rate-limit headers). The client's address is the one `by = "ip"` uses: the peer, or
+    /// what a trusted proxy's header names; a forwarding header from any other peer is never
+    /// believed. See [`crate::Exemptions`].
+    ///
+    /// ```
+    /// use ratelimit_runtime::{IpNet, RateLimiter};
+    /// let limiter = RateLimiter::builder()
+    ///     .exempt_networks(["10.0.0.0/8".parse::<IpNet>()?, "127.0.0.1".parse()?])
+    ///     .build_lazy()?;
+    /// assert_eq!(limiter.settings().exemptions.exempt_networks().len(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn exempt_networks(mut self, networks: impl IntoIterator<Item = IpNet>) -> Self {
+        self.settings.exemptions.exempt = networks.into_iter().collect();
+        self
+    }
+
+    /// A predicate over the caller ([`crate::CallerView`]: address, user, path, headers) that
+    /// exempts the HTTP requests it answers `true` for (health checks, internal users). It
+    /// runs on every limited request, before the store: keep it cheap. See
+    /// [`crate::Exemptions`].
+    ///
+    /// ```
+    /// use ratelimit_runtime::RateLimiter;
+    /// let limiter = RateLimiter::builder()
+    ///     .exempt_when(|caller| caller.path() == "/healthz")
+    ///     .build_lazy()?;
+    /// assert!(limiter.settings().exemptions.has_predicate());
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
+    pub fn exempt_when(
+        mut self,
+        predicate: impl Fn(&super::exempt::CallerView<'_>) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.settings.exemptions.predicate = Some(Arc::new(predicate));
+        self
+    }
+
+    /// Networks whose clients every limited HTTP handler answers with 403
+    /// (`{"error":"forbidden","message":…}`) before any store call. Denial wins over an
+    /// exemption. See [`crate::Exemptions`].
+    ///
+    /// ```
+    /// use ratelimit_runtime::{IpNet, RateLimiter};
+    /// let limiter = RateLimiter::builder()
+    ///     .deny_networks(["198.51.100.0/24".parse::<IpNet>()?])
+    ///     .build_lazy()?;
+    /// assert!(limiter.settings().exemptions.is_denied_ip("198.51.100.7".parse()?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn deny_networks(mut self, networks: impl IntoIterator<Item = IpNet>) -> Self {
+        self.settings.exemptions.deny = networks.into_iter().collect();
+        self
+    }
+
     fn settings(mut self) -> Result<(StoreChoice, Settings), ConfigError> {
         if !key::valid_prefix(&self.settings.prefix) {
             return Err(ConfigError::Invalid(format!(

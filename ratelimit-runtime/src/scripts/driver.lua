@@ -41,6 +41,39 @@ if call_id ~= nil and redis.call('EXISTS', receipt_key(KEYS[1], call_id, 1)) == 
   end
   return again
 end
+
+-- Blocks (RateLimiter::block): a key `<KEYS[i]>:b` with a TTL rejects every
+-- call on limit i until it expires, whatever the limit's state. Read after the
+-- replay above: a take that ran before is answered as it ran, so the cluster
+-- store refunds it like any other when a later slot rejects. The hot path
+-- pays one EXISTS for all of the call's keys; only a call that finds a block
+-- reads more. A blocked call takes nothing: the other limits report their
+-- state as it is. A marker without a TTL (written by someone else) is no block.
+local markers = {}
+for i = 1, nkeys do
+  markers[i] = KEYS[i] .. ':b'
+end
+if redis.call('EXISTS', unpack(markers)) > 0 then
+  local blocked = false
+  local reply = {}
+  for i = 1, nkeys do
+    local l = limits[i]
+    local d = l.algo.evaluate(KEYS[i], l.p)
+    local pttl = redis.call('PTTL', markers[i])
+    if pttl >= 0 then
+      blocked = true
+      -- Gone once the clock passes its expiry millisecond: never early.
+      local left = pttl * 1000 + 1000 - math.fmod(now, 1000)
+      reply[i] = { 0, 0, math.max(clamp(d.now_reset), left), left }
+    else
+      reply[i] = state_reply(l, d, d.admitted, d.retry)
+    end
+  end
+  if blocked then
+    return reply
+  end
+end
+
 local repeated = false
 local seen = {}
 for i = 1, nkeys do

@@ -85,8 +85,8 @@ use redis::cluster_routing::Slot;
 use redis::{IntoConnectionInfo, Script, Value};
 
 use super::lazy::LazyConnection;
-use super::redis::{eval_checks, load_scripts, parse_reply, script_sources};
-use super::{Check, RefundFuture, Store, StoreFuture};
+use super::redis::{COMPANION, block_cmd, eval_checks, load_scripts, parse_reply, reset_cmd};
+use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Decision, Policy, Verdict};
 
@@ -97,7 +97,7 @@ pub const NODES_ENV: &str = "RATELIMIT_REDIS_CLUSTER_NODES";
 /// The companion script of multi-slot calls: the prelude, every algorithm and `refund.lua`
 /// (peek and refund modes) instead of the driver (the text is assembled with the others in
 /// `store/redis.rs`).
-static COMPENSATE: LazyLock<Script> = LazyLock::new(|| Script::new(script_sources().companion));
+static COMPENSATE: &LazyLock<Script> = &COMPANION;
 
 /// A fresh id for one cross-slot call: this process's random 64-bit value and a counter, as
 /// 17 to 32 lower-case hex digits (the scripts' call id format). The receipts of two calls
@@ -521,6 +521,42 @@ impl Store for RedisClusterStore {
 
     fn name(&self) -> &'static str {
         "redis-cluster"
+    }
+
+    fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        Box::pin(async move {
+            let mut conn = self.connection().await?;
+            let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
+            // One read per slot (a script touches one slot).
+            for group in group_by_slot(checks) {
+                let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
+                let verdict = compensate(&mut conn, Mode::Peek, &sub).await?;
+                fill(&mut decisions, &group, verdict.decisions());
+            }
+            collect(decisions)
+        })
+    }
+
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+        Box::pin(async move {
+            let mut conn = self.connection().await?;
+            for key in keys {
+                reset_cmd(key).query_async::<()>(&mut conn).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+        Box::pin(async move {
+            let mut conn = self.connection().await?;
+            for key in keys {
+                block_cmd(key, duration)
+                    .query_async::<()>(&mut conn)
+                    .await?;
+            }
+            Ok(())
+        })
     }
 }
 

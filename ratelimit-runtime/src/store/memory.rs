@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hashbrown::HashTable;
 
-use super::{Check, RefundFuture, Store, StoreFuture};
+use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::algorithm::{self, Evaluation, Params, Receipt, State};
 use crate::error::StoreError;
 use crate::policy::{Decision, Verdict};
@@ -204,6 +204,13 @@ struct Inner {
     /// The receipts of calls taken with [`Store::take`], by call id: when they expire (µs)
     /// and one per limit. Only outcome-filtered calls (`count = …`) use it.
     receipts: Mutex<Receipts>,
+    /// Blocked keys ([`Store::block`]) → until when (µs on the clock). Read on every call
+    /// only while a block is in force (`blocks_len > 0`): otherwise one atomic load.
+    blocks: std::sync::RwLock<std::collections::HashMap<Box<str>, u64>>,
+    /// The number of entries in `blocks`, readable without its lock; 0 once every block ended.
+    blocks_len: AtomicUsize,
+    /// The latest end of a block held (µs): from then on `blocks` can be emptied.
+    blocks_until: AtomicU64,
 }
 
 /// Receipts by call id: when they expire (µs) and one per limit of the call; and when the map
@@ -269,6 +276,9 @@ impl MemoryStore {
                 sweep_interval_ns: AtomicU64::new(0),
                 janitor_running: AtomicBool::new(false),
                 receipts: Mutex::new(Receipts::default()),
+                blocks: std::sync::RwLock::default(),
+                blocks_len: AtomicUsize::new(0),
+                blocks_until: AtomicU64::new(0),
             }),
             janitor: Mutex::new(None),
         };
@@ -390,6 +400,9 @@ impl MemoryStore {
     /// A call on keys already held never fails.
     pub fn check_now(&self, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
         self.start_janitor();
+        if let Some(verdict) = self.inner.blocked(checks) {
+            return Ok(verdict);
+        }
         match checks {
             [] => Ok(Verdict::new(Vec::new())),
             [one] => Ok(Verdict::new(vec![self.inner.check_one(one)?])),
@@ -463,6 +476,97 @@ impl MemoryStore {
         }
     }
 
+    /// [`Store::peek`] without a future: the state of each limit now, taking nothing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::new(Algorithm::Fixed, 2, Duration::from_secs(10))?;
+    /// let checks = [Check::new("k", &policy)];
+    /// store.check_now(&checks)?;
+    /// for _ in 0..3 {
+    ///     assert_eq!(store.peek_now(&checks).decisions()[0].remaining, 1); // unchanged
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek_now(&self, checks: &[Check<'_>]) -> Verdict {
+        self.inner.peek(checks, self.inner.now())
+    }
+
+    /// [`Store::reset`] without a future: forgets the state of `keys` and any block on them.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
+    /// let checks = [Check::new("k", &policy)];
+    /// assert!(store.check_now(&checks)?.is_admitted());
+    /// assert!(!store.check_now(&checks)?.is_admitted());
+    /// store.reset_now(&["k"]);
+    /// assert!(store.check_now(&checks)?.is_admitted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset_now(&self, keys: &[&str]) {
+        for key in keys {
+            let hash = self.inner.hash(key);
+            let mut shard = lock(&self.inner.shards[Inner::shard_of(hash)]);
+            shard.map.remove(hash, key);
+        }
+        let mut blocks = write(&self.inner.blocks);
+        for key in keys {
+            blocks.remove(*key);
+        }
+        self.inner.blocks_len.store(blocks.len(), Ordering::Release);
+    }
+
+    /// [`Store::block`] without a future: every call under `keys` is rejected for
+    /// `duration` from now (on the store's clock; whole milliseconds, at least one, to the
+    /// millisecond after, as Redis expires the block).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    /// use ratelimit_runtime::store::ManualClock;
+    ///
+    /// let clock = ManualClock::new();
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let policy = Policy::new(Algorithm::Fixed, 100, Duration::from_secs(1))?;
+    /// let checks = [Check::new("k", &policy)];
+    /// store.block_now(&["k"], Duration::from_secs(3600));
+    /// let wait = store.check_now(&checks)?.retry_after().unwrap();
+    /// assert!(wait > Duration::from_secs(3600)); // to the millisecond after, as on Redis
+    /// clock.advance(wait - Duration::from_millis(1));
+    /// assert!(!store.check_now(&checks)?.is_admitted());
+    /// clock.advance(Duration::from_millis(1));
+    /// assert!(store.check_now(&checks)?.is_admitted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn block_now(&self, keys: &[&str], duration: Duration) {
+        let now = self.inner.now();
+        // As Redis expires the block's marker (`SET … PX ms`): it lives through the
+        // millisecond `now_ms + ms` and is gone from the next one, so both stores answer the
+        // same wait.
+        let ms = u64::try_from(duration.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let until = (now / 1000)
+            .saturating_add(ms)
+            .saturating_add(1)
+            .saturating_mul(1000);
+        let mut blocks = write(&self.inner.blocks);
+        blocks.retain(|_, end| *end > now);
+        for key in keys {
+            blocks.insert((*key).into(), until);
+        }
+        let latest = blocks.values().copied().max().unwrap_or(0);
+        self.inner.blocks_until.store(latest, Ordering::Release);
+        self.inner.blocks_len.store(blocks.len(), Ordering::Release);
+    }
+
     /// Starts the janitor when none is running and this runs inside a tokio runtime.
     fn start_janitor(&self) {
         if self.inner.janitor_running.load(Ordering::Acquire) {
@@ -505,6 +609,35 @@ impl Store for MemoryStore {
     fn is_local(&self) -> bool {
         true
     }
+
+    fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        Box::pin(async move { Ok(self.peek_now(checks)) })
+    }
+
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+        Box::pin(async move {
+            self.reset_now(keys);
+            Ok(())
+        })
+    }
+
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+        Box::pin(async move {
+            self.block_now(keys, duration);
+            Ok(())
+        })
+    }
+}
+
+/// The decision of a blocked limit: rejected, nothing left, until the block's end (`left_us`).
+fn blocked_decision(capacity: u64, reset_us: u64, left_us: u64) -> Decision {
+    Decision::new(
+        false,
+        capacity,
+        0,
+        Duration::from_micros(reset_us.max(left_us)),
+        Duration::from_micros(left_us),
+    )
 }
 
 /// The janitor's hold on the store: weak, and it clears the store's "janitor running" flag
@@ -539,6 +672,16 @@ async fn janitor(running: JanitorRunning) {
     }
 }
 
+/// Reads a lock, ignoring poisoning (as [`lock`]).
+fn read<T>(l: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Writes a lock, ignoring poisoning (as [`lock`]).
+fn write<T>(l: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Locks a mutex, ignoring poisoning: no code path panics while holding one, and the state
 /// stays consistent between statements anyway.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -565,6 +708,64 @@ impl Inner {
     fn shard_of(hash: u64) -> usize {
         // SHARDS is a power of two far below u32::MAX: the remainder always fits.
         usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0)
+    }
+
+    /// The state of each limit of `checks` at `now`, taking nothing (blocks included).
+    fn peek(&self, checks: &[Check<'_>], now: u64) -> Verdict {
+        let decisions = checks
+            .iter()
+            .map(|c| {
+                let p = Params::of(c.policy);
+                let capacity = c.policy.capacity();
+                let hash = self.hash(c.key);
+                let shard = lock(&self.shards[Self::shard_of(hash)]);
+                let mut entry = shard.map.get(hash, c.key).cloned();
+                drop(shard);
+                // Read on a copy: a restamp (a clock that went backwards) is not written.
+                if let Some(e) = &mut entry {
+                    e.normalize(&p, now);
+                }
+                let base = entry.as_ref().filter(|e| e.live(now)).map(|e| &e.state);
+                let (e, _) = algorithm::evaluate(c.policy.algorithm(), base, &p, now);
+                match self.block_left(c.key, now) {
+                    Some(left) => blocked_decision(capacity, e.now_reset_us, left),
+                    None => e.untaken(capacity, e.admitted, e.retry_us),
+                }
+            })
+            .collect();
+        Verdict::new(decisions)
+    }
+
+    /// µs left of a block on `key`, if one holds at `now`.
+    fn block_left(&self, key: &str, now: u64) -> Option<u64> {
+        if self.blocks_len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        read(&self.blocks)
+            .get(key)
+            .filter(|&&until| until > now)
+            .map(|&until| until - now)
+    }
+
+    /// The verdict of a call of which a limit is blocked: that limit rejects until the
+    /// block's end, the others report their state as it is; nothing is taken. `None` when no
+    /// limit of the call is blocked (one atomic load while no block exists).
+    fn blocked(&self, checks: &[Check<'_>]) -> Option<Verdict> {
+        if self.blocks_len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let now = self.now();
+        if now >= self.blocks_until.load(Ordering::Acquire) {
+            // Every block ended: back to one atomic load per call.
+            let mut blocks = write(&self.blocks);
+            blocks.retain(|_, end| *end > now);
+            self.blocks_len.store(blocks.len(), Ordering::Release);
+            return None;
+        }
+        if !checks.iter().any(|c| self.block_left(c.key, now).is_some()) {
+            return None;
+        }
+        Some(self.peek(checks, now))
     }
 
     fn max_per_shard(&self) -> usize {
@@ -903,6 +1104,12 @@ impl Map {
             },
             |h| h.hash,
         );
+    }
+
+    fn remove(&mut self, hash: u64, key: &str) {
+        if let Ok(found) = self.0.find_entry(hash, |h| &*h.key == key) {
+            found.remove();
+        }
     }
 
     fn retain(&mut self, mut keep: impl FnMut(&str, &Entry) -> bool) {

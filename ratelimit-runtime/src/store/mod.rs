@@ -12,6 +12,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use crate::error::StoreError;
 use crate::policy::{Policy, Verdict};
@@ -104,6 +105,17 @@ pub(crate) fn new_call_id() -> String {
     )
 }
 
+/// The future of [`Store::reset`] and [`Store::block`].
+pub type AdminFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
+/// The answer of an operation a store does not implement (the default of [`Store::peek`],
+/// [`Store::reset`] and [`Store::block`]).
+fn unsupported<'a, T: Send + 'a>(
+    operation: &'static str,
+) -> Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>> {
+    Box::pin(async move { Err(StoreError::Unsupported(operation)) })
+}
+
 /// Where limits keep their state.
 ///
 /// Implementations must be exact under any concurrency: N concurrent calls against a quota of
@@ -152,5 +164,39 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
         let _ = (checks, call_id);
         Box::pin(async { Ok(()) })
+    }
+
+    // The operations below are for operators (the admin calls of
+    // [`crate::RateLimiter::peek`], [`crate::RateLimiter::reset`] and
+    // [`crate::RateLimiter::block`]); a store of your own that does not implement them
+    // answers [`StoreError::Unsupported`].
+
+    /// Reads the state of every limit in `checks` now, taking nothing: one [`crate::Decision`]
+    /// per check, in order, as a call of that check's cost would be decided now (`admitted`,
+    /// `remaining`, `reset_after`, `retry_after`). A blocked key ([`Store::block`]) reads as
+    /// rejected until the block's end.
+    ///
+    /// The default answers [`StoreError::Unsupported`].
+    fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        let _ = checks;
+        unsupported("peek")
+    }
+
+    /// Deletes the state of `keys` (and any block on them): the next call under each starts
+    /// from a full quota.
+    ///
+    /// The default answers [`StoreError::Unsupported`].
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+        let _ = keys;
+        unsupported("reset")
+    }
+
+    /// Rejects every call under `keys` for `duration` (from now, on the store's clock),
+    /// whatever their state; a later block replaces an earlier one, [`Store::reset`] lifts it.
+    ///
+    /// The default answers [`StoreError::Unsupported`].
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+        let _ = (keys, duration);
+        unsupported("block")
     }
 }

@@ -45,7 +45,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ErrorKind, Script, ServerErrorKind, Value};
 
 use super::lazy::LazyConnection;
-use super::{Check, RefundFuture, Store, StoreFuture};
+use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Algorithm, Decision, Verdict};
 
@@ -267,6 +267,63 @@ where
     parse_reply(&reply, checks)
 }
 
+/// The companion script (the prelude, every algorithm and `refund.lua`): its `peek` mode reads
+/// limits without taking anything ([`Store::peek`]), its `refund` mode gives back by receipt
+/// (the refunds of outcome-filtered calls, `count = …`, and of the cluster's cross-slot calls).
+pub(crate) static COMPANION: LazyLock<Script> =
+    LazyLock::new(|| Script::new(script_sources().companion));
+
+/// Reads the limits of `checks` (all on one node, in one slot on a cluster) without taking
+/// anything: the companion script's `peek` mode (loaded on `NOSCRIPT`).
+pub(crate) async fn peek_checks<C>(
+    conn: &mut C,
+    checks: &[Check<'_>],
+) -> Result<Verdict, StoreError>
+where
+    C: ConnectionLike + Send,
+{
+    if checks.is_empty() {
+        return Ok(Verdict::new(Vec::new()));
+    }
+    let mut invocation = COMPANION.prepare_invoke();
+    invocation.arg("peek");
+    for check in checks {
+        let p = check.policy;
+        invocation
+            .key(check.key)
+            .arg(p.algorithm().code())
+            .arg(p.limit())
+            .arg(p.period_ms().saturating_mul(1000))
+            .arg(p.burst())
+            .arg(p.cost());
+    }
+    let reply: Value = invocation.invoke_async(conn).await?;
+    parse_reply(&reply, checks)
+}
+
+/// The block marker of a limit's key (`driver.lua` rejects every call on the key while it
+/// exists): the same hash tag, so the same cluster slot.
+pub(crate) fn block_key(key: &str) -> String {
+    format!("{key}:b")
+}
+
+/// `DEL key key:b`: a limit's state and its block (one slot: the same hash tag).
+pub(crate) fn reset_cmd(key: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("DEL");
+    cmd.arg(key).arg(block_key(key));
+    cmd
+}
+
+/// `SET key:b 1 PX ms`: the block marker, with the block's length as its TTL (at least 1 ms).
+pub(crate) fn block_cmd(key: &str, duration: Duration) -> redis::Cmd {
+    let ms = u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(block_key(key)).arg(1).arg("PX").arg(ms);
+    cmd
+}
+
 /// Reads the script's reply: one `[admitted, remaining, reset_after_us, retry_after_us]` per
 /// check. Numbers are clamped into range (a negative count is 0, `remaining` is at most the
 /// capacity), so no state under a key can turn into a reply that fails the call; anything that is
@@ -459,11 +516,6 @@ impl RedisStore {
     }
 }
 
-/// The companion script (peek and refund modes, `scripts/refund.lua`): the Redis stores'
-/// refunds of outcome-filtered calls (`count = …`) and of the cluster's cross-slot calls.
-pub(crate) static COMPANION: LazyLock<Script> =
-    LazyLock::new(|| Script::new(script_sources().companion));
-
 /// Gives back, through the receipts the driver wrote under `call_id`, what an admitted call
 /// still holds of its first `checks.len()` limits (receipt `i` of key `i` is
 /// `<key>:r:<id>:<i>`, from 1). A receipt is read once and deleted: a second refund gives back
@@ -522,6 +574,37 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        Box::pin(async move {
+            let mut conn = self.manager().await?;
+            peek_checks(&mut conn, checks).await
+        })
+    }
+
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+        Box::pin(async move {
+            let mut conn = self.manager().await?;
+            let mut pipe = redis::pipe();
+            for key in keys {
+                pipe.add_command(reset_cmd(key)).ignore();
+            }
+            pipe.query_async::<()>(&mut conn).await?;
+            Ok(())
+        })
+    }
+
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+        Box::pin(async move {
+            let mut conn = self.manager().await?;
+            let mut pipe = redis::pipe();
+            for key in keys {
+                pipe.add_command(block_cmd(key, duration)).ignore();
+            }
+            pipe.query_async::<()>(&mut conn).await?;
+            Ok(())
+        })
     }
 }
 

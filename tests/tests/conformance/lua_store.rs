@@ -4,7 +4,9 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use ratelimit_runtime::store::StoreFuture;
+use std::time::Duration;
+
+use ratelimit_runtime::store::{AdminFuture, StoreFuture};
 use ratelimit_runtime::{Check, Store, StoreError, Verdict};
 
 use super::scripts::{Sources, sources};
@@ -137,5 +139,51 @@ impl Store for LuaStore {
 
     fn name(&self) -> &'static str {
         "lua-standin"
+    }
+
+    /// The companion's `peek`, as `RedisStore::peek` sends it.
+    fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        Box::pin(async move { self.compensate(checks, None) })
+    }
+
+    /// `DEL key key:b`, as `RedisStore::reset` sends it.
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+        Box::pin(async move {
+            let lua = self.lua();
+            for key in keys {
+                let reply = lua.db().command(&[
+                    b"DEL".to_vec(),
+                    key.as_bytes().to_vec(),
+                    format!("{key}:b").into_bytes(),
+                ]);
+                if let Reply::Error(e) = reply {
+                    return Err(StoreError::backend(e));
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// `SET key:b 1 PX ms`, as `RedisStore::block` sends it.
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+        Box::pin(async move {
+            let ms = u64::try_from(duration.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1);
+            let lua = self.lua();
+            for key in keys {
+                let reply = lua.db().command(&[
+                    b"SET".to_vec(),
+                    format!("{key}:b").into_bytes(),
+                    b"1".to_vec(),
+                    b"PX".to_vec(),
+                    ms.to_string().into_bytes(),
+                ]);
+                if let Reply::Error(e) = reply {
+                    return Err(StoreError::backend(e));
+                }
+            }
+            Ok(())
+        })
     }
 }

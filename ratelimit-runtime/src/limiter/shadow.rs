@@ -1,0 +1,129 @@
+//! Shadow mode: a limit (or the whole limiter) whose rejections are recorded, never enforced.
+//!
+//! A call is checked and counted as usual, in one store call with every limit of the function.
+//! When the only limits that reject it are in shadow mode, the call goes through: a rejection
+//! is logged (`INFO`, target `ratelimit_runtime::limiter`, "rate limit would reject (shadow
+//! mode)", with the scope and the wait, never the caller) and counted
+//! (`ratelimit_calls_total{outcome="shadow_rejected"}`, feature `metrics`). Since a rejected
+//! call takes nothing from any limit, the store is left exactly as an enforced rejection
+//! leaves it: the counts in shadow mode are the rejections enforcing would make. When a
+//! function stacks enforced and shadow limits, the enforced ones are then checked again on
+//! their own (a second store call, only for the would-be rejected calls), so that they count
+//! the call that goes through. Shadow limits never refuse a call: when the store fails and
+//! the failure policy would refuse ([`crate::FailurePolicy::Deny`]), a call whose limits are
+//! all in shadow mode runs all the same.
+
+use std::time::Duration;
+
+use crate::error::StoreError;
+use crate::limit::Limit;
+use crate::observe;
+use crate::policy::{Decision, Verdict};
+use crate::store::Check;
+
+use super::RateLimiter;
+
+impl RateLimiter {
+    /// Whether limit `limit` is in shadow mode here (its own `shadow`, or the limiter's).
+    pub(crate) fn is_shadow(&self, limit: &Limit) -> bool {
+        self.inner.settings.shadow || limit.shadow
+    }
+
+    /// Whether any of `limits` is in shadow mode here (their responses then carry no
+    /// rate-limit headers).
+    #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
+    pub(crate) fn any_shadow(&self, limits: &[Limit]) -> bool {
+        self.inner.settings.shadow || limits.iter().any(|l| l.shadow)
+    }
+
+    /// Checks `limits` under `keys` for one call, shadow mode applied, and counts the
+    /// outcome: the verdict is admitted when the call may run.
+    pub(crate) async fn decide(
+        &self,
+        limits: &[Limit],
+        keys: &[String],
+    ) -> Result<Verdict, StoreError> {
+        self.decide_as(limits, keys, None).await
+    }
+
+    /// [`RateLimiter::decide`], taking with receipts under `call_id` when it is given (the
+    /// outcome-filtered calls of `count = …`). The second check of a stacked call's enforced
+    /// limits (see the module docs) takes without receipts: that call stays counted whatever
+    /// its outcome (it fails closed).
+    pub(crate) async fn decide_as(
+        &self,
+        limits: &[Limit],
+        keys: &[String],
+        call_id: Option<&str>,
+    ) -> Result<Verdict, StoreError> {
+        let checks: Vec<Check<'_>> = limits
+            .iter()
+            .zip(keys)
+            .map(|(l, k)| Check::new(k, &l.policy).with_scope(l.scope))
+            .collect();
+        let labels = || limits.iter().map(|l| (l.scope, l.policy.algorithm()));
+        let verdict = match self.check_as(&checks, call_id).await {
+            Ok(v) => v,
+            // The store failed and the failure policy refused: a call whose limits are all in
+            // shadow mode runs all the same (shadow never refuses; the failure was logged and
+            // counted by the policy's answer).
+            Err(_) if limits.iter().all(|l| self.is_shadow(l)) => {
+                let whole = |l: &Limit| {
+                    let cap = l.policy.capacity();
+                    Decision::new(true, cap, cap, Duration::ZERO, Duration::ZERO)
+                };
+                return Ok(Verdict::new(limits.iter().map(whole).collect()));
+            }
+            Err(e) => return Err(e),
+        };
+        let shadow = |i: usize| limits.get(i).is_some_and(|l| self.is_shadow(l));
+        observe::count_verdict(labels(), &verdict, shadow);
+        if verdict.is_admitted() {
+            return Ok(verdict);
+        }
+        let rejecting = || {
+            verdict
+                .decisions()
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| !d.admitted)
+                .map(|(i, _)| i)
+        };
+        if !rejecting().all(shadow) {
+            return Ok(verdict);
+        }
+        for i in rejecting() {
+            let d = verdict.decisions()[i];
+            let retry_after_ms = d.retry_after.unwrap_or_default().as_millis();
+            tracing::info!(
+                scope = limits[i].scope,
+                algorithm = limits[i].policy.algorithm().as_str(),
+                limit = d.limit,
+                retry_after_ms,
+                "rate limit would reject (shadow mode)"
+            );
+        }
+        let enforced: Vec<usize> = (0..limits.len()).filter(|&i| !shadow(i)).collect();
+        let as_admitted =
+            |d: &Decision| Decision::new(true, d.limit, d.remaining, d.reset_after, Duration::ZERO);
+        if enforced.is_empty() {
+            return Ok(Verdict::new(
+                verdict.decisions().iter().map(as_admitted).collect(),
+            ));
+        }
+        let sub: Vec<Check<'_>> = enforced.iter().map(|&i| checks[i]).collect();
+        let again = self.check(&sub).await?;
+        observe::count_verdict(
+            enforced
+                .iter()
+                .map(|&i| (limits[i].scope, limits[i].policy.algorithm())),
+            &again,
+            |_| false,
+        );
+        let mut decisions: Vec<Decision> = verdict.decisions().iter().map(as_admitted).collect();
+        for (&i, d) in enforced.iter().zip(again.decisions()) {
+            decisions[i] = *d;
+        }
+        Ok(Verdict::new(decisions))
+    }
+}

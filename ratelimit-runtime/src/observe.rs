@@ -1,0 +1,145 @@
+//! Metrics (cargo feature **`metrics`**): what the limiter answered, through the
+//! [`metrics`](https://docs.rs/metrics) facade. The application installs the recorder (a
+//! Prometheus exporter, `StatsD`, …); without one, or without the feature, recording costs
+//! nothing.
+//!
+//! # What is recorded
+//!
+//! * **`ratelimit_calls_total`** (counter), labels `scope`, `algorithm`, `outcome`: one
+//!   increment per limit of each limited call, with that limit's scope and algorithm:
+//!   * `admitted` — the call went through and this limit counted it;
+//!   * `rejected` — this limit rejected the call (429 or `RateLimitError::Limited`);
+//!   * `shadow_rejected` — this limit, in shadow mode, would have rejected the call; it ran;
+//!   * `exempted` — the caller is exempt (trusted network or predicate): nothing was checked;
+//!   * `denied` — the caller's network is on the deny list: 403, nothing was checked;
+//!   * `failure_allow`, `failure_deny`, `failure_local` — the store failed (or the breaker
+//!     skipped it) and the failure policy answered. Such a call is also counted as `admitted`
+//!     or `rejected`, by what the policy answered.
+//! * **`ratelimit_store_seconds`** (histogram), label `store` (`memory`, `redis`,
+//!   `redis-cluster`, or your store's name): how long each store call took, failed ones and
+//!   timeouts included (a call answered from the blocked-caller cache or by the open breaker
+//!   makes no store call and records nothing).
+//!
+//! **No label ever holds a caller value** — no IP address, user id, header value or key:
+//! they are personal data, and unbounded (one time series per caller would exhaust the
+//! metrics backend; a hostile client could mint them). Scopes and algorithms come from the
+//! code, so their number is fixed at build time.
+//!
+//! ```
+//! use ratelimit_runtime::observe;
+//! // Names to query in the metrics backend, e.g. in Prometheus:
+//! // sum by (scope) (rate(ratelimit_calls_total{outcome="shadow_rejected"}[5m]))
+//! assert_eq!(observe::CALLS, "ratelimit_calls_total");
+//! assert_eq!(observe::STORE_SECONDS, "ratelimit_store_seconds");
+//! ```
+//!
+//! The example server (`examples/src/bin/axum_server.rs`) exports them on `/metrics` in the
+//! Prometheus text format.
+
+use std::time::Duration;
+
+use crate::policy::{Algorithm, Verdict};
+
+/// What happened to one limit of one call (the `outcome` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Admitted,
+    Rejected,
+    ShadowRejected,
+    #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
+    Exempted,
+    #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
+    Denied,
+    FailureAllow,
+    FailureDeny,
+    FailureLocal,
+}
+
+impl Outcome {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn label(self) -> &'static str {
+        match self {
+            Self::Admitted => "admitted",
+            Self::Rejected => "rejected",
+            Self::ShadowRejected => "shadow_rejected",
+            Self::Exempted => "exempted",
+            Self::Denied => "denied",
+            Self::FailureAllow => "failure_allow",
+            Self::FailureDeny => "failure_deny",
+            Self::FailureLocal => "failure_local",
+        }
+    }
+}
+
+/// The counter's name (see the module docs for its labels).
+///
+/// ```
+/// assert_eq!(ratelimit_runtime::observe::CALLS, "ratelimit_calls_total");
+/// ```
+pub const CALLS: &str = "ratelimit_calls_total";
+/// The histogram's name, in seconds.
+///
+/// ```
+/// assert_eq!(ratelimit_runtime::observe::STORE_SECONDS, "ratelimit_store_seconds");
+/// ```
+pub const STORE_SECONDS: &str = "ratelimit_store_seconds";
+
+/// Counts one limit's outcome.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline]
+pub(crate) fn count(scope: &str, algorithm: Algorithm, outcome: Outcome) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        CALLS,
+        "scope" => scope.to_owned(),
+        "algorithm" => algorithm.as_str(),
+        "outcome" => outcome.label(),
+    )
+    .increment(1);
+}
+
+/// Counts `outcome` for every limit of a call: `(scope, algorithm)` each.
+#[inline]
+pub(crate) fn count_all<'a>(
+    limits: impl IntoIterator<Item = (&'a str, Algorithm)>,
+    outcome: Outcome,
+) {
+    if cfg!(feature = "metrics") {
+        for (scope, algorithm) in limits {
+            count(scope, algorithm, outcome);
+        }
+    }
+}
+
+/// Counts a verdict: every limit `admitted` when it was, else each rejecting limit `rejected`
+/// (or `shadow_rejected`: `shadow(i)` says whether limit `i` was in shadow mode).
+pub(crate) fn count_verdict<'a>(
+    limits: impl IntoIterator<Item = (&'a str, Algorithm)>,
+    verdict: &Verdict,
+    shadow: impl Fn(usize) -> bool,
+) {
+    if !cfg!(feature = "metrics") {
+        return;
+    }
+    let admitted = verdict.is_admitted();
+    for (i, ((scope, algorithm), d)) in limits.into_iter().zip(verdict.decisions()).enumerate() {
+        if admitted {
+            count(scope, algorithm, Outcome::Admitted);
+        } else if !d.admitted {
+            let outcome = if shadow(i) {
+                Outcome::ShadowRejected
+            } else {
+                Outcome::Rejected
+            };
+            count(scope, algorithm, outcome);
+        }
+    }
+}
+
+/// Records how long one store call took.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline]
+pub(crate) fn store_latency(store: &'static str, took: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!(STORE_SECONDS, "store" => store).record(took.as_secs_f64());
+}
