@@ -38,6 +38,17 @@ use self::breaker::{Breaker, Gate};
 pub use self::builder::Builder;
 use self::log_throttle::{LOG_INTERVAL, LogThrottle};
 
+/// The variable that sets the timeout of the limiter built from the environment.
+const TIMEOUT_ENV: &str = "RATELIMIT_TIMEOUT_MS";
+
+/// `RATELIMIT_TIMEOUT_MS`'s value: whole milliseconds from 1 to 60,000, spaces around allowed.
+fn parse_timeout_ms(raw: &str) -> Option<Duration> {
+    let ms: u64 = raw.trim().parse().ok()?;
+    (1..=60_000)
+        .contains(&ms)
+        .then(|| Duration::from_millis(ms))
+}
+
 /// Milliseconds since `origin`, saturating.
 fn millis_since(origin: Instant, now: Instant) -> u64 {
     u64::try_from(now.saturating_duration_since(origin).as_millis()).unwrap_or(u64::MAX)
@@ -143,7 +154,10 @@ struct Inner {
 /// `#[rate_limit]` uses the limiter installed for the process ([`RateLimiter::install`]); when
 /// none was installed, the first check builds one from the environment:
 /// `RATELIMIT_REDIS_CLUSTER_NODES` (with the `cluster` feature), then `RATELIMIT_REDIS_URL`, then
-/// `REDIS_URL`, else the memory store (logged once as a warning).
+/// `REDIS_URL`, else the memory store (logged once as a warning). `RATELIMIT_TIMEOUT_MS` sets
+/// that limiter's [`Settings::timeout`] in milliseconds (1 to 60,000; default 50): the first
+/// checks of a process wait for the store's connection within it, so a store that takes
+/// longer to reach at a cold start (a Redis Cluster: every master) needs a longer one.
 ///
 /// **The memory store's limits are per process**: several instances of an application share
 /// limits only through Redis.
@@ -234,6 +248,23 @@ impl RateLimiter {
         CURRENT.scope(self, fut).await
     }
 
+    /// The settings of the limiter built from the environment: the defaults, with the
+    /// timeout of `RATELIMIT_TIMEOUT_MS` when it is set (a malformed or out-of-range value is
+    /// logged and the default kept).
+    fn env_settings() -> Settings {
+        let mut settings = Settings::default();
+        if let Ok(raw) = std::env::var(TIMEOUT_ENV) {
+            match parse_timeout_ms(&raw) {
+                Some(timeout) => settings.timeout = timeout,
+                None => tracing::error!(
+                    source = TIMEOUT_ENV,
+                    "not a timeout in milliseconds from 1 to 60000; the default timeout is used"
+                ),
+            }
+        }
+        settings
+    }
+
     fn from_env() -> Self {
         #[cfg(feature = "cluster")]
         if let Some(cluster) = crate::store::RedisClusterStore::from_env() {
@@ -241,11 +272,11 @@ impl RateLimiter {
             match cluster {
                 Ok(store) => {
                     tracing::info!(source, "rate limits are kept in a Redis Cluster");
-                    return Self::from_parts(Arc::new(store), Settings::default());
+                    return Self::from_parts(Arc::new(store), Self::env_settings());
                 }
                 Err(e) => {
                     tracing::error!(source, error = %e, "cannot use the Redis Cluster; rate limits are kept in this process's memory");
-                    return Self::from_parts(Arc::new(MemoryStore::new()), Settings::default());
+                    return Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings());
                 }
             }
         }
@@ -262,16 +293,16 @@ impl RateLimiter {
                 "no rate limiter installed and neither RATELIMIT_REDIS_URL nor REDIS_URL is set: \
                  rate limits are kept in this process's memory (per process, not shared between instances)"
             );
-            return Self::from_parts(Arc::new(MemoryStore::new()), Settings::default());
+            return Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings());
         };
         match RedisStore::lazy(&url) {
             Ok(store) => {
                 tracing::info!(source, "rate limits are kept in Redis");
-                Self::from_parts(Arc::new(store), Settings::default())
+                Self::from_parts(Arc::new(store), Self::env_settings())
             }
             Err(e) => {
                 tracing::error!(source, error = %e, "cannot use Redis; rate limits are kept in this process's memory");
-                Self::from_parts(Arc::new(MemoryStore::new()), Settings::default())
+                Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings())
             }
         }
     }
@@ -529,6 +560,33 @@ fn log_rejection(checks: &[Check<'_>], verdict: &Verdict, source: &str) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_environment_timeout_is_whole_milliseconds_in_range() {
+        assert_eq!(parse_timeout_ms("2000"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_timeout_ms(" 1 "), Some(Duration::from_millis(1)));
+        assert_eq!(parse_timeout_ms("60000"), Some(Duration::from_secs(60)));
+        for bad in [
+            "",
+            "0",
+            "60001",
+            "-5",
+            "1.5",
+            "50ms",
+            "18446744073709551616",
+        ] {
+            assert_eq!(parse_timeout_ms(bad), None, "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_timeout_text_parses_or_is_refused_without_panicking(raw in "\\PC*") {
+            if let Some(t) = parse_timeout_ms(&raw) {
+                proptest::prop_assert!(t >= Duration::from_millis(1) && t <= Duration::from_secs(60));
+            }
+        }
+    }
+
     use std::fmt::Write as _;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
