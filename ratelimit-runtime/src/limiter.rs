@@ -254,12 +254,13 @@ impl RateLimiter {
     fn env_settings() -> Settings {
         let mut settings = Settings::default();
         if let Ok(raw) = std::env::var(TIMEOUT_ENV) {
-            match parse_timeout_ms(&raw) {
-                Some(timeout) => settings.timeout = timeout,
-                None => tracing::error!(
+            if let Some(timeout) = parse_timeout_ms(&raw) {
+                settings.timeout = timeout;
+            } else {
+                tracing::error!(
                     source = TIMEOUT_ENV,
                     "not a timeout in milliseconds from 1 to 60000; the default timeout is used"
-                ),
+                );
             }
         }
         settings

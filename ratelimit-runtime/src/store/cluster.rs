@@ -79,13 +79,13 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use redis::IntoConnectionInfo;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
-use redis::{IntoConnectionInfo, Script, Value};
 
 use super::lazy::LazyConnection;
-use super::redis::{COMPANION, block_cmd, eval_checks, load_scripts, parse_reply, reset_cmd};
+use super::redis::{COMPANION, Mode, block_cmd, compensate, eval_checks, load_scripts, reset_cmd};
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Decision, Policy, Verdict};
@@ -93,11 +93,6 @@ use crate::policy::{Decision, Policy, Verdict};
 /// The environment variable that lists the seed nodes of a cluster, comma-separated:
 /// `RATELIMIT_REDIS_CLUSTER_NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379`.
 pub const NODES_ENV: &str = "RATELIMIT_REDIS_CLUSTER_NODES";
-
-/// The companion script of multi-slot calls: the prelude, every algorithm and `refund.lua`
-/// (peek and refund modes) instead of the driver (the text is assembled with the others in
-/// `store/redis.rs`).
-static COMPENSATE: &LazyLock<Script> = &COMPANION;
 
 /// A fresh id for one cross-slot call: this process's random 64-bit value and a counter, as
 /// 17 to 32 lower-case hex digits (the scripts' call id format). The receipts of two calls
@@ -207,7 +202,7 @@ where
 async fn connect_cluster(client: &ClusterClient) -> Result<ClusterConnection, redis::RedisError> {
     let mut conn = client.get_async_connection().await?;
     load_scripts(&mut conn).await?;
-    COMPENSATE.load_async(&mut conn).await?;
+    COMPANION.load_async(&mut conn).await?;
     Ok(conn)
 }
 
@@ -387,46 +382,6 @@ impl RedisClusterStore {
     }
 }
 
-/// What the companion script does.
-enum Mode<'a> {
-    /// Read only.
-    Peek,
-    /// Give back what the take of the group under this call id still holds (its receipts),
-    /// then read.
-    Refund(&'a str),
-}
-
-/// Runs the companion script on one group (one slot): keys in order, then for a refund each
-/// key's receipt `<key>:r:<id>:<i>` (i from 1, the driver's name for it).
-async fn compensate(
-    conn: &mut ClusterConnection,
-    mode: Mode<'_>,
-    checks: &[Check<'_>],
-) -> Result<Verdict, StoreError> {
-    let mut invocation = COMPENSATE.prepare_invoke();
-    match mode {
-        Mode::Peek => invocation.arg("peek"),
-        Mode::Refund(id) => invocation.arg("refund").arg(id),
-    };
-    for check in checks {
-        let p = check.policy;
-        invocation
-            .key(check.key)
-            .arg(p.algorithm().code())
-            .arg(p.limit())
-            .arg(p.period_ms().saturating_mul(1000))
-            .arg(p.burst())
-            .arg(p.cost());
-    }
-    if let Mode::Refund(id) = mode {
-        for (i, check) in checks.iter().enumerate() {
-            invocation.key(format!("{}:r:{id}:{}", check.key, i + 1));
-        }
-    }
-    let reply: Value = invocation.invoke_async(conn).await?;
-    parse_reply(&reply, checks)
-}
-
 /// The test hooks' guard: every key in one slot (one script can only touch one).
 fn one_slot(checks: &[Check<'_>]) -> Result<(), StoreError> {
     if group_by_slot(checks).len() > 1 {
@@ -515,7 +470,9 @@ impl Store for RedisClusterStore {
                 return Ok(());
             }
             let mut conn = self.connection().await?;
-            crate::store::redis::refund_checks(&mut conn, checks, call_id).await
+            compensate(&mut conn, Mode::Refund(call_id), checks)
+                .await
+                .map(drop)
         })
     }
 

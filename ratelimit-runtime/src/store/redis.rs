@@ -273,10 +273,23 @@ where
 pub(crate) static COMPANION: LazyLock<Script> =
     LazyLock::new(|| Script::new(script_sources().companion));
 
-/// Reads the limits of `checks` (all on one node, in one slot on a cluster) without taking
-/// anything: the companion script's `peek` mode (loaded on `NOSCRIPT`).
-pub(crate) async fn peek_checks<C>(
+/// What the companion script does.
+pub(crate) enum Mode<'a> {
+    /// Read only ([`Store::peek`], and the limits of a rejected cross-slot call that were
+    /// never checked).
+    Peek,
+    /// Give back what the take under this call id still holds (its receipts), then read: the
+    /// refunds of outcome-filtered calls (`count = …`) and of the cluster's cross-slot calls.
+    Refund(&'a str),
+}
+
+/// Runs the companion script on `checks` (all on one node, in one slot on a cluster; loaded on
+/// `NOSCRIPT`): keys in order, then for a refund each key's receipt `<key>:r:<id>:<i>` (i from
+/// 1, the driver's name for it). A receipt is read once and deleted: a second refund gives
+/// back nothing. The reply reads the limits as they are after it.
+pub(crate) async fn compensate<C>(
     conn: &mut C,
+    mode: Mode<'_>,
     checks: &[Check<'_>],
 ) -> Result<Verdict, StoreError>
 where
@@ -286,7 +299,10 @@ where
         return Ok(Verdict::new(Vec::new()));
     }
     let mut invocation = COMPANION.prepare_invoke();
-    invocation.arg("peek");
+    match mode {
+        Mode::Peek => invocation.arg("peek"),
+        Mode::Refund(id) => invocation.arg("refund").arg(id),
+    };
     for check in checks {
         let p = check.policy;
         invocation
@@ -296,6 +312,11 @@ where
             .arg(p.period_ms().saturating_mul(1000))
             .arg(p.burst())
             .arg(p.cost());
+    }
+    if let Mode::Refund(id) = mode {
+        for (i, check) in checks.iter().enumerate() {
+            invocation.key(format!("{}:r:{id}:{}", check.key, i + 1));
+        }
     }
     let reply: Value = invocation.invoke_async(conn).await?;
     parse_reply(&reply, checks)
@@ -516,40 +537,6 @@ impl RedisStore {
     }
 }
 
-/// Gives back, through the receipts the driver wrote under `call_id`, what an admitted call
-/// still holds of its first `checks.len()` limits (receipt `i` of key `i` is
-/// `<key>:r:<id>:<i>`, from 1). A receipt is read once and deleted: a second refund gives back
-/// nothing.
-pub(crate) async fn refund_checks<C>(
-    conn: &mut C,
-    checks: &[Check<'_>],
-    call_id: &str,
-) -> Result<(), StoreError>
-where
-    C: ConnectionLike + Send,
-{
-    if checks.is_empty() {
-        return Ok(());
-    }
-    let mut invocation = COMPANION.prepare_invoke();
-    invocation.arg("refund").arg(call_id);
-    for check in checks {
-        let p = check.policy;
-        invocation
-            .key(check.key)
-            .arg(p.algorithm().code())
-            .arg(p.limit())
-            .arg(p.period_ms().saturating_mul(1000))
-            .arg(p.burst())
-            .arg(p.cost());
-    }
-    for (i, check) in checks.iter().enumerate() {
-        invocation.key(format!("{}:r:{call_id}:{}", check.key, i + 1));
-    }
-    let reply: Value = invocation.invoke_async(conn).await?;
-    parse_reply(&reply, checks).map(drop)
-}
-
 impl Store for RedisStore {
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
         Box::pin(async move {
@@ -568,7 +555,9 @@ impl Store for RedisStore {
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
-            refund_checks(&mut conn, checks, call_id).await
+            compensate(&mut conn, Mode::Refund(call_id), checks)
+                .await
+                .map(drop)
         })
     }
 
@@ -579,7 +568,7 @@ impl Store for RedisStore {
     fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
-            peek_checks(&mut conn, checks).await
+            compensate(&mut conn, Mode::Peek, checks).await
         })
     }
 
