@@ -385,7 +385,8 @@ pub(crate) async fn admit(
             &settings.http,
         ));
     }
-    let fields = if taken.limits().is_empty() {
+    // A function with a limit in shadow mode sends no rate-limit headers (as `check_http`).
+    let fields = if taken.limits().is_empty() || limiter.any_shadow(limits) {
         Vec::new()
     } else {
         rate_fields(taken.limits(), &verdict, settings.http.header_style)

@@ -179,8 +179,14 @@ pub fn client_ip(
     ip::client_ip(peer, headers, settings)
 }
 
-/// The address as `by = "ip"` keys it (IPv6 grouped by the settings' prefix).
-#[cfg(any(feature = "axum", feature = "actix"))]
+/// The address as `by = "ip"` keys it (IPv6 grouped by the settings' prefix): the handlers',
+/// the layer's and gRPC methods' key, and the admin calls'.
+#[cfg(any(
+    feature = "axum",
+    feature = "actix",
+    feature = "tower",
+    feature = "tonic"
+))]
 pub(crate) fn ip_bucket(ip: std::net::IpAddr, settings: &HttpSettings) -> String {
     ip::bucket(ip, settings)
 }

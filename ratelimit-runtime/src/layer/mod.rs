@@ -645,7 +645,7 @@ impl Shared {
         // limit in shadow mode, responses carry no rate-limit headers.
         let verdict = limiter.decide(&self.limits, &keys).await;
         match verdict {
-            Ok(_) if limiter.any_shadow(&self.limits) => {
+            Ok(v) if v.is_admitted() && limiter.any_shadow(&self.limits) => {
                 let response = inner.call(request).await?;
                 Ok(response.map(LayerBody::new))
             }

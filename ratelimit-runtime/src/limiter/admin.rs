@@ -131,19 +131,50 @@ impl Target {
     }
 }
 
-/// The address as `by = "ip"` keys it.
-#[cfg(any(feature = "axum", feature = "actix"))]
+/// The address as `by = "ip"` keys it (handlers, the layer, gRPC methods: grouped alike).
+#[cfg(any(
+    feature = "axum",
+    feature = "actix",
+    feature = "tower",
+    feature = "tonic"
+))]
 fn ip_bucket(ip: IpAddr, limiter: &RateLimiter) -> String {
     crate::http::ip_bucket(ip, &limiter.settings().http)
 }
 
-/// Without an HTTP integration no limit can be `by = "ip"`: the address as written.
-#[cfg(not(any(feature = "axum", feature = "actix")))]
+/// Without an integration that reads addresses no limit can be `by = "ip"`: the address as
+/// written.
+#[cfg(not(any(
+    feature = "axum",
+    feature = "actix",
+    feature = "tower",
+    feature = "tonic"
+)))]
 fn ip_bucket(ip: IpAddr, _limiter: &RateLimiter) -> String {
     ip.to_string()
 }
 
 impl RateLimiter {
+    /// `limits` as checks apply them now: a scope's quota override ([`RateLimiter::set_quota`])
+    /// replaces the attribute's numbers, which are part of the key, so the admin calls find
+    /// the caller's live state. An override that makes a limit unlimited, or that the limit's
+    /// cost cannot fit, leaves the attribute's numbers.
+    fn in_force(&self, limits: &[Limit]) -> Vec<Limit> {
+        limits
+            .iter()
+            .map(|l| {
+                let overridden = self.has_overrides().then(|| self.quota_override(l.scope));
+                match overridden
+                    .flatten()
+                    .map(|q| q.apply(l.policy.algorithm(), l.policy.cost()))
+                {
+                    Some(Ok(Some(policy))) => Limit { policy, ..*l },
+                    _ => *l,
+                }
+            })
+            .collect()
+    }
+
     /// Reads the state of each of `limits` for `target` now, taking nothing: one
     /// [`crate::Decision`] per limit, in order (`admitted` tells whether a call of that
     /// limit's cost would be admitted now; a blocked caller reads as rejected until the
@@ -166,6 +197,7 @@ impl RateLimiter {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, limits: &[Limit], target: &Target) -> Result<Verdict, StoreError> {
+        let limits = &self.in_force(limits);
         let keys = target.keys(self, limits)?;
         let checks: Vec<Check<'_>> = limits
             .iter()
@@ -200,6 +232,7 @@ impl RateLimiter {
     /// # Ok(()) }
     /// ```
     pub async fn reset(&self, limits: &[Limit], target: &Target) -> Result<(), StoreError> {
+        let limits = &self.in_force(limits);
         let keys = target.keys(self, limits)?;
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         self.admin(self.inner.store.reset(&refs)).await?;
@@ -242,6 +275,7 @@ impl RateLimiter {
         target: &Target,
         duration: Duration,
     ) -> Result<(), StoreError> {
+        let limits = &self.in_force(limits);
         let keys = target.keys(self, limits)?;
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let sent_at = Instant::now();
@@ -287,6 +321,46 @@ mod tests {
             "s",
             by,
         )]
+    }
+
+    /// The memory store's take (`count = …`) honours a block, and under a scope's quota
+    /// override the admin calls reach the keys the checks use (the review's M1 and M2).
+    #[tokio::test]
+    async fn blocks_stop_takes_and_admin_calls_follow_a_quota_override() {
+        let limiter = RateLimiter::builder().build().await.unwrap();
+        let login = [Limit::new(
+            Policy::new(Algorithm::Fixed, 5, Duration::from_secs(60)).unwrap(),
+            "login",
+            By::User,
+        )];
+        let alice = Target::value("alice");
+        limiter
+            .block(&login, &alice, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        let keys = alice.keys(&limiter, &login).unwrap();
+        let checks = [Check::new(&keys[0], &login[0].policy)];
+        let (taken, _) = limiter.take(&checks).await.unwrap();
+        assert!(!taken.is_admitted(), "a blocked caller's take is rejected");
+        limiter.reset(&login, &alice).await.unwrap();
+        assert!(limiter.take(&checks).await.unwrap().0.is_admitted());
+
+        limiter
+            .set_quota("login", crate::Quota::per_minute(3).unwrap())
+            .unwrap();
+        let in_force = limiter.in_force(&login);
+        assert_eq!(in_force[0].policy.limit(), 3);
+        let keys = alice.keys(&limiter, &in_force).unwrap();
+        assert_ne!(keys, alice.keys(&limiter, &login).unwrap());
+        let checks = [Check::new(&keys[0], &in_force[0].policy)];
+        limiter
+            .block(&login, &alice, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        assert!(!limiter.check(&checks).await.unwrap().is_admitted());
+        assert!(!limiter.peek(&login, &alice).await.unwrap().is_admitted());
+        limiter.reset(&login, &alice).await.unwrap();
+        assert!(limiter.check(&checks).await.unwrap().is_admitted());
     }
 
     #[test]

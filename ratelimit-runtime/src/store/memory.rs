@@ -437,6 +437,10 @@ impl MemoryStore {
         if checks.is_empty() {
             return Ok(Verdict::new(Vec::new()));
         }
+        // A blocked caller is rejected here as in `check_now` (the take of `count = …`).
+        if let Some(verdict) = self.inner.blocked(checks) {
+            return Ok(verdict);
+        }
         let mut receipts = Vec::with_capacity(checks.len());
         let verdict = Verdict::new(self.inner.check_many(checks, Some(&mut receipts))?);
         if verdict.is_admitted() && receipts.len() == checks.len() {
