@@ -875,3 +875,39 @@ async fn actix_exemptions_and_deny_list() {
     assert_eq!(calls("ops_actix", "exempted"), 3);
     assert_eq!(calls("ops_actix", "denied"), 1);
 }
+
+#[rate_limit(num = 100, time = 60, by = "user", scope = "ops_deny_no_peer")]
+async fn by_user_handler() -> &'static str {
+    "ran"
+}
+
+/// A deny list needs the client's address: an Axum app served without connect info refuses
+/// with the reason (500) instead of serving every network as if the list were empty.
+#[tokio::test]
+async fn a_deny_list_without_the_peer_address_refuses_instead_of_serving() {
+    let limiter = RateLimiter::builder()
+        .deny_networks([net("127.0.0.0/8")])
+        .build()
+        .await
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(by_user_handler))
+        .layer(middleware::from_fn(fake_auth))
+        .layer(axum::Extension(limiter));
+    // Served without `into_make_service_with_connect_info`: no peer address.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let response = reqwest::Client::new()
+        .get(format!("http://{addr}/"))
+        .header("x-user", "alice")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 500);
+    let body = response.text().await.unwrap();
+    assert!(
+        body.contains("into_make_service_with_connect_info"),
+        "{body}"
+    );
+}

@@ -173,6 +173,11 @@ impl HttpCaller {
         if settings.exemptions.is_empty() {
             return None;
         }
+        // A deny list cannot be applied without the client's address: refused with the
+        // reason (as `by = "ip"` is), never served as if the list were empty.
+        if self.peer.is_none() && !settings.exemptions.deny_networks().is_empty() {
+            return Some(Err(self.missing_peer()));
+        }
         match self.exemption(settings, limits)? {
             Exemption::Denied => {
                 observe::count_all(labels(limits), Count::Denied);

@@ -251,7 +251,9 @@ impl Builder {
 
     /// Networks whose clients every limited HTTP handler answers with 403
     /// (`{"error":"forbidden","message":…}`) before any store call. Denial wins over an
-    /// exemption. See [`crate::Exemptions`].
+    /// exemption. A request whose peer address is unknown (an Axum app served without
+    /// `into_make_service_with_connect_info`) is refused with a 500 that says so, never served
+    /// as if the list were empty. See [`crate::Exemptions`].
     ///
     /// ```
     /// use ratelimit_runtime::{IpNet, RateLimiter};
