@@ -136,15 +136,18 @@ where
     Fut::Output: Responder,
 {
     let CountingCaller { caller, request } = caller;
-    match super::caller::admit(limits, dynamics, caller, templates, inputs).await {
-        Ok((limiter, taken, fields)) => {
-            let response = handler().await.respond_to(&request).map_into_boxed_body();
+    super::caller::check_counted(
+        limits,
+        dynamics,
+        caller,
+        templates,
+        inputs,
+        handler,
+        |output| {
+            let response = output.respond_to(&request).map_into_boxed_body();
             let status = response.status().as_u16();
-            taken
-                .settle(&limiter, crate::dynamic::Outcome::Status(status))
-                .await;
-            Limited(Outcome::Admitted(response, fields))
-        }
-        Err(refusal) => Limited(Outcome::Refused(refusal)),
-    }
+            (response, status)
+        },
+    )
+    .await
 }

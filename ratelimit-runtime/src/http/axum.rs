@@ -102,15 +102,18 @@ where
     Fut: Future,
     Fut::Output: IntoResponse,
 {
-    match super::caller::admit(limits, dynamics, caller, templates, inputs).await {
-        Ok((limiter, taken, fields)) => {
-            let response = handler().await.into_response();
+    super::caller::check_counted(
+        limits,
+        dynamics,
+        caller,
+        templates,
+        inputs,
+        handler,
+        |output| {
+            let response = output.into_response();
             let status = response.status().as_u16();
-            taken
-                .settle(&limiter, crate::dynamic::Outcome::Status(status))
-                .await;
-            Limited(Outcome::Admitted(response, fields))
-        }
-        Err(refusal) => Limited(Outcome::Refused(refusal)),
-    }
+            (response, status)
+        },
+    )
+    .await
 }

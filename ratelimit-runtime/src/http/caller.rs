@@ -399,6 +399,34 @@ pub(crate) async fn admit(
     Ok((limiter, taken, fields))
 }
 
+/// The body of the frameworks' `check_http_counted`: takes the limits, runs the handler, turns
+/// its output into the framework's response and its status (`respond`), and gives the units
+/// back when that status does not count.
+#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
+pub(crate) async fn check_counted<Fut, R>(
+    limits: &'static [Limit],
+    dynamics: Option<&'static [Dynamic]>,
+    caller: HttpCaller,
+    templates: &[Option<&str>],
+    inputs: &[Input],
+    handler: impl FnOnce() -> Fut,
+    respond: impl FnOnce(Fut::Output) -> (R, u16),
+) -> Limited<R>
+where
+    Fut: Future,
+{
+    match admit(limits, dynamics, caller, templates, inputs).await {
+        Ok((limiter, taken, fields)) => {
+            let (response, status) = respond(handler().await);
+            taken
+                .settle(&limiter, crate::dynamic::Outcome::Status(status))
+                .await;
+            Limited(Outcome::Admitted(response, fields))
+        }
+        Err(refusal) => Limited(Outcome::Refused(refusal)),
+    }
+}
+
 /// [`check_http`] for handlers with a dynamic limit (`quota`, `cost = <expression>`) or
 /// whose limiter overrides a scope's quota. `inputs[i]` is what the call gives limit `i`.
 pub async fn check_http_dyn<F, Fut>(
