@@ -2,8 +2,10 @@
 //! first admitted call and lasts `period`.
 //!
 //! The state is what Redis holds: a counter and the millisecond its key expires at (`SET key
-//! cost PX period`, then `INCRBY`, which keeps the expiry). Redis counts expiry in whole
-//! milliseconds: a key set at `t` µs with `PX p` expires at ms `⌊t / 1000⌋ + p`, exists while
+//! cost PXAT ⌊t / 1000⌋ + p` from the script's clock `t` — not `PX p`, which Redis 7.0 counts
+//! from its live clock, later than `t` when the server pauses mid-script — then `INCRBY`, which
+//! keeps the expiry). Redis counts expiry in whole milliseconds: a key set at `t` µs expires
+//! at ms `⌊t / 1000⌋ + p`, exists while
 //! the clock's millisecond is at most that (`PTTL` 0 included: a script sees a frozen clock, so
 //! the key cannot vanish between its reads and its `INCRBY`), and `PTTL` answers the
 //! difference. A window is live while its key exists and is gone from the next millisecond on,

@@ -1,8 +1,8 @@
 -- fixed window (code 1): one string counter whose TTL is the window's end.
 --
 -- The window starts at the first ADMITTED call and lasts `period`: it is created
--- by `SET key cost PX period` (value and TTL in one command, so the counter can
--- never be left immortal) and later calls `INCRBY` it, which keeps the TTL; the
+-- by `SET key cost PXAT ⌊now / 1 ms⌋ + period` (value and TTL in one command, so
+-- the counter can never be left immortal) and later calls `INCRBY` it, which keeps the TTL; the
 -- TTL is never moved. A rejected call writes nothing.
 
 -- µs until a key whose PTTL reads `pttl` ms is gone: it goes once the clock
@@ -64,7 +64,11 @@ ALGOS[1] = {
     if d.write then
       redis.call('INCRBY', key, int(p.cost))
     else
-      redis.call('SET', key, int(p.cost), 'PX', int(p.period / 1000))
+      -- PXAT from the script's clock, not PX: Redis 7.0 adds a PX to its live
+      -- clock, which runs on while the script does, so a server paused between
+      -- TIME and this SET would end the window later than the call's receipt
+      -- says and its refund would be refused.
+      redis.call('SET', key, int(p.cost), 'PXAT', int(math.floor(now / 1000) + p.period / 1000))
     end
   end,
   -- DECRBY cost only while the call's window is still the key's: the server's

@@ -6,7 +6,11 @@
 //! * **Time.** `TIME` answers the set time (µs). Expiry is in whole milliseconds: a key given
 //!   `PX p` at `t` µs expires at ms `⌊t / 1000⌋ + p`, exists while the current ms is at most
 //!   that, and `PTTL` answers the difference (0 in its last millisecond). A key past its expiry
-//!   reads as absent to every command. As in a Redis script, time does not move during a run.
+//!   reads as absent to every command. As in a Redis script, time does not move during a run
+//!   for `TIME` and for whether a key exists. But Redis 7.0 counts a relative expiry (`PX`,
+//!   `PEXPIRE`) and `PTTL` from its live clock, which runs on while a script runs: a server
+//!   paused mid-script (descheduled on a loaded host) is modelled by a *lag*
+//!   ([`LuaRedis::set_lag_us`], 0 unless a test sets it) added to the set time for those.
 //! * **Lua → command arguments.** Strings as they are, numbers formatted `%.17g` (Redis 7.0);
 //!   anything else is an error.
 //! * **Replies → Lua.** Integer → number, bulk → string, nil → `false`, array → table, status →
@@ -254,6 +258,8 @@ const NOT_FLOAT: &str = "ERR min or max is not a float";
 pub(crate) struct Db {
     keys: HashMap<Vec<u8>, Entry>,
     now_us: u64,
+    /// How far the server's live clock runs ahead of the script's `TIME`, µs.
+    lag_us: u64,
 }
 
 /// What a key holds, for comparing two keyspaces: its type, its TTL class, and for strings the
@@ -267,6 +273,11 @@ pub(crate) enum Shape {
 impl Db {
     fn now_ms(&self) -> u64 {
         self.now_us / 1000
+    }
+
+    /// The live clock's millisecond: what Redis 7.0 counts `PX`, `PEXPIRE` and `PTTL` from.
+    fn live_ms(&self) -> u64 {
+        (self.now_us + self.lag_us) / 1000
     }
 
     /// The live entry under `key`; an expired one is removed first (as Redis's lazy expiry).
@@ -356,7 +367,7 @@ impl Db {
                     match parse_int(&tail[0]) {
                         Some(ms) if ms > 0 && absolute => expires_ms = Some(ms.unsigned_abs()),
                         Some(ms) if ms > 0 => {
-                            expires_ms = Some(self.now_ms() + ms.unsigned_abs());
+                            expires_ms = Some(self.live_ms() + ms.unsigned_abs());
                         }
                         Some(_) => {
                             return Reply::error("ERR invalid expire time in 'set' command");
@@ -380,7 +391,7 @@ impl Db {
                 Reply::Status("OK".to_owned())
             }
             "PTTL" if arity(1) => {
-                let now_ms = self.now_ms();
+                let now_ms = self.live_ms();
                 match self.live(&args[0]) {
                     None => Reply::Int(-2),
                     Some(Entry {
@@ -396,7 +407,7 @@ impl Db {
                 let Some(ms) = parse_int(&args[1]) else {
                     return Reply::error(NOT_INT);
                 };
-                let now_ms = self.now_ms();
+                let now_ms = self.live_ms();
                 if self.live(&args[0]).is_none() {
                     return Reply::Int(0);
                 }
@@ -824,6 +835,12 @@ impl LuaRedis {
     /// Sets `TIME`, in µs.
     pub(crate) fn set_time_us(&self, now_us: u64) {
         lock(&self.db).now_us = now_us;
+    }
+
+    /// Sets how far the live clock runs ahead of `TIME` for relative expiries and `PTTL`, µs
+    /// (a server paused mid-script; see the module's docs).
+    pub(crate) fn set_lag_us(&self, lag_us: u64) {
+        lock(&self.db).lag_us = lag_us;
     }
 
     /// The keyspace (to inspect or run commands directly).
