@@ -7,8 +7,9 @@
 //! reported: absolute numbers on a shared 2-core machine are noise, ratios much less so.
 //!
 //! Arguments: `--quick` (short runs, for trying the harness), `--only 1,3` (some tables).
-//! `serve <memory|redis-url>` is the HTTP server child of table 4; `profile <what> [seconds]`
-//! runs one contender alone for `perf record -p`.
+//! `serve <memory|redis-url>` is the HTTP server child of table 4; `count <hot|many> <algo> <n>`
+//! is the child that table 3 runs under callgrind; `profile <what> [seconds]` runs one
+//! contender alone for `perf record -p`.
 
 mod http_bench;
 mod memory_bench;
@@ -134,6 +135,13 @@ fn main() {
         let store = args.get(1).map_or("memory", String::as_str);
         if let Err(e) = http_bench::serve(store) {
             eprintln!("server: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if args.first().map(String::as_str) == Some("count") {
+        if let Err(e) = memory_bench::count(&args[1..]) {
+            eprintln!("count: {e}");
             std::process::exit(1);
         }
         return;

@@ -1,7 +1,9 @@
 //! Table 3: the memory store against governor's keyed limiter, 2 threads, one hot key and
-//! 100,000 keys.
+//! 100,000 keys; then the instructions each spends per check, counted by callgrind (one
+//! thread), a figure that does not move with the machine's load.
 
 use std::num::NonZeroU32;
+use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -82,15 +84,30 @@ fn governor() -> CheckFn {
     Arc::new(move |key: &String| limiter.check_key(key).is_ok())
 }
 
+/// The key of caller `i`, as the `by = "ip"` path builds it.
+fn key(i: usize) -> String {
+    let ip = format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255);
+    format!("ratelimit:{{app::login:ip={ip}}}:fixed:100:60000")
+}
+
+/// The limit of our contender for `a`: one no run reaches, but for the sliding log.
+fn limit_of(a: Algorithm) -> u64 {
+    // A sliding log keeps one entry per admission: its limit is one a hot key reaches, so its
+    // log stays bounded (most of its hot-key checks are rejections). GCRA: at most one unit per
+    // µs (60,000,000 a minute); the sliding counter: num × period_ms ≤ 2^52. Neither is reached
+    // in a run.
+    match a {
+        Algorithm::Sliding => 1000,
+        Algorithm::Gcra => 60_000_000,
+        Algorithm::SlidingCounter => ratelimit_runtime::MAX_BUCKET_SCALE / 60_000,
+        _ => 1_000_000_000_000,
+    }
+}
+
 /// Table 3.
 pub fn table(cfg: &Config) -> String {
-    let key = |i: usize| {
-        let ip = format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255);
-        format!("ratelimit:{{app::login:ip={ip}}}:fixed:100:60000")
-    };
     let hot = Arc::new(vec![key(0)]);
     let many = Arc::new((0..MANY).map(key).collect::<Vec<_>>());
-    let never = 1_000_000_000_000;
     let mut table = Table::new(&[
         "workload",
         "algorithm",
@@ -104,19 +121,7 @@ pub fn table(cfg: &Config) -> String {
         let gov = governor();
         let mine: Vec<(Algorithm, CheckFn)> = Algorithm::ALL
             .into_iter()
-            .map(|a| {
-                // A sliding log keeps one entry per admission: its limit is one a hot key
-                // reaches, so its log stays bounded (most of its hot-key checks are rejections).
-                // GCRA: at most one unit per µs (60,000,000 a minute); the sliding counter:
-                // num × period_ms ≤ 2^52. Neither is reached in a run.
-                let limit = match a {
-                    Algorithm::Sliding => 1000,
-                    Algorithm::Gcra => 60_000_000,
-                    Algorithm::SlidingCounter => ratelimit_runtime::MAX_BUCKET_SCALE / 60_000,
-                    _ => never,
-                };
-                (a, ours(a, limit))
-            })
+            .map(|a| (a, ours(a, limit_of(a))))
             .collect();
         run(&gov, keys, cfg.warmup);
         for (_, c) in &mine {
@@ -156,6 +161,129 @@ pub fn table(cfg: &Config) -> String {
             ]);
         }
         eprintln!("  table 3: {workload} done");
+    }
+    let mut out = table.markdown();
+    out.push('\n');
+    out.push_str(&instructions_table());
+    out
+}
+
+/// Checks counted in the shorter and the longer callgrind run: their difference is what
+/// `LONG - SHORT` checks cost, without the process's start, the key list and the prefill.
+const SHORT: usize = 2_000;
+const LONG: usize = 22_000;
+
+/// `count <hot|many> <algorithm|governor> <n>`: the child that callgrind runs. One thread:
+/// for 100,000 keys, one check of every key first (so the counted checks find their key),
+/// then `n` checks in the same random order as the timed runs.
+pub fn count(args: &[String]) -> Result<(), String> {
+    let [workload, name, n] = args else {
+        return Err("expected count <hot|many> <algorithm|governor> <n>".to_owned());
+    };
+    let n: usize = n.parse().map_err(|e| format!("{n}: {e}"))?;
+    let keys: Vec<String> = if workload == "hot" {
+        vec![key(0)]
+    } else {
+        (0..MANY).map(key).collect()
+    };
+    let check = if name == "governor" {
+        governor()
+    } else {
+        let a: Algorithm = name.parse().map_err(|e| format!("{name}: {e}"))?;
+        ours(a, limit_of(a))
+    };
+    let mut admitted = 0u64;
+    if keys.len() > 1 {
+        for k in &keys {
+            admitted += u64::from(check(k));
+        }
+    }
+    let mut rng = XorShift::new(11);
+    for _ in 0..n {
+        admitted += u64::from(check(&keys[rng.below(keys.len())]));
+    }
+    // Printed so that no check can be optimised away.
+    println!("{admitted}");
+    Ok(())
+}
+
+/// The instructions one run of `count … n` executed, from callgrind's summary.
+fn instructions(workload: &str, name: &str, n: usize) -> Result<u64, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let out = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!(
+            "--callgrind-out-file={}",
+            dir.path().join("out").display()
+        ))
+        .arg(exe)
+        .args(["count", workload, name, &n.to_string()])
+        .output()
+        .map_err(|e| format!("valgrind (is it installed?): {e}"))?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!("callgrind failed: {text}"));
+    }
+    text.lines()
+        .find_map(|l| {
+            l.split_once("Collected :")
+                .map(|(_, n)| n.trim().to_owned())
+        })
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("no instruction count in callgrind's output: {text}"))
+}
+
+/// Instructions per check: (long run − short run) ÷ (LONG − SHORT).
+fn per_check(workload: &str, name: &str) -> Result<f64, String> {
+    let short = instructions(workload, name, SHORT)?;
+    let long = instructions(workload, name, LONG)?;
+    Ok(long.saturating_sub(short) as f64 / (LONG - SHORT) as f64)
+}
+
+/// The callgrind table: instructions per check, ours and governor's, one thread.
+fn instructions_table() -> String {
+    let mut table = Table::new(&[
+        "workload (callgrind, 1 thread)",
+        "algorithm",
+        "MemoryStore instructions/check",
+        "governor instructions/check",
+        "governor ÷ ours",
+        "target ≥ 1.0",
+    ]);
+    for (workload, label) in [("hot", "1 hot key"), ("many", "100,000 keys")] {
+        let gov = match per_check(workload, "governor") {
+            Ok(g) => g,
+            Err(e) => return format!("**Instructions not counted:** {e}\n"),
+        };
+        for a in Algorithm::ALL {
+            let cells = match per_check(workload, a.as_str()) {
+                Ok(ours) => {
+                    let q = gov / ours;
+                    let target = a != Algorithm::Sliding;
+                    vec![
+                        format!("{ours:.0}"),
+                        format!("{gov:.0}"),
+                        ratio(q),
+                        if target {
+                            verdict(q >= 1.0).to_owned()
+                        } else {
+                            "— (no target)".to_owned()
+                        },
+                    ]
+                }
+                Err(e) => vec![
+                    format!("not counted: {e}"),
+                    format!("{gov:.0}"),
+                    "—".to_owned(),
+                    "—".to_owned(),
+                ],
+            };
+            let mut row = vec![label.to_owned(), a.to_string()];
+            row.extend(cells);
+            table.row(row);
+        }
+        eprintln!("  table 3: instructions, {label} done");
     }
     table.markdown()
 }

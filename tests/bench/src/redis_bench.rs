@@ -60,7 +60,15 @@ fn throughput_policy(algorithm: Algorithm) -> Policy {
 /// The store key of caller `i` in `scope` (12 digits, as redis-benchmark writes
 /// `__rand_int__`). Each contender has its own scope: the peers' values are not the store's.
 fn caller_key(policy: &Policy, scope: &str, i: usize) -> String {
-    ratelimit_runtime::key::build("ratelimit", scope, &[ratelimit_runtime::key::Part::new(ratelimit_runtime::key::Source::Key, format!("{i:012}").as_bytes())], policy)
+    ratelimit_runtime::key::build(
+        "ratelimit",
+        scope,
+        &[ratelimit_runtime::key::Part::new(
+            ratelimit_runtime::key::Source::Key,
+            format!("{i:012}").as_bytes(),
+        )],
+        policy,
+    )
 }
 
 fn keys(policy: &Policy, scope: &str) -> Rc<Vec<String>> {
@@ -261,7 +269,10 @@ fn evalsha_command(sha: &str, policy: &Policy) -> Vec<String> {
 /// The code the scripts know each algorithm by (`Algorithm::code`, which is crate-private):
 /// its place in `Algorithm::ALL`, from 1.
 fn algorithm_code(a: Algorithm) -> usize {
-    Algorithm::ALL.iter().position(|&x| x == a).map_or(0, |i| i + 1)
+    Algorithm::ALL
+        .iter()
+        .position(|&x| x == a)
+        .map_or(0, |i| i + 1)
 }
 
 async fn ours(
@@ -608,7 +619,15 @@ type Caller = Rc<dyn Fn(usize) -> std::pin::Pin<Box<dyn Future<Output = Result<b
 /// A realistic key: caller `i` as an IPv4 address, scope `app::login`.
 fn ip_key(policy: &Policy, i: usize) -> String {
     let ip = format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255);
-    ratelimit_runtime::key::build("ratelimit", "app::login", &[ratelimit_runtime::key::Part::new(ratelimit_runtime::key::Source::Ip, ip.as_bytes())], policy)
+    ratelimit_runtime::key::build(
+        "ratelimit",
+        "app::login",
+        &[ratelimit_runtime::key::Part::new(
+            ratelimit_runtime::key::Source::Ip,
+            ip.as_bytes(),
+        )],
+        policy,
+    )
 }
 
 async fn used_memory(conn: &mut ConnectionManager) -> Result<(i64, i64), String> {
