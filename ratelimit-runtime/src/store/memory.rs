@@ -199,7 +199,7 @@ struct Inner {
     hasher: RandomState,
     /// The shards: a one-limit check on a held key takes a read lock (several run at once,
     /// each updating its key's [`Cell`] by compare-and-swap), everything else the write lock.
-    shards: Box<[RwLock<Shard>]>,
+    shards: Box<[Padded]>,
     /// Whether one-limit checks take the read-lock fast path ([`MemoryStore::with_fast_path`]).
     fast: AtomicBool,
     max_per_shard: AtomicUsize,
@@ -271,7 +271,9 @@ impl MemoryStore {
 
     /// A store on the given clock.
     pub fn with_clock(clock: impl Clock) -> Self {
-        let shards = (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect();
+        let shards = (0..SHARDS)
+            .map(|_| Padded(RwLock::new(Shard::default())))
+            .collect();
         let store = Self {
             inner: Arc::new(Inner {
                 clock: Box::new(clock),
@@ -711,7 +713,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Inner {
     /// The clock, in the whole microseconds the rules count in (as the Redis scripts do).
     fn now(&self) -> u64 {
-        u64::try_from(self.clock.now().as_micros()).unwrap_or(u64::MAX)
+        // `as_micros` saturated to u64, without its u128 arithmetic.
+        let t = self.clock.now();
+        t.as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(t.subsec_micros()))
     }
 
     fn sweep_interval(&self) -> Duration {
@@ -1095,6 +1101,20 @@ struct Slot<'k> {
     pending: Option<State>,
     /// The last check of the call on this key (its policy is the one written).
     last: usize,
+}
+
+/// A shard's lock on cache lines of its own (128 bytes: the pair the CPU's adjacent-line
+/// prefetcher moves together), so that threads on different shards never write each other's
+/// lines (each read lock writes its shard's lock word).
+#[repr(align(128))]
+struct Padded(RwLock<Shard>);
+
+impl std::ops::Deref for Padded {
+    type Target = RwLock<Shard>;
+
+    fn deref(&self) -> &RwLock<Shard> {
+        &self.0
+    }
 }
 
 /// One shard: its entries and its amortised-sweep bookkeeping.
