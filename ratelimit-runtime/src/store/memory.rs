@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockWriteGuard, Weak};
 use std::time::Duration;
@@ -196,7 +196,8 @@ pub struct MemoryStore {
 
 struct Inner {
     clock: Box<dyn Clock>,
-    hasher: RandomState,
+    /// The key hash (see [`key_hasher`]).
+    hasher: foldhash::fast::SeedableRandomState,
     /// The shards: a one-limit check on a held key takes a read lock (several run at once,
     /// each updating its key's [`Cell`] by compare-and-swap), everything else the write lock.
     shards: Box<[Padded]>,
@@ -277,7 +278,7 @@ impl MemoryStore {
         let store = Self {
             inner: Arc::new(Inner {
                 clock: Box::new(clock),
-                hasher: RandomState::new(),
+                hasher: key_hasher(),
                 shards,
                 fast: AtomicBool::new(true),
                 max_per_shard: AtomicUsize::new(0),
@@ -692,6 +693,19 @@ async fn janitor(running: JanitorRunning) {
             tokio::task::yield_now().await;
         }
     }
+}
+
+/// The hash of the store's keys: foldhash (hashbrown's default hasher, a few times cheaper
+/// than std's SipHash on a key of 50 bytes, which was a third of a check's instructions), with
+/// secrets drawn from std's `RandomState` (the OS's randomness): one for the process and one for
+/// each store. Keys are caller values (IPs, header values); the secrets keep a caller from
+/// choosing keys that collide, which is what SipHash guarded against.
+fn key_hasher() -> foldhash::fast::SeedableRandomState {
+    use std::hash::RandomState;
+    use std::sync::LazyLock;
+    static SHARED: LazyLock<foldhash::SharedSeed> =
+        LazyLock::new(|| foldhash::SharedSeed::from_u64(RandomState::new().hash_one(0_u8)));
+    foldhash::fast::SeedableRandomState::with_seed(RandomState::new().hash_one(1_u8), &SHARED)
 }
 
 /// Reads a lock, ignoring poisoning (as [`lock`]).
