@@ -225,6 +225,8 @@ pub struct Policy {
     params: crate::algorithm::Params,
 }
 
+// The derived parameters are left out: they follow from the fields shown.
+#[allow(clippy::missing_fields_in_debug)]
 impl fmt::Debug for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Policy")

@@ -696,10 +696,10 @@ async fn janitor(running: JanitorRunning) {
 }
 
 /// The hash of the store's keys: foldhash (hashbrown's default hasher, a few times cheaper
-/// than std's SipHash on a key of 50 bytes, which was a third of a check's instructions), with
+/// than std's `SipHash` on a key of 50 bytes, which was a third of a check's instructions), with
 /// secrets drawn from std's `RandomState` (the OS's randomness): one for the process and one for
 /// each store. Keys are caller values (IPs, header values); the secrets keep a caller from
-/// choosing keys that collide, which is what SipHash guarded against.
+/// choosing keys that collide, which is what `SipHash` guarded against.
 fn key_hasher() -> foldhash::fast::SeedableRandomState {
     use std::hash::RandomState;
     use std::sync::LazyLock;
@@ -843,27 +843,23 @@ impl Inner {
         let now = self.now();
         // One lookup for a known key: evaluate and write through the same reference.
         if let Some(cell) = shard.map.get_mut(hash, check.key) {
-            let mut entry = Entry {
-                idle_at: cell.idle_at(),
-                state: cell.state().into_owned(),
-            };
             // A restamped entry can go idle sooner: the shard's sweep mark follows it.
-            let normalized = entry.normalize(&p, now);
-            let base = entry.live(now).then_some(&entry.state);
-            let (e, next) = algorithm::evaluate(algorithm, base, &p, now);
-            let (decision, write) = match next {
-                Some(state) => (e.taken(capacity), Some(Entry::new(state, &p))),
-                None => (
-                    e.untaken(capacity, false, e.retry_us),
-                    normalized.then_some(entry),
-                ),
-            };
-            if let Some(entry) = write {
-                let idle_at = entry.idle_at;
-                cell.set(entry);
-                shard.note_idle(idle_at);
+            if cell.normalize(&p, now) {
+                lower(&shard.next_idle, cell.idle_at());
             }
-            return Ok(decision);
+            let state = cell.state();
+            let base = cell.live(now).then_some(&*state);
+            let (e, next) = algorithm::evaluate(algorithm, base, &p, now);
+            drop(state);
+            return Ok(match next {
+                Some(state) => {
+                    let entry = Entry::new(state, &p);
+                    lower(&shard.next_idle, entry.idle_at);
+                    cell.set(entry);
+                    e.taken(capacity)
+                }
+                None => e.untaken(capacity, false, e.retry_us),
+            });
         }
         let (e, next) = algorithm::evaluate(algorithm, None, &p, now);
         match next {
@@ -1003,18 +999,7 @@ impl Inner {
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         let now = self.now();
         for slot in &slots {
-            let shard = &mut *guards[guard_of(slot.shard)];
-            if let Some(cell) = shard.map.get_mut(slot.hash, slot.key) {
-                let mut entry = Entry {
-                    idle_at: cell.idle_at(),
-                    state: cell.state().into_owned(),
-                };
-                if entry.normalize(&params[slot.last], now) {
-                    let idle_at = entry.idle_at;
-                    cell.set(entry);
-                    shard.note_idle(idle_at);
-                }
-            }
+            guards[guard_of(slot.shard)].normalize(slot.hash, slot.key, &params[slot.last], now);
         }
 
         // Evaluate every limit in order, each on the state the call's earlier limits left.
@@ -1153,11 +1138,19 @@ impl Shard {
             .map(Cell::state)
     }
 
+    /// Rewrites the entry under `key` if it was stamped in the future ([`Entry::normalize`]).
+    fn normalize(&mut self, hash: u64, key: &str, p: &Params, now: u64) {
+        if let Some(cell) = self.map.get_mut(hash, key)
+            && cell.normalize(p, now)
+        {
+            let idle_at = cell.idle_at();
+            self.note_idle(idle_at);
+        }
+    }
+
     /// Lowers the sweep mark to `idle_at` (an entry that becomes idle then was written).
     fn note_idle(&self, idle_at: u64) {
-        if idle_at < self.next_idle.load(Ordering::Relaxed) {
-            self.next_idle.fetch_min(idle_at, Ordering::Relaxed);
-        }
+        lower(&self.next_idle, idle_at);
     }
 
     /// Removes idle entries; returns how many.
@@ -1447,6 +1440,31 @@ impl Cell {
         }
     }
 
+    /// [`Entry::normalize`] in place, with exclusive access; `true` when it changed.
+    fn normalize(&mut self, p: &Params, now: u64) -> bool {
+        match &mut self.form {
+            Form::Other(state) => {
+                let idle_at = self.idle_at.get_mut();
+                let changed = now < *idle_at && algorithm::normalize(state, p, now);
+                if changed {
+                    *idle_at = algorithm::idle_at(state, p);
+                }
+                changed
+            }
+            Form::Packed(_) => {
+                let mut entry = Entry {
+                    idle_at: self.idle_at(),
+                    state: self.state().into_owned(),
+                };
+                let changed = entry.normalize(p, now);
+                if changed {
+                    self.set(entry);
+                }
+                changed
+            }
+        }
+    }
+
     /// The state held, with exclusive access (the shard's write lock): borrowed when it is
     /// not packed.
     fn state(&self) -> Cow<'_, State> {
@@ -1525,6 +1543,13 @@ impl Cell {
             w.store(v, Ordering::Relaxed);
         }
         self.seq.store(seq + 2, Ordering::Release);
+    }
+}
+
+/// Lowers a shard's sweep mark to `idle_at`: a load, and a write only when it moves.
+fn lower(next_idle: &AtomicU64, idle_at: u64) {
+    if idle_at < next_idle.load(Ordering::Relaxed) {
+        next_idle.fetch_min(idle_at, Ordering::Relaxed);
     }
 }
 
