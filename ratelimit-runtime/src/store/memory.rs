@@ -591,10 +591,17 @@ impl MemoryStore {
     }
 
     /// Starts the janitor when none is running and this runs inside a tokio runtime.
+    #[inline]
     fn start_janitor(&self) {
-        if self.inner.janitor_running.load(Ordering::Acquire) {
-            return;
+        if !self.inner.janitor_running.load(Ordering::Acquire) {
+            self.start_janitor_now();
         }
+    }
+
+    /// [`MemoryStore::start_janitor`] once it found none running (out of line: the check it
+    /// makes on every call stays one load).
+    #[cold]
+    fn start_janitor_now(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -790,10 +797,17 @@ impl Inner {
     /// The verdict of a call of which a limit is blocked: that limit rejects until the
     /// block's end, the others report their state as it is; nothing is taken. `None` when no
     /// limit of the call is blocked (one atomic load while no block exists).
+    #[inline]
     fn blocked(&self, checks: &[Check<'_>]) -> Option<Verdict> {
         if self.blocks_len.load(Ordering::Acquire) == 0 {
             return None;
         }
+        self.blocked_now(checks)
+    }
+
+    /// [`Inner::blocked`] while some block is held.
+    #[cold]
+    fn blocked_now(&self, checks: &[Check<'_>]) -> Option<Verdict> {
         let now = self.now();
         if now >= self.blocks_until.load(Ordering::Acquire) {
             // Every block ended: back to one atomic load per call.
