@@ -131,9 +131,13 @@ const MIN_INSERTS_PER_SWEEP: usize = 64;
 ///   becomes 100 *per instance*. Instances share limits only through Redis
 ///   ([`crate::RedisStore`]).
 /// * **Exact.** N concurrent calls against a quota of `num` get exactly `num` admissions. The
-///   state is split over 64 shards, each behind its own mutex (there is no global lock); a key
-///   lives in the shard its hash picks. A check of several limits locks the shards of its keys
-///   in ascending order (each once), so it is atomic and cannot deadlock with another check.
+///   state is split over 64 shards, each behind its own read-write lock (there is no global
+///   lock); a key lives in the shard its hash picks. A one-limit check on a key already held
+///   takes its shard's read lock and updates the key's entry by compare-and-swap, so calls on
+///   one key never wait on each other's lock (a sliding log, a new key, or a key changing
+///   algorithm takes the write lock). A check of several limits takes the write locks of its
+///   keys' shards in ascending order (each once), so it is atomic against every other check,
+///   one-limit checks on the same entries included, and cannot deadlock with another check.
 /// * **All or nothing.** The limits of a call are evaluated one after the other (a key named
 ///   twice sees what the call's earlier limits took); only when all admit are they written. A
 ///   call that any limit rejects changes nothing.
