@@ -21,7 +21,7 @@ use super::{Evaluation, Params, Receipt};
 pub struct Tat(pub u64);
 
 /// The emission interval `T`: `period / num` µs, rounded up (at least 1 µs); computed once
-/// per policy by [`Params::new`] ([`interval_of`]).
+/// per policy by [`Params::new`].
 pub fn emission_interval(p: &Params) -> u64 {
     p.interval
 }
