@@ -213,13 +213,30 @@ impl PolicyError {
 /// assert_eq!((p.limit(), p.burst(), p.cost()), (5, 10, 2));
 /// # Ok::<(), ratelimit_runtime::PolicyError>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Policy {
     algorithm: Algorithm,
     limit: u64,
     period_ms: u64,
     burst: u64,
     cost: u64,
+    /// The rules' parameters, derived from the fields above once, when the policy is built
+    /// (the memory store reads them on every check).
+    params: crate::algorithm::Params,
+}
+
+// The derived parameters are left out: they follow from the fields shown.
+#[allow(clippy::missing_fields_in_debug)]
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("algorithm", &self.algorithm)
+            .field("limit", &self.limit)
+            .field("period_ms", &self.period_ms)
+            .field("burst", &self.burst)
+            .field("cost", &self.cost)
+            .finish()
+    }
 }
 
 impl Policy {
@@ -265,7 +282,18 @@ impl Policy {
             period_ms,
             burst,
             cost,
+            params: crate::algorithm::Params::new(
+                limit,
+                period_ms.saturating_mul(1000),
+                burst,
+                cost,
+            ),
         })
+    }
+
+    /// The rules' parameters of this policy ([`crate::algorithm::Params::of`]).
+    pub(crate) const fn params(&self) -> crate::algorithm::Params {
+        self.params
     }
 
     /// The algorithm.
@@ -348,25 +376,55 @@ impl Decision {
 ///
 /// The call is admitted only when every limit admits it; when any limit rejects it, no limit
 /// took anything.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Verdict {
-    decisions: Vec<Decision>,
+    decisions: Decisions,
+}
+
+/// A verdict's decisions: one limit's inline (the common call, answered without a heap
+/// allocation), several in a `Vec`.
+#[derive(Clone)]
+enum Decisions {
+    One(Decision),
+    Many(Vec<Decision>),
 }
 
 impl Verdict {
     /// Wraps the decisions, one per limit, in the order the limits were given.
     pub fn new(decisions: Vec<Decision>) -> Self {
-        Self { decisions }
+        Self {
+            decisions: Decisions::Many(decisions),
+        }
+    }
+
+    /// The verdict of a call checked against one limit: the same as
+    /// `Verdict::new(vec![decision])`, without the allocation.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Decision, Verdict};
+    ///
+    /// let d = Decision::new(true, 10, 9, Duration::from_secs(1), Duration::ZERO);
+    /// assert_eq!(Verdict::one(d), Verdict::new(vec![d]));
+    /// assert_eq!(Verdict::one(d).decisions(), [d]);
+    /// ```
+    pub const fn one(decision: Decision) -> Self {
+        Self {
+            decisions: Decisions::One(decision),
+        }
     }
 
     /// Whether every limit admitted the call.
     pub fn is_admitted(&self) -> bool {
-        self.decisions.iter().all(|d| d.admitted)
+        self.decisions().iter().all(|d| d.admitted)
     }
 
     /// One decision per limit, in the order the limits were given.
     pub fn decisions(&self) -> &[Decision] {
-        &self.decisions
+        match &self.decisions {
+            Decisions::One(d) => std::slice::from_ref(d),
+            Decisions::Many(v) => v,
+        }
     }
 
     /// The decision that binds: when rejected, the rejecting limit with the longest
@@ -374,9 +432,9 @@ impl Verdict {
     /// headers report.
     pub fn binding(&self) -> Option<&Decision> {
         if self.is_admitted() {
-            self.decisions.iter().min_by_key(|d| d.remaining)
+            self.decisions().iter().min_by_key(|d| d.remaining)
         } else {
-            self.decisions
+            self.decisions()
                 .iter()
                 .filter(|d| !d.admitted)
                 .max_by_key(|d| d.retry_after)
@@ -386,7 +444,24 @@ impl Verdict {
     /// When rejected: the earliest time the whole call could be admitted (the longest
     /// `retry_after` among the rejecting limits).
     pub fn retry_after(&self) -> Option<Duration> {
-        self.decisions.iter().filter_map(|d| d.retry_after).max()
+        self.decisions().iter().filter_map(|d| d.retry_after).max()
+    }
+}
+
+// By their decisions, however they are held.
+impl PartialEq for Verdict {
+    fn eq(&self, other: &Self) -> bool {
+        self.decisions() == other.decisions()
+    }
+}
+
+impl Eq for Verdict {}
+
+impl fmt::Debug for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Verdict")
+            .field("decisions", &self.decisions())
+            .finish()
     }
 }
 

@@ -442,3 +442,202 @@ async fn a_flood_of_minted_keys_never_switches_a_new_callers_limit_off() {
     );
     assert!(!limiter.store_failing());
 }
+
+/// Issue 13: a one-limit check on a held key updates its entry by compare-and-swap under the
+/// shard's read lock, while stacked checks and takes hold the write lock. One hot key hammered
+/// from many threads at once with a mix of the two (and stacked calls naming it second, and
+/// takes): exactly the quota is admitted, for every algorithm, and every call that a stacked
+/// check rejected took nothing from its other key.
+#[test]
+fn one_hot_key_under_mixed_single_and_stacked_checks_admits_exactly_the_quota() {
+    const THREADS: u64 = 6;
+    const CALLS: u64 = 3000;
+    const LIMIT: u64 = 4000;
+    for algo in Algorithm::ALL {
+        // The clock stands still: nothing refills, so the quota is exactly LIMIT.
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_secs(7));
+        let store = Arc::new(MemoryStore::with_clock(clock));
+        let hot = Policy::new(algo, LIMIT, suite::HOUR).unwrap();
+        // Roomy keys for the stacked calls: never the one that rejects.
+        let roomy = Policy::new(Algorithm::Fixed, THREADS * CALLS, suite::HOUR).unwrap();
+        let roomy_keys: Arc<Vec<String>> =
+            Arc::new((0..THREADS).map(|t| format!("roomy:{algo}:{t}")).collect());
+        let hot_key = Arc::new(format!("hot:{algo}"));
+        let barrier = Arc::new(std::sync::Barrier::new(usize::try_from(THREADS).unwrap()));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (store, roomy_keys, hot_key, barrier) = (
+                    store.clone(),
+                    roomy_keys.clone(),
+                    hot_key.clone(),
+                    barrier.clone(),
+                );
+                std::thread::spawn(move || {
+                    let mine = &roomy_keys[usize::try_from(t).unwrap()];
+                    let (mut admitted, mut stacked_admitted) = (0u64, 0u64);
+                    barrier.wait();
+                    for i in 0..CALLS {
+                        let single = [Check::new(&hot_key, &hot)];
+                        let first = [Check::new(&hot_key, &hot), Check::new(mine, &roomy)];
+                        let second = [Check::new(mine, &roomy), Check::new(&hot_key, &hot)];
+                        let (v, stacked) = match (i + t) % 8 {
+                            0 => (store.check_now(&first).unwrap(), true),
+                            1 => (store.check_now(&second).unwrap(), true),
+                            2 => (
+                                store.take_now(&single, &format!("{t:x}{i:016x}")).unwrap(),
+                                false,
+                            ),
+                            _ => (store.check_now(&single).unwrap(), false),
+                        };
+                        if v.is_admitted() {
+                            admitted += 1;
+                            stacked_admitted += u64::from(stacked);
+                        }
+                    }
+                    (admitted, stacked_admitted)
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for (t, h) in threads.into_iter().enumerate() {
+            let (admitted, stacked) = h.join().unwrap();
+            total += admitted;
+            // The roomy key took exactly its thread's admitted stacked calls.
+            let d = store
+                .peek_now(&[Check::new(&roomy_keys[t], &roomy)])
+                .decisions()[0];
+            assert_eq!(d.remaining, THREADS * CALLS - stacked, "{algo}: thread {t}");
+        }
+        assert_eq!(
+            total, LIMIT,
+            "{algo}: admitted {total} of a quota of {LIMIT}"
+        );
+        let d = store.check_now(&[Check::new(&hot_key, &hot)]).unwrap();
+        assert!(!d.is_admitted(), "{algo}");
+        assert_eq!(d.decisions()[0].remaining, 0, "{algo}");
+    }
+}
+
+/// A clock a test sets anywhere, backwards included (a wall clock that jumped).
+#[derive(Debug, Clone, Default)]
+struct SettableClock(Arc<AtomicU64>);
+
+impl ratelimit_runtime::store::Clock for SettableClock {
+    fn now(&self) -> Duration {
+        Duration::from_micros(self.0.load(Ordering::SeqCst))
+    }
+}
+
+/// One step of a trace run on two stores.
+#[derive(Debug, Clone)]
+enum Op {
+    /// The clock moves by this many µs (backwards when negative, as a clock that jumped).
+    Clock(i64),
+    /// One limit: policy `p` on key `k`.
+    One(usize, usize),
+    /// Several limits in one call.
+    Stacked(Vec<(usize, usize)>),
+    /// A take of one limit, refunded (`true`) or not.
+    Take(usize, usize, bool),
+    Peek(usize, usize),
+    Reset(usize),
+    Block(usize, u64),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    let limit = (0usize..3, 0usize..POLICIES);
+    prop_oneof![
+        3 => (-2_000_000i64..3_000_000).prop_map(Op::Clock),
+        1 => (0i64..2_000).prop_map(Op::Clock),
+        8 => limit.clone().prop_map(|(k, p)| Op::One(k, p)),
+        2 => proptest::collection::vec(limit.clone(), 1..4).prop_map(Op::Stacked),
+        1 => (limit.clone(), any::<bool>()).prop_map(|((k, p), r)| Op::Take(k, p, r)),
+        1 => limit.prop_map(|(k, p)| Op::Peek(k, p)),
+        1 => (0usize..3).prop_map(Op::Reset),
+        1 => ((0usize..3), 1u64..3_000).prop_map(|(k, ms)| Op::Block(k, ms)),
+    ]
+}
+
+const POLICIES: usize = 12;
+
+/// Two policies per algorithm, small enough that traces reach their limits: a key is checked
+/// under several algorithms in one trace (its state changes form), with costs above 1.
+fn policies() -> Vec<Policy> {
+    let s = Duration::from_secs;
+    Algorithm::ALL
+        .into_iter()
+        .flat_map(|a| {
+            [
+                Policy::new(a, 3, s(2)).unwrap(),
+                Policy::new(a, 5, s(1))
+                    .and_then(|p| p.with_burst(7))
+                    .and_then(|p| p.with_cost(2))
+                    .unwrap(),
+            ]
+        })
+        .collect()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(256))]
+
+    /// The one-limit fast path (read lock, compare-and-swap on the entry's packed state)
+    /// answers exactly what the locked path answers, decision by decision, over random traces
+    /// of single, stacked, taken, refunded, peeked, reset and blocked calls on a clock that
+    /// also jumps back: the same rules on the same state, only the locking differs.
+    #[test]
+    fn the_fast_path_decides_as_the_locked_path(ops in proptest::collection::vec(op(), 1..120)) {
+        let policies = policies();
+        let keys = ["a", "b", "{c}"];
+        let clock = SettableClock::default();
+        clock.0.store(50_000_000, Ordering::SeqCst);
+        let fast = MemoryStore::with_clock(clock.clone());
+        let locked = MemoryStore::with_clock(clock.clone()).with_fast_path(false);
+        for (n, op) in ops.iter().enumerate() {
+            let (a, b) = match op {
+                Op::Clock(by) => {
+                    let now = clock.0.load(Ordering::SeqCst);
+                    clock.0.store(now.saturating_add_signed(*by), Ordering::SeqCst);
+                    continue;
+                }
+                Op::One(k, p) => {
+                    let c = [Check::new(keys[*k], &policies[*p])];
+                    (format!("{:?}", fast.check_now(&c)), format!("{:?}", locked.check_now(&c)))
+                }
+                Op::Stacked(limits) => {
+                    let c: Vec<Check<'_>> =
+                        limits.iter().map(|&(k, p)| Check::new(keys[k], &policies[p])).collect();
+                    (format!("{:?}", fast.check_now(&c)), format!("{:?}", locked.check_now(&c)))
+                }
+                Op::Take(k, p, refund) => {
+                    let c = [Check::new(keys[*k], &policies[*p])];
+                    let id = format!("{n:017x}");
+                    let out = (format!("{:?}", fast.take_now(&c, &id)), format!("{:?}", locked.take_now(&c, &id)));
+                    if *refund {
+                        fast.refund_now(&c, &id);
+                        locked.refund_now(&c, &id);
+                    }
+                    out
+                }
+                Op::Peek(k, p) => {
+                    let c = [Check::new(keys[*k], &policies[*p])];
+                    (format!("{:?}", fast.peek_now(&c)), format!("{:?}", locked.peek_now(&c)))
+                }
+                Op::Reset(k) => {
+                    fast.reset_now(&[keys[*k]]);
+                    locked.reset_now(&[keys[*k]]);
+                    continue;
+                }
+                Op::Block(k, ms) => {
+                    fast.block_now(&[keys[*k]], Duration::from_millis(*ms));
+                    locked.block_now(&[keys[*k]], Duration::from_millis(*ms));
+                    continue;
+                }
+            };
+            proptest::prop_assert_eq!(a, b, "step {} ({:?})", n, op);
+            proptest::prop_assert_eq!(fast.len(), locked.len(), "step {}", n);
+        }
+    }
+}

@@ -10,7 +10,7 @@
 //! fraction ever accumulates (50 calls against a burst of 50 admit exactly 50). The policy
 //! bounds keep `burst × period_µs / g` at most 2^52, where the scripts' doubles are exact.
 
-use super::{Evaluation, Params, Receipt, ceil_div, gcd, sat};
+use super::{Evaluation, Params, Receipt, ceil_div, sat};
 
 /// A level (in the bucket's units) as of a time (µs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,10 +21,11 @@ pub struct Level {
     pub at: u64,
 }
 
-/// The bucket's scale: `(rate, unit)`, the units drained per µs and the units of one call.
+/// The bucket's scale: `(rate, unit)`, the units drained per µs and the units of one call
+/// (`num / g` and `period_µs / g` with `g = gcd(num, period_µs)`, computed once per policy by
+/// [`Params::new`]).
 fn scale(p: &Params) -> (u128, u128) {
-    let g = gcd(p.limit, p.period_us).max(1);
-    (u128::from(p.limit / g), u128::from(p.period_us / g))
+    (u128::from(p.rate), u128::from(p.unit))
 }
 
 impl Level {

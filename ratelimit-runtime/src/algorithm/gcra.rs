@@ -20,9 +20,18 @@ use super::{Evaluation, Params, Receipt};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tat(pub u64);
 
-/// The emission interval `T`: `period / num` µs, rounded up (at least 1 µs).
+/// The emission interval `T`: `period / num` µs, rounded up (at least 1 µs); computed once
+/// per policy by [`Params::new`].
 pub fn emission_interval(p: &Params) -> u64 {
-    p.period_us.div_ceil(p.limit.max(1)).max(1)
+    p.interval
+}
+
+/// The emission interval of `num` units per `period_us` µs: `period / num`, rounded up, at
+/// least 1 µs.
+pub(crate) const fn interval_of(limit: u64, period_us: u64) -> u64 {
+    let limit = if limit == 0 { 1 } else { limit };
+    let t = period_us.div_ceil(limit);
+    if t == 0 { 1 } else { t }
 }
 
 /// The burst tolerance `burst·T`, µs: the longest backlog the bucket holds.

@@ -27,8 +27,13 @@ pub mod sliding_counter;
 use crate::policy::{Algorithm, Decision, Policy};
 use std::time::Duration;
 
-/// A limit's parameters in the rules' units (the same numbers the Redis scripts receive).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A limit's parameters in the rules' units (the same numbers the Redis scripts receive), and
+/// what the rules derive from them once per policy instead of once per check (the bucket's
+/// scale, GCRA's emission interval).
+///
+/// Build it with [`Params::new`] or [`Params::of`], which compute the derived numbers; the four
+/// public fields are to be read, not changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Params {
     /// Units per period (`num`).
     pub limit: u64,
@@ -38,28 +43,34 @@ pub struct Params {
     pub burst: u64,
     /// Units one call takes.
     pub cost: u64,
+    /// The bucket's drain: units of its level per µs (`num / g`, `g = gcd(num, period_µs)`).
+    pub(crate) rate: u64,
+    /// The bucket's units of one call (`period_µs / g`).
+    pub(crate) unit: u64,
+    /// GCRA's emission interval `T`, µs.
+    pub(crate) interval: u64,
 }
 
 impl Params {
     /// Parameters from their parts (`period_us` in microseconds), unchecked: the rules' own
     /// tests and the conformance test build them directly; stores use [`Params::of`].
     pub const fn new(limit: u64, period_us: u64, burst: u64, cost: u64) -> Self {
+        let g = gcd(limit, period_us);
+        let g = if g == 0 { 1 } else { g };
         Self {
             limit,
             period_us,
             burst,
             cost,
+            rate: limit / g,
+            unit: period_us / g,
+            interval: gcra::interval_of(limit, period_us),
         }
     }
 
-    /// The parameters of `policy`.
-    pub fn of(policy: &Policy) -> Self {
-        Self {
-            limit: policy.limit(),
-            period_us: policy.period_ms().saturating_mul(1000),
-            burst: policy.burst(),
-            cost: policy.cost(),
-        }
+    /// The parameters of `policy` (computed when the policy was built).
+    pub const fn of(policy: &Policy) -> Self {
+        policy.params()
     }
 }
 
@@ -250,7 +261,7 @@ pub(crate) fn floor_div(a: u128, b: u128) -> u128 {
 }
 
 /// Greatest common divisor.
-pub(crate) fn gcd(mut a: u64, mut b: u64) -> u64 {
+pub(crate) const fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {
         (a, b) = (b, a % b);
     }

@@ -2,10 +2,11 @@
 //!
 //! See [`MemoryStore`] for its behaviour and [`Clock`] for where its time comes from.
 
+use std::borrow::Cow;
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockWriteGuard, Weak};
 use std::time::Duration;
 
 use hashbrown::HashTable;
@@ -13,7 +14,7 @@ use hashbrown::HashTable;
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::algorithm::{self, Evaluation, Params, Receipt, State};
 use crate::error::StoreError;
-use crate::policy::{Decision, Verdict};
+use crate::policy::{Algorithm, Decision, Verdict};
 
 /// A monotonic time source for the memory store: the time elapsed since an arbitrary origin.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
@@ -130,9 +131,13 @@ const MIN_INSERTS_PER_SWEEP: usize = 64;
 ///   becomes 100 *per instance*. Instances share limits only through Redis
 ///   ([`crate::RedisStore`]).
 /// * **Exact.** N concurrent calls against a quota of `num` get exactly `num` admissions. The
-///   state is split over 64 shards, each behind its own mutex (there is no global lock); a key
-///   lives in the shard its hash picks. A check of several limits locks the shards of its keys
-///   in ascending order (each once), so it is atomic and cannot deadlock with another check.
+///   state is split over 64 shards, each behind its own read-write lock (there is no global
+///   lock); a key lives in the shard its hash picks. A one-limit check on a key already held
+///   takes its shard's read lock and updates the key's entry by compare-and-swap, so calls on
+///   one key never wait on each other's lock (a sliding log, a new key, or a key changing
+///   algorithm takes the write lock). A check of several limits takes the write locks of its
+///   keys' shards in ascending order (each once), so it is atomic against every other check,
+///   one-limit checks on the same entries included, and cannot deadlock with another check.
 /// * **All or nothing.** The limits of a call are evaluated one after the other (a key named
 ///   twice sees what the call's earlier limits took); only when all admit are they written. A
 ///   call that any limit rejects changes nothing.
@@ -195,8 +200,13 @@ pub struct MemoryStore {
 
 struct Inner {
     clock: Box<dyn Clock>,
-    hasher: RandomState,
-    shards: Box<[Mutex<Shard>]>,
+    /// The key hash (see [`key_hasher`]).
+    hasher: foldhash::fast::SeedableRandomState,
+    /// The shards: a one-limit check on a held key takes a read lock (several run at once,
+    /// each updating its key's [`Cell`] by compare-and-swap), everything else the write lock.
+    shards: Box<[Padded]>,
+    /// Whether one-limit checks take the read-lock fast path ([`MemoryStore::with_fast_path`]).
+    fast: AtomicBool,
     max_per_shard: AtomicUsize,
     sweep_interval_ns: AtomicU64,
     /// Set while a janitor task lives (cleared when its runtime drops it).
@@ -266,12 +276,15 @@ impl MemoryStore {
 
     /// A store on the given clock.
     pub fn with_clock(clock: impl Clock) -> Self {
-        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        let shards = (0..SHARDS)
+            .map(|_| Padded(RwLock::new(Shard::default())))
+            .collect();
         let store = Self {
             inner: Arc::new(Inner {
                 clock: Box::new(clock),
-                hasher: RandomState::new(),
+                hasher: key_hasher(),
                 shards,
+                fast: AtomicBool::new(true),
                 max_per_shard: AtomicUsize::new(0),
                 sweep_interval_ns: AtomicU64::new(0),
                 janitor_running: AtomicBool::new(false),
@@ -327,6 +340,16 @@ impl MemoryStore {
         self
     }
 
+    /// Turns the one-limit fast path off (`false`) or on (the default): with it off, every
+    /// check takes its shards' write locks, as stacked checks do. The answers are the same
+    /// either way; this exists so that tests can compare the two paths decision by decision.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_fast_path(self, on: bool) -> Self {
+        self.inner.fast.store(on, Ordering::Relaxed);
+        self
+    }
+
     /// How often the background janitor sweeps (at least 1 ms; default
     /// [`DEFAULT_SWEEP_INTERVAL`]). The interval is measured on tokio's clock.
     #[must_use]
@@ -352,7 +375,7 @@ impl MemoryStore {
         self.inner
             .shards
             .iter()
-            .map(|shard| lock(shard).sweep(now))
+            .map(|shard| write(shard).sweep(now))
             .sum()
     }
 
@@ -363,7 +386,7 @@ impl MemoryStore {
         self.inner
             .shards
             .iter()
-            .map(|shard| lock(shard).map.values().filter(|e| e.live(now)).count())
+            .map(|shard| read(shard).map.values().filter(|c| c.live(now)).count())
             .sum()
     }
 
@@ -373,7 +396,7 @@ impl MemoryStore {
         self.inner
             .shards
             .iter()
-            .map(|shard| lock(shard).map.len())
+            .map(|shard| read(shard).map.len())
             .sum()
     }
 
@@ -405,7 +428,7 @@ impl MemoryStore {
         }
         match checks {
             [] => Ok(Verdict::new(Vec::new())),
-            [one] => Ok(Verdict::new(vec![self.inner.check_one(one)?])),
+            [one] => Ok(Verdict::one(self.inner.check_one(one)?)),
             many => Ok(Verdict::new(self.inner.check_many(many, None)?)),
         }
     }
@@ -517,7 +540,7 @@ impl MemoryStore {
     pub fn reset_now(&self, keys: &[&str]) {
         for key in keys {
             let hash = self.inner.hash(key);
-            let mut shard = lock(&self.inner.shards[Inner::shard_of(hash)]);
+            let mut shard = write(&self.inner.shards[Inner::shard_of(hash)]);
             shard.map.remove(hash, key);
         }
         let mut blocks = write(&self.inner.blocks);
@@ -572,10 +595,17 @@ impl MemoryStore {
     }
 
     /// Starts the janitor when none is running and this runs inside a tokio runtime.
+    #[inline]
     fn start_janitor(&self) {
-        if self.inner.janitor_running.load(Ordering::Acquire) {
-            return;
+        if !self.inner.janitor_running.load(Ordering::Acquire) {
+            self.start_janitor_now();
         }
+    }
+
+    /// [`MemoryStore::start_janitor`] once it found none running (out of line: the check it
+    /// makes on every call stays one load).
+    #[cold]
+    fn start_janitor_now(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -669,20 +699,33 @@ async fn janitor(running: JanitorRunning) {
                 return;
             };
             let now = inner.now();
-            lock(&inner.shards[i]).sweep(now);
+            write(&inner.shards[i]).sweep(now);
             drop(inner);
             tokio::task::yield_now().await;
         }
     }
 }
 
+/// The hash of the store's keys: foldhash (hashbrown's default hasher, a few times cheaper
+/// than std's `SipHash` on a key of 50 bytes, which was a third of a check's instructions), with
+/// secrets drawn from std's `RandomState` (the OS's randomness): one for the process and one for
+/// each store. Keys are caller values (IPs, header values); the secrets keep a caller from
+/// choosing keys that collide, which is what `SipHash` guarded against.
+fn key_hasher() -> foldhash::fast::SeedableRandomState {
+    use std::hash::RandomState;
+    use std::sync::LazyLock;
+    static SHARED: LazyLock<foldhash::SharedSeed> =
+        LazyLock::new(|| foldhash::SharedSeed::from_u64(RandomState::new().hash_one(0_u8)));
+    foldhash::fast::SeedableRandomState::with_seed(RandomState::new().hash_one(1_u8), &SHARED)
+}
+
 /// Reads a lock, ignoring poisoning (as [`lock`]).
-fn read<T>(l: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Writes a lock, ignoring poisoning (as [`lock`]).
-fn write<T>(l: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -695,7 +738,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Inner {
     /// The clock, in the whole microseconds the rules count in (as the Redis scripts do).
     fn now(&self) -> u64 {
-        u64::try_from(self.clock.now().as_micros()).unwrap_or(u64::MAX)
+        // `as_micros` saturated to u64, without its u128 arithmetic.
+        let t = self.clock.now();
+        t.as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(t.subsec_micros()))
     }
 
     fn sweep_interval(&self) -> Duration {
@@ -722,8 +769,8 @@ impl Inner {
                 let p = Params::of(c.policy);
                 let capacity = c.policy.capacity();
                 let hash = self.hash(c.key);
-                let shard = lock(&self.shards[Self::shard_of(hash)]);
-                let mut entry = shard.map.get(hash, c.key).cloned();
+                let shard = read(&self.shards[Self::shard_of(hash)]);
+                let mut entry = shard.map.get(hash, c.key).map(Cell::snapshot);
                 drop(shard);
                 // Read on a copy: a restamp (a clock that went backwards) is not written.
                 if let Some(e) = &mut entry {
@@ -754,10 +801,17 @@ impl Inner {
     /// The verdict of a call of which a limit is blocked: that limit rejects until the
     /// block's end, the others report their state as it is; nothing is taken. `None` when no
     /// limit of the call is blocked (one atomic load while no block exists).
+    #[inline]
     fn blocked(&self, checks: &[Check<'_>]) -> Option<Verdict> {
         if self.blocks_len.load(Ordering::Acquire) == 0 {
             return None;
         }
+        self.blocked_now(checks)
+    }
+
+    /// [`Inner::blocked`] while some block is held.
+    #[cold]
+    fn blocked_now(&self, checks: &[Check<'_>]) -> Option<Verdict> {
         let now = self.now();
         if now >= self.blocks_until.load(Ordering::Acquire) {
             // Every block ended: back to one atomic load per call.
@@ -783,27 +837,43 @@ impl Inner {
         }
     }
 
-    /// One limit: one shard, no allocation but a new key's.
+    /// One limit: one shard, no allocation but a new key's. A key already held in a packed
+    /// form takes the fast path ([`Inner::check_packed`], the shard's read lock); a new key, a
+    /// sliding log or a key changing algorithm, the shard's write lock.
     fn check_one(&self, check: &Check<'_>) -> Result<Decision, StoreError> {
         let p = Params::of(check.policy);
         let algorithm = check.policy.algorithm();
         let capacity = check.policy.capacity();
         let hash = self.hash(check.key);
-        let mut guard = lock(&self.shards[Self::shard_of(hash)]);
+        let shard = &self.shards[Self::shard_of(hash)];
+        if self.fast.load(Ordering::Relaxed)
+            && let Some(form) = Packed::of(algorithm)
+        {
+            let guard = read(shard);
+            if let Some(cell) = guard.map.get(hash, check.key)
+                && matches!(cell.form, Form::Packed(f) if f == form)
+            {
+                return Ok(self.check_packed(&guard, cell, form, algorithm, &p, capacity));
+            }
+        }
+        let mut guard = write(shard);
         let shard = &mut *guard;
         let now = self.now();
         // One lookup for a known key: evaluate and write through the same reference.
-        if let Some(entry) = shard.map.get_mut(hash, check.key) {
+        if let Some(cell) = shard.map.get_mut(hash, check.key) {
             // A restamped entry can go idle sooner: the shard's sweep mark follows it.
-            if entry.normalize(&p, now) {
-                shard.next_idle = shard.next_idle.min(entry.idle_at);
+            if cell.normalize(&p, now) {
+                lower(&shard.next_idle, cell.idle_at());
             }
-            let base = entry.live(now).then_some(&entry.state);
+            let state = cell.state();
+            let base = cell.live(now).then_some(&*state);
             let (e, next) = algorithm::evaluate(algorithm, base, &p, now);
+            drop(state);
             return Ok(match next {
                 Some(state) => {
-                    *entry = Entry::new(state, &p);
-                    shard.next_idle = shard.next_idle.min(entry.idle_at);
+                    let entry = Entry::new(state, &p);
+                    lower(&shard.next_idle, entry.idle_at);
+                    cell.set(entry);
                     e.taken(capacity)
                 }
                 None => e.untaken(capacity, false, e.retry_us),
@@ -823,26 +893,89 @@ impl Inner {
         }
     }
 
+    /// The fast path of one limit on a held, packed key, under the shard's read lock: the same
+    /// rule ([`algorithm::evaluate`], after [`algorithm::normalize`]) on a consistent read of
+    /// the cell, written back by a compare-and-swap of its sequence (see [`Cell`]); a write that
+    /// loses the race evaluates again on the state that won, at a fresh time.
+    fn check_packed(
+        &self,
+        shard: &Shard,
+        cell: &Cell,
+        form: Packed,
+        algorithm: Algorithm,
+        p: &Params,
+        capacity: u64,
+    ) -> Decision {
+        let mut spins = 0;
+        loop {
+            let seq = cell.seq.load(Ordering::Acquire);
+            if seq & 1 == 1 {
+                backoff(&mut spins);
+                continue;
+            }
+            // The time is read after the state's `seq`: it is no earlier than the time of the
+            // write that left the state (that write's clock read happened before its `seq`).
+            let now = self.now();
+            let (idle_at, words) = cell.load_words();
+            if !cell.unchanged_since(seq) {
+                continue;
+            }
+            let mut entry = Entry {
+                idle_at,
+                state: form.unpack(words),
+            };
+            let normalized = entry.normalize(p, now);
+            let base = entry.live(now).then_some(&entry.state);
+            let (e, next) = algorithm::evaluate(algorithm, base, p, now);
+            let (decision, write) = match next {
+                Some(state) => (e.taken(capacity), Some(Entry::new(state, p))),
+                None => (
+                    e.untaken(capacity, false, e.retry_us),
+                    normalized.then_some(entry),
+                ),
+            };
+            let Some(write) = write else {
+                return decision;
+            };
+            // `evaluate` of an algorithm leaves that algorithm's state: the same form.
+            let Some((written, words)) = Packed::pack(&write.state) else {
+                unreachable!("a packed algorithm left an unpacked state")
+            };
+            debug_assert_eq!(written, form);
+            if !cell.claim(seq) {
+                continue;
+            }
+            cell.publish(seq, write.idle_at, words);
+            shard.note_idle(write.idle_at);
+            return decision;
+        }
+    }
+
     /// Gives back what one limit of a call still holds, by its receipt: the rule is
     /// [`algorithm::refund`] (the scripts' `refund`).
     fn refund_one(&self, check: &Check<'_>, receipt: &Receipt, now: u64) {
         let p = Params::of(check.policy);
         let hash = self.hash(check.key);
-        let mut guard = lock(&self.shards[Self::shard_of(hash)]);
+        let mut guard = write(&self.shards[Self::shard_of(hash)]);
         let shard = &mut *guard;
-        let Some(entry) = shard.map.get_mut(hash, check.key) else {
+        let Some(cell) = shard.map.get_mut(hash, check.key) else {
             return;
         };
-        if !entry.live(now) {
+        if !cell.live(now) {
             return;
         }
-        match algorithm::refund(Some(entry.state.clone()), receipt, &p, now) {
-            Some(state) => *entry = Entry::new(state, &p),
+        let entry = match algorithm::refund(Some(cell.state().into_owned()), receipt, &p, now) {
+            Some(state) => Entry::new(state, &p),
             // The call opened the state and nothing else is in it: as if never taken (idle
             // now, swept with the others).
-            None => entry.idle_at = now,
-        }
-        shard.next_idle = shard.next_idle.min(entry.idle_at);
+            None => Entry {
+                idle_at: now,
+                state: cell.state().into_owned(),
+            },
+        };
+        let idle_at = entry.idle_at;
+        cell.set(entry);
+        shard.note_idle(idle_at);
     }
 
     /// Several limits as one call: lock their shards in ascending order, apply the limits one
@@ -878,18 +1011,13 @@ impl Inner {
         let mut order: Vec<usize> = slots.iter().map(|s| s.shard).collect();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
-            order.iter().map(|&i| lock(&self.shards[i])).collect();
+        // Write locks: no fast write (read lock) runs in these shards while the call holds them.
+        let mut guards: Vec<RwLockWriteGuard<'_, Shard>> =
+            order.iter().map(|&i| write(&self.shards[i])).collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         let now = self.now();
         for slot in &slots {
-            let shard = &mut guards[guard_of(slot.shard)];
-            if let Some(entry) = shard.map.get_mut(slot.hash, slot.key)
-                && entry.normalize(&params[slot.last], now)
-            {
-                let idle_at = entry.idle_at;
-                shard.next_idle = shard.next_idle.min(idle_at);
-            }
+            guards[guard_of(slot.shard)].normalize(slot.hash, slot.key, &params[slot.last], now);
         }
 
         // Evaluate every limit in order, each on the state the call's earlier limits left.
@@ -897,11 +1025,13 @@ impl Inner {
         let mut firsts: Vec<u64> = Vec::new();
         for ((c, p), &s) in checks.iter().zip(&params).zip(&slot_of) {
             let slot = &mut slots[s];
-            let base = match &slot.pending {
-                Some(pending) => Some(pending),
+            let held = match &slot.pending {
+                Some(_) => None,
                 None => guards[guard_of(slot.shard)].base(slot.hash, c.key, now),
             };
+            let base = slot.pending.as_ref().or(held.as_deref());
             let (e, next) = algorithm::evaluate(c.policy.algorithm(), base, p, now);
+            drop(held);
             if receipts.is_some() {
                 firsts.push(sliding_first(next.as_ref(), p));
             }
@@ -956,7 +1086,8 @@ impl Inner {
                 .map(|(((c, p), &s), o)| {
                     let slot = &slots[s];
                     let base = guards[guard_of(slot.shard)].base(slot.hash, c.key, now);
-                    let (now_e, _) = algorithm::evaluate(c.policy.algorithm(), base, p, now);
+                    let (now_e, _) =
+                        algorithm::evaluate(c.policy.algorithm(), base.as_deref(), p, now);
                     now_e.untaken(c.policy.capacity(), o.admitted, o.retry_us)
                 })
                 .collect())
@@ -989,6 +1120,20 @@ struct Slot<'k> {
     last: usize,
 }
 
+/// A shard's lock on cache lines of its own (128 bytes: the pair the CPU's adjacent-line
+/// prefetcher moves together), so that threads on different shards never write each other's
+/// lines (each read lock writes its shard's lock word).
+#[repr(align(128))]
+struct Padded(RwLock<Shard>);
+
+impl std::ops::Deref for Padded {
+    type Target = RwLock<Shard>;
+
+    fn deref(&self) -> &RwLock<Shard> {
+        &self.0
+    }
+}
+
 /// One shard: its entries and its amortised-sweep bookkeeping.
 #[derive(Default)]
 struct Shard {
@@ -997,36 +1142,53 @@ struct Shard {
     /// Entries left by the last sweep: the next one comes after as many inserts.
     len_after_sweep: usize,
     /// No entry becomes idle before this instant (a lower bound): sweeping earlier is a no-op,
-    /// so an idle janitor or a shard full of live entries costs nothing to sweep.
-    next_idle: u64,
+    /// so an idle janitor or a shard full of live entries costs nothing to sweep. Atomic: a
+    /// fast write (under the read lock) lowers it too.
+    next_idle: AtomicU64,
 }
 
 impl Shard {
-    /// The live state under `key`, if any.
-    fn base(&self, hash: u64, key: &str, now: u64) -> Option<&State> {
+    /// The live state under `key`, if any (under the write lock).
+    fn base(&self, hash: u64, key: &str, now: u64) -> Option<Cow<'_, State>> {
         self.map
             .get(hash, key)
-            .filter(|e| e.live(now))
-            .map(|e| &e.state)
+            .filter(|c| c.live(now))
+            .map(Cell::state)
+    }
+
+    /// Rewrites the entry under `key` if it was stamped in the future ([`Entry::normalize`]).
+    fn normalize(&mut self, hash: u64, key: &str, p: &Params, now: u64) {
+        if let Some(cell) = self.map.get_mut(hash, key)
+            && cell.normalize(p, now)
+        {
+            let idle_at = cell.idle_at();
+            self.note_idle(idle_at);
+        }
+    }
+
+    /// Lowers the sweep mark to `idle_at` (an entry that becomes idle then was written).
+    fn note_idle(&self, idle_at: u64) {
+        lower(&self.next_idle, idle_at);
     }
 
     /// Removes idle entries; returns how many.
     fn sweep(&mut self, now: u64) -> usize {
         self.inserts_since_sweep = 0;
-        if now < self.next_idle {
+        if now < *self.next_idle.get_mut() {
             self.len_after_sweep = self.map.len();
             return 0;
         }
         let before = self.map.len();
         let mut next_idle = u64::MAX;
-        self.map.retain(|_, e| {
-            let live = e.live(now);
+        self.map.retain(|_, c| {
+            let idle_at = c.idle_at();
+            let live = now < idle_at;
             if live {
-                next_idle = next_idle.min(e.idle_at);
+                next_idle = next_idle.min(idle_at);
             }
             live
         });
-        self.next_idle = next_idle;
+        *self.next_idle.get_mut() = next_idle;
         let len = self.map.len();
         self.len_after_sweep = len;
         if self.map.capacity() > 1024 && len < self.map.capacity() / 4 {
@@ -1038,16 +1200,16 @@ impl Shard {
     /// Writes the entry an admitted call leaves under `key` (whose hash is `hash`). A key not
     /// held yet needs room made first ([`Shard::make_room`]).
     fn commit(&mut self, hash: u64, key: &str, entry: Entry) {
-        self.next_idle = self.next_idle.min(entry.idle_at);
+        self.note_idle(entry.idle_at);
         match self.map.get_mut(hash, key) {
-            Some(held) => *held = entry,
+            Some(held) => held.set(entry),
             None => self.map.insert(hash, key, entry),
         }
     }
 
     /// Adds a key that is not held yet, in room made by [`Shard::make_room`].
     fn insert(&mut self, hash: u64, key: &str, entry: Entry) {
-        self.next_idle = self.next_idle.min(entry.idle_at);
+        self.note_idle(entry.idle_at);
         self.map.insert(hash, key, entry);
     }
 
@@ -1083,18 +1245,18 @@ struct Map(HashTable<Held>);
 struct Held {
     hash: u64,
     key: Box<str>,
-    entry: Entry,
+    cell: Cell,
 }
 
 impl Map {
-    fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
-        self.0.find(hash, |h| &*h.key == key).map(|h| &h.entry)
+    fn get(&self, hash: u64, key: &str) -> Option<&Cell> {
+        self.0.find(hash, |h| &*h.key == key).map(|h| &h.cell)
     }
 
-    fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
+    fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Cell> {
         self.0
             .find_mut(hash, |h| &*h.key == key)
-            .map(|h| &mut h.entry)
+            .map(|h| &mut h.cell)
     }
 
     /// Adds a key the map does not hold.
@@ -1104,7 +1266,7 @@ impl Map {
             Held {
                 hash,
                 key: key.into(),
-                entry,
+                cell: Cell::new(entry),
             },
             |h| h.hash,
         );
@@ -1116,17 +1278,17 @@ impl Map {
         }
     }
 
-    fn retain(&mut self, mut keep: impl FnMut(&str, &Entry) -> bool) {
-        self.0.retain(|h| keep(&h.key, &h.entry));
+    fn retain(&mut self, mut keep: impl FnMut(&str, &Cell) -> bool) {
+        self.0.retain(|h| keep(&h.key, &h.cell));
     }
 
     #[cfg(test)]
-    fn iter(&self) -> impl Iterator<Item = (&str, &Entry)> {
-        self.0.iter().map(|h| (&*h.key, &h.entry))
+    fn iter(&self) -> impl Iterator<Item = (&str, &Cell)> {
+        self.0.iter().map(|h| (&*h.key, &h.cell))
     }
 
-    fn values(&self) -> impl Iterator<Item = &Entry> {
-        self.0.iter().map(|h| &h.entry)
+    fn values(&self) -> impl Iterator<Item = &Cell> {
+        self.0.iter().map(|h| &h.cell)
     }
 
     fn len(&self) -> usize {
@@ -1142,7 +1304,8 @@ impl Map {
     }
 }
 
-/// One key's state and when it becomes idle (equal to no state at all), in µs.
+/// One key's state and when it becomes idle (equal to no state at all), in µs: what the rules
+/// read and write. A [`Cell`] holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
     idle_at: u64,
@@ -1174,6 +1337,251 @@ impl Entry {
     }
 }
 
+/// The states whose numbers fit in a [`Cell`]'s three words: every algorithm's but the sliding
+/// log's. Their one-limit checks take the fast path ([`Inner::check_packed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Packed {
+    Fixed,
+    Bucket,
+    Gcra,
+    Counter,
+}
+
+impl Packed {
+    /// The packed form of `algorithm`'s state, if it has one.
+    fn of(algorithm: Algorithm) -> Option<Self> {
+        match algorithm {
+            Algorithm::Fixed => Some(Self::Fixed),
+            Algorithm::Leaky | Algorithm::Token => Some(Self::Bucket),
+            Algorithm::Gcra => Some(Self::Gcra),
+            Algorithm::SlidingCounter => Some(Self::Counter),
+            // `Algorithm` is non-exhaustive within the crate too: a new one starts unpacked.
+            _ => None,
+        }
+    }
+
+    /// `state`'s form and numbers, if it packs.
+    fn pack(state: &State) -> Option<(Self, [u64; 3])> {
+        Some(match state {
+            State::Fixed(w) => (Self::Fixed, [w.count, w.expires_ms, 0]),
+            State::Bucket(b) => (Self::Bucket, [b.level, b.at, 0]),
+            State::Gcra(t) => (Self::Gcra, [t.0, 0, 0]),
+            State::SlidingCounter(c) => (Self::Counter, [c.window, c.cur, c.prev]),
+            State::Sliding(_) => return None,
+        })
+    }
+
+    /// The state of these numbers (the inverse of [`Packed::pack`]).
+    fn unpack(self, w: [u64; 3]) -> State {
+        match self {
+            Self::Fixed => State::Fixed(algorithm::fixed::Window {
+                count: w[0],
+                expires_ms: w[1],
+            }),
+            Self::Bucket => State::Bucket(algorithm::bucket::Level {
+                level: w[0],
+                at: w[1],
+            }),
+            Self::Gcra => State::Gcra(algorithm::gcra::Tat(w[0])),
+            Self::Counter => State::SlidingCounter(algorithm::sliding_counter::Counters {
+                window: w[0],
+                cur: w[1],
+                prev: w[2],
+            }),
+        }
+    }
+}
+
+/// How a [`Cell`] holds its state.
+enum Form {
+    /// In the cell's words ([`Packed`]).
+    Packed(Packed),
+    /// Beside them (the sliding log); changed only under the shard's write lock.
+    Other(Box<State>),
+}
+
+/// Where an [`Entry`] lives, so that one-limit checks can update it under the shard's *read*
+/// lock, as governor's keyed limiter does: a sequence lock over atomic words.
+///
+/// * `seq` is even while the words are stable and odd while a writer stores them. A writer
+///   holds the shard's read lock, reads the words (after an even `seq`), evaluates, and claims
+///   the cell by a compare-and-swap of `seq` from the value it read to the next odd one: it
+///   succeeds only when no other write happened since its read, so every write is computed on
+///   the state it replaces (a lost race evaluates again on the new state). It then stores the
+///   words and makes `seq` even again.
+/// * A reader that writes nothing (a rejection) checks that `seq` did not move during its
+///   read: its answer is that of a consistent state.
+/// * Everything else — stacked checks, takes, refunds, new keys, sweeps, a key changing
+///   algorithm — holds the shard's *write* lock, which no fast writer holds a read lock
+///   against: it reads and writes the cells through `&mut`, with every fast write either done
+///   before it or begun after it. That is how a stacked check stays all or nothing against
+///   the same entries.
+struct Cell {
+    seq: AtomicU64,
+    idle_at: AtomicU64,
+    words: [AtomicU64; 3],
+    form: Form,
+}
+
+impl Cell {
+    fn new(entry: Entry) -> Self {
+        let mut cell = Self {
+            seq: AtomicU64::new(0),
+            idle_at: AtomicU64::new(0),
+            words: Default::default(),
+            form: Form::Packed(Packed::Fixed),
+        };
+        cell.set(entry);
+        cell
+    }
+
+    fn idle_at(&self) -> u64 {
+        self.idle_at.load(Ordering::Acquire)
+    }
+
+    fn live(&self, now: u64) -> bool {
+        now < self.idle_at()
+    }
+
+    /// Replaces the entry (exclusive access: no fast writer is running).
+    fn set(&mut self, entry: Entry) {
+        *self.idle_at.get_mut() = entry.idle_at;
+        if let Some((form, words)) = Packed::pack(&entry.state) {
+            for (w, v) in self.words.iter_mut().zip(words) {
+                *w.get_mut() = v;
+            }
+            self.form = Form::Packed(form);
+        } else if let Form::Other(held) = &mut self.form {
+            **held = entry.state;
+        } else {
+            self.form = Form::Other(Box::new(entry.state));
+        }
+    }
+
+    /// [`Entry::normalize`] in place, with exclusive access; `true` when it changed.
+    fn normalize(&mut self, p: &Params, now: u64) -> bool {
+        match &mut self.form {
+            Form::Other(state) => {
+                let idle_at = self.idle_at.get_mut();
+                let changed = now < *idle_at && algorithm::normalize(state, p, now);
+                if changed {
+                    *idle_at = algorithm::idle_at(state, p);
+                }
+                changed
+            }
+            Form::Packed(_) => {
+                let mut entry = Entry {
+                    idle_at: self.idle_at(),
+                    state: self.state().into_owned(),
+                };
+                let changed = entry.normalize(p, now);
+                if changed {
+                    self.set(entry);
+                }
+                changed
+            }
+        }
+    }
+
+    /// The state held, with exclusive access (the shard's write lock): borrowed when it is
+    /// not packed.
+    fn state(&self) -> Cow<'_, State> {
+        match &self.form {
+            Form::Packed(form) => Cow::Owned(form.unpack(self.words.each_ref().map(|w| {
+                // Exclusive access: no writer can be storing.
+                w.load(Ordering::Relaxed)
+            }))),
+            Form::Other(state) => Cow::Borrowed(state),
+        }
+    }
+
+    /// A copy of the entry, consistent even while fast writers run (under a read lock).
+    fn snapshot(&self) -> Entry {
+        match &self.form {
+            Form::Packed(form) => {
+                let (idle_at, words) = self.read_packed();
+                Entry {
+                    idle_at,
+                    state: form.unpack(words),
+                }
+            }
+            Form::Other(state) => Entry {
+                idle_at: self.idle_at(),
+                state: (**state).clone(),
+            },
+        }
+    }
+
+    /// The packed numbers: a read that waits out any write under way.
+    fn read_packed(&self) -> (u64, [u64; 3]) {
+        let mut spins = 0;
+        loop {
+            let seq = self.seq.load(Ordering::Acquire);
+            if seq & 1 == 0 {
+                let read = self.load_words();
+                if self.unchanged_since(seq) {
+                    return read;
+                }
+            }
+            backoff(&mut spins);
+        }
+    }
+
+    /// `idle_at` and the words, as they are (checked by [`Cell::unchanged_since`]).
+    fn load_words(&self) -> (u64, [u64; 3]) {
+        (
+            self.idle_at.load(Ordering::Relaxed),
+            self.words.each_ref().map(|w| w.load(Ordering::Relaxed)),
+        )
+    }
+
+    /// Whether no write began since `seq` was read (the loads before it saw one state).
+    fn unchanged_since(&self, seq: u64) -> bool {
+        fence(Ordering::Acquire);
+        self.seq.load(Ordering::Relaxed) == seq
+    }
+
+    /// Claims the cell for a write, if it is still at `seq` (even); then [`Cell::publish`].
+    fn claim(&self, seq: u64) -> bool {
+        let claimed = self
+            .seq
+            .compare_exchange(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok();
+        if claimed {
+            // The words' stores below come after the odd `seq` for any reader that sees them.
+            fence(Ordering::Release);
+        }
+        claimed
+    }
+
+    /// Stores a claimed cell's new entry (same packed form) and releases it.
+    fn publish(&self, seq: u64, idle_at: u64, words: [u64; 3]) {
+        self.idle_at.store(idle_at, Ordering::Relaxed);
+        for (w, v) in self.words.iter().zip(words) {
+            w.store(v, Ordering::Relaxed);
+        }
+        self.seq.store(seq + 2, Ordering::Release);
+    }
+}
+
+/// Lowers a shard's sweep mark to `idle_at`: a load, and a write only when it moves.
+fn lower(next_idle: &AtomicU64, idle_at: u64) {
+    if idle_at < next_idle.load(Ordering::Relaxed) {
+        next_idle.fetch_min(idle_at, Ordering::Relaxed);
+    }
+}
+
+/// Waits a little for a write under way to finish: spins, then yields (the writer may have
+/// been preempted between its few stores).
+fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 32 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1194,8 +1602,8 @@ mod tests {
 
     fn entry(store: &MemoryStore, key: &str) -> Option<Entry> {
         let hash = store.inner.hash(key);
-        let shard = lock(&store.inner.shards[Inner::shard_of(hash)]);
-        shard.map.get(hash, key).cloned()
+        let shard = read(&store.inner.shards[Inner::shard_of(hash)]);
+        shard.map.get(hash, key).map(Cell::snapshot)
     }
 
     fn snapshot(store: &MemoryStore) -> Vec<(Box<str>, Entry)> {
@@ -1204,10 +1612,10 @@ mod tests {
             .shards
             .iter()
             .flat_map(|s| {
-                lock(s)
+                read(s)
                     .map
                     .iter()
-                    .map(|(k, e)| (Box::<str>::from(k), e.clone()))
+                    .map(|(k, c)| (Box::<str>::from(k), c.snapshot()))
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -1389,14 +1797,13 @@ mod tests {
             let (a, b) = (format!("{algo}:a"), format!("{algo}:b"));
             let checks = [Check::new(&a, &p), Check::new(&b, &other)];
             let remaining = |store: &MemoryStore| {
+                let now = store.inner.now();
+                let held = entry(store, &a).filter(|e| e.live(now));
                 let d = algorithm::evaluate(
                     algo,
-                    store.inner.shards[Inner::shard_of(store.inner.hash(&a))]
-                        .lock()
-                        .unwrap()
-                        .base(store.inner.hash(&a), &a, store.inner.now()),
+                    held.as_ref().map(|e| &e.state),
                     &Params::of(&p),
-                    store.inner.now(),
+                    now,
                 )
                 .0;
                 d.now_remaining
