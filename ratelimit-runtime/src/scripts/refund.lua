@@ -29,68 +29,69 @@
 -- `refund` of fixed.lua, sliding.lua and bucket.lua.
 --
 -- One function, `compensate(KEYS, ARGV)`, as the driver's `check` is: an `EVAL`
--- script ends by calling it, a Functions library registers it.
+-- script ends by calling it, a Functions library registers it. (Its body is
+-- left unindented, as it was when it was the whole script.)
 local function compensate(KEYS, ARGV)
-  read_clock()
-  local mode = ARGV[1]
-  local call_id = nil
-  local offset = 1
-  local nkeys = #KEYS
-  if mode == 'refund' then
-    call_id = ARGV[2]
-    offset = 2
-    nkeys = #KEYS / 2
-  end
-  if (mode ~= 'peek' and mode ~= 'refund') or nkeys < 1 or nkeys ~= math.floor(nkeys)
-    or #ARGV ~= offset + 5 * nkeys then
-    return redis.error_reply('ERR ratelimit: expected peek with n keys and 1 + 5n arguments, or refund with n keys, n receipts and 2 + 5n arguments; got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
-  end
-  if call_id ~= nil and not valid_call_id(call_id) then
-    return redis.error_reply(BAD_CALL_ID)
-  end
+read_clock()
+local mode = ARGV[1]
+local call_id = nil
+local offset = 1
+local nkeys = #KEYS
+if mode == 'refund' then
+  call_id = ARGV[2]
+  offset = 2
+  nkeys = #KEYS / 2
+end
+if (mode ~= 'peek' and mode ~= 'refund') or nkeys < 1 or nkeys ~= math.floor(nkeys)
+  or #ARGV ~= offset + 5 * nkeys then
+  return redis.error_reply('ERR ratelimit: expected peek with n keys and 1 + 5n arguments, or refund with n keys, n receipts and 2 + 5n arguments; got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+end
+if call_id ~= nil and not valid_call_id(call_id) then
+  return redis.error_reply(BAD_CALL_ID)
+end
 
-  -- In a refund, KEYS[nkeys + i] must be the receipt of key i under this call id.
-  local function check_receipt(i)
-    if call_id ~= nil and KEYS[nkeys + i] ~= receipt_key(KEYS[i], call_id, i) then
-      return 'ERR ratelimit: receipt ' .. i .. ' is not the receipt of key ' .. i .. ' for this call id'
-    end
-    return nil
+-- In a refund, KEYS[nkeys + i] must be the receipt of key i under this call id.
+local function check_receipt(i)
+  if call_id ~= nil and KEYS[nkeys + i] ~= receipt_key(KEYS[i], call_id, i) then
+    return 'ERR ratelimit: receipt ' .. i .. ' is not the receipt of key ' .. i .. ' for this call id'
   end
+  return nil
+end
 
-  local limits, refused = parse_limits(ARGV, offset, nkeys, check_receipt)
-  if not limits then
-    return refused
-  end
+local limits, refused = parse_limits(ARGV, offset, nkeys, check_receipt)
+if not limits then
+  return refused
+end
 
-  -- Every refund first, then every reading: a key named twice in the group is
-  -- read once both of its limits gave back.
-  if call_id ~= nil then
-    for i = 1, nkeys do
-      local receipt = KEYS[nkeys + i]
-      local value = redis.call('GET', receipt)
-      if value then
-        redis.call('DEL', receipt)
-        local r = read_receipt(value)
-        if r and r.at <= now then
-          limits[i].algo.refund(KEYS[i], limits[i].p, r)
-        end
+-- Every refund first, then every reading: a key named twice in the group is
+-- read once both of its limits gave back.
+if call_id ~= nil then
+  for i = 1, nkeys do
+    local receipt = KEYS[nkeys + i]
+    local value = redis.call('GET', receipt)
+    if value then
+      redis.call('DEL', receipt)
+      local r = read_receipt(value)
+      if r and r.at <= now then
+        limits[i].algo.refund(KEYS[i], limits[i].p, r)
       end
     end
   end
+end
 
-  -- A blocked limit (driver.lua's `<key>:b`) reads as rejected until the block's
-  -- end, as the driver answers it.
-  local reply = {}
-  for i = 1, nkeys do
-    local l = limits[i]
-    local d = l.algo.evaluate(KEYS[i], l.p)
-    local pttl = redis.call('PTTL', KEYS[i] .. ':b')
-    if pttl >= 0 then
-      local left = pttl * 1000 + 1000 - math.fmod(now, 1000)
-      reply[i] = { 0, 0, math.max(clamp(d.now_reset), left), left }
-    else
-      reply[i] = state_reply(l, d, d.admitted, d.retry)
-    end
+-- A blocked limit (driver.lua's `<key>:b`) reads as rejected until the block's
+-- end, as the driver answers it.
+local reply = {}
+for i = 1, nkeys do
+  local l = limits[i]
+  local d = l.algo.evaluate(KEYS[i], l.p)
+  local pttl = redis.call('PTTL', KEYS[i] .. ':b')
+  if pttl >= 0 then
+    local left = pttl * 1000 + 1000 - math.fmod(now, 1000)
+    reply[i] = { 0, 0, math.max(clamp(d.now_reset), left), left }
+  else
+    reply[i] = state_reply(l, d, d.admitted, d.retry)
   end
-  return reply
+end
+return reply
 end
