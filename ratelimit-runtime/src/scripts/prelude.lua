@@ -40,7 +40,9 @@ local function read_clock()
     redis.replicate_commands()
   end
   local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  -- Two strings of digits: arithmetic converts each once (Lua 5.1's tonumber
+  -- converts its argument twice).
+  now = time[1] * 1000000 + time[2]
   if INT_FORMAT == nil then
     INT_FORMAT = '%.0f'
     if string.format('%d', 2 ^ 53) == '9007199254740992' then
@@ -127,30 +129,54 @@ local ALGOS = {}
 -- driver and the refund script alike. `check(i)`, when given, may refuse limit i once it parsed, with
 -- a message. Returns the limits ({ algo, p, capacity } each), or nil and the
 -- error reply.
+--
+-- Parsed limits are kept by their five argument strings (PARSED), read-only
+-- from then on (no rule writes to `p` or to a limit): a Functions library keeps
+-- them between calls, where parsing and checking five numbers cost more than
+-- the rest of the call's Lua; an `EVAL` chunk starts with an empty cache. The
+-- id joins the strings with ':', which no valid number holds: an id with
+-- exactly four ':' names one tuple of strings, and only valid tuples are kept.
+-- At most PARSED_MAX are kept (costs vary per call): then it starts over.
+local PARSED = {}
+local PARSED_COUNT = 0
+local PARSED_MAX = 1000
+
 local function parse_limits(argv, offset, nkeys, check)
   local limits = {}
   for i = 1, nkeys do
     local base = offset + 5 * (i - 1)
-    local code = tonumber(argv[base + 1])
-    local algo = ALGOS[code]
-    if algo == nil then
-      return nil, redis.error_reply('ERR ratelimit: this script has no algorithm with code ' .. tostring(argv[base + 1]))
-    end
-    local p = {
-      limit = tonumber(argv[base + 2]),
-      period = tonumber(argv[base + 3]),
-      burst = tonumber(argv[base + 4]),
-      cost = tonumber(argv[base + 5]),
-    }
-    if not (p.limit and p.period and p.burst and p.cost)
-      or p.limit < 1 or p.period < 1000 or p.burst < 1 or p.cost < 1 then
-      return nil, redis.error_reply('ERR ratelimit: invalid parameters for key ' .. i)
+    local id = argv[base + 1] .. ':' .. argv[base + 2] .. ':' .. argv[base + 3]
+      .. ':' .. argv[base + 4] .. ':' .. argv[base + 5]
+    local limit = PARSED[id]
+    if limit == nil then
+      local code = tonumber(argv[base + 1])
+      local algo = ALGOS[code]
+      if algo == nil then
+        return nil, redis.error_reply('ERR ratelimit: this script has no algorithm with code ' .. tostring(argv[base + 1]))
+      end
+      local p = {
+        limit = tonumber(argv[base + 2]),
+        period = tonumber(argv[base + 3]),
+        burst = tonumber(argv[base + 4]),
+        cost = tonumber(argv[base + 5]),
+      }
+      if not (p.limit and p.period and p.burst and p.cost)
+        or p.limit < 1 or p.period < 1000 or p.burst < 1 or p.cost < 1 then
+        return nil, redis.error_reply('ERR ratelimit: invalid parameters for key ' .. i)
+      end
+      limit = { algo = algo, p = p, capacity = p[algo.capacity] }
+      if PARSED_COUNT >= PARSED_MAX then
+        PARSED = {}
+        PARSED_COUNT = 0
+      end
+      PARSED[id] = limit
+      PARSED_COUNT = PARSED_COUNT + 1
     end
     local refused = check and check(i)
     if refused then
       return nil, redis.error_reply(refused)
     end
-    limits[i] = { algo = algo, p = p, capacity = p[algo.capacity] }
+    limits[i] = limit
   end
   return limits
 end
