@@ -819,6 +819,10 @@ fn standin_shapes(lua: &LuaStore) -> Vec<String> {
 /// out here: on the real server they give back the units less what drained during the round
 /// trip, which the stand-in's exact time covers.
 #[test]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one trace loop: the operations side by side, both ways of calling"
+)]
 fn standin_runs_the_traces_like_a_real_server() {
     let server = RedisServer::start();
     let rt = runtime();

@@ -3,8 +3,11 @@
 //!
 //! # Behaviour
 //!
-//! * **Same scripts, same keys.** Every check runs the scripts of [`super::RedisStore`]
-//!   (`EVALSHA`, reloaded after `NOSCRIPT`, time from the server's `TIME`). Keys are
+//! * **Same scripts, same keys.** Every check runs the code of [`super::RedisStore`] (`FCALL`
+//!   of its Functions library, loaded on every master at connect; a master that answers that
+//!   the function is missing, after a restart, a `FUNCTION FLUSH` or as a new node, gets it
+//!   then and the call is repeated; `EVALSHA` on servers without Functions; time from the
+//!   server's `TIME`). Keys are
 //!   `<prefix>:{<scope>:<identity>}:<suffix>`: the braces are a hash tag, so every limit of one
 //!   caller in one scope lands in one slot.
 //! * **Redirections and failover are the client's job.** The cluster client keeps the slot map,

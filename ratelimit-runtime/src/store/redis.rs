@@ -1,13 +1,19 @@
-//! The Redis store: one server, one `EVALSHA` per check, whatever the number of stacked limits.
+//! The Redis store: one server, one `FCALL` (`EVALSHA` without Redis Functions) per check,
+//! whatever the number of stacked limits.
 //!
 //! # Behaviour
 //!
 //! * **Atomic.** Each check is one Lua script (`src/scripts/*.lua`) that reads the server's
 //!   clock (`TIME`, in microseconds), evaluates every limit of the call, and writes only when
 //!   all of them admit it: a rejected call leaves every key byte-for-byte as it was.
-//! * **One round trip.** The scripts are loaded once (at [`RedisStore::connect`], or on the
-//!   first check) and invoked by their SHA1 with `EVALSHA`; after a `NOSCRIPT` (a restarted or
-//!   flushed server) the script is loaded again and the call repeated once.
+//! * **One round trip.** The Lua is loaded once as a Redis Functions library (`FUNCTION LOAD`,
+//!   at [`RedisStore::connect`] or on the first check), so its helpers and tables are built at
+//!   load, and each check is one `FCALL`. The library's name carries a hash of its code: two
+//!   versions of an application share a Redis without replacing each other's. After a
+//!   restart without persistence or a `FUNCTION FLUSH` (`Function not found`), the library is
+//!   loaded again and the call repeated once. A server without Functions (before Redis 7, or
+//!   an ACL without `FCALL`/`FUNCTION`) runs the same code as scripts, invoked by their SHA1
+//!   with `EVALSHA` and reloaded after `NOSCRIPT`.
 //! * **TTL on every key.** No key outlives its state: fixed = the window's end, sliding = newest
 //!   entry + period, token = time until full, leaky = time until empty. A key is never created
 //!   without its TTL in the same command.
@@ -676,8 +682,8 @@ async fn connect_manager(
     Ok(manager)
 }
 
-/// One Redis server, one `EVALSHA` per check (see the [module docs](self) for the behaviour and
-/// the accepted URLs).
+/// One Redis server, one `FCALL` (or `EVALSHA`) per check (see the [module docs](self) for the
+/// behaviour and the accepted URLs).
 ///
 /// Cheap to share: wrap it in an `Arc` or hand it to [`crate::Builder::store`].
 pub struct RedisStore {
@@ -931,12 +937,38 @@ mod tests {
     fn each_script_is_the_prelude_its_algorithm_files_and_one_composer() {
         let texts = script_sources();
         for (a, text) in Algorithm::ALL.into_iter().zip(texts.single) {
-            assert_eq!(text, [PRELUDE, source(a), DRIVER].concat(), "{a}");
+            assert_eq!(
+                text,
+                [PRELUDE, source(a), DRIVER, EVAL_CHECK].concat(),
+                "{a}"
+            );
         }
         assert_eq!(texts.single[2], texts.single[3]);
         let algorithms = ALGORITHMS.concat();
-        assert_eq!(texts.combined, [PRELUDE, &algorithms, DRIVER].concat());
-        assert_eq!(texts.companion, [PRELUDE, &algorithms, REFUND].concat());
+        assert_eq!(
+            texts.combined,
+            [PRELUDE, &algorithms, DRIVER, EVAL_CHECK].concat()
+        );
+        assert_eq!(
+            texts.companion,
+            [PRELUDE, &algorithms, REFUND, EVAL_COMPENSATE].concat()
+        );
+        // The library: the same files once each, named by the hash of that code, registering
+        // the two composers' functions under names of its own.
+        let code = [PRELUDE, &algorithms, DRIVER, REFUND].concat();
+        let name = format!("ratelimit_{}", &Script::new(&code).get_hash()[..16]);
+        assert_eq!(texts.library_name, name);
+        assert_eq!(texts.check_function, format!("{name}_check"));
+        assert_eq!(texts.compensate_function, format!("{name}_compensate"));
+        let (shebang, rest) = texts.library.split_once('\n').unwrap();
+        assert_eq!(shebang, format!("#!lua name={name}"));
+        assert_eq!(
+            rest,
+            format!(
+                "{code}redis.register_function('{name}_check', check)\n\
+                 redis.register_function('{name}_compensate', compensate)\n"
+            )
+        );
         // Every rule file registers its codes; the composers register none.
         for (file, codes) in [
             (FIXED, &["ALGOS[1]"][..]),

@@ -908,11 +908,11 @@ impl LuaRedis {
             }
             Ok(t)
         };
-        let args = match array(keys).and_then(|k| Ok((k, array(argv)?))) {
-            Ok(args) => args,
+        let tables = match array(keys).and_then(|k| Ok((k, array(argv)?))) {
+            Ok(tables) => tables,
             Err(e) => return Reply::Error(format!("ERR stand-in: {e}")),
         };
-        match f.call::<MultiValue>(args) {
+        match f.call::<MultiValue>(tables) {
             Ok(values) => values.iter().next().map_or(Reply::Nil, from_lua),
             Err(e) => Reply::Error(format!("ERR Error running function: {e}")),
         }
