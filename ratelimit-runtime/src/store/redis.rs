@@ -243,8 +243,9 @@ impl Scripts {
 
 /// Whether a store's server (every node of a cluster) runs the library with `FCALL`, or the
 /// scripts with `EVALSHA`. Found out once: at connect (`FUNCTION LOAD` answered) or by the
-/// first call. Until a server has refused the library (no Redis Functions: Redis before 7,
-/// or an ACL without `FUNCTION`), calls use `FCALL`; from then on, `EVALSHA`.
+/// first call. Until a server has refused Functions outright (`unknown command`: Redis before
+/// 7; `NOPERM`: an ACL without `FCALL` or `FUNCTION`), calls use `FCALL`; from then on,
+/// `EVALSHA`. A transient error (out of memory, loading) fails that call only.
 #[derive(Debug, Default)]
 pub(crate) struct Calls {
     /// `true` once a server refused the library.
@@ -338,7 +339,10 @@ where
 {
     match library_cmd().query_async::<()>(conn).await {
         Ok(()) => {}
-        Err(e) if is_server_error(&e) => calls.refuse_functions(&e),
+        Err(e) if no_functions(&e) => calls.refuse_functions(&e),
+        // Any other answer (a master busy loading, out of memory, a failover under way): the
+        // first `FCALL` that finds the function missing loads it.
+        Err(e) if is_server_error(&e) => {}
         Err(e) => return Err(e),
     }
     for script in SCRIPTS.all() {
@@ -370,7 +374,10 @@ where
     }
     match replies.remove(0) {
         Ok(_) => {}
-        Err(e) if is_server_error(&e) => calls.refuse_functions(&e),
+        Err(e) if no_functions(&e) => calls.refuse_functions(&e),
+        // Any other answer (busy loading, out of memory): the first `FCALL` that finds the
+        // function missing loads it.
+        Err(e) if is_server_error(&e) => {}
         Err(e) => return Err(e),
     }
     let hashes = replies.into_iter().collect::<Result<Vec<String>, _>>()?;
@@ -407,7 +414,7 @@ where
         match cmd.query_async(conn).await {
             Err(e) if function_missing(&e) => match conn.load_library_for(first_key).await {
                 Ok(()) => return cmd.query_async(conn).await,
-                Err(e) if is_server_error(&e) => calls.refuse_functions(&e),
+                Err(e) if no_functions(&e) => calls.refuse_functions(&e),
                 Err(e) => return Err(e),
             },
             Err(e) if no_functions(&e) => calls.refuse_functions(&e),
