@@ -23,7 +23,7 @@ mutations=(
   "driver.lua|blocked = redis.call('EXISTS', KEYS[1] .. ':b') > 0|blocked = redis.call('EXISTS', KEYS[1] .. ':b') > 1"
   "driver.lua|return { state_reply(l, d, false, d.retry) }|return { state_reply(l, d, false, 0) }"
   "prelude.lua|INT_FORMAT = '%d'|INT_FORMAT = '%.3g'"
-  "prelude.lua|local limit = PARSED[id]|local limit = PARSED[argv[base + 1]]"
+  "prelude.lua|      .. ':' .. argv[base + 4] .. ':' .. argv[base + 5]|      .. ':' .. argv[base + 4]"
   "driver.lua|local left = pttl * 1000 + 1000 - math.fmod(now, 1000)|local left = pttl * 1000"
   "refund.lua|local pttl = redis.call('PTTL', KEYS[i] .. ':b')|local pttl = -2"
 )
