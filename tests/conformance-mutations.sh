@@ -19,7 +19,11 @@ mutations=(
   "sliding.lua|int(r.first + p.cost - 1)|int(r.first + p.cost)"
   "gcra.lua|local admitted = after <= tau|local admitted = after < tau"
   "sliding_counter.lua|local admitted = load + p.cost * pms <= quota|local admitted = load + p.cost * pms < quota"
-  "driver.lua|if redis.call('EXISTS', unpack(markers)) > 0 then|if redis.call('EXISTS', unpack(markers)) > 1 then"
+  "driver.lua|blocked = redis.call('EXISTS', unpack(markers)) > 0|blocked = redis.call('EXISTS', unpack(markers)) > 1"
+  "driver.lua|blocked = redis.call('EXISTS', KEYS[1] .. ':b') > 0|blocked = redis.call('EXISTS', KEYS[1] .. ':b') > 1"
+  "driver.lua|return { state_reply(l, d, false, d.retry) }|return { state_reply(l, d, false, 0) }"
+  "prelude.lua|INT_FORMAT = '%d'|INT_FORMAT = '%.3g'"
+  "prelude.lua|      .. ':' .. argv[base + 4] .. ':' .. argv[base + 5]|      .. ':' .. argv[base + 4]"
   "driver.lua|local left = pttl * 1000 + 1000 - math.fmod(now, 1000)|local left = pttl * 1000"
   "refund.lua|local pttl = redis.call('PTTL', KEYS[i] .. ':b')|local pttl = -2"
 )

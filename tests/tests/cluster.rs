@@ -161,11 +161,12 @@ async fn reset_stats(cluster: &RedisCluster) {
     }
 }
 
-/// Script calls (`EVALSHA` + `EVAL`) over every node.
+/// Script calls (`FCALL` + `EVALSHA` + `EVAL`) over every node.
 async fn script_calls(cluster: &RedisCluster) -> BTreeMap<u16, u64> {
     let mut out = BTreeMap::new();
     for port in cluster.live_ports() {
-        let n = command_calls(cluster, port, "evalsha").await
+        let n = command_calls(cluster, port, "fcall").await
+            + command_calls(cluster, port, "evalsha").await
             + command_calls(cluster, port, "eval").await;
         if n > 0 {
             out.insert(port, n);
@@ -1005,4 +1006,103 @@ async fn cross_slot_refunds_give_back_at_most_what_the_call_still_holds() {
         failed.len(),
         failed.join("\n")
     );
+}
+
+/// `FUNCTION FLUSH` on every master of a live store's cluster: the next check of each master's
+/// keys loads the library again on that master (the node whose `FCALL` answered that the
+/// function is missing) and answers as Redis counts; a cross-slot call that rejects after the
+/// flush still gets its refund (the companion function, reloaded the same way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn function_flush_on_every_master_the_next_checks_reload_the_library() {
+    let cluster = RedisCluster::start().await;
+    let store = RedisClusterStore::connect(cluster.urls())
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let run = format!("ff{}", std::process::id());
+    let masters = cluster.masters().await;
+    assert_eq!(masters.len(), MASTERS);
+    let limit = policy(Algorithm::Fixed, 5, HOUR, 5, 1);
+    // One caller's key on each master.
+    let mut keys: BTreeMap<u16, String> = BTreeMap::new();
+    for i in 0..1000 {
+        let k = key::build(
+            &run,
+            "flush",
+            &[key::Part::new(key::Source::Key, format!("c{i}").as_bytes())],
+            &limit,
+        );
+        let slot = cluster.keyslot(&k).await;
+        let port = masters
+            .iter()
+            .find(|m| m.serves(slot))
+            .unwrap_or_else(|| panic!("no master serves {slot}"))
+            .port;
+        keys.entry(port).or_insert(k);
+        if keys.len() == MASTERS {
+            break;
+        }
+    }
+    assert_eq!(keys.len(), MASTERS, "a key on every master");
+    let remaining = |v: &ratelimit_runtime::Verdict| v.decisions()[0].remaining;
+    for k in keys.values() {
+        let v = store.check(&[Check::new(k, &limit)]).await.unwrap();
+        assert_eq!(remaining(&v), 4, "{k}");
+    }
+    let flush_all = || async {
+        for m in &masters {
+            let mut conn = cluster.node(m.port).await;
+            let _: () = redis::cmd("FUNCTION")
+                .arg("FLUSH")
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("FUNCTION FLUSH on {}: {e}", m.port));
+        }
+    };
+    flush_all().await;
+    for k in keys.values() {
+        let v = store
+            .check(&[Check::new(k, &limit)])
+            .await
+            .unwrap_or_else(|e| panic!("{k} after FUNCTION FLUSH: {e}"));
+        assert!(v.is_admitted());
+        assert_eq!(remaining(&v), 3, "{k}: counted by Redis after the reload");
+    }
+    for m in &masters {
+        let mut conn = cluster.node(m.port).await;
+        let listed: redis::Value = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg(ratelimit_runtime::store::redis::script_sources().library_name)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            matches!(&listed, redis::Value::Array(l) if l.len() == 1),
+            "master {}: {listed:?}",
+            m.port
+        );
+    }
+
+    // Across slots, after another flush: the first master's key admits and takes, a full
+    // limit on the second master's rejects, and the refund gives the first its unit back.
+    let mut ports = keys.keys();
+    let (first, second) = (&keys[ports.next().unwrap()], &keys[ports.next().unwrap()]);
+    // The second key has taken 2: a limit of 3 admits one more, then rejects.
+    let full = policy(Algorithm::Fixed, 3, HOUR, 3, 1);
+    let v = store.check(&[Check::new(second, &full)]).await.unwrap();
+    assert!(v.is_admitted() && remaining(&v) == 0, "{v:?}");
+    flush_all().await;
+    let v = store
+        .check(&[Check::new(first, &limit), Check::new(second, &full)])
+        .await
+        .unwrap_or_else(|e| panic!("cross-slot after FUNCTION FLUSH: {e}"));
+    assert!(!v.is_admitted());
+    assert!(!v.decisions()[1].admitted);
+    assert_eq!(
+        v.decisions()[0].remaining,
+        3,
+        "the first slot's unit was given back"
+    );
+    let peeked = store.peek(&[Check::new(first, &limit)]).await.unwrap();
+    assert_eq!(remaining(&peeked), 3);
 }

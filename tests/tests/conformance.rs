@@ -35,7 +35,7 @@ use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy, Store, StoreError
 use ratelimit_tests::redis_server::RedisServer;
 use redis::aio::MultiplexedConnection;
 
-use lua_store::{LuaStore, compensate_call, driver_call};
+use lua_store::{LuaStore, Mode, compensate_call, driver_call};
 use model::Model;
 use standin::{LuaRedis, Reply};
 use trace::Rng;
@@ -58,11 +58,13 @@ impl Clock for SettableClock {
     }
 }
 
-/// The two sides on one clock: the memory store and the scripts on the stand-in.
+/// The sides on one clock: the memory store, and the Lua on the stand-in both ways the Redis
+/// stores run it (the library's functions, and the scripts for servers without Functions).
 struct Pair {
     clock: SettableClock,
     memory: MemoryStore,
     lua: LuaStore,
+    lua_scripts: LuaStore,
     now: u64,
     runtime: tokio::runtime::Runtime,
 }
@@ -75,6 +77,7 @@ impl Pair {
             memory: MemoryStore::with_clock(clock.clone()),
             clock,
             lua: LuaStore::new(EPOCH_US + START_US),
+            lua_scripts: LuaStore::with_mode(EPOCH_US + START_US, Mode::Scripts),
             now: START_US,
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -87,17 +90,30 @@ impl Pair {
         self.now = now;
         self.clock.0.store(now, Ordering::SeqCst);
         self.lua.lua().set_time_us(EPOCH_US + now);
+        self.lua_scripts.lua().set_time_us(EPOCH_US + now);
     }
 
-    /// The same call through both stores' `Store::check`.
+    /// The same call through the stores' `Store::check`: memory, the library's functions,
+    /// the scripts.
+    #[allow(clippy::type_complexity, reason = "three results side by side")]
     fn check(
         &self,
         checks: &[Check<'_>],
-    ) -> (Result<Verdict, StoreError>, Result<Verdict, StoreError>) {
+    ) -> (
+        Result<Verdict, StoreError>,
+        Result<Verdict, StoreError>,
+        Result<Verdict, StoreError>,
+    ) {
         let memory: &dyn Store = &self.memory;
         let lua: &dyn Store = &self.lua;
-        self.runtime
-            .block_on(async { (memory.check(checks).await, lua.check(checks).await) })
+        let scripts: &dyn Store = &self.lua_scripts;
+        self.runtime.block_on(async {
+            (
+                memory.check(checks).await,
+                lua.check(checks).await,
+                scripts.check(checks).await,
+            )
+        })
     }
 }
 
@@ -247,13 +263,13 @@ fn run_trace(seed: u64, limits: &[Limit], shape: Shape, counts: &mut Counts) {
             .zip(&policies)
             .map(|(l, p)| Check::new(&l.key, p))
             .collect();
-        let (memory, lua) = pair.check(&checks);
+        let (memory, lua, scripts) = pair.check(&checks);
         let line = format!(
-            "step {step} at {now} µs: {}\n  memory: {memory:?}\n  lua:    {lua:?}",
+            "step {step} at {now} µs: {}\n  memory: {memory:?}\n  lua:    {lua:?}\n  script: {scripts:?}",
             describe(&checks)
         );
-        match (&memory, &lua) {
-            (Ok(m), Ok(l)) if m == l => {}
+        match (&memory, &lua, &scripts) {
+            (Ok(m), Ok(l), Ok(e)) if m == l && m == e => {}
             _ => {
                 let before = history[history.len().saturating_sub(12)..].join("\n");
                 panic!(
@@ -263,11 +279,13 @@ fn run_trace(seed: u64, limits: &[Limit], shape: Shape, counts: &mut Counts) {
         }
         // Every key the scripts write has a TTL, also after a rejected call that named one
         // key twice (its working copies are dropped; the keys keep their own expiry).
-        let left = pair.lua.lua().db().immortal_keys();
-        assert!(
-            left.is_empty(),
-            "trace seed {seed:#x}: keys left without a TTL: {left:?} after\n{line}"
-        );
+        for lua in [&pair.lua, &pair.lua_scripts] {
+            let left = lua.lua().db().immortal_keys();
+            assert!(
+                left.is_empty(),
+                "trace seed {seed:#x}: keys left without a TTL: {left:?} after\n{line}"
+            );
+        }
         if let Ok(v) = &memory {
             note_whole(&mut whole_at, &checks, v, now);
         }
@@ -596,6 +614,40 @@ async fn eval_real(
     }
 }
 
+async fn fcall_real(
+    conn: &mut MultiplexedConnection,
+    function: &str,
+    keys: &[Vec<u8>],
+    argv: &[Vec<u8>],
+) -> Reply {
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(function).arg(keys.len());
+    for k in keys {
+        cmd.arg(k.as_slice());
+    }
+    for a in argv {
+        cmd.arg(a.as_slice());
+    }
+    match cmd.query_async::<redis::Value>(conn).await {
+        Ok(v) => Reply::from_redis(&v),
+        Err(e) => Reply::Error(e.to_string()),
+    }
+}
+
+/// What a call runs: one of the library's functions (by name) or a script (its text).
+enum Entry {
+    Function(String),
+    Script(String),
+}
+
+/// The companion's code in `mode`.
+fn companion(lua: &LuaStore, mode: Mode) -> Entry {
+    match mode {
+        Mode::Functions => Entry::Function(lua.scripts().compensate_function.clone()),
+        Mode::Scripts => Entry::Script(lua.scripts().compensate.clone()),
+    }
+}
+
 async fn server_time_us(conn: &mut MultiplexedConnection) -> u64 {
     let (s, us): (u64, u64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
     s * 1_000_000 + us
@@ -819,6 +871,10 @@ fn standin_shapes(lua: &LuaStore) -> Vec<String> {
 /// out here: on the real server they give back the units less what drained during the round
 /// trip, which the stand-in's exact time covers.
 #[test]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one trace loop: the operations side by side, both ways of calling"
+)]
 fn standin_runs_the_traces_like_a_real_server() {
     let server = RedisServer::start();
     let rt = runtime();
@@ -829,7 +885,16 @@ fn standin_runs_the_traces_like_a_real_server() {
             let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.expect("FLUSHALL");
             let mut rng = Rng::new(0x4EA1 + t);
             let start = server_time_us(&mut conn).await;
-            let lua = LuaStore::new(start);
+            // Even traces through the library's functions, odd ones through the scripts.
+            let mode = if t % 2 == 0 { Mode::Functions } else { Mode::Scripts };
+            let lua = LuaStore::with_mode(start, mode);
+            let _: () = redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(&lua.scripts().library)
+                .query_async(&mut conn)
+                .await
+                .expect("FUNCTION LOAD");
             let n = usize::try_from(rng.between(1, 3)).unwrap_or(1);
             let mut limits: Vec<Limit> = (0..n)
                 .map(|i| {
@@ -863,24 +928,38 @@ fn standin_runs_the_traces_like_a_real_server() {
                     if let Some(id) = id {
                         taken.push((id, policies.clone()));
                     }
-                    ("take", policies, lua.scripts().driver(&algorithms).to_owned(), call)
+                    let entry = match mode {
+                        Mode::Functions => Entry::Function(lua.scripts().check_function.clone()),
+                        Mode::Scripts => Entry::Script(lua.scripts().driver(&algorithms).to_owned()),
+                    };
+                    ("take", policies, entry, call)
                 } else if op < 85 && !taken.is_empty() {
                     let (id, policies) = taken.remove(usize::try_from(rng.below(taken.len() as u64)).unwrap_or(0));
                     let checks: Vec<Check<'_>> = limits.iter().zip(&policies).map(|(l, p)| Check::new(&l.key, p)).collect();
                     let call = compensate_call(&checks, Some(&id));
-                    ("refund", policies, lua.scripts().compensate.clone(), call)
+                    ("refund", policies, companion(&lua, mode), call)
                 } else {
                     let checks: Vec<Check<'_>> = limits.iter().zip(&policies).map(|(l, p)| Check::new(&l.key, p)).collect();
                     let call = compensate_call(&checks, None);
-                    ("peek", policies, lua.scripts().compensate.clone(), call)
+                    ("peek", policies, companion(&lua, mode), call)
                 };
                 let checks: Vec<Check<'_>> = limits.iter().zip(&policies).map(|(l, p)| Check::new(&l.key, p)).collect();
                 // The stand-in follows the real clock, read just before the real call.
                 let before = server_time_us(&mut conn).await;
                 lua.lua().set_time_us(before);
-                let real = lua_store::parse(&eval_real(&mut conn, &script, &keys, &argv).await, &checks)
-                    .unwrap_or_else(|e| panic!("trace {t} step {step}: the real server answered {e}"));
-                let standin = lua_store::parse(&lua.lua().eval(&script, &keys, &argv), &checks)
+                let (real, standin) = match &script {
+                    Entry::Function(name) => (
+                        fcall_real(&mut conn, name, &keys, &argv).await,
+                        lua.lua().fcall(name, &keys, &argv),
+                    ),
+                    Entry::Script(text) => (
+                        eval_real(&mut conn, text, &keys, &argv).await,
+                        lua.lua().eval(text, &keys, &argv),
+                    ),
+                };
+                let real = lua_store::parse(&real, &checks)
+                    .unwrap_or_else(|e| panic!("trace {t} step {step} ({mode:?}): the real server answered {e}"));
+                let standin = lua_store::parse(&standin, &checks)
                     .unwrap_or_else(|e| panic!("trace {t} step {step}: the stand-in answered {e}"));
                 // The stand-in stamps state at `before`, the server a little later: any stamp
                 // (this call's or an earlier one's) may be off by the longest call so far.
@@ -916,7 +995,8 @@ fn standin_runs_the_traces_like_a_real_server() {
 }
 
 /// The script texts here are the ones a `RedisStore` loads: their SHA1s are in the script
-/// cache of a fresh server after `RedisStore::connect` (which loads nothing else).
+/// cache of a fresh server after `RedisStore::connect` (which loads nothing else), and the
+/// library it loads (`FUNCTION LIST … WITHCODE`) is this text.
 #[test]
 fn script_texts_are_the_ones_the_store_loads() {
     let server = RedisServer::start();
@@ -936,6 +1016,52 @@ fn script_texts_are_the_ones_the_store_loads() {
         let mut expected = vec![1; sources.single.len() + 1];
         expected.push(0);
         assert_eq!(found, expected);
+        // And the library, with exactly this code.
+        let listed: redis::Value = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg(ratelimit_runtime::store::redis::script_sources().library_name)
+            .arg("WITHCODE")
+            .query_async(&mut conn)
+            .await
+            .expect("FUNCTION LIST");
+        let redis::Value::Array(libraries) = &listed else {
+            panic!("FUNCTION LIST: {listed:?}");
+        };
+        assert_eq!(libraries.len(), 1, "{listed:?}");
+        let fields: Vec<Reply> = match &libraries[0] {
+            redis::Value::Array(f) => f.iter().map(Reply::from_redis).collect(),
+            other => panic!("a library: {other:?}"),
+        };
+        let field = |name: &str| {
+            let i = fields
+                .iter()
+                .position(|f| *f == Reply::Bulk(name.as_bytes().to_vec()))
+                .unwrap_or_else(|| panic!("no {name} in {fields:?}"));
+            fields[i + 1].clone()
+        };
+        assert_eq!(
+            field("library_code"),
+            Reply::Bulk(sources.library.clone().into_bytes())
+        );
+        let functions = field("functions");
+        let Reply::Array(functions) = &functions else {
+            panic!("functions: {functions:?}");
+        };
+        // Each function is [name, <name>, description, …]: its second field.
+        let names: Vec<Reply> = functions
+            .iter()
+            .filter_map(|f| match f {
+                Reply::Array(fields) => fields.get(1).cloned(),
+                _ => None,
+            })
+            .collect();
+        for name in [&sources.check_function, &sources.compensate_function] {
+            assert!(
+                names.contains(&Reply::Bulk(name.as_bytes().to_vec())),
+                "{name} in {names:?}"
+            );
+        }
     });
 }
 
@@ -1039,6 +1165,15 @@ fn admin_or_check(
     let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
     let memory: &dyn Store = &pair.memory;
     let lua: &dyn Store = &pair.lua;
+    let scripts: &dyn Store = &pair.lua_scripts;
+    // The scripts answer as the library's functions do, at every step.
+    let same = |l: &Result<Verdict, StoreError>, s: &Result<Verdict, StoreError>| {
+        assert_eq!(
+            l.as_ref().ok(),
+            s.as_ref().ok(),
+            "the library and the scripts differ: {l:?} / {s:?}"
+        );
+    };
     let roll = rng.below(100);
     if roll < 8 {
         ops.blocks += 1;
@@ -1048,6 +1183,7 @@ fn admin_or_check(
         pair.runtime.block_on(async {
             memory.block(one, Duration::from_millis(ms)).await.unwrap();
             lua.block(one, Duration::from_millis(ms)).await.unwrap();
+            scripts.block(one, Duration::from_millis(ms)).await.unwrap();
         });
         return (format!("block {ms} ms"), None, None);
     }
@@ -1056,15 +1192,21 @@ fn admin_or_check(
         pair.runtime.block_on(async {
             memory.reset(&keys).await.unwrap();
             lua.reset(&keys).await.unwrap();
+            scripts.reset(&keys).await.unwrap();
         });
         return ("reset".to_owned(), None, None);
     }
     if roll < 30 {
         ops.peeks += 1;
         let before = pair.lua.lua().db().shapes();
-        let (m, l) = pair
-            .runtime
-            .block_on(async { (memory.peek(checks).await, lua.peek(checks).await) });
+        let (m, l, s) = pair.runtime.block_on(async {
+            (
+                memory.peek(checks).await,
+                lua.peek(checks).await,
+                scripts.peek(checks).await,
+            )
+        });
+        same(&l, &s);
         let again = pair.runtime.block_on(memory.peek(checks));
         assert_eq!(
             m.as_ref().ok(),
@@ -1074,7 +1216,8 @@ fn admin_or_check(
         assert_eq!(before, pair.lua.lua().db().shapes(), "a Lua peek wrote");
         return ("peek".to_owned(), Some(m), Some(l));
     }
-    let (m, l) = pair.check(checks);
+    let (m, l, s) = pair.check(checks);
+    same(&l, &s);
     if m.as_ref().is_ok_and(|v| !v.is_admitted()) {
         ops.blocked_calls += 1;
     }

@@ -387,6 +387,8 @@ async fn deny_makes_a_rate_limited_plain_function_return_store_unavailable() {
     assert_eq!(BODY_RUNS.load(Ordering::SeqCst), 1, "the body did not run");
 }
 
+/// `SCRIPT FLUSH` and `FUNCTION FLUSH` between calls: the next call reloads what it runs (the
+/// library, or the script on a server without Functions) and is counted by Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_between_two_calls_the_second_succeeds() {
     let _serial = SERIAL.lock().await;
@@ -409,6 +411,15 @@ async fn script_flush_between_two_calls_the_second_succeeds() {
     // Counted by Redis: this is its answer, not a fallback.
     assert_eq!(second.decisions()[0].remaining, 3);
     assert_eq!(counter(&server, key).await, 2);
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let third = limiter.check(&checks).await.unwrap();
+    assert!(third.is_admitted());
+    assert_eq!(third.decisions()[0].remaining, 2);
+    assert_eq!(counter(&server, key).await, 3);
     assert!(!limiter.store_failing());
 }
 
@@ -537,6 +548,8 @@ async fn lazy_store_connects_once_redis_is_up_without_a_new_limiter() {
 }
 
 /// `calls=` of `cmdstat_evalsha` in `INFO commandstats`.
+/// The store's script calls the server counted: `FCALL` (the library) and `EVALSHA` (servers
+/// without Functions).
 async fn evalsha_calls(server: &RedisServer) -> u64 {
     let mut conn = server.connection().await;
     let info: String = redis::cmd("INFO")
@@ -544,10 +557,15 @@ async fn evalsha_calls(server: &RedisServer) -> u64 {
         .query_async(&mut conn)
         .await
         .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
+    ["cmdstat_evalsha:calls=", "cmdstat_fcall:calls="]
+        .iter()
+        .map(|prefix| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse::<u64>().unwrap())
+        })
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -448,69 +448,163 @@ async fn rejected_calls_leave_every_key_unchanged() {
     }
 }
 
-/// A stacked token + fixed check is one `EVALSHA`, counted by the server; after `SCRIPT FLUSH`
-/// it is one failed `EVALSHA` (NOSCRIPT), one `SCRIPT LOAD` and one more `EVALSHA`, no more.
+/// The token + fixed keys of one caller, and the limits of a stacked check on them.
+fn stacked_limits() -> (Policy, Policy, String, String) {
+    let token = policy(Algorithm::Token, 5, Duration::from_secs(1));
+    let fixed = policy(Algorithm::Fixed, 100, suite::HOUR);
+    let part = [key::Part::new(key::Source::Key, b"u1")];
+    let tk = key::build("rt", "app::rt", &part, &token);
+    let fk = key::build("rt", "app::rt", &part, &fixed);
+    (token, fixed, tk, fk)
+}
+
+/// Every script command the server counted: (calls, failed calls) of each.
+async fn script_commands(conn: &mut MultiplexedConnection) -> [(u64, u64); 5] {
+    [
+        command_calls(conn, "fcall").await,
+        command_calls(conn, "function|load").await,
+        command_calls(conn, "evalsha").await,
+        command_calls(conn, "eval").await,
+        command_calls(conn, "script|load").await,
+    ]
+}
+
+/// The difference of two [`script_commands`] readings.
+fn since(before: [(u64, u64); 5], after: [(u64, u64); 5]) -> [(u64, u64); 5] {
+    std::array::from_fn(|i| (after[i].0 - before[i].0, after[i].1 - before[i].1))
+}
+
+/// A stacked token + fixed check is one `FCALL` of the library's function, counted by the
+/// server, and nothing else. `SCRIPT FLUSH` changes nothing for it; after `FUNCTION FLUSH` it
+/// is one failed `FCALL` (the function is missing), one `FUNCTION LOAD` and one more `FCALL`,
+/// no more, and the check is counted as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stacked_check_is_one_round_trip() {
     let server = RedisServer::start();
     let store = server.store().await;
     let mut conn = server.connection().await;
-    let token = policy(Algorithm::Token, 5, Duration::from_secs(1));
-    let fixed = policy(Algorithm::Fixed, 100, suite::HOUR);
-    let (tk, fk) = (
-        key::build(
-            "rt",
-            "app::rt",
-            &[key::Part::new(key::Source::Key, b"u1")],
-            &token,
-        ),
-        key::build(
-            "rt",
-            "app::rt",
-            &[key::Part::new(key::Source::Key, b"u1")],
-            &fixed,
-        ),
-    );
+    let (token, fixed, tk, fk) = stacked_limits();
     let limits = [(tk.as_str(), &token), (fk.as_str(), &fixed)];
 
-    let evalsha = command_calls(&mut conn, "evalsha").await;
-    let eval = command_calls(&mut conn, "eval").await;
-    let script = command_calls(&mut conn, "script|load").await;
+    let before = script_commands(&mut conn).await;
     let v = check(&store, &limits).await;
     assert!(v.is_admitted());
     assert_eq!(v.decisions()[0].remaining, 4);
     assert_eq!(v.decisions()[1].remaining, 99);
-    let after = command_calls(&mut conn, "evalsha").await;
+    let after = script_commands(&mut conn).await;
+    // FCALL, FUNCTION LOAD, EVALSHA, EVAL, SCRIPT LOAD: (calls, failed).
     assert_eq!(
-        after.0 - evalsha.0,
-        1,
-        "EVALSHA calls for one stacked check"
+        since(before, after),
+        [(1, 0), (0, 0), (0, 0), (0, 0), (0, 0)]
     );
-    assert_eq!(after.1, evalsha.1, "no failed EVALSHA");
-    assert_eq!(command_calls(&mut conn, "eval").await, eval, "no EVAL");
-    assert_eq!(command_calls(&mut conn, "script|load").await, script);
 
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut conn)
         .await
         .unwrap();
-    let (evalsha, script) = (after, command_calls(&mut conn, "script|load").await);
+    let before = script_commands(&mut conn).await;
     let v = check(&store, &limits).await;
-    assert!(v.is_admitted(), "the script was reloaded after NOSCRIPT");
+    assert!(v.is_admitted(), "a SCRIPT FLUSH does not touch the library");
     assert_eq!(v.decisions()[1].remaining, 98);
-    let after = command_calls(&mut conn, "evalsha").await;
+    let after = script_commands(&mut conn).await;
     assert_eq!(
-        after.0 - evalsha.0,
-        2,
-        "EVALSHA calls after a flush: NOSCRIPT + retry"
+        since(before, after),
+        [(1, 0), (0, 0), (0, 0), (0, 0), (0, 0)]
     );
-    assert_eq!(after.1 - evalsha.1, 1, "one NOSCRIPT failure");
+
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let before = script_commands(&mut conn).await;
+    let v = check(&store, &limits).await;
+    assert!(v.is_admitted(), "the library was loaded again");
+    assert_eq!(v.decisions()[0].remaining, 2);
+    assert_eq!(v.decisions()[1].remaining, 97);
+    let after = script_commands(&mut conn).await;
     assert_eq!(
-        command_calls(&mut conn, "script|load").await.0 - script.0,
-        1,
-        "one SCRIPT LOAD"
+        since(before, after),
+        [(2, 1), (1, 0), (0, 0), (0, 0), (0, 0)],
+        "after FUNCTION FLUSH: a failed FCALL, FUNCTION LOAD, FCALL"
     );
+    let libraries: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(ratelimit_runtime::store::redis::script_sources().library_name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&libraries, redis::Value::Array(l) if l.len() == 1),
+        "{libraries:?}"
+    );
+}
+
+/// A server that refuses Redis Functions (here an ACL user without `FCALL` and `FUNCTION`,
+/// as a Redis before 7 refuses the unknown commands) gets the same code as scripts: the first
+/// refused `FCALL` turns the store to `EVALSHA` for good, whose scripts are reloaded after
+/// `SCRIPT FLUSH` (`NOSCRIPT`, `SCRIPT LOAD`, once more). Every answer is counted by Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn servers_without_functions_run_the_scripts() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "nofn",
+            "on",
+            ">pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-fcall",
+            "-fcall_ro",
+            "-function",
+        ])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let url = format!("redis://nofn:pw@127.0.0.1:{}", server.port());
+    let (token, fixed, tk, fk) = stacked_limits();
+    let limits = [(tk.as_str(), &token), (fk.as_str(), &fixed)];
+    let lazy = RedisStore::lazy(&url).unwrap();
+    let connected = RedisStore::connect(&url).await.unwrap();
+    let before = script_commands(&mut conn).await;
+    // The store that connected found out at connect (FUNCTION LOAD refused): EVALSHA at once.
+    let v = check(&connected, &limits).await;
+    assert!(v.is_admitted());
+    assert_eq!(v.decisions()[1].remaining, 99);
+    let after = script_commands(&mut conn).await;
+    assert_eq!(
+        since(before, after),
+        [(0, 0), (0, 0), (1, 0), (0, 0), (0, 0)]
+    );
+    for (i, store) in [&lazy, &connected, &lazy].into_iter().enumerate() {
+        let v = check(store, &limits).await;
+        assert!(v.is_admitted());
+        assert_eq!(v.decisions()[1].remaining, 98 - u64::try_from(i).unwrap());
+    }
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let before = script_commands(&mut conn).await;
+    let v = check(&connected, &limits).await;
+    assert!(v.is_admitted(), "the script was reloaded after NOSCRIPT");
+    assert_eq!(v.decisions()[1].remaining, 95);
+    let after = script_commands(&mut conn).await;
+    assert_eq!(
+        since(before, after),
+        [(0, 0), (0, 0), (2, 1), (0, 0), (1, 0)],
+        "after SCRIPT FLUSH: a failed EVALSHA (NOSCRIPT), SCRIPT LOAD, EVALSHA"
+    );
+    // Peeks and refunds take the same way (the companion script).
+    let checks = [Check::new(&fk, &fixed)];
+    let peeked = lazy.peek(&checks).await.unwrap();
+    assert_eq!(peeked.decisions()[0].remaining, 95);
 }
 
 /// Bad URLs are `ConfigError::InvalidUrl` (never a panic, never the password); a port where

@@ -14,161 +14,192 @@
 --
 -- The driver only composes: the rules are the algorithms' (fixed.lua,
 -- sliding.lua, bucket.lua), the parsing, receipts and replies the prelude's.
-local nkeys = #KEYS
-local call_id = nil
-if #ARGV == 5 * nkeys + 1 then
-  call_id = ARGV[#ARGV]
-  if not valid_call_id(call_id) then
-    return redis.error_reply(BAD_CALL_ID)
-  end
-elseif nkeys == 0 or #ARGV ~= 5 * nkeys then
-  return redis.error_reply('ERR ratelimit: expected 5 arguments per key, got ' .. #ARGV .. ' for ' .. nkeys .. ' keys')
-end
+--
+-- It is one function, `check(KEYS, ARGV)`, defined once the prelude and the
+-- algorithms are: an `EVAL` script ends by calling it on the script's KEYS and
+-- ARGV, a Functions library registers it (see store/redis.rs). Its body is
+-- the same either way; only what is built per call differs (all of the chunk
+-- under `EVAL`, the call's own tables under `FCALL`).
 
-local limits, refused = parse_limits(0, nkeys)
-if not limits then
-  return refused
-end
-
--- A take under a call id that already left its receipts ran before: the
--- cluster client sent it again after a timeout. It is not taken twice; the
--- reply reads the limits as that first take left them.
-if call_id ~= nil and redis.call('EXISTS', receipt_key(KEYS[1], call_id, 1)) == 1 then
-  local again = {}
-  for i = 1, nkeys do
-    local d = limits[i].algo.evaluate(KEYS[i], limits[i].p)
-    again[i] = state_reply(limits[i], d, true, 0)
-  end
-  return again
-end
-
--- Blocks (RateLimiter::block): a key `<KEYS[i]>:b` with a TTL rejects every
--- call on limit i until it expires, whatever the limit's state. Read after the
--- replay above: a take that ran before is answered as it ran, so the cluster
--- store refunds it like any other when a later slot rejects. The hot path
--- pays one EXISTS for all of the call's keys; only a call that finds a block
--- reads more. A blocked call takes nothing: the other limits report their
--- state as it is. A marker without a TTL (written by someone else) is no block.
-local markers = {}
-for i = 1, nkeys do
-  markers[i] = KEYS[i] .. ':b'
-end
-if redis.call('EXISTS', unpack(markers)) > 0 then
-  local blocked = false
-  local reply = {}
-  for i = 1, nkeys do
-    local l = limits[i]
-    local d = l.algo.evaluate(KEYS[i], l.p)
-    local pttl = redis.call('PTTL', markers[i])
-    if pttl >= 0 then
-      blocked = true
-      -- Gone once the clock passes its expiry millisecond: never early.
-      local left = pttl * 1000 + 1000 - math.fmod(now, 1000)
-      reply[i] = { 0, 0, math.max(clamp(d.now_reset), left), left }
-    else
-      reply[i] = state_reply(l, d, d.admitted, d.retry)
-    end
-  end
-  if blocked then
-    return reply
-  end
-end
-
-local repeated = false
-local seen = {}
-for i = 1, nkeys do
-  if seen[KEYS[i]] then
-    repeated = true
-  end
-  seen[KEYS[i]] = true
-end
-
-local function write_receipts(decisions)
-  if call_id == nil then
-    return
-  end
-  for i = 1, nkeys do
+-- The receipts of an admitted call under `call_id`, one per limit.
+local function write_receipts(KEYS, call_id, decisions)
+  for i = 1, #KEYS do
     write_receipt(KEYS[i], call_id, i, decisions[i])
   end
 end
 
-local decisions = {}
-local reply = {}
+local function check(KEYS, ARGV)
+  read_clock()
+  local nkeys = #KEYS
+  local call_id = nil
+  if #ARGV == 5 * nkeys + 1 then
+    call_id = ARGV[#ARGV]
+    if not valid_call_id(call_id) then
+      return redis.error_reply(BAD_CALL_ID)
+    end
+  elseif nkeys == 0 or #ARGV ~= 5 * nkeys then
+    return redis.error_reply('ERR ratelimit: expected 5 arguments per key, got ' .. #ARGV .. ' for ' .. nkeys .. ' keys')
+  end
 
-if not repeated then
-  -- The usual case: distinct keys. Evaluate all, then write all or nothing.
-  local all = true
+  local limits, refused = parse_limits(ARGV, 0, nkeys)
+  if not limits then
+    return refused
+  end
+
+  -- A take under a call id that already left its receipts ran before: the
+  -- cluster client sent it again after a timeout. It is not taken twice; the
+  -- reply reads the limits as that first take left them.
+  if call_id ~= nil and redis.call('EXISTS', receipt_key(KEYS[1], call_id, 1)) == 1 then
+    local again = {}
+    for i = 1, nkeys do
+      local d = limits[i].algo.evaluate(KEYS[i], limits[i].p)
+      again[i] = state_reply(limits[i], d, true, 0)
+    end
+    return again
+  end
+
+  -- Blocks (RateLimiter::block): a key `<KEYS[i]>:b` with a TTL rejects every
+  -- call on limit i until it expires, whatever the limit's state. Read after the
+  -- replay above: a take that ran before is answered as it ran, so the cluster
+  -- store refunds it like any other when a later slot rejects. The hot path
+  -- pays one EXISTS for all of the call's keys; only a call that finds a block
+  -- reads more. A blocked call takes nothing: the other limits report their
+  -- state as it is. A marker without a TTL (written by someone else) is no block.
+  local blocked
+  if nkeys == 1 then
+    blocked = redis.call('EXISTS', KEYS[1] .. ':b') > 0
+  else
+    local markers = {}
+    for i = 1, nkeys do
+      markers[i] = KEYS[i] .. ':b'
+    end
+    blocked = redis.call('EXISTS', unpack(markers)) > 0
+  end
+  if blocked then
+    local reply = {}
+    blocked = false
+    for i = 1, nkeys do
+      local l = limits[i]
+      local d = l.algo.evaluate(KEYS[i], l.p)
+      local pttl = redis.call('PTTL', KEYS[i] .. ':b')
+      if pttl >= 0 then
+        blocked = true
+        -- Gone once the clock passes its expiry millisecond: never early.
+        local left = pttl * 1000 + 1000 - math.fmod(now, 1000)
+        reply[i] = { 0, 0, math.max(clamp(d.now_reset), left), left }
+      else
+        reply[i] = state_reply(l, d, d.admitted, d.retry)
+      end
+    end
+    if blocked then
+      return reply
+    end
+  end
+
+  -- One limit, the usual call: the loop below for a single key, without its
+  -- tables (no key can repeat).
+  if nkeys == 1 then
+    local l = limits[1]
+    local d = l.algo.evaluate(KEYS[1], l.p)
+    if not d.admitted then
+      return { state_reply(l, d, false, d.retry) }
+    end
+    l.algo.commit(KEYS[1], l.p, d)
+    if call_id ~= nil then
+      write_receipt(KEYS[1], call_id, 1, d)
+    end
+    return { taken_reply(l, d) }
+  end
+
+  local repeated = false
+  local seen = {}
   for i = 1, nkeys do
-    decisions[i] = limits[i].algo.evaluate(KEYS[i], limits[i].p)
-    if not decisions[i].admitted then
+    if seen[KEYS[i]] then
+      repeated = true
+    end
+    seen[KEYS[i]] = true
+  end
+
+  local decisions = {}
+  local reply = {}
+
+  if not repeated then
+    -- The usual case: distinct keys. Evaluate all, then write all or nothing.
+    local all = true
+    for i = 1, nkeys do
+      decisions[i] = limits[i].algo.evaluate(KEYS[i], limits[i].p)
+      if not decisions[i].admitted then
+        all = false
+      end
+    end
+    for i = 1, nkeys do
+      local d = decisions[i]
+      if all then
+        limits[i].algo.commit(KEYS[i], limits[i].p, d)
+        reply[i] = taken_reply(limits[i], d)
+      else
+        reply[i] = state_reply(limits[i], d, d.admitted, d.retry)
+      end
+    end
+    if all and call_id ~= nil then
+      write_receipts(KEYS, call_id, decisions)
+    end
+    return reply
+  end
+
+  -- One key named more than once: its limits apply one after the other, each
+  -- seeing what the ones before it took (as the memory store does). They run on
+  -- working copies of the call's keys (`<key>:w`, the same hash tag): COPY keeps
+  -- a key's value and its expiry to the millisecond, so a copy reads exactly as
+  -- the key does, and the keys themselves are not touched until the end. When
+  -- every limit admits, each copy replaces its key (RENAME keeps the expiry the
+  -- commits set); when any rejects, the copies are dropped and the keys are
+  -- exactly as they were, expiry included. The reply then reads the keys.
+  local work = {}
+  local copies = {}
+  for i = 1, nkeys do
+    local key = KEYS[i]
+    if work[key] == nil then
+      local copy = key .. ':w'
+      redis.call('DEL', copy)
+      redis.call('COPY', key, copy)
+      work[key] = copy
+      copies[#copies + 1] = key
+    end
+  end
+  local all = true
+  local outcome = {}
+  for i = 1, nkeys do
+    local copy = work[KEYS[i]]
+    local d = limits[i].algo.evaluate(copy, limits[i].p)
+    decisions[i] = d
+    outcome[i] = { admitted = d.admitted, retry = d.retry }
+    if d.admitted then
+      limits[i].algo.commit(copy, limits[i].p, d)
+    else
       all = false
     end
   end
-  for i = 1, nkeys do
-    local d = decisions[i]
-    if all then
-      limits[i].algo.commit(KEYS[i], limits[i].p, d)
-      reply[i] = taken_reply(limits[i], d)
-    else
-      reply[i] = state_reply(limits[i], d, d.admitted, d.retry)
-    end
-  end
   if all then
-    write_receipts(decisions)
-  end
-  return reply
-end
-
--- One key named more than once: its limits apply one after the other, each
--- seeing what the ones before it took (as the memory store does). They run on
--- working copies of the call's keys (`<key>:w`, the same hash tag): COPY keeps
--- a key's value and its expiry to the millisecond, so a copy reads exactly as
--- the key does, and the keys themselves are not touched until the end. When
--- every limit admits, each copy replaces its key (RENAME keeps the expiry the
--- commits set); when any rejects, the copies are dropped and the keys are
--- exactly as they were, expiry included. The reply then reads the keys.
-local work = {}
-local copies = {}
-for i = 1, nkeys do
-  local key = KEYS[i]
-  if work[key] == nil then
-    local copy = key .. ':w'
-    redis.call('DEL', copy)
-    redis.call('COPY', key, copy)
-    work[key] = copy
-    copies[#copies + 1] = key
-  end
-end
-local all = true
-local outcome = {}
-for i = 1, nkeys do
-  local copy = work[KEYS[i]]
-  local d = limits[i].algo.evaluate(copy, limits[i].p)
-  decisions[i] = d
-  outcome[i] = { admitted = d.admitted, retry = d.retry }
-  if d.admitted then
-    limits[i].algo.commit(copy, limits[i].p, d)
-  else
-    all = false
-  end
-end
-if all then
-  for _, key in ipairs(copies) do
-    if redis.call('EXISTS', work[key]) == 1 then
-      redis.call('RENAME', work[key], key)
+    for _, key in ipairs(copies) do
+      if redis.call('EXISTS', work[key]) == 1 then
+        redis.call('RENAME', work[key], key)
+      end
     end
+    for i = 1, nkeys do
+      reply[i] = taken_reply(limits[i], decisions[i])
+    end
+    if call_id ~= nil then
+      write_receipts(KEYS, call_id, decisions)
+    end
+    return reply
+  end
+  for _, key in ipairs(copies) do
+    redis.call('DEL', work[key])
   end
   for i = 1, nkeys do
-    reply[i] = taken_reply(limits[i], decisions[i])
+    local d = limits[i].algo.evaluate(KEYS[i], limits[i].p)
+    reply[i] = state_reply(limits[i], d, outcome[i].admitted, outcome[i].retry)
   end
-  write_receipts(decisions)
   return reply
 end
-for _, key in ipairs(copies) do
-  redis.call('DEL', work[key])
-end
-for i = 1, nkeys do
-  local d = limits[i].algo.evaluate(KEYS[i], limits[i].p)
-  reply[i] = state_reply(limits[i], d, outcome[i].admitted, outcome[i].retry)
-end
-return reply

@@ -2,7 +2,7 @@
 -- helpers, the algorithm registry, the parsing of the arguments, receipts and
 -- replies.
 --
--- One script checks every limit of ONE call: KEYS[i] is the key of limit i and
+-- One call checks every limit of ONE request: KEYS[i] is the key of limit i and
 -- ARGV[5*(i-1)+1 .. 5*i] its parameters: algorithm code, limit, period (µs),
 -- burst, cost. Time is the server's own (`TIME`), in microseconds, so app
 -- servers with skewed clocks share one consistent limit.
@@ -12,19 +12,43 @@
 -- `int()` because Lua turns numbers into strings with 14 significant digits,
 -- which would round a µs timestamp. Every number returned is an integer.
 
--- Before Redis 5, a script that writes after a non-deterministic command such as
--- TIME must switch to effects replication first; from Redis 5 on it is the
--- default (and from 7 on the function is a no-op kept for compatibility).
-if redis.replicate_commands ~= nil then
-  redis.replicate_commands()
+-- A whole number as a decimal string, exact up to 2^53. '%d' formats through
+-- a C long, several times cheaper than '%.0f' (no floating-point printing):
+-- used where a long holds 2^53 (64-bit builds, as Redis's are), '%.0f'
+-- elsewhere. The two agree on every whole number, the only numbers given here.
+-- Chosen by the first call (read_clock, below): a Functions library may not use the
+-- string library while it loads.
+local INT_FORMAT = nil
+
+local function int(n)
+  return string.format(INT_FORMAT, n)
 end
 
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+-- The server's time in µs, read by every entry point (the driver's `check`,
+-- refund.lua's `compensate`) before anything else: `read_clock()`. A local of
+-- the chunk, not a global, so that the same text serves as an `EVAL` script
+-- (the chunk runs per call) and as a Functions library (the chunk runs once at
+-- `FUNCTION LOAD`; a library cannot set globals, and its functions read `now`
+-- as an upvalue set per call).
+local now = 0
 
--- A whole number as a decimal string, exact up to 2^53.
-local function int(n)
-  return string.format('%.0f', n)
+local function read_clock()
+  -- Before Redis 5, a script that writes after a non-deterministic command such
+  -- as TIME must switch to effects replication first; from Redis 5 on it is the
+  -- default (and from 7 on the function is a no-op kept for compatibility).
+  if redis.replicate_commands ~= nil then
+    redis.replicate_commands()
+  end
+  local time = redis.call('TIME')
+  -- Two strings of digits: arithmetic converts each once (Lua 5.1's tonumber
+  -- converts its argument twice).
+  now = time[1] * 1000000 + time[2]
+  if INT_FORMAT == nil then
+    INT_FORMAT = '%.0f'
+    if string.format('%d', 2 ^ 53) == '9007199254740992' then
+      INT_FORMAT = '%d'
+    end
+  end
 end
 
 -- a / b rounded up, for non-negative integers a and b > 0 below 2^53. The
@@ -100,35 +124,59 @@ end
 local ALGOS = {}
 
 -- Reads the limits of one call: for limit i, KEYS[i] and the five arguments
--- ARGV[offset + 5*(i-1) + 1 .. offset + 5*i] (algorithm code, limit, period µs,
--- burst, cost), parsed and checked here once for the driver and the refund
--- script alike. `check(i)`, when given, may refuse limit i once it parsed, with
+-- argv[offset + 5*(i-1) + 1 .. offset + 5*i] of the call's ARGV (algorithm
+-- code, limit, period µs, burst, cost), parsed and checked here once for the
+-- driver and the refund script alike. `check(i)`, when given, may refuse limit i once it parsed, with
 -- a message. Returns the limits ({ algo, p, capacity } each), or nil and the
 -- error reply.
-local function parse_limits(offset, nkeys, check)
+--
+-- Parsed limits are kept by their five argument strings (PARSED), read-only
+-- from then on (no rule writes to `p` or to a limit): a Functions library keeps
+-- them between calls, where parsing and checking five numbers cost more than
+-- the rest of the call's Lua; an `EVAL` chunk starts with an empty cache. The
+-- id joins the strings with ':', which no valid number holds: an id with
+-- exactly four ':' names one tuple of strings, and only valid tuples are kept.
+-- At most PARSED_MAX are kept (costs vary per call): then it starts over.
+local PARSED = {}
+local PARSED_COUNT = 0
+local PARSED_MAX = 1000
+
+local function parse_limits(argv, offset, nkeys, check)
   local limits = {}
   for i = 1, nkeys do
     local base = offset + 5 * (i - 1)
-    local code = tonumber(ARGV[base + 1])
-    local algo = ALGOS[code]
-    if algo == nil then
-      return nil, redis.error_reply('ERR ratelimit: this script has no algorithm with code ' .. tostring(ARGV[base + 1]))
-    end
-    local p = {
-      limit = tonumber(ARGV[base + 2]),
-      period = tonumber(ARGV[base + 3]),
-      burst = tonumber(ARGV[base + 4]),
-      cost = tonumber(ARGV[base + 5]),
-    }
-    if not (p.limit and p.period and p.burst and p.cost)
-      or p.limit < 1 or p.period < 1000 or p.burst < 1 or p.cost < 1 then
-      return nil, redis.error_reply('ERR ratelimit: invalid parameters for key ' .. i)
+    local id = argv[base + 1] .. ':' .. argv[base + 2] .. ':' .. argv[base + 3]
+      .. ':' .. argv[base + 4] .. ':' .. argv[base + 5]
+    local limit = PARSED[id]
+    if limit == nil then
+      local code = tonumber(argv[base + 1])
+      local algo = ALGOS[code]
+      if algo == nil then
+        return nil, redis.error_reply('ERR ratelimit: this script has no algorithm with code ' .. tostring(argv[base + 1]))
+      end
+      local p = {
+        limit = tonumber(argv[base + 2]),
+        period = tonumber(argv[base + 3]),
+        burst = tonumber(argv[base + 4]),
+        cost = tonumber(argv[base + 5]),
+      }
+      if not (p.limit and p.period and p.burst and p.cost)
+        or p.limit < 1 or p.period < 1000 or p.burst < 1 or p.cost < 1 then
+        return nil, redis.error_reply('ERR ratelimit: invalid parameters for key ' .. i)
+      end
+      limit = { algo = algo, p = p, capacity = p[algo.capacity] }
+      if PARSED_COUNT >= PARSED_MAX then
+        PARSED = {}
+        PARSED_COUNT = 0
+      end
+      PARSED[id] = limit
+      PARSED_COUNT = PARSED_COUNT + 1
     end
     local refused = check and check(i)
     if refused then
       return nil, redis.error_reply(refused)
     end
-    limits[i] = { algo = algo, p = p, capacity = p[algo.capacity] }
+    limits[i] = limit
   end
   return limits
 end

@@ -27,6 +27,12 @@
 -- replica whose clock is behind: how long the call has held its units is then
 -- unknown). What a receipt gives back is each algorithm's own rule: the
 -- `refund` of fixed.lua, sliding.lua and bucket.lua.
+--
+-- One function, `compensate(KEYS, ARGV)`, as the driver's `check` is: an `EVAL`
+-- script ends by calling it, a Functions library registers it. (Its body is
+-- left unindented, as it was when it was the whole script.)
+local function compensate(KEYS, ARGV)
+read_clock()
 local mode = ARGV[1]
 local call_id = nil
 local offset = 1
@@ -52,7 +58,7 @@ local function check_receipt(i)
   return nil
 end
 
-local limits, refused = parse_limits(offset, nkeys, check_receipt)
+local limits, refused = parse_limits(ARGV, offset, nkeys, check_receipt)
 if not limits then
   return refused
 end
@@ -88,3 +94,4 @@ for i = 1, nkeys do
   end
 end
 return reply
+end

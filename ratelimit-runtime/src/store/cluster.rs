@@ -3,8 +3,11 @@
 //!
 //! # Behaviour
 //!
-//! * **Same scripts, same keys.** Every check runs the scripts of [`super::RedisStore`]
-//!   (`EVALSHA`, reloaded after `NOSCRIPT`, time from the server's `TIME`). Keys are
+//! * **Same scripts, same keys.** Every check runs the code of [`super::RedisStore`] (`FCALL`
+//!   of its Functions library, loaded on every master at connect; a master that answers that
+//!   the function is missing, after a restart, a `FUNCTION FLUSH` or as a new node, gets it
+//!   then and the call is repeated; `EVALSHA` on servers without Functions; time from the
+//!   server's `TIME`). Keys are
 //!   `<prefix>:{<scope>:<identity>}:<suffix>`: the braces are a hash tag, so every limit of one
 //!   caller in one scope lands in one slot.
 //! * **Redirections and failover are the client's job.** The cluster client keeps the slot map,
@@ -75,8 +78,8 @@ use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
 use redis::IntoConnectionInfo;
@@ -85,7 +88,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 
 use super::lazy::LazyConnection;
-use super::redis::{COMPANION, Mode, block_cmd, compensate, eval_checks, load_scripts, reset_cmd};
+use super::redis::{Calls, Mode, block_cmd, compensate, eval_checks, load_scripts, reset_cmd};
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Decision, Policy, Verdict};
@@ -199,10 +202,12 @@ where
         .map_err(|e| ConfigError::InvalidUrl(e.to_string()))
 }
 
-async fn connect_cluster(client: &ClusterClient) -> Result<ClusterConnection, redis::RedisError> {
+async fn connect_cluster(
+    client: &ClusterClient,
+    calls: &Calls,
+) -> Result<ClusterConnection, redis::RedisError> {
     let mut conn = client.get_async_connection().await?;
-    load_scripts(&mut conn).await?;
-    COMPANION.load_async(&mut conn).await?;
+    load_scripts(&mut conn, calls).await?;
     Ok(conn)
 }
 
@@ -213,6 +218,7 @@ async fn connect_cluster(client: &ClusterClient) -> Result<ClusterConnection, re
 pub struct RedisClusterStore {
     client: ClusterClient,
     conn: LazyConnection<ClusterConnection>,
+    calls: Arc<Calls>,
 }
 
 impl fmt::Debug for RedisClusterStore {
@@ -235,12 +241,14 @@ impl RedisClusterStore {
         S: AsRef<str>,
     {
         let client = cluster_client(nodes)?;
-        let conn = connect_cluster(&client)
+        let calls = Arc::new(Calls::default());
+        let conn = connect_cluster(&client, &calls)
             .await
             .map_err(|e| ConfigError::Unreachable(e.to_string()))?;
         Ok(Self {
             client,
             conn: LazyConnection::ready(conn),
+            calls,
         })
     }
 
@@ -262,6 +270,7 @@ impl RedisClusterStore {
         Ok(Self {
             client: cluster_client(nodes)?,
             conn: LazyConnection::new(),
+            calls: Arc::new(Calls::default()),
         })
     }
 
@@ -287,8 +296,9 @@ impl RedisClusterStore {
 
     async fn connection(&self) -> Result<ClusterConnection, StoreError> {
         let client = self.client.clone();
+        let calls = Arc::clone(&self.calls);
         self.conn
-            .get(|| async move { connect_cluster(&client).await })
+            .get(|| async move { connect_cluster(&client, &calls).await })
             .await
     }
 
@@ -302,7 +312,7 @@ impl RedisClusterStore {
     ) -> Result<Verdict, StoreError> {
         one_slot(checks)?;
         let mut conn = self.connection().await?;
-        eval_checks(&mut conn, checks, Some(call_id)).await
+        eval_checks(&mut conn, &self.calls, checks, Some(call_id)).await
     }
 
     /// Test hook: the refund a rejected cross-slot call sends for a group it took under
@@ -316,7 +326,7 @@ impl RedisClusterStore {
     ) -> Result<Verdict, StoreError> {
         one_slot(checks)?;
         let mut conn = self.connection().await?;
-        compensate(&mut conn, Mode::Refund(call_id), checks).await
+        compensate(&mut conn, &self.calls, Mode::Refund(call_id), checks).await
     }
 
     /// Checks limits whose keys fall in several slots: each slot's group in turn under one
@@ -324,6 +334,7 @@ impl RedisClusterStore {
     /// rejects.
     async fn check_across_slots(
         conn: &mut ClusterConnection,
+        calls: &Calls,
         checks: &[Check<'_>],
         groups: &[Vec<usize>],
     ) -> Result<Verdict, StoreError> {
@@ -335,7 +346,7 @@ impl RedisClusterStore {
             let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
             // The last group is never refunded (when it admits, so did the call): no receipts.
             let receipts = (g + 1 < groups.len()).then_some(id.as_str());
-            let verdict = eval_checks(conn, &sub, receipts).await?;
+            let verdict = eval_checks(conn, calls, &sub, receipts).await?;
             if verdict.is_admitted() {
                 taken.push((g, verdict));
                 continue;
@@ -344,7 +355,7 @@ impl RedisClusterStore {
             for (earlier, admitted) in &taken {
                 let group = &groups[*earlier];
                 let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
-                match compensate(conn, Mode::Refund(&id), &sub).await {
+                match compensate(conn, calls, Mode::Refund(&id), &sub).await {
                     Ok(now) => fill(&mut decisions, group, now.decisions()),
                     Err(error) => {
                         tracing::warn!(%error, "redis cluster: a refund failed; the limits of another slot keep what this rejected call took");
@@ -354,7 +365,7 @@ impl RedisClusterStore {
             }
             for group in &groups[g + 1..] {
                 let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
-                match compensate(conn, Mode::Peek, &sub).await {
+                match compensate(conn, calls, Mode::Peek, &sub).await {
                     Ok(now) => fill(&mut decisions, group, now.decisions()),
                     Err(error) => {
                         // The call is rejected either way; these limits' numbers are unknown
@@ -429,7 +440,7 @@ impl Store for RedisClusterStore {
             let mut conn = self.connection().await?;
             let groups = group_by_slot(checks);
             if groups.len() <= 1 {
-                return eval_checks(&mut conn, checks, None).await;
+                return eval_checks(&mut conn, &self.calls, checks, None).await;
             }
             // A take in one slot and its refund in another are separate round trips. Run them
             // in a task of their own, so that the limiter's timeout (which drops this future)
@@ -438,12 +449,13 @@ impl Store for RedisClusterStore {
                 .iter()
                 .map(|c| (c.key.to_owned(), *c.policy, c.scope.to_owned()))
                 .collect();
+            let calls = Arc::clone(&self.calls);
             let task = tokio::spawn(async move {
                 let checks: Vec<Check<'_>> = owned
                     .iter()
                     .map(|(key, policy, scope)| Check::new(key, policy).with_scope(scope))
                     .collect();
-                Self::check_across_slots(&mut conn, &checks, &groups).await
+                Self::check_across_slots(&mut conn, &calls, &checks, &groups).await
             });
             task.await.map_err(|e| {
                 StoreError::connection(format!("the cross-slot check task failed: {e}"))
@@ -460,7 +472,7 @@ impl Store for RedisClusterStore {
                 return self.check(checks).await;
             }
             let mut conn = self.connection().await?;
-            eval_checks(&mut conn, checks, Some(call_id)).await
+            eval_checks(&mut conn, &self.calls, checks, Some(call_id)).await
         })
     }
 
@@ -470,7 +482,7 @@ impl Store for RedisClusterStore {
                 return Ok(());
             }
             let mut conn = self.connection().await?;
-            compensate(&mut conn, Mode::Refund(call_id), checks)
+            compensate(&mut conn, &self.calls, Mode::Refund(call_id), checks)
                 .await
                 .map(drop)
         })
@@ -487,7 +499,7 @@ impl Store for RedisClusterStore {
             // One read per slot (a script touches one slot).
             for group in group_by_slot(checks) {
                 let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
-                let verdict = compensate(&mut conn, Mode::Peek, &sub).await?;
+                let verdict = compensate(&mut conn, &self.calls, Mode::Peek, &sub).await?;
                 fill(&mut decisions, &group, verdict.decisions());
             }
             collect(decisions)

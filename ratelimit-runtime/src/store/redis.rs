@@ -1,13 +1,19 @@
-//! The Redis store: one server, one `EVALSHA` per check, whatever the number of stacked limits.
+//! The Redis store: one server, one `FCALL` (`EVALSHA` without Redis Functions) per check,
+//! whatever the number of stacked limits.
 //!
 //! # Behaviour
 //!
 //! * **Atomic.** Each check is one Lua script (`src/scripts/*.lua`) that reads the server's
 //!   clock (`TIME`, in microseconds), evaluates every limit of the call, and writes only when
 //!   all of them admit it: a rejected call leaves every key byte-for-byte as it was.
-//! * **One round trip.** The scripts are loaded once (at [`RedisStore::connect`], or on the
-//!   first check) and invoked by their SHA1 with `EVALSHA`; after a `NOSCRIPT` (a restarted or
-//!   flushed server) the script is loaded again and the call repeated once.
+//! * **One round trip.** The Lua is loaded once as a Redis Functions library (`FUNCTION LOAD`,
+//!   at [`RedisStore::connect`] or on the first check), so its helpers and tables are built at
+//!   load, and each check is one `FCALL`. The library's name carries a hash of its code: two
+//!   versions of an application share a Redis without replacing each other's. After a
+//!   restart without persistence or a `FUNCTION FLUSH` (`Function not found`), the library is
+//!   loaded again and the call repeated once. A server without Functions (before Redis 7, or
+//!   an ACL without `FCALL`/`FUNCTION`) runs the same code as scripts, invoked by their SHA1
+//!   with `EVALSHA` and reloaded after `NOSCRIPT`.
 //! * **TTL on every key.** No key outlives its state: fixed = the window's end, sliding = newest
 //!   entry + period, token = time until full, leaky = time until empty. A key is never created
 //!   without its TTL in the same command.
@@ -38,7 +44,9 @@
 //! ```
 
 use std::fmt;
-use std::sync::LazyLock;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -59,6 +67,12 @@ const SLIDING_COUNTER: &str = include_str!("../scripts/sliding_counter.lua");
 const DRIVER: &str = include_str!("../scripts/driver.lua");
 const REFUND: &str = include_str!("../scripts/refund.lua");
 
+/// The last line of an `EVAL` script: the driver's `check` (defined by `driver.lua`) on the
+/// script's own KEYS and ARGV.
+const EVAL_CHECK: &str = "return check(KEYS, ARGV)\n";
+/// The last line of the companion `EVAL` script (`refund.lua`'s `compensate`).
+const EVAL_COMPENSATE: &str = "return compensate(KEYS, ARGV)\n";
+
 /// The Lua file that holds `algorithm`'s rule (its evaluate, commit and refund).
 /// Every algorithm file, once each.
 const ALGORITHMS: [&str; 5] = [FIXED, SLIDING, BUCKET, GCRA, SLIDING_COUNTER];
@@ -73,11 +87,16 @@ fn source(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// The exact texts the Redis stores send (`SCRIPT LOAD`, and `EVALSHA` of their SHA1), for
-/// tests that run the very same bytes elsewhere (the conformance test's embedded Lua).
+/// The exact texts the Redis stores send (`FUNCTION LOAD` of the library and `FCALL` of its
+/// functions, or `SCRIPT LOAD` and `EVALSHA` of the scripts' SHA1 on servers without Redis
+/// Functions), for tests that run the very same bytes elsewhere (the conformance test's
+/// embedded Lua).
 ///
-/// Each script is the prelude, one or more algorithm files, and a composer (the driver, or the
-/// cluster's companion).
+/// Each script is the prelude, one or more algorithm files, a composer (the driver, or the
+/// cluster's companion) and one line that calls the composer's function on the script's KEYS
+/// and ARGV. The library is the same files, every one once, loaded as a Redis Functions library
+/// that registers the two composers' functions: the same code, built once at `FUNCTION LOAD`
+/// instead of on every call.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -93,6 +112,21 @@ pub struct ScriptSources {
     /// The Redis Cluster store's companion script (peek and refund modes): the prelude, every
     /// algorithm file and `refund.lua`.
     pub companion: &'static str,
+    /// The Functions library (`FUNCTION LOAD REPLACE` of this text): the prelude, every
+    /// algorithm file, the driver and `refund.lua`, after a `#!lua name=<library>` line, ending
+    /// with the registration of [`check_function`](Self::check_function) (the driver's `check`)
+    /// and [`compensate_function`](Self::compensate_function) (`refund.lua`'s `compensate`).
+    pub library: &'static str,
+    /// The library's name: `ratelimit_` and 16 hex digits of the SHA1 of its code, so that two
+    /// versions of the scripts (two versions of an application on one Redis) are two libraries
+    /// and never replace each other's.
+    pub library_name: &'static str,
+    /// The function that checks a call (`FCALL <this> numkeys keys… args…`, the driver
+    /// script's KEYS and ARGV): the library's name and `_check`.
+    pub check_function: &'static str,
+    /// The companion's function (peek and refund, the companion script's KEYS and ARGV): the
+    /// library's name and `_compensate`.
+    pub compensate_function: &'static str,
 }
 
 impl ScriptSources {
@@ -107,12 +141,33 @@ struct Texts {
     single: [String; 6],
     combined: String,
     companion: String,
+    library: String,
+    library_name: String,
+    check_function: String,
+    compensate_function: String,
 }
 
-static TEXTS: LazyLock<Texts> = LazyLock::new(|| Texts {
-    single: Algorithm::ALL.map(|a| [PRELUDE, source(a), DRIVER].concat()),
-    combined: [PRELUDE, ALGORITHMS.concat().as_str(), DRIVER].concat(),
-    companion: [PRELUDE, ALGORITHMS.concat().as_str(), REFUND].concat(),
+static TEXTS: LazyLock<Texts> = LazyLock::new(|| {
+    let algorithms = ALGORITHMS.concat();
+    let code = [PRELUDE, algorithms.as_str(), DRIVER, REFUND].concat();
+    let hash = Script::new(&code).get_hash().to_owned();
+    let library_name = format!("ratelimit_{}", &hash[..16]);
+    let check_function = format!("{library_name}_check");
+    let compensate_function = format!("{library_name}_compensate");
+    let library = format!(
+        "#!lua name={library_name}\n{code}\
+         redis.register_function('{check_function}', check)\n\
+         redis.register_function('{compensate_function}', compensate)\n"
+    );
+    Texts {
+        single: Algorithm::ALL.map(|a| [PRELUDE, source(a), DRIVER, EVAL_CHECK].concat()),
+        combined: [PRELUDE, algorithms.as_str(), DRIVER, EVAL_CHECK].concat(),
+        companion: [PRELUDE, algorithms.as_str(), REFUND, EVAL_COMPENSATE].concat(),
+        library,
+        library_name,
+        check_function,
+        compensate_function,
+    }
 });
 
 /// The exact script texts the Redis and Redis Cluster stores send (see [`ScriptSources`]).
@@ -123,6 +178,10 @@ pub fn script_sources() -> ScriptSources {
         single: texts.single.each_ref().map(String::as_str),
         combined: &texts.combined,
         companion: &texts.companion,
+        library: &texts.library,
+        library_name: &texts.library_name,
+        check_function: &texts.check_function,
+        compensate_function: &texts.compensate_function,
     }
 }
 
@@ -182,30 +241,146 @@ impl Scripts {
     }
 }
 
-/// Loads every script into the server's script cache (`SCRIPT LOAD`), so that the first
-/// checks need no `NOSCRIPT` round trip.
+/// Whether a store's server (every node of a cluster) runs the library with `FCALL`, or the
+/// scripts with `EVALSHA`. Found out once: at connect (`FUNCTION LOAD` answered) or by the
+/// first call. Until a server has refused Functions outright (`unknown command`: Redis before
+/// 7; `NOPERM`: an ACL without `FCALL` or `FUNCTION`), calls use `FCALL`; from then on,
+/// `EVALSHA`. A transient error (out of memory, loading) fails that call only.
+#[derive(Debug, Default)]
+pub(crate) struct Calls {
+    /// `true` once a server refused the library.
+    scripts_only: AtomicBool,
+}
+
+impl Calls {
+    fn functions(&self) -> bool {
+        !self.scripts_only.load(Ordering::Relaxed)
+    }
+
+    fn refuse_functions(&self, why: &redis::RedisError) {
+        if !self.scripts_only.swap(true, Ordering::Relaxed) {
+            tracing::info!(error = %why, "redis: no Functions on this server, the scripts run with EVALSHA");
+        }
+    }
+}
+
+/// `FUNCTION LOAD REPLACE <library>`: the same text under the same name is the same library,
+/// so replacing it never changes another version's (each has a name of its own).
+fn library_cmd() -> redis::Cmd {
+    let mut cmd = redis::cmd("FUNCTION");
+    cmd.arg("LOAD").arg("REPLACE").arg(script_sources().library);
+    cmd
+}
+
+/// An error the server answered (as opposed to a transport error, after which nothing is
+/// known about the server).
+fn is_server_error(e: &redis::RedisError) -> bool {
+    e.code().is_some()
+}
+
+/// `FCALL` of a function the server does not have: a restarted server without persistence, a
+/// `FUNCTION FLUSH`, a node added to a cluster.
+fn function_missing(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// `FCALL` refused outright: a server without Redis Functions (`unknown command`), or an ACL
+/// that does not allow it.
+fn no_functions(e: &redis::RedisError) -> bool {
+    match e.code() {
+        Some("ERR") => e
+            .detail()
+            .is_some_and(|d| d.to_ascii_lowercase().starts_with("unknown command")),
+        Some("NOPERM") => true,
+        _ => false,
+    }
+}
+
+/// A connection the checks run on, which can send the Functions library to the server that
+/// serves a key: the server itself, or on a cluster the key's master (the node whose `FCALL`
+/// answered that the function is missing).
+pub(crate) trait ScriptConnection: ConnectionLike + Send {
+    /// `FUNCTION LOAD REPLACE` of the library where `key` lives.
+    fn load_library_for(
+        &mut self,
+        key: &str,
+    ) -> impl Future<Output = redis::RedisResult<()>> + Send;
+}
+
+impl ScriptConnection for ConnectionManager {
+    async fn load_library_for(&mut self, _key: &str) -> redis::RedisResult<()> {
+        library_cmd().query_async(self).await
+    }
+}
+
 #[cfg(feature = "cluster")]
-pub(crate) async fn load_scripts<C>(conn: &mut C) -> Result<(), redis::RedisError>
+impl ScriptConnection for redis::cluster_async::ClusterConnection {
+    async fn load_library_for(&mut self, key: &str) -> redis::RedisResult<()> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
+        self.route_command(
+            library_cmd(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+        )
+        .await
+        .map(drop)
+    }
+}
+
+/// Loads the library (`FUNCTION LOAD REPLACE`; on a cluster the client sends it to every
+/// master) and every script (`SCRIPT LOAD`, every node), so that the first checks need no
+/// reload round trip. A server that refuses the library is left to the scripts.
+#[cfg(feature = "cluster")]
+pub(crate) async fn load_scripts<C>(conn: &mut C, calls: &Calls) -> Result<(), redis::RedisError>
 where
     C: ConnectionLike + Send,
 {
+    match library_cmd().query_async::<()>(conn).await {
+        Ok(()) => {}
+        Err(e) if no_functions(&e) => calls.refuse_functions(&e),
+        // Any other answer (a master busy loading, out of memory, a failover under way): the
+        // first `FCALL` that finds the function missing loads it.
+        Err(e) if is_server_error(&e) => {}
+        Err(e) => return Err(e),
+    }
     for script in SCRIPTS.all() {
         script.load_async(conn).await?;
     }
+    COMPANION.load_async(conn).await?;
     Ok(())
 }
 
 /// Like [`load_scripts`], in one round trip (a pipeline) on a single server: connecting at a
-/// cold start is on the path of the checks that wait for it.
-async fn load_scripts_pipelined<C>(conn: &mut C) -> Result<(), redis::RedisError>
+/// cold start is on the path of the checks that wait for it. The companion script is left to
+/// its first call (`NOSCRIPT`), as before: peeks and refunds are rare.
+async fn load_scripts_pipelined<C>(conn: &mut C, calls: &Calls) -> Result<(), redis::RedisError>
 where
     C: ConnectionLike + Send,
 {
     let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe.add_command(library_cmd());
     for source in &SCRIPTS.sources {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source);
     }
-    let hashes: Vec<String> = pipe.query_async(conn).await?;
+    let mut replies: Vec<redis::RedisResult<String>> = pipe.query_async(conn).await?;
+    if replies.is_empty() {
+        return Err(redis::RedisError::from((
+            ErrorKind::Client,
+            "the script pipeline got no replies",
+        )));
+    }
+    match replies.remove(0) {
+        Ok(_) => {}
+        Err(e) if no_functions(&e) => calls.refuse_functions(&e),
+        // Any other answer (busy loading, out of memory): the first `FCALL` that finds the
+        // function missing loads it.
+        Err(e) if is_server_error(&e) => {}
+        Err(e) => return Err(e),
+    }
+    let hashes = replies.into_iter().collect::<Result<Vec<String>, _>>()?;
     let expected: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
     if hashes != expected {
         return Err(redis::RedisError::from((
@@ -216,8 +391,51 @@ where
     Ok(())
 }
 
-/// Checks every limit of one call in one script invocation (`EVALSHA`, plus a `SCRIPT LOAD`
-/// and a second `EVALSHA` after `NOSCRIPT`).
+/// Runs one of the library's functions (`FCALL function numkeys keys… args…`, `args` writing
+/// the numkeys, keys and arguments) or, on a server without Functions, the script that holds
+/// the same code (`EVALSHA sha numkeys …`, same layout). A missing function is loaded on the
+/// node of `first_key` (the one that answered) and the call repeated once; a missing script
+/// likewise (`NOSCRIPT`: `SCRIPT LOAD`, then once more).
+async fn invoke<C>(
+    conn: &mut C,
+    calls: &Calls,
+    function: &str,
+    script: &Script,
+    first_key: &str,
+    args: impl Fn(&mut redis::Cmd),
+) -> Result<Value, redis::RedisError>
+where
+    C: ScriptConnection,
+{
+    if calls.functions() {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(function);
+        args(&mut cmd);
+        match cmd.query_async(conn).await {
+            Err(e) if function_missing(&e) => match conn.load_library_for(first_key).await {
+                Ok(()) => return cmd.query_async(conn).await,
+                Err(e) if no_functions(&e) => calls.refuse_functions(&e),
+                Err(e) => return Err(e),
+            },
+            Err(e) if no_functions(&e) => calls.refuse_functions(&e),
+            other => return other,
+        }
+    }
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash());
+    args(&mut cmd);
+    match cmd.query_async(conn).await {
+        // A restarted or flushed server: load the script and repeat the call once.
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
+}
+
+/// Checks every limit of one call in one invocation of the driver: `FCALL` of the library's
+/// `check` (or `EVALSHA` of the driver script with the same code, see [`invoke`]).
 ///
 /// Generic over the connection so that any Redis deployment whose connection sends all keys of
 /// the call to one node (a single server, or a cluster with hash-tagged keys) reuses it.
@@ -227,49 +445,46 @@ where
 /// `scripts/prelude.lua`).
 pub(crate) async fn eval_checks<C>(
     conn: &mut C,
+    calls: &Calls,
     checks: &[Check<'_>],
     call_id: Option<&str>,
 ) -> Result<Verdict, StoreError>
 where
-    C: ConnectionLike + Send,
+    C: ScriptConnection,
 {
-    if checks.is_empty() {
+    let Some(first) = checks.first() else {
         return Ok(Verdict::new(Vec::new()));
-    }
-    let script = SCRIPTS.for_checks(checks);
-    // The packed command is built directly, each argument written once into the command's
-    // buffer (a `ScriptInvocation` would first copy every key and argument into vectors of its
-    // own, then again into the command). Same layout: EVALSHA sha numkeys keys… args….
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(checks.len());
-    for check in checks {
-        cmd.arg(check.key);
-    }
-    for check in checks {
-        let p = check.policy;
-        cmd.arg(p.algorithm().code())
-            .arg(p.limit())
-            .arg(p.period_ms().saturating_mul(1000))
-            .arg(p.burst())
-            .arg(p.cost());
-    }
-    if let Some(id) = call_id {
-        cmd.arg(id);
-    }
-    let reply: Value = match cmd.query_async(conn).await {
-        // A restarted or flushed server: load the script and repeat the call once.
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script.load_async(conn).await?;
-            cmd.query_async(conn).await?
-        }
-        other => other?,
     };
+    let script = SCRIPTS.for_checks(checks);
+    // The command is built directly, each argument written once into the command's buffer (a
+    // `ScriptInvocation` would first copy every key and argument into vectors of its own, then
+    // again into the command): numkeys keys… args….
+    let args = |cmd: &mut redis::Cmd| {
+        cmd.arg(checks.len());
+        for check in checks {
+            cmd.arg(check.key);
+        }
+        for check in checks {
+            let p = check.policy;
+            cmd.arg(p.algorithm().code())
+                .arg(p.limit())
+                .arg(p.period_ms().saturating_mul(1000))
+                .arg(p.burst())
+                .arg(p.cost());
+        }
+        if let Some(id) = call_id {
+            cmd.arg(id);
+        }
+    };
+    let function = script_sources().check_function;
+    let reply = invoke(conn, calls, function, script, first.key, args).await?;
     parse_reply(&reply, checks)
 }
 
 /// The companion script (the prelude, every algorithm and `refund.lua`): its `peek` mode reads
 /// limits without taking anything ([`Store::peek`]), its `refund` mode gives back by receipt
 /// (the refunds of outcome-filtered calls, `count = …`, and of the cluster's cross-slot calls).
+/// Run as the library's `compensate` function where the server has Functions.
 pub(crate) static COMPANION: LazyLock<Script> =
     LazyLock::new(|| Script::new(script_sources().companion));
 
@@ -289,36 +504,46 @@ pub(crate) enum Mode<'a> {
 /// back nothing. The reply reads the limits as they are after it.
 pub(crate) async fn compensate<C>(
     conn: &mut C,
+    calls: &Calls,
     mode: Mode<'_>,
     checks: &[Check<'_>],
 ) -> Result<Verdict, StoreError>
 where
-    C: ConnectionLike + Send,
+    C: ScriptConnection,
 {
-    if checks.is_empty() {
+    let Some(first) = checks.first() else {
         return Ok(Verdict::new(Vec::new()));
-    }
-    let mut invocation = COMPANION.prepare_invoke();
-    match mode {
-        Mode::Peek => invocation.arg("peek"),
-        Mode::Refund(id) => invocation.arg("refund").arg(id),
     };
-    for check in checks {
-        let p = check.policy;
-        invocation
-            .key(check.key)
-            .arg(p.algorithm().code())
-            .arg(p.limit())
-            .arg(p.period_ms().saturating_mul(1000))
-            .arg(p.burst())
-            .arg(p.cost());
-    }
-    if let Mode::Refund(id) = mode {
-        for (i, check) in checks.iter().enumerate() {
-            invocation.key(format!("{}:r:{id}:{}", check.key, i + 1));
+    let args = |cmd: &mut redis::Cmd| {
+        let receipts = if let Mode::Refund(_) = mode {
+            checks.len()
+        } else {
+            0
+        };
+        cmd.arg(checks.len() + receipts);
+        for check in checks {
+            cmd.arg(check.key);
         }
-    }
-    let reply: Value = invocation.invoke_async(conn).await?;
+        if let Mode::Refund(id) = mode {
+            for (i, check) in checks.iter().enumerate() {
+                cmd.arg(format!("{}:r:{id}:{}", check.key, i + 1));
+            }
+        }
+        match mode {
+            Mode::Peek => cmd.arg("peek"),
+            Mode::Refund(id) => cmd.arg("refund").arg(id),
+        };
+        for check in checks {
+            let p = check.policy;
+            cmd.arg(p.algorithm().code())
+                .arg(p.limit())
+                .arg(p.period_ms().saturating_mul(1000))
+                .arg(p.burst())
+                .arg(p.cost());
+        }
+    };
+    let function = script_sources().compensate_function;
+    let reply = invoke(conn, calls, function, &COMPANION, first.key, args).await?;
     parse_reply(&reply, checks)
 }
 
@@ -455,19 +680,23 @@ fn manager_config() -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(500))
 }
 
-async fn connect_manager(client: Client) -> Result<ConnectionManager, redis::RedisError> {
+async fn connect_manager(
+    client: Client,
+    calls: Arc<Calls>,
+) -> Result<ConnectionManager, redis::RedisError> {
     let mut manager = ConnectionManager::new_with_config(client, manager_config()).await?;
-    load_scripts_pipelined(&mut manager).await?;
+    load_scripts_pipelined(&mut manager, &calls).await?;
     Ok(manager)
 }
 
-/// One Redis server, one `EVALSHA` per check (see the [module docs](self) for the behaviour and
-/// the accepted URLs).
+/// One Redis server, one `FCALL` (or `EVALSHA`) per check (see the [module docs](self) for the
+/// behaviour and the accepted URLs).
 ///
 /// Cheap to share: wrap it in an `Arc` or hand it to [`crate::Builder::store`].
 pub struct RedisStore {
     client: Option<Client>,
     manager: LazyConnection<ConnectionManager>,
+    calls: Arc<Calls>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -486,12 +715,14 @@ impl RedisStore {
     /// server that does not answer, or refuses the credentials, is [`ConfigError::Unreachable`].
     pub async fn connect(url: &str) -> Result<Self, ConfigError> {
         let client = client(url)?;
-        let manager = connect_manager(client.clone())
+        let calls = Arc::new(Calls::default());
+        let manager = connect_manager(client.clone(), Arc::clone(&calls))
             .await
             .map_err(|e| ConfigError::Unreachable(e.to_string()))?;
         Ok(Self {
             client: Some(client),
             manager: LazyConnection::ready(manager),
+            calls,
         })
     }
 
@@ -508,6 +739,7 @@ impl RedisStore {
         Ok(Self {
             client: Some(client(url)?),
             manager: LazyConnection::new(),
+            calls: Arc::new(Calls::default()),
         })
     }
 
@@ -517,15 +749,17 @@ impl RedisStore {
         Self {
             client: None,
             manager: LazyConnection::ready(manager),
+            calls: Arc::new(Calls::default()),
         }
     }
 
     async fn manager(&self) -> Result<ConnectionManager, StoreError> {
         let client = self.client.clone();
+        let calls = Arc::clone(&self.calls);
         self.manager
             .get(|| async move {
                 match client {
-                    Some(client) => connect_manager(client).await,
+                    Some(client) => connect_manager(client, calls).await,
                     // `from_connection_manager` fills the cell at construction.
                     None => Err(redis::RedisError::from((
                         redis::ErrorKind::Client,
@@ -541,21 +775,21 @@ impl Store for RedisStore {
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
-            eval_checks(&mut conn, checks, None).await
+            eval_checks(&mut conn, &self.calls, checks, None).await
         })
     }
 
     fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
-            eval_checks(&mut conn, checks, Some(call_id)).await
+            eval_checks(&mut conn, &self.calls, checks, Some(call_id)).await
         })
     }
 
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
-            compensate(&mut conn, Mode::Refund(call_id), checks)
+            compensate(&mut conn, &self.calls, Mode::Refund(call_id), checks)
                 .await
                 .map(drop)
         })
@@ -568,7 +802,7 @@ impl Store for RedisStore {
     fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
-            compensate(&mut conn, Mode::Peek, checks).await
+            compensate(&mut conn, &self.calls, Mode::Peek, checks).await
         })
     }
 
@@ -710,12 +944,38 @@ mod tests {
     fn each_script_is_the_prelude_its_algorithm_files_and_one_composer() {
         let texts = script_sources();
         for (a, text) in Algorithm::ALL.into_iter().zip(texts.single) {
-            assert_eq!(text, [PRELUDE, source(a), DRIVER].concat(), "{a}");
+            assert_eq!(
+                text,
+                [PRELUDE, source(a), DRIVER, EVAL_CHECK].concat(),
+                "{a}"
+            );
         }
         assert_eq!(texts.single[2], texts.single[3]);
         let algorithms = ALGORITHMS.concat();
-        assert_eq!(texts.combined, [PRELUDE, &algorithms, DRIVER].concat());
-        assert_eq!(texts.companion, [PRELUDE, &algorithms, REFUND].concat());
+        assert_eq!(
+            texts.combined,
+            [PRELUDE, &algorithms, DRIVER, EVAL_CHECK].concat()
+        );
+        assert_eq!(
+            texts.companion,
+            [PRELUDE, &algorithms, REFUND, EVAL_COMPENSATE].concat()
+        );
+        // The library: the same files once each, named by the hash of that code, registering
+        // the two composers' functions under names of its own.
+        let code = [PRELUDE, &algorithms, DRIVER, REFUND].concat();
+        let name = format!("ratelimit_{}", &Script::new(&code).get_hash()[..16]);
+        assert_eq!(texts.library_name, name);
+        assert_eq!(texts.check_function, format!("{name}_check"));
+        assert_eq!(texts.compensate_function, format!("{name}_compensate"));
+        let (shebang, rest) = texts.library.split_once('\n').unwrap();
+        assert_eq!(shebang, format!("#!lua name={name}"));
+        assert_eq!(
+            rest,
+            format!(
+                "{code}redis.register_function('{name}_check', check)\n\
+                 redis.register_function('{name}_compensate', compensate)\n"
+            )
+        );
         // Every rule file registers its codes; the composers register none.
         for (file, codes) in [
             (FIXED, &["ALGOS[1]"][..]),

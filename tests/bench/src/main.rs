@@ -226,7 +226,7 @@ fn run(cfg: &Config, quick: bool, wanted: &dyn Fn(u8) -> bool) -> Result<(), Str
     let sections: [Section<'_>; 6] = [
         (
             1,
-            "1. Redis store vs `redis-benchmark` EVALSHA of the same script",
+            "1. Redis store vs `redis-benchmark` sending the same call (FCALL of the library, EVALSHA without Functions)",
             &|| redis_bench::table_store_vs_redis_benchmark(&rt, &server, cfg),
         ),
         (2, "2. Redis store vs the Rust Redis peers", &|| {

@@ -1,5 +1,5 @@
-//! A [`Store`] that runs the Redis stores' exact scripts in the embedded Lua against the
-//! stand-in: KEYS and ARGV built as `eval_checks` (store/redis.rs) and `compensate`
+//! A [`Store`] that runs the Redis stores' exact code in the embedded Lua against the
+//! stand-in, as the library's functions (`FCALL`) or as the scripts (`EVALSHA`): KEYS and ARGV built as `eval_checks` (store/redis.rs) and `compensate`
 //! (store/cluster.rs) build them, replies read with the rules of `parse_reply`.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -7,16 +7,25 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use ratelimit_runtime::store::{AdminFuture, StoreFuture};
-use ratelimit_runtime::{Check, Store, StoreError, Verdict};
+use ratelimit_runtime::{Algorithm, Check, Store, StoreError, Verdict};
 
 use super::scripts::{Sources, sources};
 use super::standin::{LuaRedis, Reply};
+
+/// How the stores run the code: the library's functions (`FCALL`, servers with Redis
+/// Functions) or the scripts (`EVALSHA`, servers without).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Functions,
+    Scripts,
+}
 
 /// The scripts in the embedded Lua on the stand-in.
 #[derive(Debug)]
 pub(crate) struct LuaStore {
     lua: Mutex<LuaRedis>,
     scripts: Sources,
+    mode: Mode,
 }
 
 /// The 5 arguments of one limit, as `eval_checks` writes them.
@@ -86,13 +95,46 @@ pub(crate) fn parse(reply: &Reply, checks: &[Check<'_>]) -> Result<Verdict, Stor
 }
 
 impl LuaStore {
-    /// A store on an empty stand-in whose `TIME` reads `now_us`.
+    /// A store on an empty stand-in whose `TIME` reads `now_us`, running the library's
+    /// functions as the stores do on a server with Redis Functions.
     pub(crate) fn new(now_us: u64) -> Self {
-        let lua = LuaRedis::new();
+        Self::with_mode(now_us, Mode::Functions)
+    }
+
+    /// A store on an empty stand-in whose `TIME` reads `now_us`, in `mode`.
+    pub(crate) fn with_mode(now_us: u64, mode: Mode) -> Self {
+        let mut lua = LuaRedis::new();
         lua.set_time_us(now_us);
+        let scripts = sources();
+        lua.load_library(&scripts.library)
+            .unwrap_or_else(|e| panic!("the library does not load: {e}"));
         Self {
             lua: Mutex::new(lua),
-            scripts: sources(),
+            scripts,
+            mode,
+        }
+    }
+
+    /// Runs the driver's code on `keys` and `argv`, as the store would in this mode.
+    pub(crate) fn run_driver(
+        &self,
+        algorithms: &[Algorithm],
+        keys: &[Vec<u8>],
+        argv: &[Vec<u8>],
+    ) -> Reply {
+        match self.mode {
+            Mode::Functions => self.lua().fcall(&self.scripts.check_function, keys, argv),
+            Mode::Scripts => self.lua().eval(self.scripts.driver(algorithms), keys, argv),
+        }
+    }
+
+    /// Runs the companion's code on `keys` and `argv`, as the store would in this mode.
+    pub(crate) fn run_companion(&self, keys: &[Vec<u8>], argv: &[Vec<u8>]) -> Reply {
+        match self.mode {
+            Mode::Functions => self
+                .lua()
+                .fcall(&self.scripts.compensate_function, keys, argv),
+            Mode::Scripts => self.lua().eval(&self.scripts.compensate, keys, argv),
         }
     }
 
@@ -114,9 +156,7 @@ impl LuaStore {
     ) -> Result<Verdict, StoreError> {
         let algorithms: Vec<_> = checks.iter().map(|c| c.policy.algorithm()).collect();
         let (keys, argv) = driver_call(checks, call_id);
-        let reply = self
-            .lua()
-            .eval(self.scripts.driver(&algorithms), &keys, &argv);
+        let reply = self.run_driver(&algorithms, &keys, &argv);
         parse(&reply, checks)
     }
 
@@ -127,7 +167,7 @@ impl LuaStore {
         refund: Option<&str>,
     ) -> Result<Verdict, StoreError> {
         let (keys, argv) = compensate_call(checks, refund);
-        let reply = self.lua().eval(&self.scripts.compensate, &keys, &argv);
+        let reply = self.run_companion(&keys, &argv);
         parse(&reply, checks)
     }
 }

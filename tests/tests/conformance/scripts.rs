@@ -1,4 +1,4 @@
-//! The script texts the Redis stores send, byte for byte: taken from the runtime itself
+//! The script texts (and the Functions library) the Redis stores send, byte for byte: taken from the runtime itself
 //! (`store::redis::script_sources`, the same strings `RedisStore` and `RedisClusterStore`
 //! hash and load). The test `script_texts_are_the_ones_the_store_loads` also checks the driver
 //! scripts against what a `RedisStore` loads into a real server (`SCRIPT EXISTS` of their SHA1s).
@@ -15,6 +15,13 @@ pub(crate) struct Sources {
     pub combined: String,
     /// The Redis Cluster store's companion script (peek and refund).
     pub compensate: String,
+    /// The Functions library (`FUNCTION LOAD`): the same code, what the stores run by `FCALL`
+    /// on servers with Redis Functions.
+    pub library: String,
+    /// The library's function for checks (the drivers' code).
+    pub check_function: String,
+    /// The library's function for peeks and refunds (the companion's code).
+    pub compensate_function: String,
 }
 
 impl Sources {
@@ -46,5 +53,8 @@ pub(crate) fn sources() -> Sources {
             .collect(),
         combined: texts.combined.to_owned(),
         compensate: texts.companion.to_owned(),
+        library: texts.library.to_owned(),
+        check_function: texts.check_function.to_owned(),
+        compensate_function: texts.compensate_function.to_owned(),
     }
 }

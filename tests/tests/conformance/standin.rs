@@ -664,11 +664,38 @@ mt.__index = function (t, n)
 end
 "#;
 
-/// A Lua 5.1 running scripts against a [`Db`], as Redis runs `EVAL`.
+/// A library's environment, as Redis 7.0 gives one to `FUNCTION LOAD`: while the chunk
+/// loads, only `redis.register_function` is there (no other global, no library such as
+/// `string`); once loaded, its functions see the globals of a script (`redis.call` and the
+/// rest). Creating a global is an error at any time.
+const LIBRARY_ENV: &str = r#"
+local globals, api, loading = ...
+local env = {}
+setmetatable(env, {
+  __index = function (t, n)
+    if loading[1] then
+      if n == 'redis' then return api end
+      error("Script attempted to access nonexistent global variable '" .. tostring(n) .. "'", 2)
+    end
+    return globals[n]
+  end,
+  __newindex = function (t, n, v)
+    error("Attempt to modify a readonly table", 2)
+  end,
+})
+return env
+"#;
+
+/// A Lua 5.1 running scripts against a [`Db`], as Redis runs `EVAL`, and Functions libraries
+/// as Redis runs `FUNCTION LOAD` and `FCALL`.
 pub(crate) struct LuaRedis {
     lua: Lua,
     db: Arc<Mutex<Db>>,
     compiled: HashMap<String, Function>,
+    /// The functions the loaded libraries registered, by name.
+    functions: Arc<Mutex<HashMap<String, Function>>>,
+    /// The libraries loaded, by their text.
+    libraries: Vec<String>,
 }
 
 impl std::fmt::Debug for LuaRedis {
@@ -829,6 +856,76 @@ impl LuaRedis {
             lua,
             db,
             compiled: HashMap::new(),
+            functions: Arc::new(Mutex::new(HashMap::new())),
+            libraries: Vec::new(),
+        }
+    }
+
+    /// `FUNCTION LOAD REPLACE text`, as Redis 7.0 does it: the first line is the shebang
+    /// (`#!lua name=<library>`), the rest a chunk run once, in an environment where only
+    /// `redis.register_function(name, function)` exists; the functions it registers are
+    /// then called by [`LuaRedis::fcall`]. A text loaded before is not run again.
+    pub(crate) fn load_library(&mut self, text: &str) -> Result<(), String> {
+        if self.libraries.iter().any(|l| l == text) {
+            return Ok(());
+        }
+        let (shebang, code) = text.split_once('\n').unwrap_or((text, ""));
+        if !shebang.starts_with("#!lua name=") {
+            return Err(format!("ERR Missing library metadata: {shebang}"));
+        }
+        let lua = &self.lua;
+        let run = || -> mlua::Result<()> {
+            let loading = lua.create_table()?;
+            loading.raw_set(1, true)?;
+            let api = lua.create_table()?;
+            let registry = Arc::clone(&self.functions);
+            let register = lua.create_function(move |_, (name, f): (String, Function)| {
+                let mut functions = registry.lock().unwrap_or_else(PoisonError::into_inner);
+                functions.insert(name, f);
+                Ok(())
+            })?;
+            api.raw_set("register_function", register)?;
+            let env: Table = lua
+                .load(LIBRARY_ENV)
+                .call((lua.globals(), api, loading.clone()))?;
+            lua.load(code)
+                .set_name("@user_function")
+                .set_environment(env)
+                .exec()?;
+            loading.raw_set(1, false)?;
+            Ok(())
+        };
+        run().map_err(|e| format!("ERR Error registering functions: {e}"))?;
+        self.libraries.push(text.to_owned());
+        Ok(())
+    }
+
+    /// `FCALL function numkeys keys… args…`: the function gets the keys and arguments as its
+    /// two tables (KEYS and ARGV are no globals there); the reply as `eval` makes it.
+    pub(crate) fn fcall(&mut self, function: &str, keys: &[Vec<u8>], argv: &[Vec<u8>]) -> Reply {
+        let f = self
+            .functions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(function)
+            .cloned();
+        let Some(f) = f else {
+            return Reply::Error("ERR Function not found".to_owned());
+        };
+        let array = |items: &[Vec<u8>]| -> mlua::Result<Table> {
+            let t = self.lua.create_table()?;
+            for (i, item) in items.iter().enumerate() {
+                t.raw_set(i + 1, self.lua.create_string(item)?)?;
+            }
+            Ok(t)
+        };
+        let tables = match array(keys).and_then(|k| Ok((k, array(argv)?))) {
+            Ok(tables) => tables,
+            Err(e) => return Reply::Error(format!("ERR stand-in: {e}")),
+        };
+        match f.call::<MultiValue>(tables) {
+            Ok(values) => values.iter().next().map_or(Reply::Nil, from_lua),
+            Err(e) => Reply::Error(format!("ERR Error running function: {e}")),
         }
     }
 
