@@ -6,8 +6,10 @@
 //! `TIME` inside the script; memory: a monotonic [`Clock`]), never from the caller.
 //!
 //! * [`MemoryStore`] — in-process, the embedded default;
-//! * [`RedisStore`] — one Redis server, one `EVALSHA` per check;
-//! * `RedisClusterStore` — a Redis Cluster, the same scripts (cargo feature `cluster`).
+//! * [`RedisStore`] — one Redis server, one `FCALL` per check (the scripts as one Functions
+//!   library; one `EVALSHA` per check on servers without Functions);
+//! * `RedisClusterStore` — a Redis Cluster, the same library on every master (cargo feature
+//!   `cluster`).
 
 use std::fmt;
 use std::future::Future;
