@@ -632,7 +632,8 @@ fn grpc(
 }
 
 /// The hidden parameter's type, the output type and the call of an HTTP handler: `check_http`
-/// for static limits, `check_http_dyn` for dynamic ones, the framework's
+/// for static limits (with the function's `PolicyField` static), `check_http_dyn` for dynamic
+/// ones, the framework's
 /// `check_http_counted` (whose output is the framework's response) with `count`.
 fn http_call(
     framework: Option<&crate::attr::Spanned<Framework>>,
@@ -646,18 +647,20 @@ fn http_call(
     let inner = local("__ratelimit_inner");
     let limits = local("__RATELIMIT_LIMITS");
     match dynamic {
-        None => (
-            quote!(#p::HttpCaller),
-            output,
+        None => (quote!(#p::HttpCaller), output, {
+            // The function's `RateLimit-Policy` value, formatted on its first response.
+            let policy = local("__RATELIMIT_POLICY");
             quote! {
+                static #policy: #p::PolicyField = #p::PolicyField::new();
                 #p::check_http(
                     &#limits,
+                    &#policy,
                     #caller,
                     &[#(#key_refs),*],
                     move || #inner(#(#args),*),
                 ).await
-            },
-        ),
+            }
+        }),
         Some(d) => {
             let dyns = local("__RATELIMIT_DYN");
             let inputs = local("__ratelimit_inputs");
@@ -855,7 +858,7 @@ mod tests {
             "{body}"
         );
         assert!(
-            body.contains("check_http(&__RATELIMIT_LIMITS,__ratelimit_caller,&[::core::option::Option::None],move||__ratelimit_inner(__ratelimit_arg0,__ratelimit_arg1),).await"),
+            body.contains("static__RATELIMIT_POLICY:::ratelimit_runtime::__private::PolicyField=::ratelimit_runtime::__private::PolicyField::new();::ratelimit_runtime::__private::check_http(&__RATELIMIT_LIMITS,&__RATELIMIT_POLICY,__ratelimit_caller,&[::core::option::Option::None],move||__ratelimit_inner(__ratelimit_arg0,__ratelimit_arg1),).await"),
             "{body}"
         );
     }

@@ -10,7 +10,7 @@ use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, Responder, 
 
 use super::UserId;
 use super::caller::{Framework, Head, HttpCaller, Limited, Outcome};
-use super::response::{Fields, Refusal};
+use super::response::{FieldSet, Fields, Refusal};
 use crate::limiter::RateLimiter;
 
 impl FromRequest for HttpCaller {
@@ -55,6 +55,25 @@ fn add_fields<B>(response: &mut HttpResponse<B>, fields: Fields) {
     }
 }
 
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Adds an admitted response's fields: the usual pair without a list, the policy's value as
+/// it was formatted for the function (a static value: no copy, no allocation).
+fn add_field_set<B>(response: &mut HttpResponse<B>, fields: FieldSet) {
+    match fields {
+        FieldSet::Empty => {}
+        FieldSet::Ietf { policy, state } => {
+            let headers = response.headers_mut();
+            headers.insert(RATELIMIT_POLICY, HeaderValue::from_static(policy));
+            if let Ok(state) = HeaderValue::try_from(state) {
+                headers.insert(RATELIMIT, state);
+            }
+        }
+        FieldSet::List(fields) => add_fields(response, fields),
+    }
+}
+
 impl<T: Responder> Responder for Limited<T> {
     type Body = EitherBody<T::Body>;
 
@@ -62,7 +81,7 @@ impl<T: Responder> Responder for Limited<T> {
         match self.0 {
             Outcome::Admitted(inner, fields) => {
                 let mut response = inner.respond_to(req);
-                add_fields(&mut response, fields);
+                add_field_set(&mut response, fields);
                 response.map_into_left_body()
             }
             Outcome::Refused(refusal) => refusal_response(refusal).map_into_right_body(),

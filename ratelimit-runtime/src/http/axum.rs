@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::UserId;
 use super::caller::{Framework, Head, HttpCaller, Limited, Outcome};
-use super::response::{Fields, Refusal};
+use super::response::{FieldSet, Fields, Refusal};
 use crate::limiter::RateLimiter;
 
 impl<S: Send + Sync> FromRequestParts<S> for HttpCaller {
@@ -43,6 +43,24 @@ fn add_fields(headers: &mut HeaderMap, fields: Fields) {
     }
 }
 
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Adds an admitted response's fields: the usual pair without a list, the policy's value as
+/// it was formatted for the function (a static value: no copy, no allocation).
+fn add_field_set(headers: &mut HeaderMap, fields: FieldSet) {
+    match fields {
+        FieldSet::Empty => {}
+        FieldSet::Ietf { policy, state } => {
+            headers.insert(RATELIMIT_POLICY, HeaderValue::from_static(policy));
+            if let Ok(state) = HeaderValue::try_from(state) {
+                headers.insert(RATELIMIT, state);
+            }
+        }
+        FieldSet::List(fields) => add_fields(headers, fields),
+    }
+}
+
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -65,7 +83,7 @@ impl<T: IntoResponse> IntoResponse for Limited<T> {
         match self.0 {
             Outcome::Admitted(inner, fields) => {
                 let mut response = inner.into_response();
-                add_fields(response.headers_mut(), fields);
+                add_field_set(response.headers_mut(), fields);
                 response
             }
             Outcome::Refused(refusal) => refusal.into_response(),

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::UserId;
 use super::ip;
-use super::response::{Fields, Refusal, rate_fields, static_rate_fields};
+use super::response::{FieldSet, Fields, PolicyField, Refusal, rate_fields, static_rate_fields};
 use super::settings::HttpSettings;
 use super::source::{Headers, RequestParts};
 use crate::dynamic::{Dynamic, Input, Taken};
@@ -70,6 +70,23 @@ impl ip::ForwardingHeaders for Head {
                 .get_all(name)
                 .map(actix_web::http::header::HeaderValue::as_bytes)
                 .collect(),
+        }
+    }
+
+    fn has(&self, header: super::ForwardedHeader) -> bool {
+        match self {
+            Self::Http { headers, .. } => ip::ForwardingHeaders::has(headers, header),
+            #[cfg(feature = "actix")]
+            Self::Actix { headers, .. } => {
+                use actix_web::http::header::{self as h, HeaderName};
+                static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+                static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+                headers.contains_key(match header {
+                    super::ForwardedHeader::XForwardedFor => &X_FORWARDED_FOR,
+                    super::ForwardedHeader::Forwarded => &h::FORWARDED,
+                    super::ForwardedHeader::XRealIp => &X_REAL_IP,
+                })
+            }
         }
     }
 }
@@ -234,7 +251,7 @@ fn labels(limits: &[Limit]) -> impl Iterator<Item = (&'static str, crate::Algori
 pub struct Limited<T>(pub(crate) Outcome<T>);
 
 pub(crate) enum Outcome<T> {
-    Admitted(T, Fields),
+    Admitted(T, FieldSet),
     Refused(Refusal),
 }
 
@@ -273,9 +290,11 @@ impl<T> fmt::Debug for Limited<T> {
 /// (store down under the deny failure policy) or 400/401/500 (the request lacks what a limit
 /// is `by`) without running it.
 ///
-/// `templates[i]` is the rendered `key` template of `limits[i]`, if it has one.
+/// `templates[i]` is the rendered `key` template of `limits[i]`, if it has one; `policy` is the
+/// function's own `static` (its `RateLimit-Policy` value, formatted on first use).
 pub async fn check_http<F, Fut>(
     limits: &'static [Limit],
+    policy: &'static PolicyField,
     caller: HttpCaller,
     templates: &[Option<&str>],
     handler: F,
@@ -285,7 +304,7 @@ where
     Fut: Future,
 {
     if limits.is_empty() {
-        return Limited(Outcome::Admitted(handler().await, Vec::new()));
+        return Limited(Outcome::Admitted(handler().await, FieldSet::Empty));
     }
     let limiter = match &caller.limiter {
         Some(l) => l.clone(),
@@ -300,7 +319,7 @@ where
         Some(Err(refusal)) => return Limited(Outcome::Refused(refusal)),
         Some(Ok(())) => {
             drop(caller);
-            return Limited(Outcome::Admitted(handler().await, Vec::new()));
+            return Limited(Outcome::Admitted(handler().await, FieldSet::Empty));
         }
         None => {}
     }
@@ -314,10 +333,10 @@ where
         // A function with a limit in shadow mode sends no rate-limit headers: its responses
         // are the handler's own, as if no limit were there.
         Ok(v) if v.is_admitted() && limiter.any_shadow(limits) => {
-            Limited(Outcome::Admitted(handler().await, Vec::new()))
+            Limited(Outcome::Admitted(handler().await, FieldSet::Empty))
         }
         Ok(v) if v.is_admitted() => {
-            let fields = static_rate_fields(limits, &v, settings.http.header_style);
+            let fields = static_rate_fields(limits, policy, &v, settings.http.header_style);
             Limited(Outcome::Admitted(handler().await, fields))
         }
         Ok(v) => Limited(Outcome::Refused(Refusal::too_many_requests(
@@ -421,7 +440,7 @@ where
             taken
                 .settle(&limiter, crate::dynamic::Outcome::Status(status))
                 .await;
-            Limited(Outcome::Admitted(response, fields))
+            Limited(Outcome::Admitted(response, FieldSet::List(fields)))
         }
         Err(refusal) => Limited(Outcome::Refused(refusal)),
     }
@@ -442,7 +461,7 @@ where
     Fut: Future,
 {
     match admit(limits, dynamics, caller, templates, inputs).await {
-        Ok((_, _, fields)) => Limited(Outcome::Admitted(handler().await, fields)),
+        Ok((_, _, fields)) => Limited(Outcome::Admitted(handler().await, FieldSet::List(fields))),
         Err(refusal) => Limited(Outcome::Refused(refusal)),
     }
 }

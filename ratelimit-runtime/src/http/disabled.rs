@@ -33,9 +33,22 @@ impl<T> fmt::Debug for Limited<T> {
 }
 
 /// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
+#[derive(Debug)]
+pub struct PolicyField(());
+
+impl PolicyField {
+    /// Stand-in.
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> Self {
+        Self(())
+    }
+}
+
+/// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
 #[allow(clippy::unused_async)]
 pub async fn check_http<F, Fut>(
     limits: &'static [Limit],
+    policy: &'static PolicyField,
     caller: HttpCaller,
     templates: &[Option<&str>],
     handler: F,
@@ -44,7 +57,7 @@ where
     F: FnOnce() -> Fut,
     Fut: Future,
 {
-    let _ = (limits, templates, handler);
+    let _ = (limits, policy, templates, handler);
     match caller.never {}
 }
 

@@ -13,6 +13,12 @@ use crate::net::{IpNet, canonical};
 pub(crate) trait ForwardingHeaders {
     /// Every value of the header `name` (lower-case), in the order received.
     fn values(&self, name: &str) -> Vec<&[u8]>;
+
+    /// Whether the request carries the forwarding header `header` (asked per request from a
+    /// private peer until the unconfigured-proxy warning is written: no name to parse).
+    fn has(&self, header: ForwardedHeader) -> bool {
+        !self.values(header.name()).is_empty()
+    }
 }
 
 impl ForwardingHeaders for http::HeaderMap {
@@ -21,6 +27,16 @@ impl ForwardingHeaders for http::HeaderMap {
             .iter()
             .map(http::HeaderValue::as_bytes)
             .collect()
+    }
+
+    fn has(&self, header: ForwardedHeader) -> bool {
+        static X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
+        static X_REAL_IP: http::HeaderName = http::HeaderName::from_static("x-real-ip");
+        self.contains_key(match header {
+            ForwardedHeader::XForwardedFor => &X_FORWARDED_FOR,
+            ForwardedHeader::Forwarded => &http::header::FORWARDED,
+            ForwardedHeader::XRealIp => &X_REAL_IP,
+        })
     }
 }
 
@@ -116,10 +132,7 @@ fn hint_unconfigured_proxy<H: ForwardingHeaders + ?Sized>(
     if logged.load(Ordering::Relaxed) || !is_internal(peer) {
         return false;
     }
-    let Some(header) = FORWARDING_HEADERS
-        .iter()
-        .find(|h| !headers.values(h.name()).is_empty())
-    else {
+    let Some(header) = FORWARDING_HEADERS.iter().find(|&&h| headers.has(h)) else {
         return false;
     };
     if logged.swap(true, Ordering::Relaxed) {
@@ -152,11 +165,24 @@ fn is_internal(ip: IpAddr) -> bool {
 /// address as its network of `settings.ipv6_prefix` bits (`2001:db8:1:2::/64`).
 pub(crate) fn bucket(ip: IpAddr, settings: &HttpSettings) -> String {
     match canonical(ip) {
-        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V4(v4) => ipv4_text(v4),
         IpAddr::V6(v6) if settings.ipv6_prefix >= 128 => v6.to_string(),
         IpAddr::V6(v6) => IpNet::new(IpAddr::V6(v6), settings.ipv6_prefix)
             .map_or_else(|| v6.to_string(), |net| net.to_string()),
     }
+}
+
+/// An IPv4 address in dotted decimal, as `Display` writes it, without `core::fmt` (once per
+/// request for `by = "ip"`).
+fn ipv4_text(ip: std::net::Ipv4Addr) -> String {
+    let mut text = String::with_capacity(15);
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            text.push('.');
+        }
+        crate::key::push_decimal(&mut text, u64::from(octet));
+    }
+    text
 }
 
 /// Splits `s` at `sep`, except inside double-quoted strings (with `\` escapes).
@@ -234,6 +260,37 @@ fn is_port(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv4_text_is_display_and_forwarding_headers_are_found_by_name() {
+        for ip in [
+            "0.0.0.0",
+            "10.1.2.3",
+            "192.168.100.9",
+            "255.255.255.255",
+            "1.22.133.4",
+        ] {
+            let ip: std::net::Ipv4Addr = ip.parse().unwrap();
+            assert_eq!(ipv4_text(ip), ip.to_string());
+        }
+        for header in FORWARDING_HEADERS {
+            let mut map = http::HeaderMap::new();
+            assert!(!map.has(header));
+            map.insert("x-other", "1".parse().unwrap());
+            assert!(!map.has(header));
+            map.insert(
+                http::HeaderName::from_static(header.name()),
+                "1".parse().unwrap(),
+            );
+            assert!(map.has(header));
+            let list: &[(&str, &[u8])] = &[
+                ("X-Real-IP", b"1"),
+                ("Forwarded", b"1"),
+                ("X-Forwarded-For", b"1"),
+            ];
+            assert!(list.has(header));
+        }
+    }
     use crate::RateLimiter;
 
     fn settings_for(proxies: &[&str], header: ForwardedHeader) -> HttpSettings {
