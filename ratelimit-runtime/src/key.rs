@@ -223,7 +223,7 @@ fn push_suffix(out: &mut String, policy: &Policy) {
     let (unit, ms) = PERIOD_UNITS
         .iter()
         .copied()
-        .find(|&(_, ms)| period % ms == 0)
+        .find(|&(_, ms)| period.is_multiple_of(ms))
         .unwrap_or(("ms", 1));
     if period / ms != 1 {
         push_decimal(out, period / ms);
@@ -338,7 +338,7 @@ mod tests {
             PERIOD_UNITS
                 .iter()
                 .take_while(|&&(u, _)| u != unit)
-                .all(|&(_, larger)| (count * ms) % larger != 0),
+                .all(|&(_, larger)| !(count * ms).is_multiple_of(larger)),
             "not the largest exact unit: {suffix}"
         );
         assert_ne!(
@@ -396,7 +396,11 @@ mod tests {
             Written::Plain(tag(part.source), part.value.to_vec())
         } else {
             let digest = Sha256::digest(part.value);
-            let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+            let hex = digest[..16].iter().fold(String::new(), |mut hex, b| {
+                use std::fmt::Write as _;
+                let _ = write!(hex, "{b:02x}");
+                hex
+            });
             Written::Hashed(tag(part.source), hex)
         }
     }

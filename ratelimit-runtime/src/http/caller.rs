@@ -1,6 +1,5 @@
 //! The hidden extractor, the check and the response wrapper of HTTP-mode handlers.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::net::IpAddr;
@@ -10,10 +9,10 @@ use super::UserId;
 use super::ip;
 use super::response::{FieldSet, Fields, PolicyField, Refusal, rate_fields, static_rate_fields};
 use super::settings::HttpSettings;
-use super::source::{Headers, RequestParts};
+use super::source::{ByValue, Headers, RequestParts};
 use crate::dynamic::{Dynamic, Input, Taken};
 use crate::error::RateLimitError;
-use crate::limit::{By, Limit, keys_for};
+use crate::limit::{By, Limit, key_of, keys_for};
 use crate::limiter::exempt::CallerView;
 use crate::limiter::{RateLimiter, Settings};
 use crate::observe::{self, Outcome as Count};
@@ -144,7 +143,7 @@ impl HttpCaller {
 
     /// The value `by` identifies this caller with (`None` for `global`), or the response that
     /// replaces the handler's when the request lacks it.
-    fn by_value(&self, by: By, settings: &HttpSettings) -> Result<Option<Cow<'_, [u8]>>, Refusal> {
+    fn by_value(&self, by: By, settings: &HttpSettings) -> Result<Option<ByValue<'_>>, Refusal> {
         let parts = RequestParts {
             peer: self.peer,
             path: self.path(),
@@ -218,16 +217,40 @@ impl HttpCaller {
         Refusal::new(500, "internal_error", message)
     }
 
-    /// The store keys of `limits` for this caller.
+    /// The store keys of `limits` for this caller (one limit, the usual case, without a list).
     fn keys(
         &self,
         settings: &Settings,
         limits: &[Limit],
         templates: &[Option<&str>],
-    ) -> Result<Vec<String>, Refusal> {
+    ) -> Result<Keys, Refusal> {
+        if let [limit] = limits {
+            let by = self.by_value(limit.by, &settings.http)?;
+            let template = templates.first().copied().flatten();
+            let by = by.as_ref().map(AsRef::as_ref);
+            return Ok(Keys::One([key_of(&settings.prefix, limit, template, by)]));
+        }
         keys_for(&settings.prefix, limits, templates, |by| {
             self.by_value(by, &settings.http)
         })
+        .map(Keys::Many)
+    }
+}
+
+/// The keys of one request's limits.
+enum Keys {
+    One([String; 1]),
+    Many(Vec<String>),
+}
+
+impl std::ops::Deref for Keys {
+    type Target = [String];
+
+    fn deref(&self) -> &[String] {
+        match self {
+            Self::One(key) => key,
+            Self::Many(keys) => keys,
+        }
     }
 }
 
@@ -395,7 +418,11 @@ pub(crate) async fn admit(
         inputs,
         caller.quota,
         templates,
-        |by| caller.by_value(by, &settings.http),
+        |by| {
+            caller
+                .by_value(by, &settings.http)
+                .map(|v| v.map(ByValue::into_cow))
+        },
         |e| refusal_of(&e),
     )?;
     drop(caller);
@@ -505,7 +532,7 @@ mod tests {
     fn sources_read_the_request() {
         let s = HttpSettings::default();
         let c = caller(&[("appId", b" a1 "), ("x-key", b"k")]);
-        let v = |by| c.by_value(by, &s).unwrap().map(Cow::into_owned);
+        let v = |by| c.by_value(by, &s).unwrap().map(|v| v.as_ref().to_vec());
         assert_eq!(v(By::Global), None);
         assert_eq!(v(By::Ip), Some(b"192.0.2.1".to_vec()));
         assert_eq!(v(By::Url), Some(b"/a/b".to_vec()));

@@ -45,8 +45,10 @@ impl FieldSet {
 /// [`check_http`](super::check_http), so that a response gets the value without formatting,
 /// copying or validating it again.
 #[derive(Debug)]
+#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(unreachable_pub))]
 pub struct PolicyField(OnceLock<Option<Box<str>>>);
 
+#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(unreachable_pub))]
 impl PolicyField {
     /// Not formatted yet.
     #[allow(clippy::new_without_default)] // only ever a `static`
