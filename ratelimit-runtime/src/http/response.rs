@@ -43,10 +43,19 @@ impl FieldSet {
 /// A function's `RateLimit-Policy` value, formatted on first use and kept for the process:
 /// `#[rate_limit]` writes one `static` of it beside the function's limits and hands it to
 /// [`check_http`](super::check_http), so that a response gets the value without formatting,
-/// copying or validating it again.
+/// copying or validating it again (and the `RateLimit` value its members' names).
 #[derive(Debug)]
 #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(unreachable_pub))]
-pub struct PolicyField(OnceLock<Option<Box<str>>>);
+pub struct PolicyField(OnceLock<Option<Formatted>>);
+
+/// What [`PolicyField`] keeps.
+#[derive(Debug)]
+struct Formatted {
+    /// The `RateLimit-Policy` value.
+    policy: Box<str>,
+    /// Each limit's list-member name, quoted (`"login"`, `"login-2"`).
+    names: Box<[Box<str>]>,
+}
 
 #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(unreachable_pub))]
 impl PolicyField {
@@ -56,22 +65,33 @@ impl PolicyField {
         Self(OnceLock::new())
     }
 
-    /// The value for `limits` (always the same limits for one `static`), or `None` if it were
-    /// not a valid field value (it always is: scopes are made of safe characters).
-    fn value(&'static self, limits: &[Limit]) -> Option<&'static str> {
+    /// The value and names for `limits` (always the same limits for one `static`), or `None`
+    /// if the value were not a valid field value (it always is: scopes are made of safe
+    /// characters).
+    fn get(&'static self, limits: &[Limit]) -> Option<&'static Formatted> {
         self.0
             .get_or_init(|| {
                 let mut policy = String::with_capacity(24 * limits.len());
                 for (i, limit) in limits.iter().enumerate() {
                     push_policy(&mut policy, limits, i, limit.policy.capacity());
                 }
+                let names = (0..limits.len())
+                    .map(|i| {
+                        let mut name = String::new();
+                        push_name(&mut name, limits, i);
+                        name.into_boxed_str()
+                    })
+                    .collect();
                 // What `HeaderValue::from_static` accepts.
                 policy
                     .bytes()
                     .all(|b| (0x20..0x7f).contains(&b))
-                    .then(|| policy.into_boxed_str())
+                    .then(|| Formatted {
+                        policy: policy.into_boxed_str(),
+                        names,
+                    })
             })
-            .as_deref()
+            .as_ref()
     }
 }
 
@@ -184,16 +204,16 @@ pub(crate) fn static_rate_fields(
             .iter()
             .zip(limits)
             .all(|(d, l)| d.limit == l.policy.capacity());
-    let Some(policy) = policy.value(limits).filter(|_| usual) else {
+    let Some(formatted) = policy.get(limits).filter(|_| usual) else {
         return FieldSet::List(fields_with(limits, verdict, style, None));
     };
     if style == HeaderStyle::Ietf {
         FieldSet::Ietf {
-            policy,
-            state: state_value(limits, decisions),
+            policy: &formatted.policy,
+            state: state_value(Names::Formatted(&formatted.names), decisions),
         }
     } else {
-        FieldSet::List(fields_with(limits, verdict, style, Some(policy)))
+        FieldSet::List(fields_with(limits, verdict, style, Some(&formatted.policy)))
     }
 }
 
@@ -204,26 +224,67 @@ fn decimal_string(n: u64) -> String {
     decimal(&mut buf, n).to_owned()
 }
 
-/// The `RateLimit` value of `decisions` over `limits`, in a string of exactly its length:
+/// The list-member names of a verdict's limits.
+#[derive(Clone, Copy)]
+enum Names<'a> {
+    /// Formatted once for a function ([`PolicyField`]).
+    Formatted(&'a [Box<str>]),
+    /// Worked out from the limits.
+    Of(&'a [Limit]),
+}
+
+impl Names<'_> {
+    fn count(self) -> usize {
+        match self {
+            Self::Formatted(names) => names.len(),
+            Self::Of(limits) => limits.len(),
+        }
+    }
+
+    fn len(self, i: usize) -> usize {
+        match self {
+            Self::Formatted(names) => names[i].len(),
+            Self::Of(limits) => name_len(limits, i),
+        }
+    }
+
+    fn push(self, out: &mut String, i: usize) {
+        match self {
+            Self::Formatted(names) => out.push_str(&names[i]),
+            Self::Of(limits) => push_name(out, limits, i),
+        }
+    }
+}
+
+/// The number of decimal digits of `n`.
+fn digits(mut n: u64) -> usize {
+    let mut digits = 1;
+    while n >= 10 {
+        n /= 10;
+        digits += 1;
+    }
+    digits
+}
+
+/// The `RateLimit` value of `decisions` under `names`, in a string of exactly its length:
 /// `"<name>";r=<remaining>;t=<seconds>` per limit, joined by `, `.
-fn state_value(limits: &[Limit], decisions: &[Decision]) -> String {
-    let members = decisions.iter().take(limits.len()).enumerate();
+fn state_value(names: Names<'_>, decisions: &[Decision]) -> String {
+    let members = decisions.iter().take(names.count()).enumerate();
     let mut len = 0;
     for (i, decision) in members.clone() {
-        let mut buf = [0; 20];
         len += usize::from(i > 0) * 2
-            + name_len(limits, i)
+            + names.len(i)
             + 3
-            + decimal(&mut buf, decision.remaining).len()
+            + digits(decision.remaining)
             + 3
-            + decimal(&mut buf, whole_seconds(decision.reset_after)).len();
+            + digits(whole_seconds(decision.reset_after));
     }
     let mut state = String::with_capacity(len);
     for (i, decision) in members {
         if i > 0 {
             state.push_str(", ");
         }
-        push_name(&mut state, limits, i);
+        names.push(&mut state, i);
         state.push_str(";r=");
         push_decimal(&mut state, decision.remaining);
         state.push_str(";t=");
@@ -271,7 +332,7 @@ fn fields_with(
             policy
         };
         fields.push(("ratelimit-policy", policy));
-        fields.push(("ratelimit", state_value(limits, decisions)));
+        fields.push(("ratelimit", state_value(Names::Of(limits), decisions)));
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both)
         && let Some(d) = verdict.binding()
@@ -478,6 +539,7 @@ mod tests {
         for n in [0, 1, 9, 10, 99, 100, 12_345, u64::from(u32::MAX), u64::MAX] {
             assert_eq!(decimal_string(n), n.to_string());
             assert_eq!(decimal_string(n).capacity(), n.to_string().len());
+            assert_eq!(digits(n), n.to_string().len());
         }
         // A repeated name gets its position; the value is exactly as long as it says.
         let limits = [
@@ -489,7 +551,7 @@ mod tests {
             Decision::new(true, 10, 0, ms(0), ms(0)),
             Decision::new(true, 10, 1_000_000, ms(1), ms(0)),
         ];
-        let state = state_value(&limits, &decisions);
+        let state = state_value(Names::Of(&limits), &decisions);
         assert_eq!(state, "\"x\";r=0;t=0, \"x-2\";r=1000000;t=1");
         assert_eq!(state.len(), state.capacity());
     }
