@@ -175,19 +175,29 @@ pub(crate) fn push_decimal(out: &mut String, n: u64) {
     out.push_str(digits);
 }
 
-/// Writes `n` in decimal at the end of `buf` and returns the digits.
+/// Writes `n` in decimal at the end of `buf` and returns the digits (two at a time).
 pub(crate) fn decimal(buf: &mut [u8; 20], mut n: u64) -> &str {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
     let mut start = buf.len();
-    loop {
+    while n >= 100 {
+        #[allow(clippy::cast_possible_truncation)] // below 100
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        start -= 2;
+        buf[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    #[allow(clippy::cast_possible_truncation)] // below 100
+    let n = n as usize;
+    if n >= 10 {
+        start -= 2;
+        buf[start..start + 2].copy_from_slice(&PAIRS[n * 2..n * 2 + 2]);
+    } else {
         start -= 1;
-        #[allow(clippy::cast_possible_truncation)] // a digit
-        {
-            buf[start] = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        buf[start] = PAIRS[n * 2 + 1];
     }
     // ASCII digits only.
     std::str::from_utf8(&buf[start..]).unwrap_or_default()
@@ -502,6 +512,18 @@ mod tests {
                 == (b.algorithm(), b.limit(), b.period_ms(), b.burst());
             prop_assert_eq!(ka == kb, same, "{} {}", ka, kb);
         }
+    }
+
+    #[test]
+    fn decimals_are_display() {
+        let mut buf = [0; 20];
+        for exponent in 0..=18 {
+            let n = 10u64.pow(exponent);
+            for m in [n - 1, n, n + 1, n * 9, n * 10 - 1, n * 10 + 7] {
+                assert_eq!(decimal(&mut buf, m), m.to_string());
+            }
+        }
+        assert_eq!(decimal(&mut buf, u64::MAX), u64::MAX.to_string());
     }
 
     #[test]
