@@ -5,7 +5,7 @@ use std::future::{Ready, ready};
 use actix_web::body::EitherBody;
 use actix_web::dev::Payload;
 use actix_web::http::StatusCode;
-use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, Responder, web};
 
 use super::UserId;
@@ -13,20 +13,25 @@ use super::caller::{Framework, Head, HttpCaller, Limited, Outcome};
 use super::response::{FieldSet, Fields, Refusal};
 use crate::limiter::RateLimiter;
 
-impl FromRequest for HttpCaller {
+impl<const H: bool> FromRequest for HttpCaller<H> {
     type Error = actix_web::Error;
     type Future = Ready<Result<Self, Self::Error>>;
 
     fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
-        let limiter = req.app_data::<RateLimiter>().cloned().or_else(|| {
+        let mut limiter = req.app_data::<RateLimiter>().cloned().or_else(|| {
             req.app_data::<web::Data<RateLimiter>>()
                 .map(|data| RateLimiter::clone(data))
         });
+        let headers = if H {
+            req.headers().clone()
+        } else {
+            forwarding_only(req.headers(), &mut limiter)
+        };
         ready(Ok(Self {
             peer: req.peer_addr().map(|addr| addr.ip()),
             head: Head::Actix {
                 uri: req.uri().clone(),
-                headers: req.headers().clone(),
+                headers,
             },
             user: req.extensions().get::<UserId>().cloned(),
             limiter,
@@ -34,6 +39,24 @@ impl FromRequest for HttpCaller {
             framework: Framework::Actix,
         }))
     }
+}
+
+/// `caller::forwarding_only` for Actix-web's header map: the forwarding headers only, or all
+/// of them when the limiter has an exemption predicate.
+fn forwarding_only(headers: &HeaderMap, limiter: &mut Option<RateLimiter>) -> HeaderMap {
+    static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+    static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+    let limiter = limiter.get_or_insert_with(RateLimiter::current);
+    if limiter.settings().exemptions.predicate.is_some() {
+        return headers.clone();
+    }
+    let mut kept = HeaderMap::new();
+    for name in [&X_FORWARDED_FOR, &header::FORWARDED, &X_REAL_IP] {
+        for value in headers.get_all(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
 }
 
 fn refusal_response(refusal: Refusal) -> HttpResponse {

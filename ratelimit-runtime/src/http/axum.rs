@@ -13,11 +13,17 @@ use super::caller::{Framework, Head, HttpCaller, Limited, Outcome};
 use super::response::{FieldSet, Fields, Refusal};
 use crate::limiter::RateLimiter;
 
-impl<S: Send + Sync> FromRequestParts<S> for HttpCaller {
+impl<S: Send + Sync, const H: bool> FromRequestParts<S> for HttpCaller<H> {
     /// Never used: the extractor does not fail; `check_http` answers for missing parts.
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let mut limiter = parts.extensions.get::<RateLimiter>().cloned();
+        let headers = if H {
+            parts.headers.clone()
+        } else {
+            super::caller::forwarding_only(&parts.headers, &mut limiter)
+        };
         Ok(Self {
             peer: parts
                 .extensions
@@ -25,10 +31,10 @@ impl<S: Send + Sync> FromRequestParts<S> for HttpCaller {
                 .map(|ConnectInfo(addr)| addr.ip()),
             head: Head::Http {
                 path: parts.uri.path_and_query().cloned(),
-                headers: parts.headers.clone(),
+                headers,
             },
             user: parts.extensions.get::<UserId>().cloned(),
-            limiter: parts.extensions.get::<RateLimiter>().cloned(),
+            limiter,
             quota: parts.extensions.get::<crate::Quota>().copied(),
             framework: Framework::Axum,
         })

@@ -90,6 +90,28 @@ impl ip::ForwardingHeaders for Head {
     }
 }
 
+/// The headers a caller of limits without a header source keeps: only the forwarding ones
+/// (every line of each, in order), or all of them when `limiter` has an exemption predicate.
+/// Also resolves the limiter the check will use (`RateLimiter::current()` when the request
+/// names none), so that it is looked up once.
+#[cfg(feature = "axum")]
+pub(crate) fn forwarding_only(
+    headers: &http::HeaderMap,
+    limiter: &mut Option<RateLimiter>,
+) -> http::HeaderMap {
+    let limiter = limiter.get_or_insert_with(RateLimiter::current);
+    if limiter.settings().exemptions.predicate.is_some() {
+        return headers.clone();
+    }
+    let mut kept = http::HeaderMap::new();
+    for name in ip::forwarding_names() {
+        for value in headers.get_all(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
+}
+
 /// Which framework a request came through (for the message of a missing peer address).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Framework {
@@ -105,7 +127,12 @@ pub(crate) enum Framework {
 ///
 /// An Axum `FromRequestParts` (feature `axum`) and an Actix-web `FromRequest` (feature
 /// `actix`); it never rejects a request by itself — [`check_http`] decides.
-pub struct HttpCaller {
+///
+/// `HEADERS` is whether a limit reads a header (`by = "header:…"` or `"app_id"`). Without one,
+/// the extractor keeps only the forwarding headers (which `by = "ip"` and the deny and exempt
+/// lists read), unless the limiter has an exemption predicate (which may read any header):
+/// the request's header map is not copied for every request.
+pub struct HttpCaller<const HEADERS: bool = true> {
     pub(crate) peer: Option<IpAddr>,
     pub(crate) head: Head,
     pub(crate) user: Option<UserId>,
@@ -115,7 +142,7 @@ pub struct HttpCaller {
     pub(crate) quota: Option<crate::Quota>,
 }
 
-impl fmt::Debug for HttpCaller {
+impl<const H: bool> fmt::Debug for HttpCaller<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Headers may hold credentials: not printed.
         f.debug_struct("HttpCaller")
@@ -136,7 +163,7 @@ const MISSING_CONNECT_INFO: &str = "rate limiting by IP needs the client address
 const MISSING_PEER_ADDR: &str = "rate limiting by IP needs the peer address of the connection, which this request does not carry \
      (a test request? set it with `TestRequest::peer_addr`)";
 
-impl HttpCaller {
+impl<const H: bool> HttpCaller<H> {
     fn path(&self) -> &str {
         self.head.path()
     }
@@ -315,10 +342,10 @@ impl<T> fmt::Debug for Limited<T> {
 ///
 /// `templates[i]` is the rendered `key` template of `limits[i]`, if it has one; `policy` is the
 /// function's own `static` (its `RateLimit-Policy` value, formatted on first use).
-pub async fn check_http<F, Fut>(
+pub async fn check_http<F, Fut, const H: bool>(
     limits: &'static [Limit],
     policy: &'static PolicyField,
-    caller: HttpCaller,
+    caller: HttpCaller<H>,
     templates: &[Option<&str>],
     handler: F,
 ) -> Limited<Fut::Output>
@@ -393,10 +420,10 @@ fn refusal_of(error: &RateLimitError) -> Refusal {
 /// Checks (or takes) a handler's limits worked out for this caller: the limiter, what to
 /// settle after the handler, and the rate-limit fields; or the response that replaces the
 /// handler's.
-pub(crate) async fn admit(
+pub(crate) async fn admit<const H: bool>(
     limits: &'static [Limit],
     dynamics: Option<&'static [Dynamic]>,
-    caller: HttpCaller,
+    caller: HttpCaller<H>,
     templates: &[Option<&str>],
     inputs: &[Input],
 ) -> Result<(RateLimiter, Taken, Fields), Refusal> {
@@ -475,10 +502,10 @@ where
 
 /// [`check_http`] for handlers with a dynamic limit (`quota`, `cost = <expression>`) or
 /// whose limiter overrides a scope's quota. `inputs[i]` is what the call gives limit `i`.
-pub async fn check_http_dyn<F, Fut>(
+pub async fn check_http_dyn<F, Fut, const H: bool>(
     limits: &'static [Limit],
     dynamics: Option<&'static [Dynamic]>,
-    caller: HttpCaller,
+    caller: HttpCaller<H>,
     templates: &[Option<&str>],
     inputs: &[Input],
     handler: F,
@@ -526,6 +553,47 @@ mod tests {
             by,
             shadow: false,
         }
+    }
+
+    #[cfg(feature = "axum")]
+    #[test]
+    fn without_header_sources_only_forwarding_headers_are_kept() {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in [
+            ("x-forwarded-for", "203.0.113.1"),
+            ("authorization", "secret"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("forwarded", "for=192.0.2.1"),
+            ("x-real-ip", "198.51.100.1"),
+            ("appid", "a"),
+        ] {
+            map.append(name, value.parse().unwrap());
+        }
+        let plain = RateLimiter::builder().build_lazy().unwrap();
+        let kept = forwarding_only(&map, &mut Some(plain));
+        let lines: Vec<(&str, &str)> = kept
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                ("x-forwarded-for", "203.0.113.1"),
+                ("x-forwarded-for", "10.0.0.1"),
+                ("forwarded", "for=192.0.2.1"),
+                ("x-real-ip", "198.51.100.1"),
+            ]
+        );
+        // An exemption predicate may read any header: all are kept.
+        let predicate = RateLimiter::builder()
+            .exempt_when(|_| false)
+            .build_lazy()
+            .unwrap();
+        assert_eq!(forwarding_only(&map, &mut Some(predicate)), map);
+        // No limiter in the request: the current one is resolved once, here.
+        let mut none = None;
+        let _ = forwarding_only(&map, &mut none);
+        assert!(none.is_some());
     }
 
     #[test]

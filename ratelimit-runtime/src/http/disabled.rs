@@ -9,11 +9,11 @@ use std::marker::PhantomData;
 use crate::limit::Limit;
 
 /// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
-pub struct HttpCaller {
+pub struct HttpCaller<const HEADERS: bool = true> {
     never: Infallible,
 }
 
-impl fmt::Debug for HttpCaller {
+impl<const H: bool> fmt::Debug for HttpCaller<H> {
     fn fmt(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.never {}
     }
@@ -46,10 +46,10 @@ impl PolicyField {
 
 /// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
 #[allow(clippy::unused_async)]
-pub async fn check_http<F, Fut>(
+pub async fn check_http<F, Fut, const H: bool>(
     limits: &'static [Limit],
     policy: &'static PolicyField,
-    caller: HttpCaller,
+    caller: HttpCaller<H>,
     templates: &[Option<&str>],
     handler: F,
 ) -> Limited<Fut::Output>

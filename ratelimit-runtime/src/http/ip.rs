@@ -31,14 +31,21 @@ impl ForwardingHeaders for http::HeaderMap {
     }
 
     fn has(&self, header: ForwardedHeader) -> bool {
-        static X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
-        static X_REAL_IP: http::HeaderName = http::HeaderName::from_static("x-real-ip");
+        let [xff, forwarded, real_ip] = forwarding_names();
         self.contains_key(match header {
-            ForwardedHeader::XForwardedFor => &X_FORWARDED_FOR,
-            ForwardedHeader::Forwarded => &http::header::FORWARDED,
-            ForwardedHeader::XRealIp => &X_REAL_IP,
+            ForwardedHeader::XForwardedFor => xff,
+            ForwardedHeader::Forwarded => forwarded,
+            ForwardedHeader::XRealIp => real_ip,
         })
     }
+}
+
+/// The names of the three forwarding headers, as `http` header names: `X-Forwarded-For`,
+/// `Forwarded`, `X-Real-IP`.
+pub(crate) fn forwarding_names() -> [&'static http::HeaderName; 3] {
+    static X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
+    static X_REAL_IP: http::HeaderName = http::HeaderName::from_static("x-real-ip");
+    [&X_FORWARDED_FOR, &http::header::FORWARDED, &X_REAL_IP]
 }
 
 #[cfg(test)]
