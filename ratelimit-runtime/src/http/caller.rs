@@ -345,7 +345,7 @@ impl<T> fmt::Debug for Limited<T> {
 pub async fn check_http<F, Fut, const H: bool>(
     limits: &'static [Limit],
     policy: &'static PolicyField,
-    caller: HttpCaller<H>,
+    mut caller: HttpCaller<H>,
     templates: &[Option<&str>],
     handler: F,
 ) -> Limited<Fut::Output>
@@ -356,12 +356,11 @@ where
     if limits.is_empty() {
         return Limited(Outcome::Admitted(handler().await, FieldSet::Empty));
     }
-    let limiter = match &caller.limiter {
-        Some(l) => l.clone(),
-        None => RateLimiter::current(),
-    };
-    // A scope's quota overridden at run time: the limits are worked out per call.
+    let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
+    // A scope's quota overridden at run time: the limits are worked out per call (by the
+    // same limiter, handed back).
     if limiter.has_overrides() {
+        caller.limiter = Some(limiter);
         return check_http_dyn(limits, None, caller, templates, &[], handler).await;
     }
     let settings = limiter.settings();
@@ -423,14 +422,11 @@ fn refusal_of(error: &RateLimitError) -> Refusal {
 pub(crate) async fn admit<const H: bool>(
     limits: &'static [Limit],
     dynamics: Option<&'static [Dynamic]>,
-    caller: HttpCaller<H>,
+    mut caller: HttpCaller<H>,
     templates: &[Option<&str>],
     inputs: &[Input],
 ) -> Result<(RateLimiter, Taken, Fields), Refusal> {
-    let limiter = match &caller.limiter {
-        Some(l) => l.clone(),
-        None => RateLimiter::current(),
-    };
+    let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
     let settings = limiter.settings();
     // The deny list and the exemptions apply to these limits as to static ones.
     match caller.exempted(settings, limits) {
