@@ -189,8 +189,18 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
             &key_lets,
             &key_refs,
             dynamic.as_ref(),
+            reads_headers(checked),
         ),
     }
+}
+
+/// Whether a limit reads a header (`by = "header:…"`, `"app_id"`): otherwise the hidden
+/// extractor keeps only the forwarding headers.
+fn reads_headers(checked: &Checked) -> bool {
+    checked
+        .limits
+        .iter()
+        .any(|l| matches!(l.by, By::Header(_) | By::AppId))
 }
 
 /// A limit's `num`, period, `burst` and `cost` as the static's tokens: literals, or `const`
@@ -632,11 +642,13 @@ fn grpc(
 }
 
 /// The hidden parameter's type, the output type and the call of an HTTP handler: `check_http`
-/// for static limits, `check_http_dyn` for dynamic ones, the framework's
+/// for static limits (with the function's `PolicyField` static), `check_http_dyn` for dynamic
+/// ones, the framework's
 /// `check_http_counted` (whose output is the framework's response) with `count`.
 fn http_call(
     framework: Option<&crate::attr::Spanned<Framework>>,
     dynamic: Option<&Dyn>,
+    headers: bool,
     output: TokenStream,
     key_refs: &[TokenStream],
     args: &[Ident],
@@ -646,18 +658,21 @@ fn http_call(
     let inner = local("__ratelimit_inner");
     let limits = local("__RATELIMIT_LIMITS");
     match dynamic {
-        None => (
-            quote!(#p::HttpCaller),
-            output,
+        // Without a header source, the extractor keeps only the headers `ip` may read.
+        None => (quote!(#p::HttpCaller<#headers>), output, {
+            // The function's `RateLimit-Policy` value, formatted on its first response.
+            let policy = local("__RATELIMIT_POLICY");
             quote! {
+                static #policy: #p::PolicyField = #p::PolicyField::new();
                 #p::check_http(
                     &#limits,
+                    &#policy,
                     #caller,
                     &[#(#key_refs),*],
                     move || #inner(#(#args),*),
                 ).await
-            },
-        ),
+            }
+        }),
         Some(d) => {
             let dyns = local("__RATELIMIT_DYN");
             let inputs = local("__ratelimit_inputs");
@@ -704,6 +719,7 @@ fn http_call(
 
 /// HTTP mode, as the contract with the runtime says: a hidden `HttpCaller` first, the user's
 /// function moved into an inner `async fn`, and `check_http` deciding whether it runs.
+#[allow(clippy::too_many_arguments)] // the pieces `generate` made, passed through
 fn http_handler(
     func: &ItemFn,
     http: Span,
@@ -712,6 +728,7 @@ fn http_handler(
     key_lets: &[TokenStream],
     key_refs: &[TokenStream],
     dynamic: Option<&Dyn>,
+    headers: bool,
 ) -> TokenStream {
     let p = private();
     let (outer, _) = split_attrs(&func.attrs);
@@ -761,7 +778,7 @@ fn http_handler(
             quote_spanned!(span=> const _: () = ::ratelimit_runtime::__private::RequireActix::<()>::OK;)
         }
     };
-    let (caller_ty, output, call) = http_call(framework, dynamic, output, key_refs, &args);
+    let (caller_ty, output, call) = http_call(framework, dynamic, headers, output, key_refs, &args);
     quote! {
         #(#outer)*
         #vis #asyncness #fn_token #ident #generics (
@@ -828,7 +845,7 @@ mod tests {
         };
         assert_eq!(
             compact(&caller.ty),
-            "::ratelimit_runtime::__private::HttpCaller"
+            "::ratelimit_runtime::__private::HttpCaller<false>"
         );
         let body = compact(&f.block);
         assert!(
@@ -855,7 +872,7 @@ mod tests {
             "{body}"
         );
         assert!(
-            body.contains("check_http(&__RATELIMIT_LIMITS,__ratelimit_caller,&[::core::option::Option::None],move||__ratelimit_inner(__ratelimit_arg0,__ratelimit_arg1),).await"),
+            body.contains("static__RATELIMIT_POLICY:::ratelimit_runtime::__private::PolicyField=::ratelimit_runtime::__private::PolicyField::new();::ratelimit_runtime::__private::check_http(&__RATELIMIT_LIMITS,&__RATELIMIT_POLICY,__ratelimit_caller,&[::core::option::Option::None],move||__ratelimit_inner(__ratelimit_arg0,__ratelimit_arg1),).await"),
             "{body}"
         );
     }
@@ -879,6 +896,14 @@ mod tests {
             "->::ratelimit_runtime::__private::Limited<()>"
         );
         assert_eq!(compact(&f.sig.generics), "<T:Clone>");
+        // A header source: the hidden extractor keeps the request's headers.
+        let FnArg::Typed(caller) = &f.sig.inputs[0] else {
+            panic!()
+        };
+        assert_eq!(
+            compact(&caller.ty),
+            "::ratelimit_runtime::__private::HttpCaller<true>"
+        );
         let body = compact(&f.block);
         assert!(body.contains("letJson(form)=&__ratelimit_arg0;"), "{body}");
         assert!(body.contains("Piece::Arg(&form.phone)"), "{body}");

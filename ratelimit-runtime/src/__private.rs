@@ -6,8 +6,10 @@
 //!
 //! * plain mode: `check(&LIMITS, &[key0, key1, …]).await` → `Result<(), RateLimitError>`;
 //! * HTTP mode: a hidden first parameter of type `HttpCaller`, the user's function moved into
-//!   an inner `async fn`, and `check_http(&LIMITS, caller, &[keys…], || inner(args…)).await`,
-//!   whose `Limited<T>` return type is both an Axum `IntoResponse` and an Actix `Responder`.
+//!   an inner `async fn`, and `check_http(&LIMITS, &POLICY, caller, &[keys…], || inner(args…))
+//!   .await`, whose `Limited<T>` return type is both an Axum `IntoResponse` and an Actix
+//!   `Responder`; `POLICY` is one more `static` of the function, a `PolicyField::new()` (its
+//!   `RateLimit-Policy` value, formatted on first use).
 //!
 //! `keys[i]` is the rendered `key` template of limit `i` (`None` when it has none): a fixed
 //! key is a string literal, a template is rendered once per call by [`render`].
@@ -16,8 +18,8 @@
 //! they belong (`limit`, `http`, `policy`).
 
 pub use crate::http::{
-    HttpCaller, Limited, RequireActix, RequireAxum, RequireHttp, RequireOneFramework, check_http,
-    check_http_dyn, counted,
+    HttpCaller, Limited, PolicyField, RequireActix, RequireAxum, RequireHttp, RequireOneFramework,
+    check_http, check_http_dyn, counted,
 };
 pub use crate::limit::{By, Limit, Piece, check, period_ms, policy, render};
 pub use crate::policy::{Algorithm, Policy};

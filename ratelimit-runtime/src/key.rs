@@ -17,12 +17,42 @@
 //! only: no input can make one caller's key equal another's — in particular a header value
 //! equal to an IP never lands in the per-IP bucket — braces cannot break the hash tag, and a
 //! key is never longer than the prefix, scope and suffix plus the sources and 33 bytes a part.
-
-use std::fmt::Write as _;
+//!
+//! # The suffix
+//!
+//! The suffix names the policy, so that two different limits (stacked on one function, or one
+//! limit changed between two deployments) never share a key: `<num><algorithm><period>`, then
+//! `b<burst>` when the burst is not `num`.
+//!
+//! * `num` and `burst` in decimal, without leading zeros (both are at least 1);
+//! * the algorithm as one letter: `f` fixed, `s` sliding, `l` leaky, `t` token, `g` gcra, `c`
+//!   sliding counter;
+//! * the period as a count and a unit, the largest of `d` (day), `h`, `m` (minute), `s` and
+//!   `ms` that divides it exactly; the count in decimal, left out when it is 1.
+//!
+//! | limit | suffix |
+//! | --- | --- |
+//! | fixed, 100 a day | `100fd` |
+//! | sliding, 3 per 10 s | `3s10s` |
+//! | token, 10 a minute, burst 20 | `10tmb20` |
+//! | leaky, 5 per 1,500 ms | `5l1500ms` |
+//!
+//! **Why it is injective.** The suffix reads back to exactly one policy: the digits before the
+//! first letter are `num` (never empty: `num ≥ 1`); that letter is the algorithm (six letters,
+//! six algorithms); the digits after it are the count (1 when there are none), and the letters
+//! after them, up to a `b` or the end, the unit (`d h m s ms`, none of which is or holds `b`); the
+//! digits after a `b` are the burst, and without one the burst is `num`. The period is the count
+//! times the unit. Reading back gives the policy it was built from, so two policies that differ
+//! in algorithm, `num`, period or burst never write the same suffix. (Each period is written one
+//! way only — the largest exact unit, a count of 1 left out — so one policy always writes the
+//! same suffix.) The suffix holds no `{ } :`, so it cannot touch the hash tag, and a key has
+//! exactly one `:` after its `}`: the stores' own keys derived from a key (`<key>:b` for a
+//! block, `<key>:w`, `<key>:r:…` for receipts) have two or more, so no limit's key is ever
+//! another's derived key.
 
 use sha2::{Digest, Sha256};
 
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Policy};
 
 /// The longest caller value written as itself; longer ones are hashed.
 pub const MAX_PLAIN_LEN: usize = 64;
@@ -92,9 +122,7 @@ impl Source<'_> {
             }
             Self::Header(name) => {
                 out.push_str("hx.");
-                for b in name.bytes() {
-                    let _ = write!(out, "{b:02x}");
-                }
+                push_hex(out, name.as_bytes());
             }
         }
     }
@@ -127,10 +155,93 @@ fn push_part(out: &mut String, part: Part<'_>) {
         out.extend(value.iter().map(|&b| char::from(b)));
     } else {
         out.push('#');
-        let digest = Sha256::digest(value);
-        for b in &digest[..16] {
-            let _ = write!(out, "{b:02x}");
-        }
+        push_hex(out, &Sha256::digest(value)[..16]);
+    }
+}
+
+/// Appends `bytes` as lower-case hex digits.
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
+}
+
+/// Appends `n` in decimal, without `core::fmt` (keys and header values are built per request).
+pub(crate) fn push_decimal(out: &mut String, n: u64) {
+    let mut buf = [0u8; 20];
+    let digits = decimal(&mut buf, n);
+    out.push_str(digits);
+}
+
+/// Writes `n` in decimal at the end of `buf` and returns the digits (two at a time).
+pub(crate) fn decimal(buf: &mut [u8; 20], mut n: u64) -> &str {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    let mut start = buf.len();
+    while n >= 100 {
+        #[allow(clippy::cast_possible_truncation)] // below 100
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        start -= 2;
+        buf[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    #[allow(clippy::cast_possible_truncation)] // below 100
+    let n = n as usize;
+    if n >= 10 {
+        start -= 2;
+        buf[start..start + 2].copy_from_slice(&PAIRS[n * 2..n * 2 + 2]);
+    } else {
+        start -= 1;
+        buf[start] = PAIRS[n * 2 + 1];
+    }
+    // ASCII digits only.
+    std::str::from_utf8(&buf[start..]).unwrap_or_default()
+}
+
+/// The letter of an algorithm in the suffix (see the module docs).
+const fn algorithm_letter(algorithm: Algorithm) -> char {
+    match algorithm {
+        Algorithm::Fixed => 'f',
+        Algorithm::Sliding => 's',
+        Algorithm::Leaky => 'l',
+        Algorithm::Token => 't',
+        Algorithm::Gcra => 'g',
+        Algorithm::SlidingCounter => 'c',
+    }
+}
+
+/// The units a period is written in, largest first, with their length in milliseconds.
+const PERIOD_UNITS: [(&str, u64); 5] = [
+    ("d", 86_400_000),
+    ("h", 3_600_000),
+    ("m", 60_000),
+    ("s", 1_000),
+    ("ms", 1),
+];
+
+/// Appends the suffix of `policy`: `<num><algorithm letter>[<count>]<unit>[b<burst>]` (see the
+/// module docs, which also say why it is injective).
+fn push_suffix(out: &mut String, policy: &Policy) {
+    push_decimal(out, policy.limit());
+    out.push(algorithm_letter(policy.algorithm()));
+    let period = policy.period_ms();
+    let (unit, ms) = PERIOD_UNITS
+        .iter()
+        .copied()
+        .find(|&(_, ms)| period.is_multiple_of(ms))
+        .unwrap_or(("ms", 1));
+    if period / ms != 1 {
+        push_decimal(out, period / ms);
+    }
+    out.push_str(unit);
+    if policy.burst() != policy.limit() {
+        out.push('b');
+        push_decimal(out, policy.burst());
     }
 }
 
@@ -138,7 +249,8 @@ fn push_part(out: &mut String, part: Part<'_>) {
 ///
 /// `parts` are the caller-supplied parts (the rendered `key` template, then the `by` value);
 /// an empty list is one bucket for the whole scope. The suffix names the algorithm and its
-/// parameters, so two different limits stacked on one function never share a key.
+/// parameters (see [the module docs](self)), so two different limits stacked on one function
+/// never share a key.
 ///
 /// ```
 /// use std::time::Duration;
@@ -147,8 +259,10 @@ fn push_part(out: &mut String, part: Part<'_>) {
 ///
 /// let p = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(60))?;
 /// let ip = Part::new(Source::Ip, b"10.0.0.1");
-/// assert_eq!(build("ratelimit", "app::login", &[ip], &p), "ratelimit:{app::login:ip=10.0.0.1}:fixed:5:60000");
-/// assert_eq!(build("ratelimit", "app::login", &[], &p), "ratelimit:{app::login}:fixed:5:60000");
+/// assert_eq!(build("ratelimit", "app::login", &[ip], &p), "ratelimit:{app::login:ip=10.0.0.1}:5fm");
+/// assert_eq!(build("ratelimit", "app::login", &[], &p), "ratelimit:{app::login}:5fm");
+/// let daily = Policy::new(Algorithm::Token, 100, Duration::from_secs(86_400))?.with_burst(20)?;
+/// assert_eq!(build("ratelimit", "app::login", &[ip], &daily), "ratelimit:{app::login:ip=10.0.0.1}:100tdb20");
 /// // The same value from a header is another bucket.
 /// let header = Part::new(Source::Header("x-device"), b"10.0.0.1");
 /// assert_ne!(build("ratelimit", "app::login", &[header], &p), build("ratelimit", "app::login", &[ip], &p));
@@ -157,7 +271,7 @@ fn push_part(out: &mut String, part: Part<'_>) {
 /// # Ok::<(), ratelimit_runtime::PolicyError>(())
 /// ```
 pub fn build(prefix: &str, scope: &str, parts: &[Part<'_>], policy: &Policy) -> String {
-    let mut key = String::with_capacity(prefix.len() + scope.len() + 40 + parts.len() * 40);
+    let mut key = String::with_capacity(prefix.len() + scope.len() + 24 + parts.len() * 40);
     key.push_str(prefix);
     key.push_str(":{");
     key.push_str(scope);
@@ -166,18 +280,13 @@ pub fn build(prefix: &str, scope: &str, parts: &[Part<'_>], policy: &Policy) -> 
         push_part(&mut key, *part);
     }
     key.push_str("}:");
-    key.push_str(policy.algorithm().as_str());
-    let _ = write!(key, ":{}:{}", policy.limit(), policy.period_ms());
-    if policy.burst() != policy.limit() {
-        let _ = write!(key, ":b{}", policy.burst());
-    }
+    push_suffix(&mut key, policy);
     key
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Algorithm;
     use proptest::prelude::*;
     use std::time::Duration;
 
@@ -192,17 +301,78 @@ mod tests {
         Hashed(String, String),
     }
 
-    /// Reads a key back into its scope and parts, failing on anything ambiguous: the inverse of
-    /// `build`, so two inputs that read back differently can never share a key.
-    fn read_back(key: &str) -> (String, Vec<Written>) {
+    /// What a suffix reads back to: algorithm, `num`, period in ms, burst.
+    type Read = (Algorithm, u64, u64, u64);
+
+    /// Reads a suffix back by the grammar of the module docs, failing on anything else.
+    fn read_suffix(suffix: &str) -> Read {
+        let number = |digits: &str| -> u64 {
+            assert!(!digits.starts_with('0'), "a leading zero in {suffix}");
+            digits.parse().expect("digits")
+        };
+        let letter = suffix
+            .find(|c: char| !c.is_ascii_digit())
+            .expect("a letter");
+        let num = number(&suffix[..letter]);
+        let algorithm = match &suffix[letter..=letter] {
+            "f" => Algorithm::Fixed,
+            "s" => Algorithm::Sliding,
+            "l" => Algorithm::Leaky,
+            "t" => Algorithm::Token,
+            "g" => Algorithm::Gcra,
+            "c" => Algorithm::SlidingCounter,
+            other => panic!("no algorithm {other} in {suffix}"),
+        };
+        let rest = &suffix[letter + 1..];
+        let unit_at = rest.find(|c: char| !c.is_ascii_digit()).expect("a unit");
+        let count = if unit_at == 0 {
+            1
+        } else {
+            let count = number(&rest[..unit_at]);
+            assert_ne!(count, 1, "a count of 1 is left out: {suffix}");
+            count
+        };
+        let (unit, burst) = match rest[unit_at..].split_once('b') {
+            Some((unit, burst)) => (unit, Some(number(burst))),
+            None => (&rest[unit_at..], None),
+        };
+        let ms = match unit {
+            "d" => 86_400_000,
+            "h" => 3_600_000,
+            "m" => 60_000,
+            "s" => 1_000,
+            "ms" => 1,
+            other => panic!("no unit {other} in {suffix}"),
+        };
+        assert!(
+            PERIOD_UNITS
+                .iter()
+                .take_while(|&&(u, _)| u != unit)
+                .all(|&(_, larger)| !(count * ms).is_multiple_of(larger)),
+            "not the largest exact unit: {suffix}"
+        );
+        assert_ne!(
+            burst,
+            Some(num),
+            "a burst equal to num is left out: {suffix}"
+        );
+        (algorithm, num, count * ms, burst.unwrap_or(num))
+    }
+
+    /// Reads a key back into its scope, parts and policy, failing on anything ambiguous: the
+    /// inverse of `build`, so two inputs that read back differently can never share a key.
+    fn read_back(key: &str) -> (String, Vec<Written>, Read) {
         let open = key.find('{').expect("an opening brace");
         let close = key.find('}').expect("a closing brace");
         assert_eq!(key.matches('{').count(), 1, "{key}");
         assert_eq!(key.matches('}').count(), 1, "{key}");
+        let suffix = key[close + 1..].strip_prefix(':').expect("}:");
+        assert!(!suffix.contains(':'), "one colon after the tag: {key}");
+        let policy = read_suffix(suffix);
         let inside = &key[open + 1..close];
         let Some(marker) = inside.find(['=', '#']) else {
             assert!(!inside.contains('|'), "{key}");
-            return (inside.to_owned(), Vec::new());
+            return (inside.to_owned(), Vec::new(), policy);
         };
         let colon = inside[..marker].rfind(':').expect("scope:part");
         let scope = inside[..colon].to_owned();
@@ -220,7 +390,7 @@ mod tests {
                 }
             })
             .collect();
-        (scope, parts)
+        (scope, parts, policy)
     }
 
     fn tag(source: Source<'_>) -> String {
@@ -236,10 +406,11 @@ mod tests {
             Written::Plain(tag(part.source), part.value.to_vec())
         } else {
             let digest = Sha256::digest(part.value);
-            let mut hex = String::new();
-            for b in &digest[..16] {
+            let hex = digest[..16].iter().fold(String::new(), |mut hex, b| {
+                use std::fmt::Write as _;
                 let _ = write!(hex, "{b:02x}");
-            }
+                hex
+            });
             Written::Hashed(tag(part.source), hex)
         }
     }
@@ -275,23 +446,107 @@ mod tests {
         ]
     }
 
+    /// A number of units: small ones, round ones and the largest the policies take.
+    fn units() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            1..=20u64,
+            proptest::sample::select(vec![99, 100, 1000, 3600, 86_400, 1_000_000_000]),
+            1..=crate::policy::MAX_UNITS,
+        ]
+    }
+
+    /// A period in ms: whole units and counts near the unit boundaries, and any period.
+    fn period_ms() -> impl Strategy<Value = u64> {
+        let unit = proptest::sample::select(vec![1u64, 1_000, 60_000, 3_600_000, 86_400_000]);
+        prop_oneof![
+            (unit, 1..=120u64).prop_map(|(u, n)| u * n),
+            (1..=3u64, 0..=2u64).prop_map(|(n, d)| 86_400_000 * n - d),
+            1..=crate::policy::rules::MAX_PERIOD_MS,
+        ]
+    }
+
+    /// Any policy the rules accept.
+    fn any_policy() -> impl Strategy<Value = Policy> {
+        (
+            proptest::sample::select(Algorithm::ALL.to_vec()),
+            units(),
+            period_ms(),
+            prop_oneof![Just(None), units().prop_map(Some)],
+        )
+            .prop_filter_map("a policy the rules accept", |(a, num, ms, burst)| {
+                Policy::from_parts(a, num, ms, burst.unwrap_or(num), 1).ok()
+            })
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
 
-        /// Any bytes, any sources: never a panic, one hash tag, and the key reads back to
-        /// exactly the (source, value) pairs it was built from, so it is injective.
+        /// Any bytes, any sources, any policy: never a panic, one hash tag, and the key reads
+        /// back to exactly the (source, value) pairs and the policy (algorithm, `num`, period,
+        /// burst) it was built from, so it is injective.
         #[test]
-        fn keys_read_back_to_their_sources_and_values(
+        fn keys_read_back_to_their_sources_values_and_policy(
             scope in "[a-z:_]{1,8}(::[a-z]{1,6})?",
             parts in proptest::collection::vec((source(), value()), 0..4),
+            policy in any_policy(),
         ) {
             let parts: Vec<Part<'_>> = parts.iter().map(|(s, v)| Part::new(*s, v)).collect();
-            let key = build("rl", &scope, &parts, &policy());
-            let (read_scope, read_parts) = read_back(&key);
+            let key = build("rl", &scope, &parts, &policy);
+            let (read_scope, read_parts, read_policy) = read_back(&key);
             prop_assert_eq!(read_scope, scope);
             let want: Vec<Written> = parts.iter().map(expected).collect();
             prop_assert_eq!(read_parts, want);
-            prop_assert!(key.len() <= 2 + 20 + 40 + parts.len() * (4 + 26 + 34 + MAX_PLAIN_LEN), "{}", key);
+            prop_assert_eq!(
+                read_policy,
+                (policy.algorithm(), policy.limit(), policy.period_ms(), policy.burst())
+            );
+            // num (16 digits), letter, count (13 digits) and unit, burst: at most 49 bytes.
+            prop_assert!(key.len() <= 2 + 20 + 2 + 49 + parts.len() * (4 + 26 + 34 + MAX_PLAIN_LEN), "{}", key);
+        }
+
+        /// Two policies write the same suffix only when they are the same limit.
+        #[test]
+        fn different_policies_never_share_a_suffix(a in any_policy(), b in any_policy()) {
+            let (ka, kb) = (build("rl", "s", &[], &a), build("rl", "s", &[], &b));
+            let same = (a.algorithm(), a.limit(), a.period_ms(), a.burst())
+                == (b.algorithm(), b.limit(), b.period_ms(), b.burst());
+            prop_assert_eq!(ka == kb, same, "{} {}", ka, kb);
+        }
+    }
+
+    #[test]
+    fn decimals_are_display() {
+        let mut buf = [0; 20];
+        for exponent in 0..=18 {
+            let n = 10u64.pow(exponent);
+            for m in [n - 1, n, n + 1, n * 9, n * 10 - 1, n * 10 + 7] {
+                assert_eq!(decimal(&mut buf, m), m.to_string());
+            }
+        }
+        assert_eq!(decimal(&mut buf, u64::MAX), u64::MAX.to_string());
+    }
+
+    #[test]
+    fn suffixes_are_short_and_read_as_documented() {
+        let p = |a, num, ms, burst| Policy::from_parts(a, num, ms, burst, 1).unwrap();
+        let cases = [
+            (p(Algorithm::Fixed, 100, 86_400_000, 100), "100fd"),
+            (p(Algorithm::Sliding, 3, 10_000, 3), "3s10s"),
+            (p(Algorithm::Token, 10, 60_000, 20), "10tmb20"),
+            (p(Algorithm::Leaky, 5, 1_500, 5), "5l1500ms"),
+            (p(Algorithm::Gcra, 1, 1, 1), "1gms"),
+            (p(Algorithm::SlidingCounter, 60, 7_200_000, 60), "60c2h"),
+            (
+                p(Algorithm::Fixed, 1_000_000_000, 60_000, 1_000_000_000),
+                "1000000000fm",
+            ),
+            (p(Algorithm::Fixed, 7, 90_000, 7), "7f90s"),
+        ];
+        for (policy, suffix) in cases {
+            assert_eq!(
+                build("ratelimit", "s", &[], &policy),
+                format!("ratelimit:{{s}}:{suffix}")
+            );
         }
     }
 

@@ -1,6 +1,6 @@
 //! What `#[rate_limit]` writes: [`Limit`]s (a policy, a scope, a `by`), the rendering of `key`
 //! templates, and the one place where a limit's store key is put together for a caller
-//! ([`keys_for`], used by plain functions and HTTP handlers alike).
+//! ([`key_of`], through [`keys_for`] for plain functions, HTTP handlers and the rest alike).
 //!
 //! The macro reaches these items through `crate::__private`, which only re-exports them.
 
@@ -204,33 +204,48 @@ pub const fn period_ms(period: std::time::Duration) -> u64 {
     }
 }
 
-/// Builds the keys of `limits` for one caller: `templates[i]` is limit `i`'s rendered `key`
-/// template (if any), `by_value(by)` its caller's value for `by` (`None` for `global`), or the
-/// reason the caller cannot be keyed. The one place where a limit's key is put together.
-pub(crate) fn keys_for<'c, E>(
+/// The key of `limit` for one caller: its rendered `key` template (if any) and its value for
+/// `by` (`None` for `global`). The one place where a limit's key is put together.
+pub(crate) fn key_of(
+    prefix: &str,
+    limit: &Limit,
+    template: Option<&str>,
+    by: Option<&[u8]>,
+) -> String {
+    let mut parts = [key::Part::new(key::Source::Key, &[]); 2];
+    let mut n = 0;
+    if let Some(t) = template {
+        parts[n] = key::Part::new(key::Source::Key, t.as_bytes());
+        n += 1;
+    }
+    if let (Some(value), Some(source)) = (by, limit.by.source()) {
+        parts[n] = key::Part::new(source, value);
+        n += 1;
+    }
+    key::build(prefix, limit.scope, &parts[..n], &limit.policy)
+}
+
+/// Builds the keys of `limits` for one caller ([`key_of`] for each): `templates[i]` is limit
+/// `i`'s rendered `key` template (if any), `by_value(by)` its caller's value for `by` (`None`
+/// for `global`), or the reason the caller cannot be keyed.
+pub(crate) fn keys_for<V: AsRef<[u8]>, E>(
     prefix: &str,
     limits: &[Limit],
     templates: &[Option<&str>],
-    mut by_value: impl FnMut(By) -> Result<Option<std::borrow::Cow<'c, [u8]>>, E>,
+    mut by_value: impl FnMut(By) -> Result<Option<V>, E>,
 ) -> Result<Vec<String>, E> {
-    limits
-        .iter()
-        .enumerate()
-        .map(|(i, limit)| {
-            let by = by_value(limit.by)?;
-            let mut parts = [key::Part::new(key::Source::Key, &[]); 2];
-            let mut n = 0;
-            if let Some(Some(t)) = templates.get(i) {
-                parts[n] = key::Part::new(key::Source::Key, t.as_bytes());
-                n += 1;
-            }
-            if let (Some(value), Some(source)) = (&by, limit.by.source()) {
-                parts[n] = key::Part::new(source, value);
-                n += 1;
-            }
-            Ok(key::build(prefix, limit.scope, &parts[..n], &limit.policy))
-        })
-        .collect()
+    let mut keys = Vec::with_capacity(limits.len());
+    for (i, limit) in limits.iter().enumerate() {
+        let by = by_value(limit.by)?;
+        let template = templates.get(i).copied().flatten();
+        keys.push(key_of(
+            prefix,
+            limit,
+            template,
+            by.as_ref().map(AsRef::as_ref),
+        ));
+    }
+    Ok(keys)
 }
 
 /// Runs the checks of `limits` under `keys` against `limiter`.
@@ -256,9 +271,11 @@ pub async fn check(limits: &'static [Limit], keys: &[Option<&str>]) -> Result<()
             .await
             .map(drop);
     }
-    let Ok(keys) =
-        keys_for::<std::convert::Infallible>(&limiter.settings().prefix, limits, keys, |_| {
-            Ok(None)
-        });
+    let Ok(keys) = keys_for::<&[u8], std::convert::Infallible>(
+        &limiter.settings().prefix,
+        limits,
+        keys,
+        |_| Ok(None),
+    );
     run(&limiter, limits, &keys).await.map(drop)
 }

@@ -287,7 +287,12 @@ async fn every_key_has_a_ttl_after_ten_thousand_keys() {
         for (k, ttl) in chunk.iter().zip(ttls) {
             assert_ne!(ttl, -1, "{k} has no TTL");
             assert!(ttl > 0, "{k}: PTTL {ttl}");
-            let algo = k.rsplit(':').nth(2).unwrap_or_default();
+            // The key's policy suffix (after `}:`) names its algorithm.
+            let suffix = k.rsplit_once("}:").map_or("", |(_, s)| s);
+            let algo = policies
+                .iter()
+                .find(|p| key::build("ttl", "s", &[], p).ends_with(&format!("}}:{suffix}")))
+                .map_or("", |p| p.algorithm().as_str());
             // Fixed: the window's end; sliding: newest + period; token/leaky/gcra: 2 units at
             // most (12 s) until full / empty; the sliding counter: the end of the next window.
             let max = match algo {

@@ -5,28 +5,33 @@ use std::future::{Ready, ready};
 use actix_web::body::EitherBody;
 use actix_web::dev::Payload;
 use actix_web::http::StatusCode;
-use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, Responder, web};
 
 use super::UserId;
 use super::caller::{Framework, Head, HttpCaller, Limited, Outcome};
-use super::response::{Fields, Refusal};
+use super::response::{FieldSet, Fields, Refusal};
 use crate::limiter::RateLimiter;
 
-impl FromRequest for HttpCaller {
+impl<const H: bool> FromRequest for HttpCaller<H> {
     type Error = actix_web::Error;
     type Future = Ready<Result<Self, Self::Error>>;
 
     fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
-        let limiter = req.app_data::<RateLimiter>().cloned().or_else(|| {
+        let mut limiter = req.app_data::<RateLimiter>().cloned().or_else(|| {
             req.app_data::<web::Data<RateLimiter>>()
                 .map(|data| RateLimiter::clone(data))
         });
+        let headers = if H {
+            req.headers().clone()
+        } else {
+            forwarding_only(req.headers(), &mut limiter)
+        };
         ready(Ok(Self {
             peer: req.peer_addr().map(|addr| addr.ip()),
             head: Head::Actix {
                 uri: req.uri().clone(),
-                headers: req.headers().clone(),
+                headers,
             },
             user: req.extensions().get::<UserId>().cloned(),
             limiter,
@@ -34,6 +39,24 @@ impl FromRequest for HttpCaller {
             framework: Framework::Actix,
         }))
     }
+}
+
+/// `caller::forwarding_only` for Actix-web's header map: the forwarding headers only, or all
+/// of them when the limiter has an exemption predicate.
+fn forwarding_only(headers: &HeaderMap, limiter: &mut Option<RateLimiter>) -> HeaderMap {
+    static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+    static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+    let limiter = limiter.get_or_insert_with(RateLimiter::current);
+    if limiter.settings().exemptions.predicate.is_some() {
+        return headers.clone();
+    }
+    let mut kept = HeaderMap::new();
+    for name in [&X_FORWARDED_FOR, &header::FORWARDED, &X_REAL_IP] {
+        for value in headers.get_all(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
 }
 
 fn refusal_response(refusal: Refusal) -> HttpResponse {
@@ -55,6 +78,25 @@ fn add_fields<B>(response: &mut HttpResponse<B>, fields: Fields) {
     }
 }
 
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Adds an admitted response's fields: the usual pair without a list, the policy's value as
+/// it was formatted for the function (a static value: no copy, no allocation).
+fn add_field_set<B>(response: &mut HttpResponse<B>, fields: FieldSet) {
+    match fields {
+        FieldSet::Empty => {}
+        FieldSet::Ietf { policy, state } => {
+            let headers = response.headers_mut();
+            headers.insert(RATELIMIT_POLICY, HeaderValue::from_static(policy));
+            if let Ok(state) = HeaderValue::try_from(state) {
+                headers.insert(RATELIMIT, state);
+            }
+        }
+        FieldSet::List(fields) => add_fields(response, fields),
+    }
+}
+
 impl<T: Responder> Responder for Limited<T> {
     type Body = EitherBody<T::Body>;
 
@@ -62,7 +104,7 @@ impl<T: Responder> Responder for Limited<T> {
         match self.0 {
             Outcome::Admitted(inner, fields) => {
                 let mut response = inner.respond_to(req);
-                add_fields(&mut response, fields);
+                add_field_set(&mut response, fields);
                 response.map_into_left_body()
             }
             Outcome::Refused(refusal) => refusal_response(refusal).map_into_right_body(),

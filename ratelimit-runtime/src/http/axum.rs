@@ -10,14 +10,20 @@ use axum::response::{IntoResponse, Response};
 
 use super::UserId;
 use super::caller::{Framework, Head, HttpCaller, Limited, Outcome};
-use super::response::{Fields, Refusal};
+use super::response::{FieldSet, Fields, Refusal};
 use crate::limiter::RateLimiter;
 
-impl<S: Send + Sync> FromRequestParts<S> for HttpCaller {
+impl<S: Send + Sync, const H: bool> FromRequestParts<S> for HttpCaller<H> {
     /// Never used: the extractor does not fail; `check_http` answers for missing parts.
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let mut limiter = parts.extensions.get::<RateLimiter>().cloned();
+        let headers = if H {
+            parts.headers.clone()
+        } else {
+            super::caller::forwarding_only(&parts.headers, &mut limiter)
+        };
         Ok(Self {
             peer: parts
                 .extensions
@@ -25,10 +31,10 @@ impl<S: Send + Sync> FromRequestParts<S> for HttpCaller {
                 .map(|ConnectInfo(addr)| addr.ip()),
             head: Head::Http {
                 path: parts.uri.path_and_query().cloned(),
-                headers: parts.headers.clone(),
+                headers,
             },
             user: parts.extensions.get::<UserId>().cloned(),
-            limiter: parts.extensions.get::<RateLimiter>().cloned(),
+            limiter,
             quota: parts.extensions.get::<crate::Quota>().copied(),
             framework: Framework::Axum,
         })
@@ -40,6 +46,24 @@ fn add_fields(headers: &mut HeaderMap, fields: Fields) {
         if let Ok(value) = HeaderValue::try_from(value) {
             headers.insert(HeaderName::from_static(name), value);
         }
+    }
+}
+
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Adds an admitted response's fields: the usual pair without a list, the policy's value as
+/// it was formatted for the function (a static value: no copy, no allocation).
+fn add_field_set(headers: &mut HeaderMap, fields: FieldSet) {
+    match fields {
+        FieldSet::Empty => {}
+        FieldSet::Ietf { policy, state } => {
+            headers.insert(RATELIMIT_POLICY, HeaderValue::from_static(policy));
+            if let Ok(state) = HeaderValue::try_from(state) {
+                headers.insert(RATELIMIT, state);
+            }
+        }
+        FieldSet::List(fields) => add_fields(headers, fields),
     }
 }
 
@@ -65,7 +89,7 @@ impl<T: IntoResponse> IntoResponse for Limited<T> {
         match self.0 {
             Outcome::Admitted(inner, fields) => {
                 let mut response = inner.into_response();
-                add_fields(response.headers_mut(), fields);
+                add_field_set(response.headers_mut(), fields);
                 response
             }
             Outcome::Refused(refusal) => refusal.into_response(),

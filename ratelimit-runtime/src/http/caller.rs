@@ -1,6 +1,5 @@
 //! The hidden extractor, the check and the response wrapper of HTTP-mode handlers.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::net::IpAddr;
@@ -8,12 +7,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::UserId;
 use super::ip;
-use super::response::{Fields, Refusal, rate_fields, static_rate_fields};
+use super::response::{FieldSet, Fields, PolicyField, Refusal, rate_fields, static_rate_fields};
 use super::settings::HttpSettings;
-use super::source::{Headers, RequestParts};
+use super::source::{ByValue, Headers, RequestParts};
 use crate::dynamic::{Dynamic, Input, Taken};
 use crate::error::RateLimitError;
-use crate::limit::{By, Limit, keys_for};
+use crate::limit::{By, Limit, key_of, keys_for};
 use crate::limiter::exempt::CallerView;
 use crate::limiter::{RateLimiter, Settings};
 use crate::observe::{self, Outcome as Count};
@@ -72,6 +71,45 @@ impl ip::ForwardingHeaders for Head {
                 .collect(),
         }
     }
+
+    fn has(&self, header: super::ForwardedHeader) -> bool {
+        match self {
+            Self::Http { headers, .. } => ip::ForwardingHeaders::has(headers, header),
+            #[cfg(feature = "actix")]
+            Self::Actix { headers, .. } => {
+                use actix_web::http::header::{self as h, HeaderName};
+                static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+                static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+                headers.contains_key(match header {
+                    super::ForwardedHeader::XForwardedFor => &X_FORWARDED_FOR,
+                    super::ForwardedHeader::Forwarded => &h::FORWARDED,
+                    super::ForwardedHeader::XRealIp => &X_REAL_IP,
+                })
+            }
+        }
+    }
+}
+
+/// The headers a caller of limits without a header source keeps: only the forwarding ones
+/// (every line of each, in order), or all of them when `limiter` has an exemption predicate.
+/// Also resolves the limiter the check will use (`RateLimiter::current()` when the request
+/// names none), so that it is looked up once.
+#[cfg(feature = "axum")]
+pub(crate) fn forwarding_only(
+    headers: &http::HeaderMap,
+    limiter: &mut Option<RateLimiter>,
+) -> http::HeaderMap {
+    let limiter = limiter.get_or_insert_with(RateLimiter::current);
+    if limiter.settings().exemptions.predicate.is_some() {
+        return headers.clone();
+    }
+    let mut kept = http::HeaderMap::new();
+    for name in ip::forwarding_names() {
+        for value in headers.get_all(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
 }
 
 /// Which framework a request came through (for the message of a missing peer address).
@@ -89,7 +127,12 @@ pub(crate) enum Framework {
 ///
 /// An Axum `FromRequestParts` (feature `axum`) and an Actix-web `FromRequest` (feature
 /// `actix`); it never rejects a request by itself — [`check_http`] decides.
-pub struct HttpCaller {
+///
+/// `HEADERS` is whether a limit reads a header (`by = "header:…"` or `"app_id"`). Without one,
+/// the extractor keeps only the forwarding headers (which `by = "ip"` and the deny and exempt
+/// lists read), unless the limiter has an exemption predicate (which may read any header):
+/// the request's header map is not copied for every request.
+pub struct HttpCaller<const HEADERS: bool = true> {
     pub(crate) peer: Option<IpAddr>,
     pub(crate) head: Head,
     pub(crate) user: Option<UserId>,
@@ -99,7 +142,7 @@ pub struct HttpCaller {
     pub(crate) quota: Option<crate::Quota>,
 }
 
-impl fmt::Debug for HttpCaller {
+impl<const H: bool> fmt::Debug for HttpCaller<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Headers may hold credentials: not printed.
         f.debug_struct("HttpCaller")
@@ -120,14 +163,14 @@ const MISSING_CONNECT_INFO: &str = "rate limiting by IP needs the client address
 const MISSING_PEER_ADDR: &str = "rate limiting by IP needs the peer address of the connection, which this request does not carry \
      (a test request? set it with `TestRequest::peer_addr`)";
 
-impl HttpCaller {
+impl<const H: bool> HttpCaller<H> {
     fn path(&self) -> &str {
         self.head.path()
     }
 
     /// The value `by` identifies this caller with (`None` for `global`), or the response that
     /// replaces the handler's when the request lacks it.
-    fn by_value(&self, by: By, settings: &HttpSettings) -> Result<Option<Cow<'_, [u8]>>, Refusal> {
+    fn by_value(&self, by: By, settings: &HttpSettings) -> Result<Option<ByValue<'_>>, Refusal> {
         let parts = RequestParts {
             peer: self.peer,
             path: self.path(),
@@ -201,16 +244,40 @@ impl HttpCaller {
         Refusal::new(500, "internal_error", message)
     }
 
-    /// The store keys of `limits` for this caller.
+    /// The store keys of `limits` for this caller (one limit, the usual case, without a list).
     fn keys(
         &self,
         settings: &Settings,
         limits: &[Limit],
         templates: &[Option<&str>],
-    ) -> Result<Vec<String>, Refusal> {
+    ) -> Result<Keys, Refusal> {
+        if let [limit] = limits {
+            let by = self.by_value(limit.by, &settings.http)?;
+            let template = templates.first().copied().flatten();
+            let by = by.as_ref().map(AsRef::as_ref);
+            return Ok(Keys::One([key_of(&settings.prefix, limit, template, by)]));
+        }
         keys_for(&settings.prefix, limits, templates, |by| {
             self.by_value(by, &settings.http)
         })
+        .map(Keys::Many)
+    }
+}
+
+/// The keys of one request's limits.
+enum Keys {
+    One([String; 1]),
+    Many(Vec<String>),
+}
+
+impl std::ops::Deref for Keys {
+    type Target = [String];
+
+    fn deref(&self) -> &[String] {
+        match self {
+            Self::One(key) => key,
+            Self::Many(keys) => keys,
+        }
     }
 }
 
@@ -234,7 +301,7 @@ fn labels(limits: &[Limit]) -> impl Iterator<Item = (&'static str, crate::Algori
 pub struct Limited<T>(pub(crate) Outcome<T>);
 
 pub(crate) enum Outcome<T> {
-    Admitted(T, Fields),
+    Admitted(T, FieldSet),
     Refused(Refusal),
 }
 
@@ -273,10 +340,12 @@ impl<T> fmt::Debug for Limited<T> {
 /// (store down under the deny failure policy) or 400/401/500 (the request lacks what a limit
 /// is `by`) without running it.
 ///
-/// `templates[i]` is the rendered `key` template of `limits[i]`, if it has one.
-pub async fn check_http<F, Fut>(
+/// `templates[i]` is the rendered `key` template of `limits[i]`, if it has one; `policy` is the
+/// function's own `static` (its `RateLimit-Policy` value, formatted on first use).
+pub async fn check_http<F, Fut, const H: bool>(
     limits: &'static [Limit],
-    caller: HttpCaller,
+    policy: &'static PolicyField,
+    mut caller: HttpCaller<H>,
     templates: &[Option<&str>],
     handler: F,
 ) -> Limited<Fut::Output>
@@ -285,14 +354,13 @@ where
     Fut: Future,
 {
     if limits.is_empty() {
-        return Limited(Outcome::Admitted(handler().await, Vec::new()));
+        return Limited(Outcome::Admitted(handler().await, FieldSet::Empty));
     }
-    let limiter = match &caller.limiter {
-        Some(l) => l.clone(),
-        None => RateLimiter::current(),
-    };
-    // A scope's quota overridden at run time: the limits are worked out per call.
+    let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
+    // A scope's quota overridden at run time: the limits are worked out per call (by the
+    // same limiter, handed back).
     if limiter.has_overrides() {
+        caller.limiter = Some(limiter);
         return check_http_dyn(limits, None, caller, templates, &[], handler).await;
     }
     let settings = limiter.settings();
@@ -300,7 +368,7 @@ where
         Some(Err(refusal)) => return Limited(Outcome::Refused(refusal)),
         Some(Ok(())) => {
             drop(caller);
-            return Limited(Outcome::Admitted(handler().await, Vec::new()));
+            return Limited(Outcome::Admitted(handler().await, FieldSet::Empty));
         }
         None => {}
     }
@@ -314,10 +382,10 @@ where
         // A function with a limit in shadow mode sends no rate-limit headers: its responses
         // are the handler's own, as if no limit were there.
         Ok(v) if v.is_admitted() && limiter.any_shadow(limits) => {
-            Limited(Outcome::Admitted(handler().await, Vec::new()))
+            Limited(Outcome::Admitted(handler().await, FieldSet::Empty))
         }
         Ok(v) if v.is_admitted() => {
-            let fields = static_rate_fields(limits, &v, settings.http.header_style);
+            let fields = static_rate_fields(limits, policy, &v, settings.http.header_style);
             Limited(Outcome::Admitted(handler().await, fields))
         }
         Ok(v) => Limited(Outcome::Refused(Refusal::too_many_requests(
@@ -351,17 +419,14 @@ fn refusal_of(error: &RateLimitError) -> Refusal {
 /// Checks (or takes) a handler's limits worked out for this caller: the limiter, what to
 /// settle after the handler, and the rate-limit fields; or the response that replaces the
 /// handler's.
-pub(crate) async fn admit(
+pub(crate) async fn admit<const H: bool>(
     limits: &'static [Limit],
     dynamics: Option<&'static [Dynamic]>,
-    caller: HttpCaller,
+    mut caller: HttpCaller<H>,
     templates: &[Option<&str>],
     inputs: &[Input],
 ) -> Result<(RateLimiter, Taken, Fields), Refusal> {
-    let limiter = match &caller.limiter {
-        Some(l) => l.clone(),
-        None => RateLimiter::current(),
-    };
+    let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
     let settings = limiter.settings();
     // The deny list and the exemptions apply to these limits as to static ones.
     match caller.exempted(settings, limits) {
@@ -376,7 +441,11 @@ pub(crate) async fn admit(
         inputs,
         caller.quota,
         templates,
-        |by| caller.by_value(by, &settings.http),
+        |by| {
+            caller
+                .by_value(by, &settings.http)
+                .map(|v| v.map(ByValue::into_cow))
+        },
         |e| refusal_of(&e),
     )?;
     drop(caller);
@@ -421,7 +490,7 @@ where
             taken
                 .settle(&limiter, crate::dynamic::Outcome::Status(status))
                 .await;
-            Limited(Outcome::Admitted(response, fields))
+            Limited(Outcome::Admitted(response, FieldSet::List(fields)))
         }
         Err(refusal) => Limited(Outcome::Refused(refusal)),
     }
@@ -429,10 +498,10 @@ where
 
 /// [`check_http`] for handlers with a dynamic limit (`quota`, `cost = <expression>`) or
 /// whose limiter overrides a scope's quota. `inputs[i]` is what the call gives limit `i`.
-pub async fn check_http_dyn<F, Fut>(
+pub async fn check_http_dyn<F, Fut, const H: bool>(
     limits: &'static [Limit],
     dynamics: Option<&'static [Dynamic]>,
-    caller: HttpCaller,
+    caller: HttpCaller<H>,
     templates: &[Option<&str>],
     inputs: &[Input],
     handler: F,
@@ -442,7 +511,7 @@ where
     Fut: Future,
 {
     match admit(limits, dynamics, caller, templates, inputs).await {
-        Ok((_, _, fields)) => Limited(Outcome::Admitted(handler().await, fields)),
+        Ok((_, _, fields)) => Limited(Outcome::Admitted(handler().await, FieldSet::List(fields))),
         Err(refusal) => Limited(Outcome::Refused(refusal)),
     }
 }
@@ -482,11 +551,52 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "axum")]
+    #[test]
+    fn without_header_sources_only_forwarding_headers_are_kept() {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in [
+            ("x-forwarded-for", "203.0.113.1"),
+            ("authorization", "secret"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("forwarded", "for=192.0.2.1"),
+            ("x-real-ip", "198.51.100.1"),
+            ("appid", "a"),
+        ] {
+            map.append(name, value.parse().unwrap());
+        }
+        let plain = RateLimiter::builder().build_lazy().unwrap();
+        let kept = forwarding_only(&map, &mut Some(plain));
+        let lines: Vec<(&str, &str)> = kept
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                ("x-forwarded-for", "203.0.113.1"),
+                ("x-forwarded-for", "10.0.0.1"),
+                ("forwarded", "for=192.0.2.1"),
+                ("x-real-ip", "198.51.100.1"),
+            ]
+        );
+        // An exemption predicate may read any header: all are kept.
+        let predicate = RateLimiter::builder()
+            .exempt_when(|_| false)
+            .build_lazy()
+            .unwrap();
+        assert_eq!(forwarding_only(&map, &mut Some(predicate)), map);
+        // No limiter in the request: the current one is resolved once, here.
+        let mut none = None;
+        let _ = forwarding_only(&map, &mut none);
+        assert!(none.is_some());
+    }
+
     #[test]
     fn sources_read_the_request() {
         let s = HttpSettings::default();
         let c = caller(&[("appId", b" a1 "), ("x-key", b"k")]);
-        let v = |by| c.by_value(by, &s).unwrap().map(Cow::into_owned);
+        let v = |by| c.by_value(by, &s).unwrap().map(|v| v.as_ref().to_vec());
         assert_eq!(v(By::Global), None);
         assert_eq!(v(By::Ip), Some(b"192.0.2.1".to_vec()));
         assert_eq!(v(By::Url), Some(b"/a/b".to_vec()));

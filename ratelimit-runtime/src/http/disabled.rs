@@ -9,11 +9,11 @@ use std::marker::PhantomData;
 use crate::limit::Limit;
 
 /// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
-pub struct HttpCaller {
+pub struct HttpCaller<const HEADERS: bool = true> {
     never: Infallible,
 }
 
-impl fmt::Debug for HttpCaller {
+impl<const H: bool> fmt::Debug for HttpCaller<H> {
     fn fmt(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.never {}
     }
@@ -33,10 +33,23 @@ impl<T> fmt::Debug for Limited<T> {
 }
 
 /// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
+#[derive(Debug)]
+pub struct PolicyField(());
+
+impl PolicyField {
+    /// Stand-in.
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> Self {
+        Self(())
+    }
+}
+
+/// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
 #[allow(clippy::unused_async)]
-pub async fn check_http<F, Fut>(
+pub async fn check_http<F, Fut, const H: bool>(
     limits: &'static [Limit],
-    caller: HttpCaller,
+    policy: &'static PolicyField,
+    caller: HttpCaller<H>,
     templates: &[Option<&str>],
     handler: F,
 ) -> Limited<Fut::Output>
@@ -44,7 +57,7 @@ where
     F: FnOnce() -> Fut,
     Fut: Future,
 {
-    let _ = (limits, templates, handler);
+    let _ = (limits, policy, templates, handler);
     match caller.never {}
 }
 

@@ -3,6 +3,7 @@
 //! application configured ([`ForwardedHeader`]); then the bucket it belongs to (IPv6 grouped by
 //! a prefix).
 
+use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -13,6 +14,12 @@ use crate::net::{IpNet, canonical};
 pub(crate) trait ForwardingHeaders {
     /// Every value of the header `name` (lower-case), in the order received.
     fn values(&self, name: &str) -> Vec<&[u8]>;
+
+    /// Whether the request carries the forwarding header `header` (asked per request from a
+    /// private peer until the unconfigured-proxy warning is written: no name to parse).
+    fn has(&self, header: ForwardedHeader) -> bool {
+        !self.values(header.name()).is_empty()
+    }
 }
 
 impl ForwardingHeaders for http::HeaderMap {
@@ -22,6 +29,23 @@ impl ForwardingHeaders for http::HeaderMap {
             .map(http::HeaderValue::as_bytes)
             .collect()
     }
+
+    fn has(&self, header: ForwardedHeader) -> bool {
+        let [xff, forwarded, real_ip] = forwarding_names();
+        self.contains_key(match header {
+            ForwardedHeader::XForwardedFor => xff,
+            ForwardedHeader::Forwarded => forwarded,
+            ForwardedHeader::XRealIp => real_ip,
+        })
+    }
+}
+
+/// The names of the three forwarding headers, as `http` header names: `X-Forwarded-For`,
+/// `Forwarded`, `X-Real-IP`.
+pub(crate) fn forwarding_names() -> [&'static http::HeaderName; 3] {
+    static X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
+    static X_REAL_IP: http::HeaderName = http::HeaderName::from_static("x-real-ip");
+    [&X_FORWARDED_FOR, &http::header::FORWARDED, &X_REAL_IP]
 }
 
 #[cfg(test)]
@@ -116,10 +140,7 @@ fn hint_unconfigured_proxy<H: ForwardingHeaders + ?Sized>(
     if logged.load(Ordering::Relaxed) || !is_internal(peer) {
         return false;
     }
-    let Some(header) = FORWARDING_HEADERS
-        .iter()
-        .find(|h| !headers.values(h.name()).is_empty())
-    else {
+    let Some(header) = FORWARDING_HEADERS.iter().find(|&&h| headers.has(h)) else {
         return false;
     };
     if logged.swap(true, Ordering::Relaxed) {
@@ -151,11 +172,85 @@ fn is_internal(ip: IpAddr) -> bool {
 /// The bucket of a client address, as written into keys: an IPv4 address as itself, an IPv6
 /// address as its network of `settings.ipv6_prefix` bits (`2001:db8:1:2::/64`).
 pub(crate) fn bucket(ip: IpAddr, settings: &HttpSettings) -> String {
+    bucket_text(ip, settings).as_str().to_owned()
+}
+
+/// [`bucket`], held inline: what `by = "ip"` keys a request with, without an allocation.
+pub(crate) fn bucket_text(ip: IpAddr, settings: &HttpSettings) -> IpText {
+    let mut text = IpText::default();
     match canonical(ip) {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) if settings.ipv6_prefix >= 128 => v6.to_string(),
-        IpAddr::V6(v6) => IpNet::new(IpAddr::V6(v6), settings.ipv6_prefix)
-            .map_or_else(|| v6.to_string(), |net| net.to_string()),
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text.push(b".");
+                }
+                let mut buf = [0; 20];
+                text.push(crate::key::decimal(&mut buf, u64::from(octet)).as_bytes());
+            }
+        }
+        IpAddr::V6(v6) if settings.ipv6_prefix >= 128 => {
+            let _ = write!(text, "{v6}");
+        }
+        IpAddr::V6(v6) => {
+            let _ = match IpNet::new(IpAddr::V6(v6), settings.ipv6_prefix) {
+                Some(net) => write!(text, "{net}"),
+                None => write!(text, "{v6}"),
+            };
+        }
+    }
+    text
+}
+
+/// The text of an address or network, inline: at most 49 bytes
+/// (`ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255/128` is the longest).
+#[derive(Clone, Copy)]
+pub(crate) struct IpText {
+    buf: [u8; 56],
+    len: u8,
+}
+
+impl Default for IpText {
+    fn default() -> Self {
+        Self {
+            buf: [0; 56],
+            len: 0,
+        }
+    }
+}
+
+impl IpText {
+    fn push(&mut self, bytes: &[u8]) {
+        let start = usize::from(self.len);
+        // Never longer than the buffer (see the type's docs); cut rather than panic.
+        let end = (start + bytes.len()).min(self.buf.len());
+        self.buf[start..end].copy_from_slice(&bytes[..end - start]);
+        #[allow(clippy::cast_possible_truncation)] // at most 56
+        {
+            self.len = end as u8;
+        }
+    }
+
+    /// The bytes written.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+
+    /// The text written (ASCII).
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Write for IpText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.push(s.as_bytes());
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for IpText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -234,6 +329,55 @@ fn is_port(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ip_text_is_display_and_forwarding_headers_are_found_by_name() {
+        let settings = HttpSettings::default();
+        for ip in [
+            "0.0.0.0",
+            "10.1.2.3",
+            "192.168.100.9",
+            "255.255.255.255",
+            "1.22.133.4",
+            "::ffff:10.1.2.3",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(bucket(ip, &settings), canonical(ip).to_string());
+        }
+        // The longest texts fit.
+        for ip in ["ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "2001:db8::1"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            for prefix in [0, 64, 127, 128] {
+                let s = HttpSettings {
+                    ipv6_prefix: prefix,
+                    ..HttpSettings::default()
+                };
+                let want = if prefix >= 128 {
+                    ip.to_string()
+                } else {
+                    IpNet::new(ip, prefix).unwrap().to_string()
+                };
+                assert_eq!(bucket(ip, &s), want);
+            }
+        }
+        for header in FORWARDING_HEADERS {
+            let mut map = http::HeaderMap::new();
+            assert!(!map.has(header));
+            map.insert("x-other", "1".parse().unwrap());
+            assert!(!map.has(header));
+            map.insert(
+                http::HeaderName::from_static(header.name()),
+                "1".parse().unwrap(),
+            );
+            assert!(map.has(header));
+            let list: &[(&str, &[u8])] = &[
+                ("X-Real-IP", b"1"),
+                ("Forwarded", b"1"),
+                ("X-Forwarded-For", b"1"),
+            ];
+            assert!(list.has(header));
+        }
+    }
     use crate::RateLimiter;
 
     fn settings_for(proxies: &[&str], header: ForwardedHeader) -> HttpSettings {

@@ -93,6 +93,9 @@ pub(crate) mod source;
 mod caller;
 #[cfg(any(feature = "axum", feature = "actix"))]
 pub use caller::{HttpCaller, Limited, check_http, check_http_dyn};
+#[cfg(any(feature = "axum", feature = "actix"))]
+#[doc(hidden)]
+pub use response::PolicyField;
 
 #[cfg(feature = "actix")]
 pub(crate) mod actix;
@@ -144,7 +147,7 @@ impl<T> RequireOneFramework<T> {
 #[cfg(not(any(feature = "axum", feature = "actix")))]
 mod disabled;
 #[cfg(not(any(feature = "axum", feature = "actix")))]
-pub use disabled::{HttpCaller, Limited, check_http, check_http_dyn};
+pub use disabled::{HttpCaller, Limited, PolicyField, check_http, check_http_dyn};
 
 /// The address that identifies the client of a request, as `by = "ip"` computes it before
 /// grouping: `peer` itself unless it is a trusted proxy, else the right-most hop that is not a

@@ -1,18 +1,99 @@
 //! What a limited handler answers, independent of the framework: the rate-limit
 //! header fields of a verdict and the bodies of the refusals.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::settings::{HeaderStyle, HttpSettings};
+use crate::key::{decimal, push_decimal};
 use crate::limit::Limit;
-use crate::policy::Verdict;
+use crate::policy::{Decision, Verdict};
 
 /// Header fields to add to a response: lower-case static names, ASCII values.
 pub(crate) type Fields = Vec<(&'static str, String)>;
+
+/// The rate-limit fields of a handler's admitted response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FieldSet {
+    /// No field (an exempted request, a function with a limit in shadow mode).
+    Empty,
+    /// `RateLimit-Policy` (formatted once for the function: [`PolicyField`]) and `RateLimit`,
+    /// in that order: the usual set, built without a list.
+    Ietf { policy: &'static str, state: String },
+    /// Any other set, in order.
+    List(Fields),
+}
+
+impl FieldSet {
+    /// The fields, in the order they are added to the response.
+    #[cfg(test)]
+    pub(crate) fn to_list(&self) -> Fields {
+        match self {
+            Self::Empty => Vec::new(),
+            Self::Ietf { policy, state } => vec![
+                ("ratelimit-policy", (*policy).to_owned()),
+                ("ratelimit", state.clone()),
+            ],
+            Self::List(fields) => fields.clone(),
+        }
+    }
+}
+
+/// A function's `RateLimit-Policy` value, formatted on first use and kept for the process:
+/// `#[rate_limit]` writes one `static` of it beside the function's limits and hands it to
+/// [`check_http`](super::check_http), so that a response gets the value without formatting,
+/// copying or validating it again (and the `RateLimit` value its members' names).
+#[derive(Debug)]
+#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(unreachable_pub))]
+pub struct PolicyField(OnceLock<Option<Formatted>>);
+
+/// What [`PolicyField`] keeps.
+#[derive(Debug)]
+struct Formatted {
+    /// The `RateLimit-Policy` value.
+    policy: Box<str>,
+    /// Each limit's list-member name, quoted (`"login"`, `"login-2"`).
+    names: Box<[Box<str>]>,
+}
+
+#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(unreachable_pub))]
+impl PolicyField {
+    /// Not formatted yet.
+    #[allow(clippy::new_without_default)] // only ever a `static`
+    pub const fn new() -> Self {
+        Self(OnceLock::new())
+    }
+
+    /// The value and names for `limits` (always the same limits for one `static`), or `None`
+    /// if the value were not a valid field value (it always is: scopes are made of safe
+    /// characters).
+    fn get(&'static self, limits: &[Limit]) -> Option<&'static Formatted> {
+        self.0
+            .get_or_init(|| {
+                let mut policy = String::with_capacity(24 * limits.len());
+                for (i, limit) in limits.iter().enumerate() {
+                    push_policy(&mut policy, limits, i, limit.policy.capacity());
+                }
+                let names = (0..limits.len())
+                    .map(|i| {
+                        let mut name = String::new();
+                        push_name(&mut name, limits, i);
+                        name.into_boxed_str()
+                    })
+                    .collect();
+                // What `HeaderValue::from_static` accepts.
+                policy
+                    .bytes()
+                    .all(|b| (0x20..0x7f).contains(&b))
+                    .then(|| Formatted {
+                        policy: policy.into_boxed_str(),
+                        names,
+                    })
+            })
+            .as_ref()
+    }
+}
 
 /// A response that replaces the handler's: status, fields and a JSON body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,9 +138,11 @@ impl Refusal {
         let mut body = String::with_capacity(80 + settings.message.len());
         body.push_str("{\"error\":\"too_many_requests\",\"message\":");
         push_json_string(&mut body, &settings.message);
-        let _ = write!(body, ",\"retry_after\":{wait}}}");
+        body.push_str(",\"retry_after\":");
+        push_decimal(&mut body, wait);
+        body.push('}');
         let mut fields = rate_fields(limits, verdict, settings.header_style);
-        fields.push(("retry-after", wait.to_string()));
+        fields.push(("retry-after", decimal_string(wait)));
         Self {
             status: 429,
             fields,
@@ -105,14 +188,15 @@ pub(crate) fn rate_fields(limits: &[Limit], verdict: &Verdict, style: HeaderStyl
 
 /// [`rate_fields`] for a function's static limits: the `RateLimit-Policy` value depends only
 /// on them (and on the decisions' capacities, which are the limits' own), so it is formatted
-/// once per thread and function and copied into each response.
+/// once per function (`policy`) and only `RateLimit` is formatted per response.
 pub(crate) fn static_rate_fields(
     limits: &'static [Limit],
+    policy: &'static PolicyField,
     verdict: &Verdict,
     style: HeaderStyle,
-) -> Fields {
+) -> FieldSet {
     if !matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        return fields_with(limits, verdict, style, None);
+        return FieldSet::List(fields_with(limits, verdict, style, None));
     }
     let decisions = verdict.decisions();
     let usual = decisions.len() == limits.len()
@@ -120,52 +204,94 @@ pub(crate) fn static_rate_fields(
             .iter()
             .zip(limits)
             .all(|(d, l)| d.limit == l.policy.capacity());
-    if !usual {
-        return fields_with(limits, verdict, style, None);
+    let Some(formatted) = policy.get(limits).filter(|_| usual) else {
+        return FieldSet::List(fields_with(limits, verdict, style, None));
+    };
+    if style == HeaderStyle::Ietf {
+        FieldSet::Ietf {
+            policy: &formatted.policy,
+            state: state_value(Names::Formatted(&formatted.names), decisions),
+        }
+    } else {
+        FieldSet::List(fields_with(limits, verdict, style, Some(&formatted.policy)))
     }
-    thread_local! {
-        /// By the limits' address and length: a static's address is never reused.
-        static POLICIES: RefCell<PolicyCache> = RefCell::new(HashMap::default());
-    }
-    POLICIES.with_borrow_mut(|policies| {
-        let policy = policies
-            .entry((limits.as_ptr().addr(), limits.len()))
-            .or_insert_with(|| {
-                let mut policy = String::with_capacity(24 * limits.len());
-                for (i, limit) in limits.iter().enumerate() {
-                    push_policy(&mut policy, limits, i, limit.policy.capacity());
-                }
-                policy.into_boxed_str()
-            });
-        fields_with(limits, verdict, style, Some(policy))
-    })
 }
 
-/// `RateLimit-Policy` values by the address and length of their limits.
-type PolicyCache = HashMap<(usize, usize), Box<str>, BuildHasherDefault<AddrHasher>>;
+/// A number as a `String` of exactly its digits (the frameworks take a string whose length is
+/// its capacity without copying it).
+fn decimal_string(n: u64) -> String {
+    let mut buf = [0; 20];
+    decimal(&mut buf, n).to_owned()
+}
 
-/// A hasher for addresses: a multiply and a fold, enough for keys that are distinct pointers.
-#[derive(Default)]
-struct AddrHasher(u64);
+/// The list-member names of a verdict's limits.
+#[derive(Clone, Copy)]
+enum Names<'a> {
+    /// Formatted once for a function ([`PolicyField`]).
+    Formatted(&'a [Box<str>]),
+    /// Worked out from the limits.
+    Of(&'a [Limit]),
+}
 
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 32)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
+impl Names<'_> {
+    fn count(self) -> usize {
+        match self {
+            Self::Formatted(names) => names.len(),
+            Self::Of(limits) => limits.len(),
         }
     }
 
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    fn len(self, i: usize) -> usize {
+        match self {
+            Self::Formatted(names) => names[i].len(),
+            Self::Of(limits) => name_len(limits, i),
+        }
     }
 
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
+    fn push(self, out: &mut String, i: usize) {
+        match self {
+            Self::Formatted(names) => out.push_str(&names[i]),
+            Self::Of(limits) => push_name(out, limits, i),
+        }
     }
+}
+
+/// The number of decimal digits of `n`.
+fn digits(mut n: u64) -> usize {
+    let mut digits = 1;
+    while n >= 10 {
+        n /= 10;
+        digits += 1;
+    }
+    digits
+}
+
+/// The `RateLimit` value of `decisions` under `names`, in a string of exactly its length:
+/// `"<name>";r=<remaining>;t=<seconds>` per limit, joined by `, `.
+fn state_value(names: Names<'_>, decisions: &[Decision]) -> String {
+    let members = decisions.iter().take(names.count()).enumerate();
+    let mut len = 0;
+    for (i, decision) in members.clone() {
+        len += usize::from(i > 0) * 2
+            + names.len(i)
+            + 3
+            + digits(decision.remaining)
+            + 3
+            + digits(whole_seconds(decision.reset_after));
+    }
+    let mut state = String::with_capacity(len);
+    for (i, decision) in members {
+        if i > 0 {
+            state.push_str(", ");
+        }
+        names.push(&mut state, i);
+        state.push_str(";r=");
+        push_decimal(&mut state, decision.remaining);
+        state.push_str(";t=");
+        push_decimal(&mut state, whole_seconds(decision.reset_after));
+    }
+    debug_assert_eq!(state.len(), state.capacity());
+    state
 }
 
 /// Appends the `RateLimit-Policy` member of `limits[i]` (after a separator if not the first).
@@ -174,12 +300,15 @@ fn push_policy(policy: &mut String, limits: &[Limit], i: usize, capacity: u64) {
         policy.push_str(", ");
     }
     push_name(policy, limits, i);
-    let _ = write!(policy, ";q={capacity}");
+    policy.push_str(";q=");
+    push_decimal(policy, capacity);
     let p = &limits[i].policy;
     // Time to grant `capacity` units at `limit` per period.
     let window_ms = u128::from(p.period_ms()) * u128::from(p.capacity()) / u128::from(p.limit());
     if window_ms % 1000 == 0 {
-        let _ = write!(policy, ";w={}", window_ms / 1000);
+        policy.push_str(";w=");
+        // Below 2^64: period_ms × capacity ÷ limit, with capacity ≤ 2^50 and period_ms < 2^42.
+        push_decimal(policy, u64::try_from(window_ms / 1000).unwrap_or(u64::MAX));
     }
 }
 
@@ -193,7 +322,6 @@ fn fields_with(
     let mut fields = Vec::with_capacity(3);
     let decisions = verdict.decisions();
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        let mut state = String::with_capacity(24 * limits.len());
         let policy = if let Some(policy) = policy {
             policy.to_owned()
         } else {
@@ -203,29 +331,17 @@ fn fields_with(
             }
             policy
         };
-        for (i, decision) in decisions.iter().take(limits.len()).enumerate() {
-            if i > 0 {
-                state.push_str(", ");
-            }
-            push_name(&mut state, limits, i);
-            let _ = write!(
-                state,
-                ";r={};t={}",
-                decision.remaining,
-                whole_seconds(decision.reset_after)
-            );
-        }
         fields.push(("ratelimit-policy", policy));
-        fields.push(("ratelimit", state));
+        fields.push(("ratelimit", state_value(Names::Of(limits), decisions)));
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both)
         && let Some(d) = verdict.binding()
     {
-        fields.push(("x-ratelimit-limit", d.limit.to_string()));
-        fields.push(("x-ratelimit-remaining", d.remaining.to_string()));
+        fields.push(("x-ratelimit-limit", decimal_string(d.limit)));
+        fields.push(("x-ratelimit-remaining", decimal_string(d.remaining)));
         fields.push((
             "x-ratelimit-reset",
-            whole_seconds(d.reset_after).to_string(),
+            decimal_string(whole_seconds(d.reset_after)),
         ));
     }
     fields
@@ -239,9 +355,21 @@ fn push_name(out: &mut String, limits: &[Limit], i: usize) {
     // Scopes are made of `A-Z a-z 0-9 _ : . - /` (key::valid_scope): no escaping needed.
     out.push_str(name);
     if limits[..i].iter().any(|l| short_name(l.scope) == name) {
-        let _ = write!(out, "-{}", i + 1);
+        out.push('-');
+        push_decimal(out, i as u64 + 1);
     }
     out.push('"');
+}
+
+/// The length [`push_name`] writes.
+fn name_len(limits: &[Limit], i: usize) -> usize {
+    let name = short_name(limits[i].scope);
+    let mut len = 2 + name.len();
+    if limits[..i].iter().any(|l| short_name(l.scope) == name) {
+        let mut buf = [0; 20];
+        len += 1 + decimal(&mut buf, i as u64 + 1).len();
+    }
+    len
 }
 
 fn short_name(scope: &str) -> &str {
@@ -360,36 +488,72 @@ mod tests {
         });
         static DAILY: LazyLock<[Limit; 1]> =
             LazyLock::new(|| [limit("app::daily", Algorithm::Fixed, 100, 1_500, 100)]);
+        static LOGIN_POLICY: PolicyField = PolicyField::new();
+        static DAILY_POLICY: PolicyField = PolicyField::new();
         let ms = Duration::from_millis;
         let login = Verdict::new(vec![
             Decision::new(true, 3, 2, ms(9_001), ms(0)),
             Decision::new(true, 10, 9, ms(100), ms(0)),
         ]);
         let daily = Verdict::new(vec![Decision::new(true, 100, 99, ms(1_500), ms(0))]);
+        let cases = [
+            (&LOGIN[..], &LOGIN_POLICY, &login),
+            (&DAILY[..], &DAILY_POLICY, &daily),
+        ];
         for _ in 0..2 {
             for style in [HeaderStyle::Ietf, HeaderStyle::Both, HeaderStyle::Legacy] {
-                for (limits, v) in [(&LOGIN[..], &login), (&DAILY[..], &daily)] {
-                    assert_eq!(
-                        static_rate_fields(limits, v, style),
-                        rate_fields(limits, v, style)
-                    );
+                for (limits, policy, v) in cases {
+                    let fields = static_rate_fields(limits, policy, v, style);
+                    assert_eq!(fields.to_list(), rate_fields(limits, v, style));
+                    if style == HeaderStyle::Ietf {
+                        // The usual set, without a list, and a value of exactly its length.
+                        let FieldSet::Ietf { state, .. } = fields else {
+                            panic!("{fields:?}");
+                        };
+                        assert_eq!(state.len(), state.capacity());
+                    }
                 }
             }
         }
         assert_eq!(
-            static_rate_fields(&DAILY[..], &daily, HeaderStyle::Ietf)[0],
-            ("ratelimit-policy", "\"daily\";q=100".to_owned())
+            static_rate_fields(&DAILY[..], &DAILY_POLICY, &daily, HeaderStyle::Ietf),
+            FieldSet::Ietf {
+                policy: "\"daily\";q=100",
+                state: "\"daily\";r=99;t=2".to_owned()
+            }
         );
         // A verdict that does not match the limits one to one is formatted from its decisions.
         let other = Verdict::new(vec![Decision::new(true, 7, 6, ms(1_000), ms(0))]);
         assert_eq!(
-            static_rate_fields(&DAILY[..], &other, HeaderStyle::Ietf)[0],
+            static_rate_fields(&DAILY[..], &DAILY_POLICY, &other, HeaderStyle::Ietf).to_list()[0],
             ("ratelimit-policy", "\"daily\";q=7".to_owned())
         );
         assert_eq!(
-            static_rate_fields(&LOGIN[..], &daily, HeaderStyle::Ietf),
+            static_rate_fields(&LOGIN[..], &LOGIN_POLICY, &daily, HeaderStyle::Ietf).to_list(),
             rate_fields(&LOGIN[..], &daily, HeaderStyle::Ietf)
         );
+    }
+
+    #[test]
+    fn numbers_are_written_exactly() {
+        for n in [0, 1, 9, 10, 99, 100, 12_345, u64::from(u32::MAX), u64::MAX] {
+            assert_eq!(decimal_string(n), n.to_string());
+            assert_eq!(decimal_string(n).capacity(), n.to_string().len());
+            assert_eq!(digits(n), n.to_string().len());
+        }
+        // A repeated name gets its position; the value is exactly as long as it says.
+        let limits = [
+            limit("a::x", Algorithm::Fixed, 10, 1_000, 10),
+            limit("b::x", Algorithm::Fixed, 10, 1_000, 10),
+        ];
+        let ms = Duration::from_millis;
+        let decisions = [
+            Decision::new(true, 10, 0, ms(0), ms(0)),
+            Decision::new(true, 10, 1_000_000, ms(1), ms(0)),
+        ];
+        let state = state_value(Names::Of(&limits), &decisions);
+        assert_eq!(state, "\"x\";r=0;t=0, \"x-2\";r=1000000;t=1");
+        assert_eq!(state.len(), state.capacity());
     }
 
     #[test]

@@ -23,6 +23,45 @@ impl Headers for http::HeaderMap {
     }
 }
 
+/// A caller's value for a `by` source: borrowed from the request, made from it, or an address
+/// written inline (no allocation for `by = "ip"`).
+#[derive(Debug)]
+pub(crate) enum ByValue<'r> {
+    Borrowed(&'r [u8]),
+    Owned(Vec<u8>),
+    Ip(ip::IpText),
+}
+
+impl AsRef<[u8]> for ByValue<'_> {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Self::Borrowed(b) => b,
+            Self::Owned(v) => v,
+            Self::Ip(text) => text.as_bytes(),
+        }
+    }
+}
+
+impl<'r> ByValue<'r> {
+    /// The value as a `Cow` (an address copied out).
+    pub(crate) fn into_cow(self) -> Cow<'r, [u8]> {
+        match self {
+            Self::Borrowed(b) => Cow::Borrowed(b),
+            Self::Owned(v) => Cow::Owned(v),
+            Self::Ip(text) => Cow::Owned(text.as_bytes().to_vec()),
+        }
+    }
+}
+
+impl<'r> From<Cow<'r, [u8]>> for ByValue<'r> {
+    fn from(value: Cow<'r, [u8]>) -> Self {
+        match value {
+            Cow::Borrowed(b) => Self::Borrowed(b),
+            Cow::Owned(v) => Self::Owned(v),
+        }
+    }
+}
+
 /// The parts of one request that the `by` sources read, borrowed.
 pub(crate) struct RequestParts<'r, H: ?Sized> {
     /// The peer address of the connection, when the server recorded it.
@@ -83,7 +122,7 @@ impl<'r, H: Headers + ?Sized> RequestParts<'r, H> {
         &self,
         by: By,
         settings: &HttpSettings,
-    ) -> Result<Option<Cow<'r, [u8]>>, Missing> {
+    ) -> Result<Option<ByValue<'r>>, Missing> {
         Ok(Some(match by {
             By::Global => return Ok(None),
             By::Ip => {
@@ -91,15 +130,17 @@ impl<'r, H: Headers + ?Sized> RequestParts<'r, H> {
                     return Err(Missing::Peer);
                 };
                 let client = ip::client_ip(peer, self.headers, settings);
-                Cow::Owned(ip::bucket(client, settings).into_bytes())
+                ByValue::Ip(ip::bucket_text(client, settings))
             }
-            By::Url => super::path::normalized_path(self.path.as_bytes()),
+            By::Url => super::path::normalized_path(self.path.as_bytes()).into(),
             By::User => match self.user {
-                Some(user) if !user.as_str().is_empty() => Cow::Borrowed(user.as_str().as_bytes()),
+                Some(user) if !user.as_str().is_empty() => {
+                    ByValue::Borrowed(user.as_str().as_bytes())
+                }
                 _ => return Err(Missing::User),
             },
-            By::AppId => Cow::Borrowed(self.header("appid").ok_or(Missing::AppId)?),
-            By::Header(name) => Cow::Borrowed(self.header(name).ok_or(Missing::Header(name))?),
+            By::AppId => ByValue::Borrowed(self.header("appid").ok_or(Missing::AppId)?),
+            By::Header(name) => ByValue::Borrowed(self.header(name).ok_or(Missing::Header(name))?),
         }))
     }
 }

@@ -171,7 +171,7 @@ fn counted_in_redis(server: &RedisServer) -> Result<u64, String> {
     let keys = server.cli(&[
         "--scan",
         "--pattern",
-        "ratelimit:{*limited:ip=127.0.0.1}:fixed:*",
+        "ratelimit:{*limited:ip=127.0.0.1}:1000000000fm",
     ])?;
     let key = keys
         .lines()
