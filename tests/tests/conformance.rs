@@ -536,7 +536,7 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
 fn a_take_made_while_the_server_paused_is_refunded_alike() {
     for algorithm in Algorithm::ALL {
         for lag_ms in [0_u64, 3, 25] {
-            let policy = Policy::new(algorithm, 10, Duration::from_secs(3600))
+            let policy = Policy::new(algorithm, 10, Duration::from_hours(1))
                 .and_then(|p| p.with_cost(2))
                 .expect("a policy");
             let key = format!("ratelimit:{{conformance:k=pause}}:{}", algorithm.as_str());
