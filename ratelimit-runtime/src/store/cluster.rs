@@ -14,7 +14,11 @@
 //!   follows `MOVED`/`ASK`, waits out `TRYAGAIN`/`CLUSTERDOWN`, and refreshes the topology when
 //!   a node fails or a replica is promoted; it retries a few times with a short backoff (tens to
 //!   hundreds of milliseconds). The limiter's timeout bounds each check on top of that, and its
-//!   failure policy decides while a failover is under way.
+//!   failure policy decides while a failover is under way. The client also sends a command
+//!   again when its answer takes longer than the 1 s response timeout, although the first one
+//!   may have run: a check answered that slowly can be counted twice. That errs on the safe
+//!   side (a caller loses a unit; no limit admits more than its quota); refunds are immune to
+//!   it (see below).
 //! * **Stacked limits in one slot: atomic.** The limits of one call are grouped by slot. One
 //!   slot (the usual case: several limits of one scope) is one script and one round trip, all
 //!   or nothing, exactly as on a single server.
