@@ -612,6 +612,87 @@ async fn servers_without_functions_run_the_scripts() {
     assert_eq!(peeked.decisions()[0].remaining, 95);
 }
 
+/// A server out of memory (`maxmemory`, `noeviction`) refuses every `FCALL` whole, since the
+/// library's functions may write. A hostile client who fills the server with keys must not
+/// thereby switch off the rejections of callers over their quota: such a call runs as a script
+/// (`EVALSHA`), which answers rejections without writing; only calls that would write fail (the
+/// failure policy decides them, as before Functions). Once memory is back, `FCALL` again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_out_of_memory_still_rejects_callers_over_their_quota() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let store = server.store().await;
+    let fixed = policy(Algorithm::Fixed, 2, suite::HOUR);
+    let part = [key::Part::new(key::Source::Key, b"spent")];
+    let spent = key::build("oom", "app::oom", &part, &fixed);
+    let fresh = key::build(
+        "oom",
+        "app::oom",
+        &[key::Part::new(key::Source::Key, b"fresh")],
+        &fixed,
+    );
+    for _ in 0..2 {
+        assert!(
+            check(&store, &[(spent.as_str(), &fixed)])
+                .await
+                .is_admitted()
+        );
+    }
+    let config = |value: &'static str| {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("SET").arg("maxmemory").arg(value);
+        cmd
+    };
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Less than the server already uses: every command that may write is refused.
+    let _: () = config("1").query_async(&mut conn).await.unwrap();
+    let refused: redis::RedisResult<()> = redis::cmd("FCALL")
+        .arg(ratelimit_runtime::store::redis::script_sources().check_function)
+        .arg(1)
+        .arg(&spent)
+        .query_async(&mut conn)
+        .await;
+    assert_eq!(
+        refused.as_ref().err().and_then(redis::RedisError::code),
+        Some("OOM"),
+        "the server refuses FCALL whole: {refused:?}"
+    );
+    let before = script_commands(&mut conn).await;
+    let v = check(&store, &[(spent.as_str(), &fixed)]).await;
+    assert!(!v.is_admitted(), "the spent caller is still rejected");
+    assert_eq!(v.decisions()[0].remaining, 0);
+    let after = script_commands(&mut conn).await;
+    assert_eq!(
+        since(before, after)[2],
+        (1, 0),
+        "the rejection was answered by one EVALSHA"
+    );
+    let fresh_call = store.check(&[Check::new(&fresh, &fixed)]).await;
+    assert!(
+        fresh_call.is_err(),
+        "a call that would write fails (the failure policy decides it): {fresh_call:?}"
+    );
+    let _: () = config("0").query_async(&mut conn).await.unwrap();
+    let before = script_commands(&mut conn).await;
+    assert!(
+        check(&store, &[(fresh.as_str(), &fixed)])
+            .await
+            .is_admitted()
+    );
+    let after = script_commands(&mut conn).await;
+    assert_eq!(
+        since(before, after)[0],
+        (1, 0),
+        "FCALL again once memory is back"
+    );
+}
+
 /// Bad URLs are `ConfigError::InvalidUrl` (never a panic, never the password); a port where
 /// nothing listens is `ConfigError::Unreachable`; a lazy store fails its checks until the
 /// server comes up and then works, without being rebuilt.

@@ -244,8 +244,11 @@ impl Scripts {
 /// Whether a store's server (every node of a cluster) runs the library with `FCALL`, or the
 /// scripts with `EVALSHA`. Found out once: at connect (`FUNCTION LOAD` answered) or by the
 /// first call. Until a server has refused Functions outright (`unknown command`: Redis before
-/// 7; `NOPERM`: an ACL without `FCALL` or `FUNCTION`), calls use `FCALL`; from then on,
-/// `EVALSHA`. A transient error (out of memory, loading) fails that call only.
+/// 7, or a proxy in front that does not take `FCALL`; `NOPERM`: an ACL without `FCALL` or
+/// `FUNCTION`), calls use `FCALL`; from then on, `EVALSHA`. A server out of memory refuses a
+/// whole `FCALL` (functions without flags may write), where a script still answers the calls
+/// it rejects (they write nothing): that call runs with `EVALSHA`. Any other error fails that
+/// call only.
 #[derive(Debug, Default)]
 pub(crate) struct Calls {
     /// `true` once a server refused the library.
@@ -286,16 +289,25 @@ fn function_missing(e: &redis::RedisError) -> bool {
             .is_some_and(|d| d.starts_with("Function not found"))
 }
 
-/// `FCALL` refused outright: a server without Redis Functions (`unknown command`), or an ACL
-/// that does not allow it.
+/// `FCALL` refused outright: a server without Redis Functions (`unknown command`), a proxy
+/// that does not pass it on (`unsupported command`), or an ACL that does not allow it.
 fn no_functions(e: &redis::RedisError) -> bool {
     match e.code() {
-        Some("ERR") => e
-            .detail()
-            .is_some_and(|d| d.to_ascii_lowercase().starts_with("unknown command")),
+        Some("ERR") => e.detail().is_some_and(|d| {
+            let d = d.to_ascii_lowercase();
+            d.starts_with("unknown command") || d.starts_with("unsupported command")
+        }),
         Some("NOPERM") => true,
         _ => false,
     }
+}
+
+/// `FCALL` refused whole because the server is out of memory (`maxmemory` with `noeviction`):
+/// nothing of the library ran. The same code as a script runs, answers the calls it rejects
+/// (they write nothing) and fails only on a write, so a flood of keys that fills the server
+/// cannot switch the rejections of over-quota callers off.
+fn out_of_memory(e: &redis::RedisError) -> bool {
+    e.code() == Some("OOM")
 }
 
 /// A connection the checks run on, which can send the Functions library to the server that
@@ -415,9 +427,12 @@ where
             Err(e) if function_missing(&e) => match conn.load_library_for(first_key).await {
                 Ok(()) => return cmd.query_async(conn).await,
                 Err(e) if no_functions(&e) => calls.refuse_functions(&e),
+                Err(e) if out_of_memory(&e) => {}
                 Err(e) => return Err(e),
             },
             Err(e) if no_functions(&e) => calls.refuse_functions(&e),
+            // This call only: the next one tries `FCALL` again.
+            Err(e) if out_of_memory(&e) => {}
             other => return other,
         }
     }
