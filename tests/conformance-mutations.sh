@@ -24,8 +24,9 @@ mutations=(
   "driver.lua|return { state_reply(l, d, false, d.retry) }|return { state_reply(l, d, false, 0) }"
   "prelude.lua|INT_FORMAT = '%d'|INT_FORMAT = '%.3g'"
   "prelude.lua|      .. ':' .. argv[base + 4] .. ':' .. argv[base + 5]|      .. ':' .. argv[base + 4]"
-  "driver.lua|local left = pttl * 1000 + 1000 - math.fmod(now, 1000)|local left = pttl * 1000"
-  "refund.lua|local pttl = redis.call('PTTL', KEYS[i] .. ':b')|local pttl = -2"
+  "prelude.lua|local left = expiry_left(pttl)|local left = pttl * 1000"
+  "prelude.lua|return pttl * 1000 + 1000 - math.fmod(now, 1000)|return pttl * 1000"
+  "prelude.lua|local pttl = redis.call('PTTL', key .. ':b')|local pttl = -2"
 )
 caught=0
 missed=0

@@ -80,16 +80,9 @@ local function check(KEYS, ARGV)
     blocked = false
     for i = 1, nkeys do
       local l = limits[i]
-      local d = l.algo.evaluate(KEYS[i], l.p)
-      local pttl = redis.call('PTTL', KEYS[i] .. ':b')
-      if pttl >= 0 then
-        blocked = true
-        -- Gone once the clock passes its expiry millisecond: never early.
-        local left = pttl * 1000 + 1000 - math.fmod(now, 1000)
-        reply[i] = { 0, 0, math.max(clamp(d.now_reset), left), left }
-      else
-        reply[i] = state_reply(l, d, d.admitted, d.retry)
-      end
+      local this
+      reply[i], this = block_reply(KEYS[i], l, l.algo.evaluate(KEYS[i], l.p))
+      blocked = blocked or this
     end
     if blocked then
       return reply

@@ -5,14 +5,6 @@
 -- the counter can never be left immortal) and later calls `INCRBY` it, which keeps the TTL; the
 -- TTL is never moved. A rejected call writes nothing.
 
--- µs until a key whose PTTL reads `pttl` ms is gone: it goes once the clock
--- passes its expiry millisecond, at now_ms + pttl + 1 ms, i.e. (pttl + 1) ms
--- less the part of the current millisecond already gone (rounded up, never
--- early).
-local function fixed_left(pttl)
-  return pttl * 1000 + 1000 - math.fmod(now, 1000)
-end
-
 ALGOS[1] = {
   capacity = 'limit',
   evaluate = function(key, p)
@@ -41,7 +33,7 @@ ALGOS[1] = {
         if n then
           live = true
           count = n
-          left_us = math.min(fixed_left(pttl), p.period + 1000)
+          left_us = math.min(expiry_left(pttl), p.period + 1000)
         end
       end
     end
@@ -92,7 +84,7 @@ ALGOS[1] = {
       return
     end
     -- When the key's window ends, as evaluate reckons it (never early).
-    if now + fixed_left(pttl) > window_end + 2000 then
+    if now + expiry_left(pttl) > window_end + 2000 then
       return
     end
     if n <= p.cost then

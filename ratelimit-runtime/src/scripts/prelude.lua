@@ -212,6 +212,28 @@ local function state_reply(l, d, admitted, retry)
   return { admitted and 1 or 0, clamp(d.now_remaining, l.capacity), clamp(d.now_reset), clamp(retry) }
 end
 
+-- µs until a key whose PTTL reads `pttl` ms is gone: it goes once the clock
+-- passes its expiry millisecond, at now_ms + pttl + 1 ms, i.e. (pttl + 1) ms
+-- less the part of the current millisecond already gone (rounded up, never
+-- early).
+local function expiry_left(pttl)
+  return pttl * 1000 + 1000 - math.fmod(now, 1000)
+end
+
+-- Blocks (RateLimiter::block): a key `<key>:b` with a TTL rejects every call on
+-- the limit of `key` until it expires, whatever the limit's state `d`; a marker
+-- without a TTL (written by someone else) is no block. The reply of limit `l`
+-- in a call that may hold a block: rejected, nothing left, until the block's
+-- end, or else its state as it is; and whether it was blocked.
+local function block_reply(key, l, d)
+  local pttl = redis.call('PTTL', key .. ':b')
+  if pttl >= 0 then
+    local left = expiry_left(pttl)
+    return { 0, 0, math.max(clamp(d.now_reset), left), left }, true
+  end
+  return state_reply(l, d, d.admitted, d.retry), false
+end
+
 -- Receipts, for the Redis Cluster store's refunds (driver.lua writes them,
 -- refund.lua reads them): receipt i of a call is the key
 -- `<KEYS[i]>:r:<id>:<i>`, holding "<at µs>:<reset_after µs>:<first µs>" (the

@@ -79,19 +79,12 @@ if call_id ~= nil then
   end
 end
 
--- A blocked limit (driver.lua's `<key>:b`) reads as rejected until the block's
+-- A blocked limit (the prelude's block_reply) reads as rejected until the block's
 -- end, as the driver answers it.
 local reply = {}
 for i = 1, nkeys do
   local l = limits[i]
-  local d = l.algo.evaluate(KEYS[i], l.p)
-  local pttl = redis.call('PTTL', KEYS[i] .. ':b')
-  if pttl >= 0 then
-    local left = pttl * 1000 + 1000 - math.fmod(now, 1000)
-    reply[i] = { 0, 0, math.max(clamp(d.now_reset), left), left }
-  else
-    reply[i] = state_reply(l, d, d.admitted, d.retry)
-  end
+  reply[i] = block_reply(KEYS[i], l, l.algo.evaluate(KEYS[i], l.p))
 end
 return reply
 end

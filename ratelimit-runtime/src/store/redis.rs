@@ -479,14 +479,7 @@ where
         for check in checks {
             cmd.arg(check.key);
         }
-        for check in checks {
-            let p = check.policy;
-            cmd.arg(p.algorithm().code())
-                .arg(p.limit())
-                .arg(p.period_ms().saturating_mul(1000))
-                .arg(p.burst())
-                .arg(p.cost());
-        }
+        limit_args(cmd, checks);
         if let Some(id) = call_id {
             cmd.arg(id);
         }
@@ -494,6 +487,19 @@ where
     let function = script_sources().check_function;
     let reply = invoke(conn, calls, function, script, first.key, args).await?;
     parse_reply(&reply, checks)
+}
+
+/// The 5 arguments of each limit, in the scripts' order (see the prelude): algorithm code,
+/// limit, period in µs, burst, cost.
+fn limit_args(cmd: &mut redis::Cmd, checks: &[Check<'_>]) {
+    for check in checks {
+        let p = check.policy;
+        cmd.arg(p.algorithm().code())
+            .arg(p.limit())
+            .arg(p.period_ms().saturating_mul(1000))
+            .arg(p.burst())
+            .arg(p.cost());
+    }
 }
 
 /// The companion script (the prelude, every algorithm and `refund.lua`): its `peek` mode reads
@@ -548,14 +554,7 @@ where
             Mode::Peek => cmd.arg("peek"),
             Mode::Refund(id) => cmd.arg("refund").arg(id),
         };
-        for check in checks {
-            let p = check.policy;
-            cmd.arg(p.algorithm().code())
-                .arg(p.limit())
-                .arg(p.period_ms().saturating_mul(1000))
-                .arg(p.burst())
-                .arg(p.cost());
-        }
+        limit_args(cmd, checks);
     };
     let function = script_sources().compensate_function;
     let reply = invoke(conn, calls, function, &COMPANION, first.key, args).await?;
