@@ -390,6 +390,17 @@ impl Db {
                 );
                 Reply::Status("OK".to_owned())
             }
+            // The stored expiry, absolute (Redis 7.0): no clock involved.
+            "PEXPIRETIME" if arity(1) => match self.live(&args[0]) {
+                None => Reply::Int(-2),
+                Some(Entry {
+                    expires_ms: None, ..
+                }) => Reply::Int(-1),
+                Some(Entry {
+                    expires_ms: Some(at),
+                    ..
+                }) => Reply::Int(i64::try_from(*at).unwrap_or(i64::MAX)),
+            },
             "PTTL" if arity(1) => {
                 let now_ms = self.live_ms();
                 match self.live(&args[0]) {
