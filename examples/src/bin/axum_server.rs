@@ -43,6 +43,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use ratelimit_examples::admin::{AdminToken, require_token};
 use ratelimit_runtime::{
     Algorithm, By, IpNet, Limit, Policy, PolicyError, RateLimiter, Target, UserId, Verdict,
     rate_limit,
@@ -116,7 +117,7 @@ const ME: [Limit; 1] = [Limit::new(
 #[derive(Clone)]
 struct Admin {
     limiter: RateLimiter,
-    token: Arc<str>,
+    token: AdminToken,
 }
 
 /// `?seconds=N` of a block.
@@ -196,45 +197,6 @@ async fn admin_ip_peek(State(admin): State<Admin>, Path(ip): Path<IpAddr>) -> Re
     admin_call(&admin, &LOGIN, &Target::ip(ip), "peek", None).await
 }
 
-/// The admin API's guard: `Authorization: Bearer <token>`, compared in constant time.
-async fn require_token(State(admin): State<Admin>, req: Request, next: Next) -> Response {
-    let sent = req
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .unwrap_or_default();
-    let expected = admin.token.as_bytes();
-    let same = sent.len() == expected.len()
-        && sent
-            .iter()
-            .zip(expected)
-            .fold(0, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if !same {
-        return (StatusCode::UNAUTHORIZED, "admin token required").into_response();
-    }
-    next.run(req).await
-}
-
-/// `ADMIN_TOKEN`, or a random one (printed at start).
-fn admin_token() -> String {
-    std::env::var("ADMIN_TOKEN")
-        .ok()
-        .filter(|t| t.len() >= 16)
-        .unwrap_or_else(|| {
-            use std::fmt::Write as _;
-            use std::hash::{BuildHasher, Hasher};
-            // RandomState's keys come from the OS's randomness: two of them, 128 bits.
-            let mut token = String::new();
-            for _ in 0..2 {
-                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-                h.write_u32(std::process::id());
-                let _ = write!(token, "{:016x}", h.finish());
-            }
-            token
-        })
-}
-
 /// The limiter: Redis when `RATELIMIT_REDIS_URL` or `REDIS_URL` is set, else memory; the
 /// internal service user exempt, a documentation network denied.
 async fn limiter() -> Result<RateLimiter, Box<dyn std::error::Error>> {
@@ -298,14 +260,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     let admin = Admin {
         limiter: limiter.clone(),
-        token: admin_token().into(),
+        token: AdminToken::from_env(),
     };
     let admin_app = Router::new()
         .route("/admin/users/{user}", get(admin_user_peek))
         .route("/admin/users/{user}/{op}", post(admin_user))
         .route("/admin/ips/{ip}", get(admin_ip_peek))
         .route("/admin/ips/{ip}/{op}", post(admin_ip))
-        .layer(middleware::from_fn_with_state(admin.clone(), require_token))
+        .layer(middleware::from_fn_with_state(
+            admin.token.clone(),
+            require_token,
+        ))
         .with_state(admin.clone());
 
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;

@@ -12,11 +12,14 @@
 //!
 //! The auth layer is a stand-in: `Authorization: Bearer <user>` signs in as `<user>` (alice is
 //! on the free plan, bob on pro, carol on enterprise, anyone else free). The admin endpoints
-//! are unprotected: it is a demo.
+//! change what callers may do, so they are not on the public listener: they listen on
+//! loopback, `127.0.0.1:3001` (`ADMIN_PORT`), behind a token (`ADMIN_TOKEN`, else a random one
+//! printed at start).
 //!
 //! ```text
 //! cargo run -p ratelimit-examples --bin plans_server
 //! curl -i localhost:3000/search -H 'authorization: Bearer alice'
+//! curl -i -X PUT localhost:3001/admin/plan/alice/pro -H "authorization: Bearer $TOKEN"
 //! ```
 //!
 //! Listens on 127.0.0.1:3000 (`PORT` changes the port). Limits are kept in this process's
@@ -37,11 +40,12 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
+use ratelimit_examples::admin::{AdminToken, require_token};
 use ratelimit_runtime::{Quota, RateLimiter, UserId, rate_limit};
 use serde::Deserialize;
 
 /// A plan, as the billing system knows it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Plan {
     Free,
     Pro,
@@ -193,6 +197,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(3000);
+    let admin_port: u16 = std::env::var("ADMIN_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(3001);
     let mut builder = RateLimiter::builder();
     if let Ok(url) = std::env::var("RATELIMIT_REDIS_URL") {
         builder = builder.redis_url(url);
@@ -217,24 +225,117 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         plans: Arc::new(RwLock::new(plans)),
         limiter,
     };
-    let app = Router::new()
+    let token = AdminToken::from_env();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    // The admin API listens on loopback only: never expose it where clients can reach it.
+    let admin_listener = tokio::net::TcpListener::bind(("127.0.0.1", admin_port)).await?;
+    println!(
+        "plans_server listening on http://{} (store: {store}); admin API on http://{} (token {token})",
+        listener.local_addr()?,
+        admin_listener.local_addr()?,
+    );
+    let admin = admin_app(state.clone(), token);
+    tokio::spawn(async move { axum::serve(admin_listener, admin).await });
+    axum::serve(
+        listener,
+        public_app(state).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What clients reach: the limited API.
+fn public_app(state: AppState) -> Router {
+    Router::new()
         .route("/search", get(search))
         .route("/login", post(login))
         .route("/batch", post(batch))
         .route("/reports", get(reports))
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .with_state(state)
+}
+
+/// What operators reach, on a loopback listener of its own, with the admin token.
+fn admin_app(state: AppState, token: AdminToken) -> Router {
+    Router::new()
         .route("/admin/plan/{user}/{plan}", put(set_plan))
         .route("/admin/quota/reports/{n}", put(set_reports_quota))
-        .layer(middleware::from_fn_with_state(state.clone(), auth))
-        .with_state(state);
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
-    println!(
-        "plans_server listening on http://{} (store: {store})",
-        listener.local_addr()?
-    );
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .await?;
-    Ok(())
+        .layer(middleware::from_fn_with_state(token, require_token))
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    /// Serves `app` on a free loopback port; returns its address.
+    async fn serve(app: Router) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+        });
+        addr
+    }
+
+    /// The status of one HTTP/1.1 request over a real connection.
+    async fn status(addr: SocketAddr, method: &str, path: &str, auth: &str) -> u16 {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\nconnection: close\r\n\r\n"
+        );
+        conn.write_all(request.as_bytes()).await.unwrap();
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply).await.unwrap();
+        reply
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_user_cannot_upgrade_her_own_plan_from_the_public_listener() {
+        let state = AppState {
+            plans: Arc::default(),
+            limiter: RateLimiter::builder().build().await.unwrap(),
+        };
+        let token = AdminToken("0123456789abcdef0123".into());
+        let public = serve(public_app(state.clone())).await;
+        let admin = serve(admin_app(state.clone(), token)).await;
+        // The issue's attack: a signed-in user sends the admin call to the public listener.
+        assert_eq!(
+            status(
+                public,
+                "PUT",
+                "/admin/plan/alice/enterprise",
+                "Bearer alice"
+            )
+            .await,
+            404
+        );
+        // On the admin listener, only with the token.
+        assert_eq!(
+            status(admin, "PUT", "/admin/plan/alice/enterprise", "Bearer alice").await,
+            401
+        );
+        assert!(state.plans.read().unwrap().is_empty(), "no plan changed");
+        let ok = status(
+            admin,
+            "PUT",
+            "/admin/plan/alice/pro",
+            "Bearer 0123456789abcdef0123",
+        )
+        .await;
+        assert!((200..300).contains(&ok), "{ok}");
+        assert_eq!(state.plans.read().unwrap().get("alice"), Some(&Plan::Pro));
+    }
 }
