@@ -9,7 +9,7 @@
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned as _;
-use syn::{AttrStyle, Attribute, Expr, FnArg, ItemFn, Meta, Pat, ReturnType, Stmt};
+use syn::{AttrStyle, Attribute, BinOp, Expr, FnArg, ItemFn, Meta, Pat, ReturnType, Stmt};
 
 use crate::async_trait::{self, AsyncTrait};
 use crate::attr::{Args, By, Cost, CountArg, Framework, KeyTemplate, Piece, QuotaArg, Spanned};
@@ -267,6 +267,35 @@ fn dynamic_static(checked: &Checked) -> TokenStream {
     quote!(static #dyn_ident: [#p::Dynamic; #n] = [#(#entries),*];)
 }
 
+/// A `cost` expression with its arithmetic handed to the runtime: each `+ - * /` (through
+/// parentheses) becomes a checked 128-bit operation (`__private::cost::{add, sub, mul, div}`)
+/// on its operands, each widened from any primitive integer (`Units::of`), so a client's
+/// argument can make a cost too large (refused), never wrap it. Anything else (a call, a
+/// field, a cast, a block) is an operand, evaluated as written.
+fn checked_cost(e: &Expr, p: &TokenStream) -> TokenStream {
+    match e {
+        Expr::Paren(inner) => checked_cost(&inner.expr, p),
+        Expr::Binary(b) => {
+            let op = match b.op {
+                BinOp::Add(_) => "add",
+                BinOp::Sub(_) => "sub",
+                BinOp::Mul(_) => "mul",
+                BinOp::Div(_) => "div",
+                _ => return operand(e, p),
+            };
+            let op = Ident::new(op, b.op.span());
+            let (left, right) = (checked_cost(&b.left, p), checked_cost(&b.right, p));
+            quote_spanned!(at(b.op.span())=> #p::cost::#op(#left, #right))
+        }
+        _ => operand(e, p),
+    }
+}
+
+/// One operand of a cost expression, widened to the runtime's `Units`.
+fn operand(e: &Expr, p: &TokenStream) -> TokenStream {
+    quote_spanned!(at(e.span())=> #p::cost::Units::of(#e))
+}
+
 /// What a function with a dynamic limit adds to the call: the per-call inputs of its limits,
 /// and the span of its `count`, when it has one.
 struct Dyn {
@@ -293,15 +322,15 @@ fn inputs(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>, http: bo
         };
         let cost = match (&l.dynamic.cost, &l.dynamic.quota) {
             (Some(Cost::Expr(e)), _) => {
-                let e = with_self_alias(e.to_token_stream(), self_alias);
+                let e = with_self_alias(checked_cost(e, &p), self_alias);
                 quote_spanned!(at(e.span())=> ::core::option::Option::Some(#p::cost_of(#e)))
             }
             (Some(Cost::Const(path)), Some(_)) => {
-                quote_spanned!(at(path.span())=> ::core::option::Option::Some(#path))
+                quote_spanned!(at(path.span())=> ::core::option::Option::Some(#p::cost_of(#path)))
             }
             (None, Some(_)) if l.cost != 1 => {
-                let c = Literal::u64_unsuffixed(l.cost);
-                quote!(::core::option::Option::Some(#c))
+                let c = Literal::u64_suffixed(l.cost);
+                quote!(::core::option::Option::Some(#p::cost_of(#c)))
             }
             _ => quote!(::core::option::Option::None),
         };

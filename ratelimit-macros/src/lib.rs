@@ -47,7 +47,12 @@ use proc_macro::TokenStream;
 /// `u64`; `time = WINDOW`: a `std::time::Duration`), checked at compile time by the same rules
 /// as literals, and `cost` an expression over the arguments (`cost = items.len()`), evaluated
 /// per call and checked against the capacity then (a call that can never fit is refused with
-/// `RateLimitError::CostExceedsCapacity`, 400 for handlers).
+/// `RateLimitError::CostExceedsCapacity`, 400 for handlers). The expression's `+ - * /`
+/// (through parentheses) run in checked 128-bit arithmetic over integer operands of any
+/// primitive type, so a client's huge argument never wraps a cost to a small one nor panics:
+/// `cost = req.n * 1000` with `n = 2^60` is refused as too large, a negative result with
+/// `RateLimitError::NegativeCost` (400), a division by zero as too large. Arithmetic on types
+/// of your own goes inside a block, `cost = { a.total(b) }`, which is evaluated as written.
 ///
 /// A caller's bucket is the scope, the rendered `key` and the `by` value together.
 ///

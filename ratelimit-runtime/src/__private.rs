@@ -32,6 +32,11 @@ pub mod grpc {
     pub use crate::grpc::{GrpcCall, RequireTonic, check, into_error, prepare};
 }
 
+/// `cost = <expression>`: its arithmetic, checked (see `crate::cost`).
+pub mod cost {
+    pub use crate::cost::{Units, add, div, mul, sub};
+}
+
 // Limits that follow the caller (`quota`, `cost = <expression>`, `count`, overrides).
 pub use crate::dynamic::{
     Count, Dynamic, Hold, Input, Outcome, QuotaFrom, check_dyn, cost_of, quota_of,

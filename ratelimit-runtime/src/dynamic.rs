@@ -18,6 +18,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use crate::cost::{IntoUnits, Units};
 use crate::error::RateLimitError;
 use crate::limit::{By, Limit, keys_for};
 use crate::limiter::RateLimiter;
@@ -118,8 +119,8 @@ impl Dynamic {
 pub struct Input {
     /// `quota = "{arg}"`: the argument's quota (`None` when the argument had none).
     pub quota: Option<Quota>,
-    /// `cost = <expression>`: the call's cost.
-    pub cost: Option<u64>,
+    /// `cost = <expression>` (or a `const`): the call's cost, as [`cost_of`] computed it.
+    pub cost: Option<Units>,
 }
 
 impl Input {
@@ -135,11 +136,13 @@ pub fn quota_of<Q: AsQuota + ?Sized>(quota: &Q) -> Option<Quota> {
     quota.as_quota()
 }
 
-/// A `cost = <expression>` value as units: a negative or oversized value is more than any
-/// capacity (the call is refused, never admitted for free); 0 counts as 1 (a call always
-/// takes at least one unit).
-pub fn cost_of<T: TryInto<u64>>(cost: T) -> u64 {
-    cost.try_into().unwrap_or(u64::MAX).max(1)
+/// A `cost = <expression>` value (the macro hands the expression's arithmetic to
+/// the runtime's `cost` module, so it cannot wrap): a negative value is refused
+/// ([`RateLimitError::NegativeCost`]), one beyond the capacity too
+/// ([`RateLimitError::CostExceedsCapacity`]); 0 counts as 1 (a call always takes at least one
+/// unit).
+pub fn cost_of<T: IntoUnits>(cost: T) -> Units {
+    Units::of(cost)
 }
 
 /// The limits of one call as they apply to this caller: effective policies, in the order the
@@ -166,7 +169,7 @@ pub(crate) fn plan<'c, E>(
     by_value: impl FnMut(By) -> Result<Option<Cow<'c, [u8]>>, E>,
     error: impl Fn(RateLimitError) -> E,
 ) -> Result<Plan, E> {
-    let mut effective: Vec<(Limit, Option<&str>, Count)> = Vec::with_capacity(limits.len());
+    let mut effective: Vec<(Limit, Option<&str>, Count, bool)> = Vec::with_capacity(limits.len());
     for (i, limit) in limits.iter().enumerate() {
         let dynamic = dynamics.and_then(|d| d.get(i)).copied();
         let dynamic = dynamic.unwrap_or(Dynamic::STATIC);
@@ -183,7 +186,11 @@ pub(crate) fn plan<'c, E>(
                     .ok_or_else(|| error(RateLimitError::MissingQuota))?,
             ),
         };
-        let cost = input.cost.unwrap_or(base.cost());
+        let cost = match input.cost.map(Units::to_cost) {
+            None => base.cost(),
+            Some(Ok(cost)) => cost,
+            Some(Err(cost)) => return Err(error(RateLimitError::NegativeCost { cost })),
+        };
         let policy = match quota {
             Some(q) => match q.apply(base.algorithm(), 1) {
                 Ok(Some(p)) => p,
@@ -194,19 +201,42 @@ pub(crate) fn plan<'c, E>(
         };
         let policy = with_cost(policy, cost).map_err(&error)?;
         let template = templates.get(i).copied().flatten();
-        effective.push((Limit { policy, ..*limit }, template, dynamic.count));
+        let chosen_at_run_time = quota.is_some();
+        effective.push((
+            Limit { policy, ..*limit },
+            template,
+            dynamic.count,
+            chosen_at_run_time,
+        ));
+    }
+    let (limits, templates): (Vec<Limit>, Vec<Option<&str>>) =
+        effective.iter().map(|(l, t, _, _)| (*l, *t)).unzip();
+    let keys = keys_for(&limiter.settings().prefix, &limits, &templates, by_value)?;
+    let mut merged: Vec<(Limit, String, Count, bool)> = Vec::with_capacity(keys.len());
+    for ((limit, _, count, run_time), key) in effective.into_iter().zip(keys) {
+        // Two limits that a run-time quota made one bucket (an override or a caller's quota
+        // equal to a stacked limit) are one limit: counted once, never twice per call. The
+        // stricter parts win: the larger cost, enforced over shadow, every outcome counted
+        // over some.
+        if let Some(m) = merged.iter_mut().find(|m| m.1 == key && (m.3 || run_time)) {
+            if limit.policy.cost() > m.0.policy.cost() {
+                m.0.policy = limit.policy;
+            }
+            m.0.shadow &= limit.shadow;
+            if count == Count::All {
+                m.2 = Count::All;
+            }
+            m.3 = true;
+            continue;
+        }
+        merged.push((limit, key, count, run_time));
     }
     // Filtered limits first: a refund gives back a prefix of the take (the receipts are
     // numbered by position).
-    effective.sort_by_key(|(_, _, count)| *count == Count::All);
-    let filtered = effective
-        .iter()
-        .filter(|(_, _, c)| *c != Count::All)
-        .count();
-    let count = effective.first().map_or(Count::All, |(_, _, c)| *c);
-    let (limits, templates): (Vec<Limit>, Vec<Option<&str>>) =
-        effective.into_iter().map(|(l, t, _)| (l, t)).unzip();
-    let keys = keys_for(&limiter.settings().prefix, &limits, &templates, by_value)?;
+    merged.sort_by_key(|(_, _, count, _)| *count == Count::All);
+    let filtered = merged.iter().filter(|m| m.2 != Count::All).count();
+    let count = merged.first().map_or(Count::All, |m| m.2);
+    let (limits, keys) = merged.into_iter().map(|(l, k, _, _)| (l, k)).unzip();
     Ok(Plan {
         limits,
         keys,
@@ -248,7 +278,7 @@ impl Plan {
                 Verdict::new(Vec::new()),
                 Taken {
                     plan: self,
-                    call_id: None,
+                    pending: None,
                 },
             ));
         }
@@ -257,21 +287,35 @@ impl Plan {
         let verdict = limiter
             .decide_as(&self.limits, &self.keys, call_id.as_deref())
             .await?;
+        // Only an admitted take left receipts.
+        let pending = call_id
+            .filter(|_| verdict.is_admitted())
+            .map(|call_id| Pending {
+                limiter: limiter.clone(),
+                call_id,
+            });
         Ok((
             verdict,
             Taken {
                 plan: self,
-                call_id,
+                pending,
             },
         ))
     }
 }
 
+/// The receipts of an admitted take, until its outcome settles them.
+struct Pending {
+    limiter: RateLimiter,
+    call_id: String,
+}
+
 /// A checked call: what [`Taken::settle`] gives back after the body, if its outcome does not
-/// count.
+/// count. Dropped unsettled (the call was cancelled or panicked), it counts: its receipts are
+/// dropped in the background, so they never outlive the call.
 pub(crate) struct Taken {
     plan: Plan,
-    call_id: Option<String>,
+    pending: Option<Pending>,
 }
 
 impl std::fmt::Debug for Taken {
@@ -294,7 +338,7 @@ impl Taken {
                 filtered: 0,
                 count: Count::All,
             },
-            call_id: None,
+            pending: None,
         }
     }
 
@@ -304,16 +348,42 @@ impl Taken {
         &self.plan.limits
     }
 
-    /// After the body: gives back the filtered limits' units when `outcome` does not count.
-    pub(crate) async fn settle(self, limiter: &RateLimiter, outcome: Outcome) {
-        let Some(id) = &self.call_id else {
+    /// After the body: gives back the filtered limits' units when `outcome` does not count,
+    /// and drops the call's receipts whatever the outcome.
+    pub(crate) async fn settle(mut self, outcome: Outcome) {
+        let Some(Pending { limiter, call_id }) = self.pending.take() else {
             return;
         };
-        if self.plan.filtered == 0 || self.plan.count.counts(outcome) {
-            return;
-        }
         let checks = self.plan.checks();
-        limiter.refund(&checks[..self.plan.filtered], id).await;
+        let filtered = self.plan.filtered;
+        if !self.plan.count.counts(outcome) {
+            limiter.refund(&checks[..filtered], &call_id).await;
+            if filtered == checks.len() {
+                return; // the refund read and deleted every receipt
+            }
+        }
+        limiter.forget(&checks, &call_id).await;
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        let Some(Pending { limiter, call_id }) = self.pending.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime to send it on: the receipts expire by themselves
+        };
+        let limits = std::mem::take(&mut self.plan.limits);
+        let keys = std::mem::take(&mut self.plan.keys);
+        runtime.spawn(async move {
+            let checks: Vec<Check<'_>> = limits
+                .iter()
+                .zip(&keys)
+                .map(|(l, k)| Check::new(k, &l.policy).with_scope(l.scope))
+                .collect();
+            limiter.forget(&checks, &call_id).await;
+        });
     }
 }
 
@@ -357,20 +427,19 @@ pub async fn check_dyn(
     if !verdict.is_admitted() {
         return Err(limited(&verdict));
     }
-    Ok(Hold { limiter, taken })
+    Ok(Hold { taken })
 }
 
 /// An admitted plain call, to settle after its body ([`Hold::settle`]).
 #[derive(Debug)]
 pub struct Hold {
-    limiter: RateLimiter,
     taken: Taken,
 }
 
 impl Hold {
     /// Gives back what the call took from the limits whose `count` excludes `outcome`.
     pub async fn settle(self, outcome: Outcome) {
-        self.taken.settle(&self.limiter, outcome).await;
+        self.taken.settle(outcome).await;
     }
 }
 
@@ -398,9 +467,9 @@ mod tests {
 
     #[test]
     fn costs_are_at_least_one_and_never_wrap() {
-        assert_eq!(cost_of(3_usize), 3);
-        assert_eq!(cost_of(0_u32), 1);
-        assert_eq!(cost_of(-1_i64), u64::MAX);
-        assert_eq!(cost_of(u128::MAX), u64::MAX);
+        assert_eq!(cost_of(3_usize).to_cost(), Ok(3));
+        assert_eq!(cost_of(0_u32).to_cost(), Ok(1));
+        assert_eq!(cost_of(-1_i64).to_cost(), Err(-1));
+        assert_eq!(cost_of(u128::MAX).to_cost(), Ok(u64::MAX));
     }
 }

@@ -53,6 +53,12 @@ pub enum RateLimitError {
         /// The most the limit holds.
         capacity: u64,
     },
+    /// The call's cost (`cost = <expression>`) is negative: a cost counts units taken, so the
+    /// call is refused (HTTP: 400); nothing was taken.
+    NegativeCost {
+        /// What the expression gave.
+        cost: i128,
+    },
 }
 
 impl RateLimitError {
@@ -93,6 +99,10 @@ impl fmt::Display for RateLimitError {
             Self::CostExceedsCapacity { cost, capacity } => write!(
                 f,
                 "this call costs {cost} units, more than the limit's capacity of {capacity}: it can never be admitted"
+            ),
+            Self::NegativeCost { cost } => write!(
+                f,
+                "this call's cost is negative ({cost}): a cost is the number of units a call takes, 0 or more"
             ),
         }
     }

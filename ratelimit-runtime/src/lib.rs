@@ -238,6 +238,8 @@ pub mod store;
 mod quota;
 // Limits worked out per call: quotas, costs from arguments, outcome filters.
 mod dynamic;
+// The arithmetic of `cost = <expression>`: checked, never wrapping.
+mod cost;
 
 #[doc(hidden)]
 pub mod __private;

@@ -521,3 +521,260 @@ async fn a_body_longer_than_its_receipt_stays_counted() {
         })
         .await;
 }
+
+// ---------------------------------------------------------------- hostile callers (issue 21)
+
+/// Five failed logins a minute per user; successful ones do not count.
+#[rate_limit(
+    num = 5,
+    time = 60,
+    key = "{user}",
+    count = "err",
+    scope = "dyn_plain::guarded_login"
+)]
+async fn guarded_login(user: &str, ok: bool) -> Result<(), LoginError> {
+    let _ = user;
+    if ok {
+        Ok(())
+    } else {
+        Err(LoginError::WrongPassword)
+    }
+}
+
+/// The same limit on a login whose body never ends (a client that hangs up mid-call).
+#[rate_limit(
+    num = 5,
+    time = 60,
+    key = "{user}",
+    count = "err",
+    scope = "dyn_plain::guarded_login"
+)]
+async fn hanging_login(user: &str) -> Result<(), LoginError> {
+    let _ = user;
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// A memory store the test can read the receipts of, under a limiter on its frozen clock.
+async fn memory_with_receipts() -> (RateLimiter, Arc<ratelimit_runtime::MemoryStore>) {
+    let clock = ratelimit_runtime::store::ManualClock::new();
+    let store = Arc::new(ratelimit_runtime::MemoryStore::with_clock(clock));
+    let limiter = RateLimiter::builder()
+        .shared_store(store.clone())
+        .build()
+        .await
+        .unwrap();
+    (limiter, store)
+}
+
+/// 20 correct logins of a victim: how many were admitted.
+async fn victim_logins() -> usize {
+    let mut admitted = 0;
+    for _ in 0..20 {
+        match guarded_login("victim", true).await {
+            Ok(()) => admitted += 1,
+            Err(LoginError::Limited(e)) => assert!(e.is_limited(), "{e}"),
+            Err(LoginError::WrongPassword) => unreachable!(),
+        }
+    }
+    admitted
+}
+
+/// The issue's attack: 70,000 failed logins under fresh user names (all counted) filled the
+/// memory store's receipt table (65,536), after which a victim's correct logins got no
+/// receipt and counted: 5 of 20 admitted on the code before. A settled call drops its
+/// receipts whatever its outcome, so the table holds only calls in flight.
+#[tokio::test(flavor = "current_thread")]
+async fn a_flood_of_counted_failures_never_turns_a_victims_refunds_into_counts() {
+    let (limiter, store) = memory_with_receipts().await;
+    limiter
+        .scope(async {
+            for i in 0..70_000 {
+                let user = format!("attacker-{i}");
+                assert!(matches!(
+                    guarded_login(&user, false).await,
+                    Err(LoginError::WrongPassword)
+                ));
+            }
+            assert_eq!(store.receipts_held(), 0, "counted calls keep no receipt");
+            assert_eq!(
+                victim_logins().await,
+                20,
+                "the victim's correct logins never count"
+            );
+        })
+        .await;
+}
+
+/// The same with calls that never finish: 70,000 logins taken, then dropped mid-body (their
+/// clients hung up). A dropped call counts and its receipts go; the victim is unaffected.
+#[tokio::test(flavor = "current_thread")]
+async fn a_flood_of_cancelled_calls_leaves_no_receipts() {
+    let (limiter, store) = memory_with_receipts().await;
+    limiter
+        .scope(async {
+            for i in 0..70_000 {
+                let user = format!("hangs-up-{i}");
+                let mut call = Box::pin(hanging_login(&user));
+                // Poll once: the take happens, then the body waits for ever; then drop it.
+                tokio::select! {
+                    biased;
+                    _ = &mut call => unreachable!("the body never ends"),
+                    () = std::future::ready(()) => {}
+                }
+            }
+            // The dropped calls' receipts are forgotten by tasks of their own.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while store.receipts_held() > 0 && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            assert_eq!(store.receipts_held(), 0, "a dropped call keeps no receipt");
+            assert_eq!(victim_logins().await, 20);
+            // The dropped calls counted: a caller who hung up five times is limited.
+            for _ in 0..5 {
+                let mut call = Box::pin(hanging_login("impatient"));
+                tokio::select! {
+                    biased;
+                    _ = &mut call => unreachable!(),
+                    () = std::future::ready(()) => {}
+                }
+            }
+            assert!(matches!(
+                guarded_login("impatient", true).await,
+                Err(LoginError::Limited(_))
+            ));
+        })
+        .await;
+}
+
+/// On Redis, receipts are keys: a counted call deletes them (before, each stayed until its
+/// TTL, adding to a client-made flood of keys).
+#[tokio::test]
+async fn counted_calls_leave_no_receipt_keys_in_redis() {
+    let (limiter, env) = Env::redis().await;
+    let Env::Redis(server) = &env else {
+        unreachable!()
+    };
+    limiter
+        .clone()
+        .scope(async {
+            for i in 0..20 {
+                let user = format!("r-{i}");
+                assert!(guarded_login(&user, false).await.is_err());
+                assert!(guarded_login(&user, true).await.is_ok());
+            }
+        })
+        .await;
+    let mut conn = server.connection().await;
+    let receipts: Vec<String> = redis::cmd("KEYS")
+        .arg("*:r:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        receipts.is_empty(),
+        "{} receipts left: {receipts:?}",
+        receipts.len()
+    );
+    // The failures counted, the successes did not: 4 more failures each, then limited.
+    limiter
+        .scope(async {
+            for _ in 0..4 {
+                assert!(matches!(
+                    guarded_login("r-0", false).await,
+                    Err(LoginError::WrongPassword)
+                ));
+            }
+            assert!(matches!(
+                guarded_login("r-0", false).await,
+                Err(LoginError::Limited(_))
+            ));
+        })
+        .await;
+}
+
+/// Two stacked limits of one scope, which an override makes the same policy: they share a
+/// key, and each call used to count twice (5 admitted of 10). Merged, the override holds.
+#[rate_limit(num = 10, time = 60, scope = "dyn_plain::stacked_override")]
+#[rate_limit(num = 100, time = 3600, scope = "dyn_plain::stacked_override")]
+async fn stacked_override() -> Result<(), RateLimitError> {
+    Ok(())
+}
+
+/// Two stacked limits whose quotas come from arguments, given the same quota.
+#[rate_limit(quota = "{a}", key = "q")]
+#[rate_limit(quota = "{b}", key = "q")]
+async fn two_quotas(a: Quota, b: Quota) -> Result<(), RateLimitError> {
+    let _ = (a, b);
+    Ok(())
+}
+
+async fn run_time_quotas_scenario(limiter: RateLimiter) {
+    limiter
+        .set_quota(
+            "dyn_plain::stacked_override",
+            Quota::per_minute(10).unwrap(),
+        )
+        .unwrap();
+    limiter
+        .clone()
+        .scope(async {
+            assert_eq!(count_admitted(15, stacked_override).await, 10);
+            let q = Quota::per_minute(6).unwrap();
+            assert_eq!(count_admitted(10, || two_quotas(q, q)).await, 6);
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn a_run_time_quota_equal_to_a_stacked_limit_counts_once_memory() {
+    let (limiter, _env) = Env::memory().await;
+    run_time_quotas_scenario(limiter).await;
+}
+
+#[tokio::test]
+async fn a_run_time_quota_equal_to_a_stacked_limit_counts_once_redis() {
+    let (limiter, _env) = Env::redis().await;
+    run_time_quotas_scenario(limiter).await;
+}
+
+/// A cost from a client's number, multiplied: `n * 1000` with a huge `n` used to wrap in
+/// release builds (a tiny cost) and panic in debug ones. The arithmetic is checked.
+#[rate_limit(num = 10_000, time = 60, key = "{user}", cost = n * 1000 - discount)]
+async fn priced(user: &str, n: u64, discount: u64) -> Result<(), RateLimitError> {
+    let _ = (user, n, discount);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cost_expression_never_wraps_or_panics() {
+    let (limiter, _env) = Env::memory().await;
+    limiter
+        .scope(async {
+            // 2^60 * 1000 wraps a u64 to a small number; it is refused as too large.
+            let huge = priced("a", 1 << 60, 0).await.unwrap_err();
+            assert!(
+                matches!(
+                    huge,
+                    RateLimitError::CostExceedsCapacity {
+                        cost: u64::MAX,
+                        capacity: 10_000
+                    }
+                ),
+                "{huge}"
+            );
+            let err = priced("a", 0, 5).await.unwrap_err();
+            assert!(
+                matches!(err, RateLimitError::NegativeCost { cost: -5 }),
+                "{err}"
+            );
+            assert!(err.to_string().contains("negative (-5)"), "{err}");
+            // Nothing was taken by the refused calls: the whole quota is there.
+            assert!(priced("a", 10, 0).await.is_ok());
+            assert!(
+                priced("a", 1, 1000).await.is_err(),
+                "cost 0 counts as 1, and 10,000 are spent"
+            );
+        })
+        .await;
+}

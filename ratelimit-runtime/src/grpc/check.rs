@@ -200,7 +200,7 @@ impl From<RateLimitError> for Status {
             // The HTTP integrations' 401, 500 and 400, in gRPC's codes.
             RateLimitError::MissingQuota => Status::unauthenticated(error.to_string()),
             RateLimitError::InvalidQuota(_) => Status::internal(error.to_string()),
-            RateLimitError::CostExceedsCapacity { .. } => {
+            RateLimitError::CostExceedsCapacity { .. } | RateLimitError::NegativeCost { .. } => {
                 Status::invalid_argument(error.to_string())
             }
         }

@@ -408,6 +408,9 @@ fn refusal_of(error: &RateLimitError) -> Refusal {
         RateLimitError::CostExceedsCapacity { .. } => {
             Refusal::new(400, "cost_exceeds_capacity", &error.to_string())
         }
+        RateLimitError::NegativeCost { .. } => {
+            Refusal::new(400, "negative_cost", &error.to_string())
+        }
         RateLimitError::StoreUnavailable(_) => Refusal::store_unavailable(),
         _ => {
             tracing::error!(%error, "a rate limit could not be applied");
@@ -416,8 +419,8 @@ fn refusal_of(error: &RateLimitError) -> Refusal {
     }
 }
 
-/// Checks (or takes) a handler's limits worked out for this caller: the limiter, what to
-/// settle after the handler, and the rate-limit fields; or the response that replaces the
+/// Checks (or takes) a handler's limits worked out for this caller: what to settle after the
+/// handler, and the rate-limit fields; or the response that replaces the
 /// handler's.
 pub(crate) async fn admit<const H: bool>(
     limits: &'static [Limit],
@@ -425,13 +428,13 @@ pub(crate) async fn admit<const H: bool>(
     mut caller: HttpCaller<H>,
     templates: &[Option<&str>],
     inputs: &[Input],
-) -> Result<(RateLimiter, Taken, Fields), Refusal> {
+) -> Result<(Taken, Fields), Refusal> {
     let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
     let settings = limiter.settings();
     // The deny list and the exemptions apply to these limits as to static ones.
     match caller.exempted(settings, limits) {
         Some(Err(refusal)) => return Err(refusal),
-        Some(Ok(())) => return Ok((limiter.clone(), Taken::nothing(), Vec::new())),
+        Some(Ok(())) => return Ok((Taken::nothing(), Vec::new())),
         None => {}
     }
     let plan = crate::dynamic::plan(
@@ -465,7 +468,7 @@ pub(crate) async fn admit<const H: bool>(
     } else {
         rate_fields(taken.limits(), &verdict, settings.http.header_style)
     };
-    Ok((limiter, taken, fields))
+    Ok((taken, fields))
 }
 
 /// The body of the frameworks' `check_http_counted`: takes the limits, runs the handler, turns
@@ -485,11 +488,9 @@ where
     Fut: Future,
 {
     match admit(limits, dynamics, caller, templates, inputs).await {
-        Ok((limiter, taken, fields)) => {
+        Ok((taken, fields)) => {
             let (response, status) = respond(handler().await);
-            taken
-                .settle(&limiter, crate::dynamic::Outcome::Status(status))
-                .await;
+            taken.settle(crate::dynamic::Outcome::Status(status)).await;
             Limited(Outcome::Admitted(response, FieldSet::List(fields)))
         }
         Err(refusal) => Limited(Outcome::Refused(refusal)),
@@ -511,7 +512,7 @@ where
     Fut: Future,
 {
     match admit(limits, dynamics, caller, templates, inputs).await {
-        Ok((_, _, fields)) => Limited(Outcome::Admitted(handler().await, FieldSet::List(fields))),
+        Ok((_, fields)) => Limited(Outcome::Admitted(handler().await, FieldSet::List(fields))),
         Err(refusal) => Limited(Outcome::Refused(refusal)),
     }
 }

@@ -182,6 +182,37 @@ impl RateLimiter {
             );
         }
     }
+
+    /// Drops the receipts the call taken under `call_id` ([`RateLimiter::take`]; `checks` are
+    /// that take's checks) left, giving nothing back: the call stays counted. Call it when a
+    /// taken call's outcome counts, so that receipts live only while their call runs. Bounded
+    /// by the timeout; a failure only leaves the receipts to expire by themselves.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::builder().build().await?;
+    /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
+    /// let checks = [Check::new("login", &policy)];
+    /// let (_, call_id) = limiter.take(&checks).await?;
+    /// limiter.forget(&checks, &call_id).await; // this attempt counts
+    /// limiter.refund(&checks, &call_id).await; // too late: nothing to give back
+    /// assert!(!limiter.check(&checks).await?.is_admitted());
+    /// # Ok(()) }
+    /// ```
+    pub async fn forget(&self, checks: &[Check<'_>], call_id: &str) {
+        if checks.is_empty() || self.store_failing() {
+            return;
+        }
+        let timeout = self.inner.settings.timeout;
+        let forget = self.inner.store.forget(checks, call_id);
+        if let Ok(Err(error)) = tokio::time::timeout(timeout, forget).await {
+            tracing::debug!(store = self.inner.store.name(), %error, "rate-limit receipts could not be dropped; they expire by themselves");
+        }
+    }
 }
 
 impl super::Builder {

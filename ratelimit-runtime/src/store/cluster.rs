@@ -92,7 +92,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 
 use super::lazy::LazyConnection;
-use super::redis::{Calls, Mode, block_cmd, compensate, eval_checks, load_scripts, reset_cmd};
+use super::redis::{
+    Calls, Mode, block_cmd, compensate, eval_checks, forget_cmd, load_scripts, reset_cmd,
+};
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Decision, Policy, Verdict};
@@ -390,8 +392,17 @@ impl RedisClusterStore {
             }
             return collect(decisions);
         }
+        // Admitted: the earlier groups' receipts are no longer needed (nothing will be
+        // refunded); dropped now rather than left to their TTL.
         for (g, verdict) in &taken {
             fill(&mut decisions, &groups[*g], verdict.decisions());
+            if *g + 1 == groups.len() {
+                continue; // taken without receipts
+            }
+            let sub: Vec<Check<'_>> = groups[*g].iter().map(|&i| checks[i]).collect();
+            if let Err(error) = forget_cmd(&sub, &id).query_async::<()>(conn).await {
+                tracing::debug!(%error, "redis cluster: could not drop the receipts of an admitted call; they expire by themselves");
+            }
         }
         collect(decisions)
     }
@@ -489,6 +500,20 @@ impl Store for RedisClusterStore {
             compensate(&mut conn, &self.calls, Mode::Refund(call_id), checks)
                 .await
                 .map(drop)
+        })
+    }
+
+    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+        Box::pin(async move {
+            // A take across slots left no receipts (see `take`).
+            if checks.is_empty() || group_by_slot(checks).len() > 1 {
+                return Ok(());
+            }
+            let mut conn = self.connection().await?;
+            forget_cmd(checks, call_id)
+                .query_async::<()>(&mut conn)
+                .await?;
+            Ok(())
         })
     }
 

@@ -231,8 +231,34 @@ struct Receipts {
     next_sweep: u64,
 }
 
-/// The most receipts the memory store holds at once; beyond it (every one unexpired), a take
-/// leaves none and the call stays counted.
+impl Receipts {
+    /// Keeps `receipts` of the call `call_id` until `expires`. Receipts live only while their
+    /// call runs (a settled call refunds or forgets them), so a full table means as many calls
+    /// in flight: the expired ones are swept first (at most every 100 ms), and if the table is
+    /// still full, the eighth of it that expires soonest is dropped (those calls stay counted
+    /// whatever their outcome: they fail closed). A new take always gets its receipt: a flood
+    /// of calls never turns another caller's refund into a count.
+    fn insert(&mut self, call_id: &str, expires: u64, receipts: Vec<Receipt>, now: u64) {
+        if self.by_call.len() >= MAX_RECEIPTS && now >= self.next_sweep {
+            self.by_call.retain(|_, (expires, _)| *expires > now);
+            self.next_sweep = now.saturating_add(100_000);
+        }
+        if self.by_call.len() >= MAX_RECEIPTS {
+            let mut ends: Vec<u64> = self.by_call.values().map(|(e, _)| *e).collect();
+            let cut = ends.len() / 8;
+            let (_, &mut threshold, _) = ends.select_nth_unstable(cut);
+            let mut dropped = 0;
+            self.by_call.retain(|_, (e, _)| {
+                let keep = *e > threshold || dropped >= cut.max(1);
+                dropped += usize::from(!keep);
+                keep
+            });
+        }
+        self.by_call.insert(call_id.into(), (expires, receipts));
+    }
+}
+
+/// The most calls the memory store keeps receipts for at once (see [`Receipts::insert`]).
 const MAX_RECEIPTS: usize = 1 << 16;
 
 /// The longest a receipt lives, µs (as the scripts' `RECEIPT_TTL_US`).
@@ -474,18 +500,21 @@ impl MemoryStore {
                 .max()
                 .unwrap_or(0)
                 .min(RECEIPT_TTL_US);
-            let mut held = lock(&self.inner.receipts);
-            if held.by_call.len() >= MAX_RECEIPTS && now >= held.next_sweep {
-                held.by_call.retain(|_, (expires, _)| *expires > now);
-                held.next_sweep = now.saturating_add(100_000);
-            }
-            // Full of live receipts: none for this call, which stays counted (fails closed).
-            if held.by_call.len() < MAX_RECEIPTS {
-                held.by_call
-                    .insert(call_id.into(), (now.saturating_add(ttl), receipts));
-            }
+            lock(&self.inner.receipts).insert(call_id, now.saturating_add(ttl), receipts, now);
         }
         Ok(verdict)
+    }
+
+    /// [`Store::forget`] without a future: drops the receipts of the call taken under
+    /// `call_id`, giving nothing back (the call stays counted).
+    pub fn forget_now(&self, call_id: &str) {
+        lock(&self.inner.receipts).by_call.remove(call_id);
+    }
+
+    /// How many calls hold receipts now (calls taken with [`Store::take`] and not yet refunded
+    /// or forgotten, expired ones included until a sweep). For tests and diagnostics.
+    pub fn receipts_held(&self) -> usize {
+        lock(&self.inner.receipts).by_call.len()
     }
 
     /// [`Store::refund`] without a future: gives back what the call taken under `call_id`
@@ -632,6 +661,13 @@ impl Store for MemoryStore {
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
         Box::pin(async move {
             self.refund_now(checks, call_id);
+            Ok(())
+        })
+    }
+
+    fn forget<'a>(&'a self, _checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+        Box::pin(async move {
+            self.forget_now(call_id);
             Ok(())
         })
     }

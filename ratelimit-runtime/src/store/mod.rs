@@ -168,6 +168,19 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         Box::pin(async { Ok(()) })
     }
 
+    /// Drops the receipts the admitted call taken under `call_id` left ([`Store::take`];
+    /// `checks` are that take's checks, in order), giving nothing back: the call stays
+    /// counted. Sent when a call's outcome counts, and when an outcome-filtered call ends
+    /// without one (cancelled or panicked), so that receipts live only while their call runs:
+    /// a flood of counted calls never fills the store with receipts. Dropping receipts that
+    /// are already gone does nothing.
+    ///
+    /// The default does nothing (see [`Store::take`]).
+    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+        let _ = (checks, call_id);
+        Box::pin(async { Ok(()) })
+    }
+
     // The operations below are for operators (the admin calls of
     // [`crate::RateLimiter::peek`], [`crate::RateLimiter::reset`] and
     // [`crate::RateLimiter::block`]); a store of your own that does not implement them

@@ -547,7 +547,7 @@ where
         }
         if let Mode::Refund(id) = mode {
             for (i, check) in checks.iter().enumerate() {
-                cmd.arg(format!("{}:r:{id}:{}", check.key, i + 1));
+                cmd.arg(receipt_key(check.key, id, i));
             }
         }
         match mode {
@@ -559,6 +559,22 @@ where
     let function = script_sources().compensate_function;
     let reply = invoke(conn, calls, function, &COMPANION, first.key, args).await?;
     parse_reply(&reply, checks)
+}
+
+/// The receipt of limit `i` (from 0) of the call taken under `call_id`: `<key>:r:<id>:<i+1>`,
+/// the name `driver.lua` writes it under (the prelude's `receipt_key`), in the key's slot.
+pub(crate) fn receipt_key(key: &str, call_id: &str, i: usize) -> String {
+    format!("{key}:r:{call_id}:{}", i + 1)
+}
+
+/// `DEL` of every receipt the take of `checks` under `call_id` left ([`Store::forget`]): one
+/// command, so on a cluster only for checks in one slot (the only takes that leave receipts).
+pub(crate) fn forget_cmd(checks: &[Check<'_>], call_id: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("DEL");
+    for (i, check) in checks.iter().enumerate() {
+        cmd.arg(receipt_key(check.key, call_id, i));
+    }
+    cmd
 }
 
 /// The block marker of a limit's key (`driver.lua` rejects every call on the key while it
@@ -806,6 +822,19 @@ impl Store for RedisStore {
             compensate(&mut conn, &self.calls, Mode::Refund(call_id), checks)
                 .await
                 .map(drop)
+        })
+    }
+
+    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+        Box::pin(async move {
+            if checks.is_empty() {
+                return Ok(());
+            }
+            let mut conn = self.manager().await?;
+            forget_cmd(checks, call_id)
+                .query_async::<()>(&mut conn)
+                .await?;
+            Ok(())
         })
     }
 
