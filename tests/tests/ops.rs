@@ -316,12 +316,30 @@ async fn a_shadow_attribute_never_rejects_and_sends_no_headers_while_enforced_li
         )
         .await;
         statuses.push(a.status);
+        // Issue 28, bug 2: no field names the shadow limit or its quota, 429 included (the
+        // 429 said `"mixed_shadow";q=1;w=60` before).
+        for field in ["ratelimit-policy", "ratelimit"] {
+            let value = a.header(field).unwrap_or_default();
+            assert!(
+                !value.contains("shadow") && !value.contains("q=1"),
+                "{field}: {value}"
+            );
+        }
+        if a.status == 429 {
+            assert_eq!(
+                a.header("ratelimit-policy").as_deref(),
+                Some("\"ops_mixed_enforced\";q=3;w=60")
+            );
+        }
     }
     // The enforced limit (3) counted the calls the shadow one (1) would have rejected.
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
     // The shadow limit would have rejected every call after the first (also the two the
     // enforced limit rejected).
     assert_eq!(calls("ops_mixed_shadow", "shadow_rejected"), 4);
+    // Issue 28, bug 1: one event per would-be rejection, as the counter (2 events before: the
+    // calls the enforced limit rejected too were counted, not logged).
+    assert_eq!(shadow_events("ops_mixed_shadow"), 4);
     assert_eq!(calls("ops_mixed_enforced", "admitted"), 3);
     assert_eq!(calls("ops_mixed_enforced", "rejected"), 2);
 }

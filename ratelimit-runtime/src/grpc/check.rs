@@ -11,7 +11,7 @@ use crate::UserId;
 use crate::error::RateLimitError;
 use crate::http::HttpSettings;
 use crate::http::ip;
-use crate::http::response::{Fields, Refusal, whole_seconds};
+use crate::http::response::{Fields, Refusal, reset_seconds, whole_seconds};
 use crate::limit::{By, Limit, keys_for};
 use crate::limiter::RateLimiter;
 use crate::policy::Verdict;
@@ -192,7 +192,7 @@ impl From<RateLimitError> for Status {
                     ("retry-after", whole_seconds(retry_after).max(1).to_string()),
                     ("x-ratelimit-limit", limit.to_string()),
                     ("x-ratelimit-remaining", remaining.to_string()),
-                    ("x-ratelimit-reset", whole_seconds(reset_after).to_string()),
+                    ("x-ratelimit-reset", reset_seconds(reset_after).to_string()),
                 ];
                 refused(&error.to_string(), &fields, retry_after)
             }

@@ -134,6 +134,21 @@ impl Refusal {
         verdict: &Verdict,
         settings: &HttpSettings,
     ) -> Self {
+        // Shadow limits never show: a client cannot tell that a limit is coming, from a 429
+        // either. The fields and the wait are the enforced limits'.
+        let enforced;
+        let (limits, verdict) = if limits.iter().any(|l| l.shadow) {
+            let (kept, decisions): (Vec<Limit>, Vec<_>) = limits
+                .iter()
+                .zip(verdict.decisions())
+                .filter(|(l, _)| !l.shadow)
+                .map(|(l, d)| (*l, *d))
+                .unzip();
+            enforced = (kept, Verdict::new(decisions));
+            (&enforced.0[..], &enforced.1)
+        } else {
+            (limits, verdict)
+        };
         let wait = whole_seconds(verdict.retry_after().unwrap_or_default()).max(1);
         let mut body = String::with_capacity(80 + settings.message.len());
         body.push_str("{\"error\":\"too_many_requests\",\"message\":");
@@ -169,9 +184,18 @@ impl Refusal {
     }
 }
 
-/// Rounds up to whole seconds.
+/// Rounds up to whole seconds: `Retry-After`, which is never early.
 pub(crate) fn whole_seconds(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// A `reset_after` in whole seconds, as `t` (and `X-RateLimit-Reset`) report it: rounded up,
+/// less the millisecond the stores round a window's end up by. Redis and the memory store
+/// count expiries in whole milliseconds, so a fresh window of `w` seconds ends up to 1 ms
+/// after `w`; without this a fresh 60 s window read `t=61`. `t` is then early by at most that
+/// millisecond; `Retry-After`, the wait a client obeys, stays rounded up ([`whole_seconds`]).
+pub(crate) fn reset_seconds(d: Duration) -> u64 {
+    whole_seconds(d.saturating_sub(Duration::from_millis(1)))
 }
 
 /// The `RateLimit-Policy` / `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers) and/or
@@ -277,7 +301,7 @@ fn state_value(names: Names<'_>, decisions: &[Decision]) -> String {
             + 3
             + digits(decision.remaining)
             + 3
-            + digits(whole_seconds(decision.reset_after));
+            + digits(reset_seconds(decision.reset_after));
     }
     let mut state = String::with_capacity(len);
     for (i, decision) in members {
@@ -288,7 +312,7 @@ fn state_value(names: Names<'_>, decisions: &[Decision]) -> String {
         state.push_str(";r=");
         push_decimal(&mut state, decision.remaining);
         state.push_str(";t=");
-        push_decimal(&mut state, whole_seconds(decision.reset_after));
+        push_decimal(&mut state, reset_seconds(decision.reset_after));
     }
     debug_assert_eq!(state.len(), state.capacity());
     state
@@ -341,7 +365,7 @@ fn fields_with(
         fields.push(("x-ratelimit-remaining", decimal_string(d.remaining)));
         fields.push((
             "x-ratelimit-reset",
-            decimal_string(whole_seconds(d.reset_after)),
+            decimal_string(reset_seconds(d.reset_after)),
         ));
     }
     fields
@@ -421,7 +445,7 @@ mod tests {
         ];
         let ms = Duration::from_millis;
         let v = Verdict::new(vec![
-            Decision::new(true, 3, 2, ms(9_001), ms(0)),
+            Decision::new(true, 3, 2, ms(9_002), ms(0)),
             Decision::new(true, 10, 9, ms(100), ms(0)),
             Decision::new(true, 100, 99, ms(1_500), ms(0)),
         ]);
@@ -449,6 +473,47 @@ mod tests {
             ]
         );
         assert_eq!(rate_fields(&limits, &v, HeaderStyle::Both).len(), 5);
+    }
+
+    /// Issue 28, bug 3: a fresh fixed window of 60 s answered `t=61` (the stores end a window
+    /// up to 1 ms after its period); it reads `t=60`, as `w`. `Retry-After` stays rounded up.
+    #[test]
+    fn a_fresh_window_reads_t_equal_to_w() {
+        let store = crate::MemoryStore::new();
+        for (algorithm, num, period_ms) in [
+            (Algorithm::Fixed, 5, 60_000),
+            (Algorithm::Fixed, 3, 10_000),
+            (Algorithm::Sliding, 3, 10_000),
+        ] {
+            let limits = [limit("search", algorithm, num, period_ms, num)];
+            let key = format!("{algorithm}:{num}:{period_ms}");
+            let checks = [crate::Check::new(&key, &limits[0].policy)];
+            let v = store.check_now(&checks).unwrap();
+            let fields = rate_fields(&limits, &v, HeaderStyle::Ietf);
+            let w = period_ms / 1000;
+            assert_eq!(
+                fields[0].1,
+                format!("\"search\";q={num};w={w}"),
+                "{algorithm}"
+            );
+            assert_eq!(
+                fields[1].1,
+                format!("\"search\";r={};t={w}", num - 1),
+                "{algorithm}"
+            );
+        }
+        // The rounding: up, less the store's millisecond; never below what is left otherwise.
+        for (us, t) in [
+            (60_000_000, 60),
+            (60_000_999, 60),
+            (60_001_000, 60),
+            (60_001_001, 61),
+            (1, 0),
+            (1_001, 1),
+        ] {
+            assert_eq!(reset_seconds(Duration::from_micros(us)), t, "{us}");
+        }
+        assert_eq!(whole_seconds(Duration::from_micros(60_000_001)), 61);
     }
 
     #[test]
@@ -492,7 +557,7 @@ mod tests {
         static DAILY_POLICY: PolicyField = PolicyField::new();
         let ms = Duration::from_millis;
         let login = Verdict::new(vec![
-            Decision::new(true, 3, 2, ms(9_001), ms(0)),
+            Decision::new(true, 3, 2, ms(9_002), ms(0)),
             Decision::new(true, 10, 9, ms(100), ms(0)),
         ]);
         let daily = Verdict::new(vec![Decision::new(true, 100, 99, ms(1_500), ms(0))]);
@@ -549,7 +614,7 @@ mod tests {
         let ms = Duration::from_millis;
         let decisions = [
             Decision::new(true, 10, 0, ms(0), ms(0)),
-            Decision::new(true, 10, 1_000_000, ms(1), ms(0)),
+            Decision::new(true, 10, 1_000_000, ms(2), ms(0)),
         ];
         let state = state_value(Names::Of(&limits), &decisions);
         assert_eq!(state, "\"x\";r=0;t=0, \"x-2\";r=1000000;t=1");

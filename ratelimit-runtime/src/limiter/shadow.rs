@@ -89,10 +89,9 @@ impl RateLimiter {
                 .filter(|(_, d)| !d.admitted)
                 .map(|(i, _)| i)
         };
-        if !rejecting().all(shadow) {
-            return Ok(verdict);
-        }
-        for i in rejecting() {
+        // One event per would-be rejection, as the counter counts them: also for the shadow
+        // limits of a call that an enforced limit rejects.
+        for i in rejecting().filter(|&i| shadow(i)) {
             let d = verdict.decisions()[i];
             let retry_after_ms = d.retry_after.unwrap_or_default().as_millis();
             tracing::info!(
@@ -103,9 +102,20 @@ impl RateLimiter {
                 "rate limit would reject (shadow mode)"
             );
         }
-        let enforced: Vec<usize> = (0..limits.len()).filter(|&i| !shadow(i)).collect();
         let as_admitted =
             |d: &Decision| Decision::new(true, d.limit, d.remaining, d.reset_after, Duration::ZERO);
+        if !rejecting().all(shadow) {
+            // An enforced limit rejects: the call is refused, with the enforced limits' wait
+            // (a shadow limit's longer one would give it away and mislead).
+            let decisions = (0..limits.len())
+                .map(|i| {
+                    let d = &verdict.decisions()[i];
+                    if shadow(i) { as_admitted(d) } else { *d }
+                })
+                .collect();
+            return Ok(Verdict::new(decisions));
+        }
+        let enforced: Vec<usize> = (0..limits.len()).filter(|&i| !shadow(i)).collect();
         if enforced.is_empty() {
             return Ok(Verdict::new(
                 verdict.decisions().iter().map(as_admitted).collect(),
