@@ -49,6 +49,34 @@ fn parse_timeout_ms(raw: &str) -> Option<Duration> {
         .then(|| Duration::from_millis(ms))
 }
 
+/// The store the environment names, and the variable that named it: the Cluster's seed nodes
+/// (`RATELIMIT_REDIS_CLUSTER_NODES`, feature `cluster`), then `RATELIMIT_REDIS_URL`, then
+/// `REDIS_URL`, each only when set and not blank. The one place that precedence is written
+/// (the default limiter and [`Builder::from_env`] both read it).
+fn env_store() -> Option<(&'static str, builder::EnvStore)> {
+    #[cfg(feature = "cluster")]
+    {
+        let source = crate::store::cluster::NODES_ENV;
+        if let Ok(raw) = std::env::var(source) {
+            let nodes: Vec<String> = crate::store::cluster::split_nodes(&raw)
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            if !nodes.is_empty() {
+                return Some((source, builder::EnvStore::Cluster(nodes)));
+            }
+        }
+    }
+    ["RATELIMIT_REDIS_URL", "REDIS_URL"]
+        .into_iter()
+        .find_map(|var| {
+            std::env::var(var)
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| (var, builder::EnvStore::Url(v)))
+        })
+}
+
 /// Milliseconds since `origin`, saturating.
 fn millis_since(origin: Instant, now: Instant) -> u64 {
     u64::try_from(now.saturating_duration_since(origin).as_millis()).unwrap_or(u64::MAX)
@@ -267,34 +295,28 @@ impl RateLimiter {
     }
 
     fn from_env() -> Self {
-        #[cfg(feature = "cluster")]
-        if let Some(cluster) = crate::store::RedisClusterStore::from_env() {
-            let source = crate::store::cluster::NODES_ENV;
-            match cluster {
-                Ok(store) => {
-                    tracing::info!(source, "rate limits are kept in a Redis Cluster");
-                    return Self::from_parts(Arc::new(store), Self::env_settings());
-                }
-                Err(e) => {
-                    tracing::error!(source, error = %e, "cannot use the Redis Cluster; rate limits are kept in this process's memory");
-                    return Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings());
-                }
+        let (source, url) = match env_store() {
+            #[cfg(feature = "cluster")]
+            Some((source, builder::EnvStore::Cluster(nodes))) => {
+                return match crate::store::RedisClusterStore::lazy(nodes) {
+                    Ok(store) => {
+                        tracing::info!(source, "rate limits are kept in a Redis Cluster");
+                        Self::from_parts(Arc::new(store), Self::env_settings())
+                    }
+                    Err(e) => {
+                        tracing::error!(source, error = %e, "cannot use the Redis Cluster; rate limits are kept in this process's memory");
+                        Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings())
+                    }
+                };
             }
-        }
-        let url = ["RATELIMIT_REDIS_URL", "REDIS_URL"]
-            .into_iter()
-            .find_map(|var| {
-                std::env::var(var)
-                    .ok()
-                    .filter(|v| !v.trim().is_empty())
-                    .map(|v| (var, v))
-            });
-        let Some((source, url)) = url else {
-            tracing::warn!(
-                "no rate limiter installed and neither RATELIMIT_REDIS_URL nor REDIS_URL is set: \
-                 rate limits are kept in this process's memory (per process, not shared between instances)"
-            );
-            return Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings());
+            Some((source, builder::EnvStore::Url(url))) => (source, url),
+            None => {
+                tracing::warn!(
+                    "no rate limiter installed and neither RATELIMIT_REDIS_URL nor REDIS_URL is set: \
+                     rate limits are kept in this process's memory (per process, not shared between instances)"
+                );
+                return Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings());
+            }
         };
         match RedisStore::lazy(&url) {
             Ok(store) => {

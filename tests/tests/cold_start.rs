@@ -398,3 +398,77 @@ fn cold_start_on_a_cluster_admits_exactly_the_limit_across_three_processes() {
     assert_exactly_the_limit(&cluster.urls(), Mode::LazyCluster);
     assert_exactly_the_limit(&cluster.urls(), Mode::EnvCluster);
 }
+
+/// Set in the child of [`the_builder_reads_the_environment_like_the_default_limiter`].
+const BUILDER_CHILD_ENV: &str = "RATELIMIT_TEST_BUILDER_CHILD";
+
+/// `Builder::from_env()` (issue 28, point 7): the store and the timeout from the same
+/// variables, in the same order, as the default limiter, with the rest of the chain the
+/// application's; a malformed timeout fails the build. Run in child processes: the
+/// environment is the process's.
+#[test]
+fn the_builder_reads_the_environment_like_the_default_limiter() {
+    if std::env::var_os(BUILDER_CHILD_ENV).is_some() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            match ratelimit_runtime::Builder::from_env()
+                .prefix("from-env")
+                .build()
+                .await
+            {
+                Ok(limiter) => println!(
+                    "BUILT store={} timeout_ms={} prefix={}",
+                    limiter.store().name(),
+                    limiter.settings().timeout.as_millis(),
+                    limiter.settings().prefix
+                ),
+                Err(e) => println!("FAILED {e}"),
+            }
+        });
+        return;
+    }
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let server = RedisServer::start();
+    let run = |vars: &[(&str, &str)]| -> String {
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = Command::new(exe);
+        cmd.args([
+            "the_builder_reads_the_environment_like_the_default_limiter",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(BUILDER_CHILD_ENV, "1")
+        .env_remove("RATELIMIT_REDIS_CLUSTER_NODES")
+        .env_remove("RATELIMIT_REDIS_URL")
+        .env_remove("REDIS_URL")
+        .env_remove("RATELIMIT_TIMEOUT_MS");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        stdout
+            .lines()
+            .find(|l| l.starts_with("BUILT") || l.starts_with("FAILED"))
+            .unwrap_or_else(|| panic!("no report: {stdout}"))
+            .to_owned()
+    };
+    let url = server.url();
+    assert_eq!(run(&[]), "BUILT store=memory timeout_ms=50 prefix=from-env");
+    assert_eq!(
+        run(&[("REDIS_URL", &url), ("RATELIMIT_TIMEOUT_MS", "1234")]),
+        "BUILT store=redis timeout_ms=1234 prefix=from-env"
+    );
+    // RATELIMIT_REDIS_URL first: REDIS_URL names a server that is not there.
+    assert_eq!(
+        run(&[("RATELIMIT_REDIS_URL", &url), ("REDIS_URL", "redis://127.0.0.1:1")]),
+        "BUILT store=redis timeout_ms=50 prefix=from-env"
+    );
+    assert!(run(&[("RATELIMIT_TIMEOUT_MS", "soon")]).starts_with("FAILED"));
+    assert!(run(&[("REDIS_URL", "not a url")]).starts_with("FAILED"));
+}

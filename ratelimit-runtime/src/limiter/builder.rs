@@ -23,6 +23,49 @@ impl RateLimiter {
     }
 }
 
+impl Builder {
+    /// A builder that reads the environment as the default limiter does (see
+    /// [`RateLimiter`]): the store from `RATELIMIT_REDIS_CLUSTER_NODES` (feature `cluster`),
+    /// then `RATELIMIT_REDIS_URL`, then `REDIS_URL` (the first one set and not blank), else the
+    /// memory store; the timeout from `RATELIMIT_TIMEOUT_MS`. Every other setting is the
+    /// default, for the chain to change: an application that needs the builder (trusted
+    /// proxies, overrides, shadow mode) keeps the environment's store without reading the
+    /// variables itself. Unlike the default limiter, a malformed URL or timeout is an error at
+    /// `build()`, not a warning and the memory store.
+    ///
+    /// ```
+    /// use ratelimit_runtime::Builder;
+    /// let limiter = Builder::from_env()
+    ///     .trusted_proxies(["10.0.0.0/8"])
+    ///     .build_lazy()?;
+    /// # let _ = limiter;
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
+    pub fn from_env() -> Self {
+        let mut builder = RateLimiter::builder();
+        match super::env_store() {
+            Some((_, EnvStore::Url(url))) => builder.store = StoreChoice::RedisUrl(url),
+            #[cfg(feature = "cluster")]
+            Some((_, EnvStore::Cluster(nodes))) => builder.store = StoreChoice::RedisCluster(nodes),
+            None => {}
+        }
+        if let Ok(raw) = std::env::var(super::TIMEOUT_ENV) {
+            // A malformed value fails the build (a zero timeout is refused there).
+            builder.settings.timeout = super::parse_timeout_ms(&raw).unwrap_or(Duration::ZERO);
+        }
+        builder
+    }
+}
+
+/// The store the environment names.
+pub(super) enum EnvStore {
+    /// `RATELIMIT_REDIS_URL` or `REDIS_URL`.
+    Url(String),
+    /// `RATELIMIT_REDIS_CLUSTER_NODES`, split.
+    #[cfg(feature = "cluster")]
+    Cluster(Vec<String>),
+}
+
 enum StoreChoice {
     Memory,
     RedisUrl(String),
