@@ -466,7 +466,10 @@ fn the_builder_reads_the_environment_like_the_default_limiter() {
     );
     // RATELIMIT_REDIS_URL first: REDIS_URL names a server that is not there.
     assert_eq!(
-        run(&[("RATELIMIT_REDIS_URL", &url), ("REDIS_URL", "redis://127.0.0.1:1")]),
+        run(&[
+            ("RATELIMIT_REDIS_URL", &url),
+            ("REDIS_URL", "redis://127.0.0.1:1")
+        ]),
         "BUILT store=redis timeout_ms=50 prefix=from-env"
     );
     assert!(run(&[("RATELIMIT_TIMEOUT_MS", "soon")]).starts_with("FAILED"));

@@ -327,7 +327,7 @@ async fn a_shadow_attribute_never_rejects_and_sends_no_headers_while_enforced_li
         }
         if a.status == 429 {
             assert_eq!(
-                a.header("ratelimit-policy").as_deref(),
+                a.header("ratelimit-policy"),
                 Some("\"ops_mixed_enforced\";q=3;w=60")
             );
         }
