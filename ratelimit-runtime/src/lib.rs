@@ -253,7 +253,7 @@ pub use limit::{By, Limit};
 pub use limiter::admin::Target;
 pub use limiter::exempt::{CallerView, Exemptions};
 pub use limiter::{Builder, FailurePolicy, RateLimiter, Settings};
-pub use net::{IpNet, IpNetParseError};
+pub use net::{IntoNetwork, IpNet, IpNetParseError};
 pub use policy::{
     Algorithm, Decision, MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS, Policy, PolicyError, Verdict,
 };

@@ -35,6 +35,47 @@ impl fmt::Display for IpNetParseError {
 
 impl std::error::Error for IpNetParseError {}
 
+/// What the builder's network lists take ([`crate::Builder::trusted_proxies`],
+/// [`crate::Builder::exempt_networks`], [`crate::Builder::deny_networks`]): the text of an
+/// address or CIDR block (`"10.0.0.0/8"`, `String`s), an [`IpNet`] or an [`IpAddr`]. One
+/// spelling for the three lists; a text that is not a network fails the build with a
+/// [`crate::ConfigError`] naming it.
+pub trait IntoNetwork {
+    /// The network, or the text that is not one.
+    fn into_network(self) -> Result<IpNet, String>;
+}
+
+impl IntoNetwork for IpNet {
+    fn into_network(self) -> Result<IpNet, String> {
+        Ok(self)
+    }
+}
+
+impl IntoNetwork for IpAddr {
+    fn into_network(self) -> Result<IpNet, String> {
+        let bits = if self.is_ipv4() { 32 } else { 128 };
+        IpNet::new(self, bits).ok_or_else(|| self.to_string())
+    }
+}
+
+impl IntoNetwork for &str {
+    fn into_network(self) -> Result<IpNet, String> {
+        self.parse().map_err(|_| self.to_owned())
+    }
+}
+
+impl IntoNetwork for String {
+    fn into_network(self) -> Result<IpNet, String> {
+        self.as_str().into_network()
+    }
+}
+
+impl IntoNetwork for &String {
+    fn into_network(self) -> Result<IpNet, String> {
+        self.as_str().into_network()
+    }
+}
+
 impl IpNet {
     /// The network of `addr` with the first `prefix` bits kept; `None` when `prefix` is longer
     /// than the address.

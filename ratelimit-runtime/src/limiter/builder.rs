@@ -7,7 +7,7 @@ use super::{FailurePolicy, RateLimiter, Settings};
 use crate::error::ConfigError;
 use crate::http::{ForwardedHeader, HeaderStyle};
 use crate::key;
-use crate::net::IpNet;
+use crate::net::{IntoNetwork, IpNet};
 use crate::store::{MemoryStore, RedisStore, Store};
 
 impl RateLimiter {
@@ -18,6 +18,8 @@ impl RateLimiter {
             store: StoreChoice::Memory,
             settings: Settings::default(),
             proxies: Vec::new(),
+            exempt: Vec::new(),
+            deny: Vec::new(),
             overrides: Vec::new(),
         }
     }
@@ -96,7 +98,10 @@ enum StoreChoice {
 pub struct Builder {
     store: StoreChoice,
     settings: Settings,
-    proxies: Vec<String>,
+    /// The networks of the three lists, as given (checked at build).
+    proxies: Vec<Result<IpNet, String>>,
+    exempt: Vec<Result<IpNet, String>>,
+    deny: Vec<Result<IpNet, String>>,
     /// Scope quotas set from the start ([`Builder::override_quota`]).
     pub(super) overrides: Vec<(String, crate::quota::Quota)>,
 }
@@ -158,12 +163,12 @@ impl Builder {
     /// and the first other hop is the client. From any other peer no header is read. None by
     /// default; a value that is not an address or block makes the build fail with
     /// [`ConfigError::InvalidProxy`].
-    pub fn trusted_proxies<I, S>(mut self, proxies: I) -> Self
+    pub fn trusted_proxies<I>(mut self, proxies: I) -> Self
     where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
+        I: IntoIterator,
+        I::Item: IntoNetwork,
     {
-        self.proxies = proxies.into_iter().map(Into::into).collect();
+        self.proxies = proxies.into_iter().map(IntoNetwork::into_network).collect();
         self
     }
 
@@ -258,16 +263,27 @@ impl Builder {
     /// what a trusted proxy's header names; a forwarding header from any other peer is never
     /// believed. See [`crate::Exemptions`].
     ///
+    /// Networks are spelled as for [`Builder::trusted_proxies`] (text, [`IpNet`] or
+    /// `IpAddr`); one that is not a network fails the build.
+    ///
     /// ```
-    /// use ratelimit_runtime::{IpNet, RateLimiter};
+    /// use ratelimit_runtime::RateLimiter;
     /// let limiter = RateLimiter::builder()
-    ///     .exempt_networks(["10.0.0.0/8".parse::<IpNet>()?, "127.0.0.1".parse()?])
+    ///     .exempt_networks(["10.0.0.0/8", "127.0.0.1"])
     ///     .build_lazy()?;
     /// assert_eq!(limiter.settings().exemptions.exempt_networks().len(), 2);
+    /// assert!(RateLimiter::builder().exempt_networks(["10.0.0.0/33"]).build_lazy().is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn exempt_networks(mut self, networks: impl IntoIterator<Item = IpNet>) -> Self {
-        self.settings.exemptions.exempt = networks.into_iter().collect();
+    pub fn exempt_networks<I>(mut self, networks: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: IntoNetwork,
+    {
+        self.exempt = networks
+            .into_iter()
+            .map(IntoNetwork::into_network)
+            .collect();
         self
     }
 
@@ -298,16 +314,30 @@ impl Builder {
     /// `into_make_service_with_connect_info`) is refused with a 500 that says so, never served
     /// as if the list were empty. See [`crate::Exemptions`].
     ///
+    /// Networks are spelled as for [`Builder::trusted_proxies`] (text, [`IpNet`] or
+    /// `IpAddr`); one that is not a network fails the build.
+    ///
     /// ```
     /// use ratelimit_runtime::{IpNet, RateLimiter};
     /// let limiter = RateLimiter::builder()
-    ///     .deny_networks(["198.51.100.0/24".parse::<IpNet>()?])
+    ///     .deny_networks(["198.51.100.0/24"])
     ///     .build_lazy()?;
     /// assert!(limiter.settings().exemptions.is_denied_ip("198.51.100.7".parse()?));
+    /// // Parsed networks work too.
+    /// let parsed: IpNet = "203.0.113.0/24".parse()?;
+    /// let limiter = RateLimiter::builder().deny_networks([parsed]).build_lazy()?;
+    /// assert!(limiter.settings().exemptions.is_denied_ip("203.0.113.1".parse()?));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn deny_networks(mut self, networks: impl IntoIterator<Item = IpNet>) -> Self {
-        self.settings.exemptions.deny = networks.into_iter().collect();
+    pub fn deny_networks<I>(mut self, networks: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: IntoNetwork,
+    {
+        self.deny = networks
+            .into_iter()
+            .map(IntoNetwork::into_network)
+            .collect();
         self
     }
 
@@ -329,14 +359,25 @@ impl Builder {
                 "the timeout must be positive".to_owned(),
             ));
         }
-        self.settings.http.trusted_proxies = self
-            .proxies
-            .iter()
-            .map(|p| {
-                p.parse::<IpNet>()
-                    .map_err(|_| ConfigError::InvalidProxy(p.clone()))
-            })
-            .collect::<Result<_, _>>()?;
+        self.settings.http.trusted_proxies = std::mem::take(&mut self.proxies)
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .map_err(ConfigError::InvalidProxy)?;
+        let network = |list: &'static str| {
+            move |text: String| {
+                ConfigError::Invalid(format!(
+                    "invalid network {text:?} in {list}: expected an IP address or a CIDR block such as 10.0.0.0/8"
+                ))
+            }
+        };
+        self.settings.exemptions.exempt = std::mem::take(&mut self.exempt)
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .map_err(network("exempt_networks"))?;
+        self.settings.exemptions.deny = std::mem::take(&mut self.deny)
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .map_err(network("deny_networks"))?;
         Ok((self.store, self.settings))
     }
 
