@@ -3,6 +3,11 @@
 //! another spelling of the same path is the same bucket (found by the security review); and
 //! nothing a client sends turns a limit off for other callers.
 
+#![allow(
+    clippy::duration_suboptimal_units,
+    reason = "Duration::from_mins is newer than the workspace's rust-version"
+)]
+
 mod http_support;
 
 use axum::Router;
@@ -266,24 +271,14 @@ async fn scoped_report() -> &'static str {
 /// bucket there too.
 #[actix_web::test]
 async fn by_url_under_an_actix_scope_keys_the_full_path() {
-    use actix_web::{App, HttpServer, web};
+    use actix_web::{App, web};
     let limiter = Backend::memory().limiter(&[]).await;
-    let server = HttpServer::new(move || {
+    let url = http_support::serve_actix!(move || {
         App::new()
             .app_data(limiter.clone())
             .service(web::scope("/t/{tenant}").route("/report", web::get().to(scoped_report)))
-    })
-    .workers(1)
-    .disable_signals()
-    .shutdown_timeout(0)
-    .bind(("127.0.0.1", 0))
-    .expect("bind");
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
-    assert_eq!(
-        tenants(&format!("http://{addr}")).await,
-        [200, 200, 200, 200, 429]
-    );
+    });
+    assert_eq!(tenants(&url).await, [200, 200, 200, 200, 429]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -353,21 +348,14 @@ async fn reserved_characters_in_a_path_parameter_are_one_bucket_on_axum() {
 
 #[actix_web::test]
 async fn reserved_characters_in_a_path_parameter_are_one_bucket_on_actix() {
-    use actix_web::{App, HttpServer, web};
+    use actix_web::{App, web};
     let limiter = Backend::memory().limiter(&[]).await;
-    let server = HttpServer::new(move || {
+    let url = http_support::serve_actix!(move || {
         App::new()
             .app_data(limiter.clone())
             .route("/users/{name}", web::get().to(user_actix))
-    })
-    .workers(1)
-    .disable_signals()
-    .shutdown_timeout(0)
-    .bind(("127.0.0.1", 0))
-    .expect("bind");
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
-    assert_eq!(alice(&format!("http://{addr}")).await, served_alice());
+    });
+    assert_eq!(alice(&url).await, served_alice());
 }
 
 mod against_the_extractors {
@@ -378,6 +366,7 @@ mod against_the_extractors {
     use axum::routing::get;
     use proptest::prelude::*;
     use ratelimit_runtime::http::normalized_path;
+    use std::fmt::Write as _;
     use tower::ServiceExt as _;
 
     /// One character of a segment: written as itself when a URI allows it raw, else always
@@ -390,11 +379,11 @@ mod against_the_extractors {
         }
         let mut buf = [0; 4];
         for b in c.encode_utf8(&mut buf).bytes() {
-            out.push_str(&if upper {
-                format!("%{b:02X}")
+            let _ = if upper {
+                write!(out, "%{b:02X}")
             } else {
-                format!("%{b:02x}")
-            });
+                write!(out, "%{b:02x}")
+            };
         }
     }
 

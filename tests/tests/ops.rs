@@ -989,19 +989,12 @@ async fn axum_a_client_quote_in_forwarded_cannot_make_it_the_trusted_proxy() {
 
 #[actix_web::test]
 async fn actix_a_client_quote_in_forwarded_cannot_make_it_the_trusted_proxy() {
-    use actix_web::{App, HttpServer, web};
+    use actix_web::{App, web};
     let limiter = forwarded_limiter().await;
-    let server = HttpServer::new(move || {
+    let url = http_support::serve_actix!(move || {
         App::new()
             .app_data(limiter.clone())
             .route("/", web::get().to(forwarded_actix))
-    })
-    .workers(1)
-    .disable_signals()
-    .shutdown_timeout(0)
-    .bind(("127.0.0.1", 0))
-    .expect("bind");
-    let url = format!("http://{}/", server.addrs()[0]);
-    actix_web::rt::spawn(server.run());
+    });
     a_client_quote_cannot_make_it_the_trusted_proxy(&url).await;
 }

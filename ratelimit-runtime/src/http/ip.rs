@@ -1134,12 +1134,10 @@ mod tests {
                 };
                 let appended: Vec<String> = std::iter::once(node).chain(proxies).collect();
                 let mut lines: Vec<Vec<u8>> = prefix;
-                match kind {
-                    ForwardedHeader::XRealIp => {
-                        // One address a line: the proxy's own line(s) after the client's.
-                        lines.extend(appended.iter().map(|a| a.clone().into_bytes()));
-                    }
-                    _ => {
+                if kind == ForwardedHeader::XRealIp {
+                    // One address a line: the proxy's own line(s) after the client's.
+                    lines.extend(appended.iter().map(|a| a.clone().into_bytes()));
+                } else {
                         let hops: Vec<String> = appended
                             .iter()
                             .map(|a| match kind {
@@ -1158,7 +1156,6 @@ mod tests {
                             }
                             _ => lines.push(tail.into_bytes()),
                         }
-                    }
                 }
                 let h: Vec<(&str, &[u8])> = lines.iter().map(|l| (kind.name(), l.as_slice())).collect();
                 prop_assert_eq!(
