@@ -582,7 +582,7 @@ fn log_rejection(checks: &[Check<'_>], verdict: &Verdict, source: &str) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #[test]
     fn the_environment_timeout_is_whole_milliseconds_in_range() {
         assert_eq!(parse_timeout_ms("2000"), Some(Duration::from_secs(2)));
@@ -715,7 +715,7 @@ mod tests {
     /// A process-wide subscriber writing to a per-thread sink: with per-thread subscribers,
     /// tests running in parallel race on tracing's per-callsite interest cache.
     #[derive(Debug, Clone)]
-    struct Capture(Arc<Mutex<Vec<String>>>);
+    pub(crate) struct Capture(Arc<Mutex<Vec<String>>>);
 
     std::thread_local! {
         static SINK: std::cell::RefCell<Option<Capture>> = const { std::cell::RefCell::new(None) };
@@ -723,7 +723,7 @@ mod tests {
 
     impl Capture {
         /// Starts capturing this thread's events (until the thread ends).
-        fn start() -> Self {
+        pub(crate) fn start() -> Self {
             static GLOBAL: std::sync::Once = std::sync::Once::new();
             GLOBAL.call_once(|| {
                 let _ = tracing::subscriber::set_global_default(Global);
@@ -733,7 +733,7 @@ mod tests {
             capture
         }
 
-        fn lines(&self) -> Vec<String> {
+        pub(crate) fn lines(&self) -> Vec<String> {
             self.0.lock().unwrap().clone()
         }
     }

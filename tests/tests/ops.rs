@@ -929,3 +929,90 @@ async fn a_deny_list_without_the_peer_address_refuses_instead_of_serving() {
         "{body}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 21, point 3: a `Forwarded` element that cannot be read.
+
+#[rate_limit(num = 2, time = 60, by = "ip", scope = "ops_fwd_axum")]
+async fn forwarded_axum() -> &'static str {
+    "ran"
+}
+
+#[rate_limit(num = 2, time = 60, by = "ip", scope = "ops_fwd_actix")]
+async fn forwarded_actix() -> &'static str {
+    "ran"
+}
+
+/// Behind an RFC 7239 proxy (127.0.0.9, trusted, its network exempt and named by the
+/// predicate too), deny-listing 198.51.100.0/24.
+async fn forwarded_limiter() -> RateLimiter {
+    RateLimiter::builder()
+        .memory()
+        .timeout(Duration::from_secs(5))
+        .trusted_proxies(["127.0.0.9"])
+        .forwarded_header(ratelimit_runtime::ForwardedHeader::Forwarded)
+        .exempt_networks([net("127.0.0.9/32")])
+        .exempt_when(|caller| caller.ip() == Some("127.0.0.9".parse().unwrap()))
+        .deny_networks([net("198.51.100.0/24")])
+        .build()
+        .await
+        .unwrap()
+}
+
+/// What the proxy at 127.0.0.9 forwards: the client's own `Forwarded` line with the proxy's
+/// `for=` appended. Before the fix the client's `for="x` made the whole line one unreadable
+/// element: the client was taken for the proxy, so the deny-listed client got 200 and every
+/// client was exempt (6 of 6 through num = 2).
+async fn a_client_quote_cannot_make_it_the_trusted_proxy(url: &str) {
+    let proxy = client_from("127.0.0.9");
+    let get = |forwarded: &'static str| {
+        let req = proxy.get(url).header("forwarded", forwarded);
+        async move { Answer::from(req.send().await.unwrap()).await.status }
+    };
+    let denied = get("for=\"x, for=198.51.100.9").await;
+    assert_eq!(denied, 403, "a deny-listed client behind the proxy");
+    let mut through = Vec::new();
+    for _ in 0..3 {
+        through.push(get("for=\"x, for=203.0.113.5").await);
+    }
+    assert_eq!(through, [200, 200, 429], "a client behind an exempt proxy");
+    // A right-most hop that cannot be read: unknown, its own bucket, never exempt.
+    let mut unknown = Vec::new();
+    for forwarded in ["for=unknown", "for=_hidden", "for=\"x"] {
+        unknown.push(get(forwarded).await);
+    }
+    assert_eq!(unknown, [200, 200, 429], "unknown clients behind the proxy");
+    // …and the deny list still reads what it can.
+    assert_eq!(get("for=198.51.100.9, for=unknown").await, 403);
+    // The proxy's own requests (no header) are still exempt, and 203.0.113.5 has its own bucket.
+    for _ in 0..3 {
+        assert_eq!(
+            Answer::from(proxy.get(url).send().await.unwrap())
+                .await
+                .status,
+            200
+        );
+    }
+    assert_eq!(get("for=203.0.113.6").await, 200);
+}
+
+#[tokio::test]
+async fn axum_a_client_quote_in_forwarded_cannot_make_it_the_trusted_proxy() {
+    let app = Router::new()
+        .route("/", get(forwarded_axum))
+        .layer(axum::Extension(forwarded_limiter().await));
+    let addr: SocketAddr = serve_axum(app, "127.0.0.1").await;
+    a_client_quote_cannot_make_it_the_trusted_proxy(&format!("http://{addr}/")).await;
+}
+
+#[actix_web::test]
+async fn actix_a_client_quote_in_forwarded_cannot_make_it_the_trusted_proxy() {
+    use actix_web::{App, web};
+    let limiter = forwarded_limiter().await;
+    let url = http_support::serve_actix!(move || {
+        App::new()
+            .app_data(limiter.clone())
+            .route("/", web::get().to(forwarded_actix))
+    });
+    a_client_quote_cannot_make_it_the_trusted_proxy(&url).await;
+}

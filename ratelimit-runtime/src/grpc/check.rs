@@ -97,7 +97,7 @@ fn by_value<'r, T>(
                 return Err(Status::failed_precondition(MISSING_PEER));
             };
             let client = ip::client_ip(peer.ip(), headers, settings);
-            Cow::Owned(ip::bucket(client, settings).into_bytes())
+            Cow::Owned(ip::bucket_text(client, settings).as_bytes().to_vec())
         }
         By::User => match request.extensions().get::<UserId>() {
             Some(user) if !user.as_str().is_empty() => Cow::Borrowed(user.as_str().as_bytes()),

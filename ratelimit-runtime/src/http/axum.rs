@@ -30,7 +30,8 @@ impl<S: Send + Sync, const H: bool> FromRequestParts<S> for HttpCaller<H> {
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|ConnectInfo(addr)| addr.ip()),
             head: Head::Http {
-                path: parts.uri.path_and_query().cloned(),
+                // The path the client sent: under `Router::nest`, `parts.uri` lacks the prefix.
+                path: original_uri(parts).path_and_query().cloned(),
                 headers,
             },
             user: parts.extensions.get::<UserId>().cloned(),
@@ -39,6 +40,15 @@ impl<S: Send + Sync, const H: bool> FromRequestParts<S> for HttpCaller<H> {
             framework: Framework::Axum,
         })
     }
+}
+
+/// The URI the client sent: Axum's router records it (`OriginalUri`) before `Router::nest`
+/// strips the prefix from `parts.uri`; `parts.uri` when no router did (a bare service).
+pub(crate) fn original_uri(parts: &Parts) -> &axum::http::Uri {
+    parts
+        .extensions
+        .get::<axum::extract::OriginalUri>()
+        .map_or(&parts.uri, |axum::extract::OriginalUri(uri)| uri)
 }
 
 fn add_fields(headers: &mut HeaderMap, fields: Fields) {

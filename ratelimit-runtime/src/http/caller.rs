@@ -183,18 +183,32 @@ impl<const H: bool> HttpCaller<H> {
     }
 
     /// Whether the deny list or an exemption answers this request (see
-    /// [`crate::Exemptions`]). The address is the one `by = "ip"` computes.
+    /// [`crate::Exemptions`]). The address is the one `by = "ip"` computes. A client unknown
+    /// behind a trusted proxy ([`ip::ClientAddr::Unknown`]) is denied when any address its
+    /// forwarding header names is denied, is never in an exempt network, and the predicate
+    /// sees no address for it ([`CallerView::ip`] is `None`): the proxy's address is never
+    /// taken for the client's.
     fn exemption(&self, settings: &Settings, limits: &[Limit]) -> Option<Exemption> {
         let exemptions = &settings.exemptions;
-        let ip = self
+        let resolved = self
             .peer
-            .map(|peer| ip::client_ip(peer, &self.head, &settings.http));
-        if let Some(ip) = ip {
-            if exemptions.is_denied_ip(ip) {
-                return Some(Exemption::Denied);
-            }
-            if exemptions.is_exempt_ip(ip) {
-                return Some(Exemption::Exempt);
+            .map(|peer| ip::resolve(peer, &self.head, &settings.http));
+        let ip = resolved.as_ref().and_then(|r| r.client.known());
+        if let Some(resolved) = &resolved {
+            match resolved.client {
+                ip::ClientAddr::Known(ip) => {
+                    if exemptions.is_denied_ip(ip) {
+                        return Some(Exemption::Denied);
+                    }
+                    if exemptions.is_exempt_ip(ip) {
+                        return Some(Exemption::Exempt);
+                    }
+                }
+                ip::ClientAddr::Unknown { .. } => {
+                    if resolved.named.iter().any(|&ip| exemptions.is_denied_ip(ip)) {
+                        return Some(Exemption::Denied);
+                    }
+                }
             }
         }
         let predicate = exemptions.predicate.as_ref()?;

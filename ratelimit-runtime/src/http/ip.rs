@@ -58,7 +58,72 @@ impl ForwardingHeaders for [(&str, &[u8])] {
     }
 }
 
-/// The address that identifies the client of a request.
+/// Who the client of a request is, as [`client_ip`](crate::http::client_ip) reads it.
+///
+/// [`Known`](ClientAddr::Known) is an address: the peer of the connection, or the hop a trusted
+/// proxy's forwarding header names. [`Unknown`](ClientAddr::Unknown) is a request that came
+/// through the trusted proxy `proxy` whose header names, where the client should be, a hop that
+/// cannot be read (`unknown`, an obfuscated `Forwarded` identifier, garbage). Such a request is
+/// not the proxy's: `by = "ip"` keys it apart from every address (`unknown@<proxy>`, a text no
+/// address renders to; one bucket per proxy for all such requests), it is never exempt, and the
+/// deny list is checked against every address its header does name.
+///
+/// ```
+/// use ratelimit_runtime::http::ClientAddr;
+///
+/// let proxy = "10.0.0.1".parse().unwrap();
+/// assert_eq!(ClientAddr::Unknown { proxy }.known(), None);
+/// assert_eq!(ClientAddr::Unknown { proxy }.to_string(), "unknown@10.0.0.1");
+/// let client = "203.0.113.7".parse().unwrap();
+/// assert_eq!(ClientAddr::Known(client).known(), Some(client));
+/// assert_eq!(ClientAddr::Known(client).to_string(), "203.0.113.7");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientAddr {
+    /// The client's address (IPv4-mapped IPv6 addresses as IPv4).
+    Known(IpAddr),
+    /// The client is behind the trusted proxy `proxy`, whose forwarding header does not say
+    /// who it is in a form that can be read.
+    Unknown {
+        /// The last trusted address of the chain: the peer, or the right-most trusted hop.
+        proxy: IpAddr,
+    },
+}
+
+impl ClientAddr {
+    /// The client's address, when it is known.
+    pub fn known(self) -> Option<IpAddr> {
+        match self {
+            Self::Known(ip) => Some(ip),
+            Self::Unknown { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ClientAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Known(ip) => write!(f, "{ip}"),
+            Self::Unknown { proxy } => write!(f, "{UNKNOWN_PREFIX}{proxy}"),
+        }
+    }
+}
+
+/// What the bucket text of an [`ClientAddr::Unknown`] client starts with: letters no address
+/// text holds (`u`, `n`, `k`, `o`, `w`, `@`), so it can never equal a real address's bucket.
+const UNKNOWN_PREFIX: &str = "unknown@";
+
+/// The client of a request ([`client_ip`]) and, when it is unknown, every address the
+/// forwarding header does name to the left of the unreadable hop: the deny list is checked
+/// against each (it can only make the sender's own request stricter).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Resolved {
+    pub(crate) client: ClientAddr,
+    /// Empty unless `client` is unknown.
+    pub(crate) named: Vec<IpAddr>,
+}
+
+/// The client of a request.
 ///
 /// `peer` is the address of the connection. Unless it is one of `settings.trusted_proxies`,
 /// it is the answer and no header is read: with no trusted proxies configured, spoofed headers
@@ -66,9 +131,14 @@ impl ForwardingHeaders for [(&str, &[u8])] {
 /// the hops of `X-Forwarded-For`, the `for=` nodes of RFC 7239 `Forwarded`, or the `X-Real-IP`
 /// lines — and walked right to left: the first hop that is not itself a trusted proxy is the
 /// client. The other two headers are ignored, whatever they hold (proxies pass them through
-/// from the client). A hop that cannot be read (`unknown`, an obfuscated identifier, garbage)
-/// stops the walk at the last trusted address; when every hop is trusted, the left-most one is
-/// the client. IPv4-mapped IPv6 addresses count as IPv4.
+/// from the client). When every hop is trusted, the left-most one is the client; with no
+/// header, the peer. IPv4-mapped IPv6 addresses count as IPv4.
+///
+/// A hop that cannot be read (`unknown`, an obfuscated identifier, garbage) where the walk
+/// looks for the client makes the client [`ClientAddr::Unknown`] behind the last trusted
+/// address (logged once per process, naming the header, never its value). `Forwarded` is split
+/// into elements from the right, so a client's unterminated quote spoils only its own
+/// elements, never the ones a proxy appended after it.
 ///
 /// A peer in a loopback or private range that sends a forwarding header while no trusted proxy
 /// is configured is warned about once per process ([`hint_unconfigured_proxy`]).
@@ -76,38 +146,92 @@ pub(crate) fn client_ip<H: ForwardingHeaders + ?Sized>(
     peer: IpAddr,
     headers: &H,
     settings: &HttpSettings,
-) -> IpAddr {
+) -> ClientAddr {
+    walk(peer, headers, settings, false).client
+}
+
+/// [`client_ip`], with the addresses named beside an unknown client (see [`Resolved`]).
+pub(crate) fn resolve<H: ForwardingHeaders + ?Sized>(
+    peer: IpAddr,
+    headers: &H,
+    settings: &HttpSettings,
+) -> Resolved {
+    walk(peer, headers, settings, true)
+}
+
+fn walk<H: ForwardingHeaders + ?Sized>(
+    peer: IpAddr,
+    headers: &H,
+    settings: &HttpSettings,
+    named: bool,
+) -> Resolved {
     let peer = canonical(peer);
+    let known = |ip| Resolved {
+        client: ClientAddr::Known(ip),
+        named: Vec::new(),
+    };
     if !settings.is_trusted_proxy(peer) {
         if settings.trusted_proxies.is_empty() {
             hint_unconfigured_proxy(&PROXY_HINT_LOGGED, peer, headers);
         }
-        return peer;
+        return known(peer);
     }
     let header = settings.forwarded_header;
+    // Right-most hop first: the lines from the last, each line's hops from its end.
     let mut hops: Vec<Option<IpAddr>> = Vec::new();
-    for value in headers.values(header.name()) {
+    for value in headers.values(header.name()).into_iter().rev() {
         match header {
             ForwardedHeader::XForwardedFor => {
-                hops.extend(value.split(|&b| b == b',').map(parse_node));
+                hops.extend(value.rsplit(|&b| b == b',').map(parse_node));
             }
             ForwardedHeader::Forwarded => {
-                hops.extend(split_quoted(value, b',').map(forwarded_for));
+                hops.extend(elements_from_right(value).map(forwarded_for));
             }
             ForwardedHeader::XRealIp => hops.push(parse_node(value)),
         }
     }
     let mut client = peer;
-    for hop in hops.iter().rev() {
+    for (i, hop) in hops.iter().enumerate() {
         let Some(ip) = hop else {
-            return client;
+            hint_unreadable_hop(&UNREADABLE_HOP_LOGGED, header);
+            return Resolved {
+                client: ClientAddr::Unknown { proxy: client },
+                named: if named {
+                    hops[i + 1..]
+                        .iter()
+                        .flatten()
+                        .map(|ip| canonical(*ip))
+                        .collect()
+                } else {
+                    Vec::new()
+                },
+            };
         };
         client = canonical(*ip);
         if !settings.is_trusted_proxy(client) {
-            return client;
+            return known(client);
         }
     }
-    client
+    known(client)
+}
+
+/// Set once the unreadable-hop warning was written: it is written once per process.
+static UNREADABLE_HOP_LOGGED: AtomicBool = AtomicBool::new(false);
+
+const UNREADABLE_HOP: &str = "a trusted proxy's forwarding header names a client that cannot be read \
+     (`unknown`, an obfuscated identifier, or a value that is not an address): such requests are keyed \
+     apart from every address, one bucket per proxy (`unknown@<proxy>`), are never exempt, and the deny \
+     list is checked against every address the header names. Have the proxy write the client's address \
+     (logged once per process)";
+
+/// Writes one warning, the first time a client is [`ClientAddr::Unknown`]; names the header,
+/// never its value. Returns whether it wrote it.
+fn hint_unreadable_hop(logged: &AtomicBool, header: ForwardedHeader) -> bool {
+    if logged.load(Ordering::Relaxed) || logged.swap(true, Ordering::Relaxed) {
+        return false;
+    }
+    tracing::warn!(header = header.name(), "{UNREADABLE_HOP}");
+    true
 }
 
 /// Set once the unconfigured-proxy warning was written: it is written once per process.
@@ -172,12 +296,22 @@ fn is_internal(ip: IpAddr) -> bool {
 /// The bucket of a client address, as written into keys: an IPv4 address as itself, an IPv6
 /// address as its network of `settings.ipv6_prefix` bits (`2001:db8:1:2::/64`).
 pub(crate) fn bucket(ip: IpAddr, settings: &HttpSettings) -> String {
-    bucket_text(ip, settings).as_str().to_owned()
+    bucket_text(ClientAddr::Known(ip), settings)
+        .as_str()
+        .to_owned()
 }
 
-/// [`bucket`], held inline: what `by = "ip"` keys a request with, without an allocation.
-pub(crate) fn bucket_text(ip: IpAddr, settings: &HttpSettings) -> IpText {
+/// The bucket of a client, as `by = "ip"` keys it, without an allocation: a known address as
+/// [`bucket`] writes it; an unknown client as `unknown@` and its proxy's bucket.
+pub(crate) fn bucket_text(client: ClientAddr, settings: &HttpSettings) -> IpText {
     let mut text = IpText::default();
+    let ip = match client {
+        ClientAddr::Known(ip) => ip,
+        ClientAddr::Unknown { proxy } => {
+            text.push(UNKNOWN_PREFIX.as_bytes());
+            proxy
+        }
+    };
     match canonical(ip) {
         IpAddr::V4(v4) => {
             for (i, octet) in v4.octets().into_iter().enumerate() {
@@ -201,18 +335,18 @@ pub(crate) fn bucket_text(ip: IpAddr, settings: &HttpSettings) -> IpText {
     text
 }
 
-/// The text of an address or network, inline: at most 49 bytes
-/// (`ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255/128` is the longest).
+/// The text of an address or network, inline: at most 57 bytes (`unknown@` and
+/// `ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255/128`, the longest).
 #[derive(Clone, Copy)]
 pub(crate) struct IpText {
-    buf: [u8; 56],
+    buf: [u8; 64],
     len: u8,
 }
 
 impl Default for IpText {
     fn default() -> Self {
         Self {
-            buf: [0; 56],
+            buf: [0; 64],
             len: 0,
         }
     }
@@ -224,7 +358,7 @@ impl IpText {
         // Never longer than the buffer (see the type's docs); cut rather than panic.
         let end = (start + bytes.len()).min(self.buf.len());
         self.buf[start..end].copy_from_slice(&bytes[..end - start]);
-        #[allow(clippy::cast_possible_truncation)] // at most 56
+        #[allow(clippy::cast_possible_truncation)] // at most 64
         {
             self.len = end as u8;
         }
@@ -281,6 +415,43 @@ fn split_quoted(s: &[u8], sep: u8) -> impl Iterator<Item = &[u8]> {
         done = true;
         Some(&s[start.min(s.len())..])
     })
+}
+
+/// The elements of one `Forwarded` line, right-most first: split at the commas outside
+/// quoted strings, scanning from the end. A `"` opens or closes a quoted string unless an odd
+/// number of backslashes precede it (an escaped quote inside one). On a well-formed line this is
+/// [`split_quoted`] reversed; on any line, an unterminated quote spoils only the element it is
+/// in and the ones to its left — what a client wrote, never what a proxy appended after it.
+fn elements_from_right(s: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut end = s.len();
+    let mut pos = s.len();
+    let mut quoted = false;
+    let mut done = false;
+    std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        while pos > 0 {
+            pos -= 1;
+            match s[pos] {
+                b'"' if !escaped(s, pos) => quoted = !quoted,
+                b',' if !quoted => {
+                    let part = &s[pos + 1..end];
+                    end = pos;
+                    return Some(part);
+                }
+                _ => {}
+            }
+        }
+        done = true;
+        Some(&s[..end])
+    })
+}
+
+/// Whether the byte at `pos` follows an odd number of backslashes. Each run of backslashes is
+/// counted once, for the quote right after it: linear in the line.
+fn escaped(s: &[u8], pos: usize) -> bool {
+    s[..pos].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1
 }
 
 /// The `for=` node of one `Forwarded` element (`for=192.0.2.60;proto=http`).
@@ -406,8 +577,16 @@ mod tests {
         s.parse().unwrap()
     }
 
-    fn resolve(peer: &str, headers: &[(&str, &[u8])], s: &HttpSettings) -> IpAddr {
+    fn who(peer: &str, headers: &[(&str, &[u8])], s: &HttpSettings) -> ClientAddr {
         client_ip(ip(peer), headers, s)
+    }
+
+    fn known(s: &str) -> ClientAddr {
+        ClientAddr::Known(ip(s))
+    }
+
+    fn unknown(proxy: &str) -> ClientAddr {
+        ClientAddr::Unknown { proxy: ip(proxy) }
     }
 
     #[test]
@@ -419,9 +598,9 @@ mod tests {
         ];
         for header in FORWARDING_HEADERS {
             let s = settings_for(&[], header);
-            assert_eq!(resolve("10.0.0.1", spoof, &s), ip("10.0.0.1"));
+            assert_eq!(who("10.0.0.1", spoof, &s), known("10.0.0.1"));
             let s = settings_for(&["10.0.0.0/8"], header);
-            assert_eq!(resolve("192.0.2.1", spoof, &s), ip("192.0.2.1"));
+            assert_eq!(who("192.0.2.1", spoof, &s), known("192.0.2.1"));
         }
     }
 
@@ -439,24 +618,24 @@ mod tests {
     fn from_a_trusted_peer_the_right_most_untrusted_hop_is_the_client() {
         let s = settings(&["10.0.0.0/8", "fd00::/8"], 64);
         let xff: &[(&str, &[u8])] = &[("X-Forwarded-For", b"6.6.6.6, 1.2.3.4, 10.1.1.1")];
-        assert_eq!(resolve("10.0.0.1", xff, &s), ip("1.2.3.4"));
+        assert_eq!(who("10.0.0.1", xff, &s), known("1.2.3.4"));
         // Several header lines are one list, in order.
         let lines: &[(&str, &[u8])] = &[
             ("x-forwarded-for", b"6.6.6.6"),
             ("x-forwarded-for", b"1.2.3.4, 10.9.9.9"),
         ];
-        assert_eq!(resolve("10.0.0.1", lines, &s), ip("1.2.3.4"));
+        assert_eq!(who("10.0.0.1", lines, &s), known("1.2.3.4"));
         // Every hop trusted: the left-most is the client.
         let all: &[(&str, &[u8])] = &[("x-forwarded-for", b"10.3.3.3, 10.2.2.2")];
-        assert_eq!(resolve("10.0.0.1", all, &s), ip("10.3.3.3"));
-        // Garbage written by a trusted hop stops the walk at the last trusted address.
+        assert_eq!(who("10.0.0.1", all, &s), known("10.3.3.3"));
+        // Garbage where the client should be: unknown, behind the last trusted address.
         let bad: &[(&str, &[u8])] = &[("x-forwarded-for", b"1.2.3.4, nonsense, 10.2.2.2")];
-        assert_eq!(resolve("10.0.0.1", bad, &s), ip("10.2.2.2"));
+        assert_eq!(who("10.0.0.1", bad, &s), unknown("10.2.2.2"));
         // No header at all: the peer.
-        assert_eq!(resolve("10.0.0.1", &[], &s), ip("10.0.0.1"));
+        assert_eq!(who("10.0.0.1", &[], &s), known("10.0.0.1"));
         // IPv6 peers and hops, with ports.
         let v6: &[(&str, &[u8])] = &[("x-forwarded-for", b"[2001:db8::7]:443, fd00::2")];
-        assert_eq!(resolve("fd00::1", v6, &s), ip("2001:db8::7"));
+        assert_eq!(who("fd00::1", v6, &s), known("2001:db8::7"));
     }
 
     /// What `main` got wrong: `Forwarded` won over `X-Forwarded-For`, so behind an XFF proxy a
@@ -470,14 +649,14 @@ mod tests {
             ("x-forwarded-for", b"203.0.113.7"),
             ("x-real-ip", b"198.51.100.2"),
         ];
-        assert_eq!(resolve("10.0.0.1", proxied, &s), ip("203.0.113.7"));
-        assert_eq!(resolve("10.0.0.1", spoofed, &s), ip("203.0.113.7"));
+        assert_eq!(who("10.0.0.1", proxied, &s), known("203.0.113.7"));
+        assert_eq!(who("10.0.0.1", spoofed, &s), known("203.0.113.7"));
         // Without the configured header, the others are not a fallback: the peer.
         let only_others: &[(&str, &[u8])] = &[
             ("forwarded", b"for=198.51.100.1"),
             ("x-real-ip", b"198.51.100.2"),
         ];
-        assert_eq!(resolve("10.0.0.1", only_others, &s), ip("10.0.0.1"));
+        assert_eq!(who("10.0.0.1", only_others, &s), known("10.0.0.1"));
     }
 
     #[test]
@@ -491,20 +670,96 @@ mod tests {
             ("x-forwarded-for", b"7.7.7.7"),
             ("x-real-ip", b"8.8.8.8"),
         ];
-        assert_eq!(resolve("10.0.0.1", h, &s), ip("2001:db8:cafe::17"));
+        assert_eq!(who("10.0.0.1", h, &s), known("2001:db8:cafe::17"));
         let port: &[(&str, &[u8])] = &[("forwarded", b"proto=http;for=\"192.0.2.60:8080\"")];
-        assert_eq!(resolve("10.0.0.1", port, &s), ip("192.0.2.60"));
+        assert_eq!(who("10.0.0.1", port, &s), known("192.0.2.60"));
         // A quoted comma does not split an element.
         let q: &[(&str, &[u8])] = &[("forwarded", b"for=\"a,b\", for=198.51.100.3")];
-        assert_eq!(resolve("10.0.0.1", q, &s), ip("198.51.100.3"));
-        // `unknown` and obfuscated identifiers stop the walk.
-        let unknown: &[(&str, &[u8])] = &[("forwarded", b"for=1.2.3.4, for=unknown")];
-        assert_eq!(resolve("10.0.0.1", unknown, &s), ip("10.0.0.1"));
+        assert_eq!(who("10.0.0.1", q, &s), known("198.51.100.3"));
+        // `unknown` and obfuscated identifiers: the client is unknown behind the peer.
+        let hop: &[(&str, &[u8])] = &[("forwarded", b"for=1.2.3.4, for=unknown")];
+        assert_eq!(who("10.0.0.1", hop, &s), unknown("10.0.0.1"));
         let hidden: &[(&str, &[u8])] = &[("forwarded", b"for=_hidden;by=10.0.0.1")];
-        assert_eq!(resolve("10.0.0.1", hidden, &s), ip("10.0.0.1"));
+        assert_eq!(who("10.0.0.1", hidden, &s), unknown("10.0.0.1"));
         // A client's own X-Forwarded-For / X-Real-IP behind a Forwarded proxy: ignored.
         let spoof: &[(&str, &[u8])] = &[("x-forwarded-for", b"7.7.7.7"), ("x-real-ip", b"8.8.8.8")];
-        assert_eq!(resolve("10.0.0.1", spoof, &s), ip("10.0.0.1"));
+        assert_eq!(who("10.0.0.1", spoof, &s), known("10.0.0.1"));
+    }
+
+    /// Issue 21, point 3: behind an RFC 7239 proxy, a client's `Forwarded: for="x` made one
+    /// unreadable element of the whole line, the proxy's appended `for=` included, and the
+    /// client became the proxy (a deny-listed address got 200; with the proxies exempt, no
+    /// limit at all). Parsed from the right, the quote spoils only the client's element.
+    #[test]
+    fn an_unterminated_quote_spoils_only_the_client_s_own_elements() {
+        let s = settings_for(&["10.0.0.0/8"], ForwardedHeader::Forwarded);
+        for line in [
+            &b"for=\"x, for=198.51.100.9"[..],
+            b"for=\"x\\\", for=198.51.100.9",
+            b"\"\"\", for=\"198.51.100.9:4711\"",
+            b"for=1.2.3.4\", for=198.51.100.9;proto=https",
+            b"for=\"[::1, for=198.51.100.9, for=10.0.0.7",
+        ] {
+            let h: &[(&str, &[u8])] = &[("forwarded", line)];
+            assert_eq!(
+                who("10.0.0.1", h, &s),
+                known("198.51.100.9"),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
+        // On its own line too (a proxy that adds a line instead of appending).
+        let lines: &[(&str, &[u8])] = &[
+            ("forwarded", b"for=\"x"),
+            ("forwarded", b"for=198.51.100.9"),
+        ];
+        assert_eq!(who("10.0.0.1", lines, &s), known("198.51.100.9"));
+        // The client's element itself is what cannot be read: unknown, never the proxy.
+        let alone: &[(&str, &[u8])] = &[("forwarded", b"for=\"x")];
+        assert_eq!(who("10.0.0.1", alone, &s), unknown("10.0.0.1"));
+        let zone: &[(&str, &[u8])] = &[("forwarded", b"for=\"[fe80::1%eth0]\", for=10.0.0.7")];
+        assert_eq!(who("10.0.0.1", zone, &s), unknown("10.0.0.7"));
+    }
+
+    /// An unknown client: its own bucket per proxy, in a text no address renders to; the
+    /// addresses its header does name are kept for the deny list (those left of the unreadable
+    /// hop only); one warning per process, naming the header.
+    #[test]
+    fn an_unknown_client_is_keyed_apart_and_keeps_the_addresses_named() {
+        let s = settings(&["10.0.0.0/8", "fd00::/8"], 64);
+        let h: &[(&str, &[u8])] = &[(
+            "x-forwarded-for",
+            b"198.51.100.7, 2001:db8::1, unknown, 10.2.2.2",
+        )];
+        let r = resolve(ip("10.0.0.1"), h, &s);
+        assert_eq!(r.client, unknown("10.2.2.2"));
+        assert_eq!(r.named, [ip("2001:db8::1"), ip("198.51.100.7")]);
+        // client_ip does not collect them; a known client names none.
+        assert!(
+            resolve(
+                ip("10.0.0.1"),
+                &[("x-forwarded-for", &b"198.51.100.7"[..])][..],
+                &s
+            )
+            .named
+            .is_empty()
+        );
+        assert_eq!(bucket_text(r.client, &s).as_str(), "unknown@10.2.2.2");
+        let v6 = ClientAddr::Unknown {
+            proxy: ip("fd00:0:0:1::9"),
+        };
+        assert_eq!(bucket_text(v6, &s).as_str(), "unknown@fd00:0:0:1::/64");
+        let longest = ClientAddr::Unknown {
+            proxy: ip("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
+        };
+        let s128 = settings(&[], 128);
+        assert_eq!(
+            bucket_text(longest, &s128).as_str(),
+            "unknown@ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
+        );
+        let logged = AtomicBool::new(false);
+        assert!(hint_unreadable_hop(&logged, ForwardedHeader::Forwarded));
+        assert!(!hint_unreadable_hop(&logged, ForwardedHeader::Forwarded));
     }
 
     #[test]
@@ -515,29 +770,29 @@ mod tests {
             ("forwarded", b"for=198.51.100.1"),
             ("x-forwarded-for", b"198.51.100.2"),
         ];
-        assert_eq!(resolve("10.0.0.1", real, &s), ip("203.0.113.9"));
+        assert_eq!(who("10.0.0.1", real, &s), known("203.0.113.9"));
         // Several lines (a proxy that adds instead of setting): right to left, as the lists.
         let lines: &[(&str, &[u8])] = &[
             ("x-real-ip", b"198.51.100.9"),
             ("x-real-ip", b"203.0.113.9"),
             ("x-real-ip", b"10.7.7.7"),
         ];
-        assert_eq!(resolve("10.0.0.1", lines, &s), ip("203.0.113.9"));
-        // A list is not one address: the walk stops at the peer.
+        assert_eq!(who("10.0.0.1", lines, &s), known("203.0.113.9"));
+        // A list is not one address: unknown behind the peer.
         let list: &[(&str, &[u8])] = &[("x-real-ip", b"198.51.100.9, 203.0.113.9")];
-        assert_eq!(resolve("10.0.0.1", list, &s), ip("10.0.0.1"));
+        assert_eq!(who("10.0.0.1", list, &s), unknown("10.0.0.1"));
         let spoof: &[(&str, &[u8])] = &[
             ("forwarded", b"for=198.51.100.1"),
             ("x-forwarded-for", b"198.51.100.2"),
         ];
-        assert_eq!(resolve("10.0.0.1", spoof, &s), ip("10.0.0.1"));
+        assert_eq!(who("10.0.0.1", spoof, &s), known("10.0.0.1"));
     }
 
     #[test]
     fn ipv4_mapped_addresses_count_as_ipv4() {
         let s = settings(&["10.0.0.0/8"], 64);
         let h: &[(&str, &[u8])] = &[("x-forwarded-for", b"::ffff:1.2.3.4")];
-        assert_eq!(resolve("::ffff:10.0.0.1", h, &s), ip("1.2.3.4"));
+        assert_eq!(who("::ffff:10.0.0.1", h, &s), known("1.2.3.4"));
         assert_eq!(bucket(ip("::ffff:1.2.3.4"), &s), "1.2.3.4");
     }
 
@@ -768,20 +1023,32 @@ mod tests {
                 let s = settings_for(proxies, kind);
                 let by_name = [(HEADERS[0], xff), (HEADERS[1], fwd), (HEADERS[2], real)];
                 let all = headers(&by_name, None);
-                let client = client_ip(peer, all.as_slice(), &s);
+                let resolved = resolve(peer, all.as_slice(), &s);
+                let client = resolved.client;
+                prop_assert_eq!(client, client_ip(peer, all.as_slice(), &s));
                 let peer = canonical(peer);
                 if s.is_trusted_proxy(peer) {
                     let configured = headers(&by_name, Some(kind.name()));
                     prop_assert_eq!(client, client_ip(peer, configured.as_slice(), &s));
                     let spelled: Vec<IpAddr> =
                         configured.iter().flat_map(|(_, l)| spelled(l)).collect();
+                    // Known or unknown, the address is the peer's or one the header spells;
+                    // an unknown client is behind a trusted address.
+                    let (ClientAddr::Known(addr) | ClientAddr::Unknown { proxy: addr }) = client;
                     prop_assert!(
-                        client == peer || spelled.contains(&client),
+                        addr == peer || spelled.contains(&addr),
                         "{client} is neither the peer nor in {:?}",
                         configured
                     );
+                    if let ClientAddr::Unknown { proxy } = client {
+                        prop_assert!(s.is_trusted_proxy(proxy));
+                    }
+                    for named in &resolved.named {
+                        prop_assert!(spelled.contains(named), "{named} named, not spelled");
+                    }
                 } else {
-                    prop_assert_eq!(client, peer);
+                    prop_assert_eq!(client, ClientAddr::Known(peer));
+                    prop_assert!(resolved.named.is_empty());
                 }
                 // The lenient helpers hold on their own too.
                 for (_, l) in &all {
@@ -819,8 +1086,106 @@ mod tests {
                     ForwardedHeader::XRealIp => hops.iter().map(|h| h.clone().into_bytes()).collect(),
                 };
                 let h: Vec<(&str, &[u8])> = lines.iter().map(|l| (kind.name(), l.as_slice())).collect();
-                prop_assert_eq!(client_ip(IpAddr::from([10, 0, 0, 1]), h.as_slice(), &s), client);
+                prop_assert_eq!(
+                    client_ip(IpAddr::from([10, 0, 0, 1]), h.as_slice(), &s),
+                    ClientAddr::Known(client)
+                );
             }
+
+            /// Well-formed `Forwarded` lines (tokens, quoted strings with escaped quotes,
+            /// backslashes, commas and semicolons inside): split from the right, the elements
+            /// are those of the left-to-right split, in reverse.
+            #[test]
+            fn well_formed_forwarded_lines_split_the_same_both_ways(line in well_formed_line()) {
+                let mut left: Vec<&[u8]> = split_quoted(line.as_bytes(), b',').collect();
+                left.reverse();
+                let right: Vec<&[u8]> = elements_from_right(line.as_bytes()).collect();
+                prop_assert_eq!(left, right);
+            }
+
+            /// Anything a client wrote before a trusted proxy's readable, appended hop (any bytes,
+            /// unterminated quotes, backslashes, several lines of its own) never changes the
+            /// answer: the appended address, or the hop before the trusted ones after it.
+            #[test]
+            fn a_client_prefix_never_changes_a_readable_appended_hop(
+                kind in header_kind(),
+                prefix in proptest::collection::vec(
+                    prop_oneof![
+                        proptest::collection::vec(any::<u8>(), 0..32),
+                        "[\"\\\\,;= a-z0-9.:\\[\\]]{0,24}".prop_map(String::into_bytes),
+                    ],
+                    0..3,
+                ),
+                client in prop_oneof![
+                    (0u8..4, any::<u8>()).prop_map(|(a, b)| IpAddr::from([203, 0, a, b])),
+                    any::<u16>().prop_map(|b| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, b))),
+                ],
+                port in proptest::option::of(any::<u16>()),
+                quoted in any::<bool>(),
+                proxies in proptest::collection::vec(any::<u8>().prop_map(|b| format!("10.9.0.{b}")), 0..3),
+                same_line in any::<bool>(),
+            ) {
+                let s = settings_for(&["10.0.0.0/8"], kind);
+                let node = match (client, port) {
+                    (IpAddr::V6(v6), Some(p)) => format!("[{v6}]:{p}"),
+                    (IpAddr::V6(v6), None) if kind == ForwardedHeader::Forwarded => format!("[{v6}]"),
+                    (ip, Some(p)) => format!("{ip}:{p}"),
+                    (ip, None) => ip.to_string(),
+                };
+                let appended: Vec<String> = std::iter::once(node).chain(proxies).collect();
+                let mut lines: Vec<Vec<u8>> = prefix;
+                if kind == ForwardedHeader::XRealIp {
+                    // One address a line: the proxy's own line(s) after the client's.
+                    lines.extend(appended.iter().map(|a| a.clone().into_bytes()));
+                } else {
+                        let hops: Vec<String> = appended
+                            .iter()
+                            .map(|a| match kind {
+                                ForwardedHeader::Forwarded if quoted || a.contains(':') => {
+                                    format!("for=\"{a}\"")
+                                }
+                                ForwardedHeader::Forwarded => format!("for={a}"),
+                                _ => a.clone(),
+                            })
+                            .collect();
+                        let tail = hops.join(", ");
+                        match lines.last_mut() {
+                            Some(last) if same_line => {
+                                last.extend_from_slice(b", ");
+                                last.extend_from_slice(tail.as_bytes());
+                            }
+                            _ => lines.push(tail.into_bytes()),
+                        }
+                }
+                let h: Vec<(&str, &[u8])> = lines.iter().map(|l| (kind.name(), l.as_slice())).collect();
+                prop_assert_eq!(
+                    client_ip(IpAddr::from([10, 0, 0, 1]), h.as_slice(), &s),
+                    ClientAddr::Known(client)
+                );
+            }
+        }
+
+        /// A `Forwarded` line as RFC 7239 writes it: elements of `name=value` pairs, values
+        /// tokens or quoted strings (escaped quotes and backslashes, commas inside).
+        fn well_formed_line() -> impl Strategy<Value = String> {
+            let token = "[a-zA-Z0-9._:\\[\\]-]{1,12}";
+            let quoted = proptest::collection::vec(
+                prop_oneof![
+                    "[a-zA-Z0-9 ,;=.:\\[\\]-]{1,4}",
+                    Just("\\\"".to_owned()),
+                    Just("\\\\".to_owned()),
+                ],
+                0..5,
+            )
+            .prop_map(|parts| format!("\"{}\"", parts.concat()));
+            let pair =
+                ("[a-z]{1,5}", prop_oneof![token, quoted]).prop_map(|(n, v)| format!("{n}={v}"));
+            let element = proptest::collection::vec(pair, 1..4).prop_map(|p| p.join(";"));
+            (
+                proptest::collection::vec(element, 1..5),
+                prop_oneof![Just(","), Just(", ")],
+            )
+                .prop_map(|(elements, sep)| elements.join(sep))
         }
     }
 }

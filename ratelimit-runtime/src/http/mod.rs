@@ -27,12 +27,17 @@
 //!   one of the configured trusted proxies** ([`crate::Builder::trusted_proxies`]), and only the
 //!   one header they set ([`crate::Builder::forwarded_header`]: `X-Forwarded-For` by default,
 //!   `Forwarded` or `X-Real-IP` by choice), walking right to left to the first untrusted hop;
-//!   with no trusted proxies, spoofed headers change nothing. A loopback or private-network
+//!   with no trusted proxies, spoofed headers change nothing. A hop that cannot be read where
+//!   the client should be (`unknown`, an obfuscated identifier, garbage) makes the client
+//!   unknown ([`ClientAddr::Unknown`]): its own bucket per proxy, never the proxy's, never
+//!   exempt, logged once. A loopback or private-network
 //!   peer sending forwarding headers while no proxy is trusted is warned about once per
 //!   process. IPv6 clients are grouped by their /64 ([`crate::Builder::ipv6_prefix`]).
-//! * `url` — the request path, without the query, normalized so that every spelling of one path
-//!   is one bucket ([`normalized_path`]: percent-encoded unreserved characters decoded, other
-//!   escapes upper-cased) — the frameworks route `/%73earch` to `/search`'s handler.
+//! * `url` — the path the client sent (under Axum's `Router::nest` too, whose handlers see it
+//!   stripped), without the query, normalized so that every spelling of one path is one bucket
+//!   ([`normalized_path`]: every escape decoded as the routers decode it, `@` and `%40` alike,
+//!   except `%2F` and `%25`, kept upper-cased) — the frameworks hand `/users/alice%40x` and
+//!   `/users/alice@x` to one handler with one parameter.
 //! * `user` — the [`crate::UserId`] that the application's auth layer put in the request extensions;
 //!   missing: 401.
 //! * `app_id` — the header `appId` (any case); missing or blank: 400 "appId must not be empty".
@@ -77,6 +82,13 @@ pub(crate) use self::user::UserId;
 ))]
 #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
 pub(crate) mod ip;
+#[cfg(any(
+    feature = "axum",
+    feature = "actix",
+    feature = "tower",
+    feature = "tonic"
+))]
+pub use self::ip::ClientAddr;
 #[cfg(any(
     feature = "axum",
     feature = "actix",
@@ -149,15 +161,17 @@ mod disabled;
 #[cfg(not(any(feature = "axum", feature = "actix")))]
 pub use disabled::{HttpCaller, Limited, PolicyField, check_http, check_http_dyn};
 
-/// The address that identifies the client of a request, as `by = "ip"` computes it before
-/// grouping: `peer` itself unless it is a trusted proxy, else the right-most hop that is not a
-/// trusted proxy in the one header [`HttpSettings::forwarded_header`] names
-/// (`X-Forwarded-For` by default; `Forwarded`'s RFC 7239 `for=` nodes, or `X-Real-IP`). The
-/// other forwarding headers are never read. IPv4-mapped IPv6 addresses are returned as IPv4.
+/// The client of a request, as `by = "ip"` computes it before grouping: `peer` itself unless
+/// it is a trusted proxy, else the right-most hop that is not a trusted proxy in the one header
+/// [`HttpSettings::forwarded_header`] names (`X-Forwarded-For` by default; `Forwarded`'s RFC
+/// 7239 `for=` nodes, or `X-Real-IP`). The other forwarding headers are never read.
+/// IPv4-mapped IPv6 addresses are returned as IPv4. A hop that cannot be read where the client
+/// should be gives [`ClientAddr::Unknown`] (behind the last trusted address), never the proxy's
+/// address as if it were the client's.
 ///
 /// ```
 /// # #[cfg(any(feature = "axum", feature = "actix", feature = "tower"))] {
-/// use ratelimit_runtime::{RateLimiter, http::client_ip};
+/// use ratelimit_runtime::{ForwardedHeader, RateLimiter, http::{ClientAddr, client_ip}};
 ///
 /// let limiter = RateLimiter::builder().trusted_proxies(["10.0.0.0/8"]).build_lazy().unwrap();
 /// let mut headers = http::HeaderMap::new();
@@ -165,12 +179,23 @@ pub use disabled::{HttpCaller, Limited, PolicyField, check_http, check_http_dyn}
 /// let peer = "10.0.0.1".parse().unwrap();
 /// assert_eq!(client_ip(peer, &headers, &limiter.settings().http).to_string(), "203.0.113.7");
 /// // An untrusted peer is the client, whatever it sends.
-/// let peer = "198.51.100.1".parse().unwrap();
-/// assert_eq!(client_ip(peer, &headers, &limiter.settings().http).to_string(), "198.51.100.1");
+/// let untrusted = "198.51.100.1".parse().unwrap();
+/// assert_eq!(client_ip(untrusted, &headers, &limiter.settings().http).to_string(), "198.51.100.1");
 /// // A client's own `Forwarded`, passed through by an X-Forwarded-For proxy, changes nothing.
 /// headers.insert("forwarded", "for=192.0.2.99".parse().unwrap());
-/// let peer = "10.0.0.1".parse().unwrap();
 /// assert_eq!(client_ip(peer, &headers, &limiter.settings().http).to_string(), "203.0.113.7");
+/// // A proxy that writes `unknown`: the client is unknown, not the proxy.
+/// headers.insert("x-forwarded-for", "unknown".parse().unwrap());
+/// assert_eq!(client_ip(peer, &headers, &limiter.settings().http), ClientAddr::Unknown { proxy: peer });
+/// // `Forwarded` behind an RFC 7239 proxy: a client's unterminated quote spoils only its own
+/// // element, not the one the proxy appended.
+/// let limiter = RateLimiter::builder()
+///     .trusted_proxies(["10.0.0.0/8"])
+///     .forwarded_header(ForwardedHeader::Forwarded)
+///     .build_lazy()
+///     .unwrap();
+/// headers.insert("forwarded", "for=\"x, for=198.51.100.9".parse().unwrap());
+/// assert_eq!(client_ip(peer, &headers, &limiter.settings().http).to_string(), "198.51.100.9");
 /// # }
 /// ```
 #[cfg(any(feature = "axum", feature = "actix", feature = "tower"))]
@@ -178,7 +203,7 @@ pub fn client_ip(
     peer: std::net::IpAddr,
     headers: &http::HeaderMap,
     settings: &HttpSettings,
-) -> std::net::IpAddr {
+) -> ClientAddr {
     ip::client_ip(peer, headers, settings)
 }
 

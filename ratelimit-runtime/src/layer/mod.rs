@@ -68,6 +68,14 @@
 //! * tonic's `TcpConnectInfo` (feature `tonic`; tonic's `Server::serve` and
 //!   `serve_with_incoming` record it).
 //!
+//! `"url"` keys the path the client sent: a layer on a router nested with Axum's
+//! `Router::nest` sees the prefix stripped from `uri()`, and reads Axum's `OriginalUri` instead
+//! (feature `axum`).
+//!
+//! The limiter's exemptions and deny list ([`crate::Exemptions`]) are not applied by the layer
+//! yet: every request is checked against its limits. Building a layer from a limiter that has
+//! them (or calling one that finds such a limiter) logs one warning per process saying so.
+//!
 //! # Scope, keys and limiter
 //!
 //! A limit's bucket is named by its scope ([`RateLimitLayerBuilder::scope`], default
@@ -398,6 +406,9 @@ impl RateLimitLayerBuilder {
                 shadow: false,
             });
         }
+        if let Some(limiter) = &self.limiter {
+            warn_ignored_exemptions(&IGNORED_EXEMPTIONS_LOGGED, &limiter.settings().exemptions);
+        }
         let needs_peer = limits.iter().any(|l| l.by == By::Ip);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
@@ -637,6 +648,10 @@ impl Shared {
             },
         };
         let settings = limiter.settings();
+        // A limiter found at call time (extensions, `current`) is warned about as one given.
+        if self.limiter.is_none() {
+            warn_ignored_exemptions(&IGNORED_EXEMPTIONS_LOGGED, &settings.exemptions);
+        }
         let keys = match self.keys(&request, settings) {
             Ok(keys) => keys,
             Err(missing) => return Ok(Self::missing(missing, grpc.as_ref())),
@@ -677,7 +692,7 @@ impl Shared {
             } else {
                 None
             },
-            path: request.uri().path(),
+            path: path_of(request),
             headers: request.headers(),
             user: extensions.get::<UserId>(),
         };
@@ -718,6 +733,42 @@ impl Shared {
         let message = missing.message().unwrap_or(Cow::Borrowed(MISSING_PEER));
         answer(refusal, grpc, &message)
     }
+}
+
+/// The path the client sent, as `by = "url"` keys it: with the `axum` feature, the one Axum's
+/// router recorded (`OriginalUri`) before `Router::nest` stripped its prefix (a layer on a
+/// nested router sees the stripped one in `uri()`), else the request's.
+fn path_of<B>(request: &Request<B>) -> &str {
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::OriginalUri(uri)) = request.extensions().get() {
+        return uri.path();
+    }
+    request.uri().path()
+}
+
+/// Set once the layer warned that it ignores its limiter's exemptions and deny list.
+static IGNORED_EXEMPTIONS_LOGGED: AtomicBool = AtomicBool::new(false);
+
+const IGNORED_EXEMPTIONS: &str = "this RateLimitLayer's limiter has a deny list or exemptions, which the layer does not apply yet: \
+     every request through the layer is checked against its limits, denied networks included \
+     (#[rate_limit] handlers apply them) (logged once per process)";
+
+/// Writes one warning, the first time a layer is built from (or calls) a limiter with a deny
+/// list or exemptions, which the layer does not apply. Returns whether it wrote it.
+fn warn_ignored_exemptions(logged: &AtomicBool, exemptions: &crate::Exemptions) -> bool {
+    if exemptions.is_empty()
+        || logged.load(Ordering::Relaxed)
+        || logged.swap(true, Ordering::Relaxed)
+    {
+        return false;
+    }
+    tracing::warn!(
+        deny_networks = exemptions.deny_networks().len(),
+        exempt_networks = exemptions.exempt_networks().len(),
+        predicate = exemptions.has_predicate(),
+        "{IGNORED_EXEMPTIONS}"
+    );
+    true
 }
 
 /// The response that replaces the inner service's: the attribute's (status, JSON body,
@@ -1055,6 +1106,52 @@ mod tests {
             ]
         );
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    /// The layer does not apply a deny list or exemptions yet: building one from a limiter that
+    /// has them says so, once per process, with what is ignored (never the networks).
+    #[test]
+    fn a_layer_built_from_a_limiter_with_a_deny_list_warns_once() {
+        let capture = crate::limiter::tests::Capture::start();
+        let logged = AtomicBool::new(false);
+        let plain = RateLimiter::builder().build_lazy().unwrap();
+        assert!(!warn_ignored_exemptions(
+            &logged,
+            &plain.settings().exemptions
+        ));
+        let deny = RateLimiter::builder()
+            .deny_networks(["198.51.100.0/24".parse().unwrap()])
+            .build_lazy()
+            .unwrap();
+        let exempt = RateLimiter::builder()
+            .exempt_when(|_| true)
+            .build_lazy()
+            .unwrap();
+        assert!(warn_ignored_exemptions(
+            &logged,
+            &exempt.settings().exemptions
+        ));
+        assert!(!warn_ignored_exemptions(
+            &logged,
+            &deny.settings().exemptions
+        ));
+        // Through the builder (the process's own flag): one warning for two layers.
+        for _ in 0..2 {
+            RateLimitLayer::builder()
+                .num(1)
+                .period(secs(1))
+                .limiter(deny.clone())
+                .build()
+                .unwrap();
+        }
+        let lines = capture.lines();
+        let warnings: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.starts_with("WARN") && l.contains("does not apply yet"))
+            .collect();
+        assert_eq!(warnings.len(), 2, "{lines:#?}");
+        assert!(warnings[1].contains("deny_networks=1"), "{}", warnings[1]);
+        assert!(!warnings[1].contains("198.51.100"), "{}", warnings[1]);
     }
 
     proptest! {

@@ -48,7 +48,10 @@ impl fmt::Debug for CallerView<'_> {
 impl<'a> CallerView<'a> {
     /// The client's address, as `by = "ip"` computes it: the peer of the connection, or, from
     /// a trusted proxy only, the address its forwarding header names. `None` when the request
-    /// carries no peer address (Axum served without `ConnectInfo`).
+    /// carries no peer address (Axum served without `ConnectInfo`), and when the trusted
+    /// proxy's header names a client that cannot be read ([`crate::http::ClientAddr::Unknown`]):
+    /// the proxy's own address is never shown as the client's, so a predicate that exempts
+    /// the proxies' network does not exempt every client whose hop is unreadable.
     pub fn ip(&self) -> Option<IpAddr> {
         self.ip
     }
@@ -92,7 +95,9 @@ pub(crate) type Predicate = Arc<dyn Fn(&CallerView<'_>) -> bool + Send + Sync>;
 /// 3. otherwise the limits are checked as usual.
 ///
 /// A network on both lists is denied. A client cannot reach an exempt network by sending a
-/// forwarding header: headers are believed from trusted proxies only.
+/// forwarding header: headers are believed from trusted proxies only. A client whose hop in
+/// the trusted proxy's header cannot be read ([`crate::http::ClientAddr::Unknown`]) is never
+/// exempt by network, and is denied when any address that header names is denied.
 ///
 /// ```
 /// use ratelimit_runtime::RateLimiter;

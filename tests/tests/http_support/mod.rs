@@ -76,6 +76,25 @@ pub async fn serve_axum(app: axum::Router, bind: &str) -> SocketAddr {
     addr
 }
 
+/// Serves an Actix-web app (`$factory`, as `HttpServer::new` takes it) on 127.0.0.1:0 with one
+/// worker, on the test's Actix runtime; evaluates to its `http://addr`.
+#[allow(unused_macros)]
+macro_rules! serve_actix {
+    ($factory:expr) => {{
+        let server = actix_web::HttpServer::new($factory)
+            .workers(1)
+            .disable_signals()
+            .shutdown_timeout(0)
+            .bind(("127.0.0.1", 0))
+            .expect("bind");
+        let url = format!("http://{}", server.addrs()[0]);
+        actix_web::rt::spawn(server.run());
+        url
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use serve_actix;
+
 /// A response, read whole.
 #[derive(Debug)]
 pub struct Answer {
