@@ -1120,7 +1120,7 @@ mod tests {
             &plain.settings().exemptions
         ));
         let deny = RateLimiter::builder()
-            .deny_networks(["198.51.100.0/24".parse().unwrap()])
+            .deny_networks(["198.51.100.0/24"])
             .build_lazy()
             .unwrap();
         let exempt = RateLimiter::builder()
