@@ -45,7 +45,7 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use ratelimit_examples::admin::{AdminToken, require_token};
 use ratelimit_runtime::{
-    Algorithm, By, IpNet, Limit, Policy, PolicyError, RateLimiter, Target, UserId, Verdict,
+    Algorithm, Builder, By, Limit, Policy, PolicyError, RateLimiter, Target, UserId, Verdict,
     rate_limit,
 };
 use serde::Deserialize;
@@ -200,17 +200,11 @@ async fn admin_ip_peek(State(admin): State<Admin>, Path(ip): Path<IpAddr>) -> Re
 /// The limiter: Redis when `RATELIMIT_REDIS_URL` or `REDIS_URL` is set, else memory; the
 /// internal service user exempt, a documentation network denied.
 async fn limiter() -> Result<RateLimiter, Box<dyn std::error::Error>> {
-    let builder = RateLimiter::builder()
+    Ok(Builder::from_env()
         .exempt_when(|caller| caller.user().is_some_and(|u| u.as_str() == "svc"))
-        .deny_networks(["192.0.2.0/24".parse::<IpNet>()?]);
-    let url = ["RATELIMIT_REDIS_URL", "REDIS_URL"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok().filter(|u| !u.trim().is_empty()));
-    let builder = match url {
-        Some(url) => builder.redis_url(url),
-        None => builder.memory(),
-    };
-    Ok(builder.build().await?)
+        .deny_networks(["192.0.2.0/24"])
+        .build()
+        .await?)
 }
 
 /// The tiny auth layer: a known bearer token becomes a `UserId` in the request extensions.

@@ -41,7 +41,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use ratelimit_examples::admin::{AdminToken, require_token};
-use ratelimit_runtime::{Quota, RateLimiter, UserId, rate_limit};
+use ratelimit_runtime::{Builder, Quota, RateLimiter, UserId, rate_limit};
 use serde::Deserialize;
 
 /// A plan, as the billing system knows it.
@@ -201,10 +201,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(3001);
-    let mut builder = RateLimiter::builder();
-    if let Ok(url) = std::env::var("RATELIMIT_REDIS_URL") {
-        builder = builder.redis_url(url);
-    }
+    let mut builder = Builder::from_env();
     // A quota from the configuration, at start.
     if let Some(n) = std::env::var("REPORTS_PER_MINUTE")
         .ok()
