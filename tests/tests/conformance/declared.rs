@@ -60,55 +60,49 @@ fn strip_comments(text: &str) -> String {
     out
 }
 
-/// The text between the parenthesis opening at byte `open` and its match, and where the
-/// match is (strings and nested brackets skipped).
-fn parenthesized(text: &str, open: usize) -> Option<(&str, usize)> {
-    let mut depth = 0usize;
+/// The characters of `text` outside strings, each with its byte offset and the bracket depth
+/// after it (an opening bracket counts in, a closing one out).
+fn code_chars(text: &str) -> impl Iterator<Item = (usize, char, i32)> + '_ {
+    let mut depth = 0i32;
     let mut quote: Option<char> = None;
     let mut prev = '\0';
-    for (i, c) in text[open..].char_indices() {
-        match quote {
-            Some(q) if c == q && prev != '\\' => quote = None,
-            Some(_) => {}
-            None => match c {
-                '\'' | '"' => quote = Some(c),
-                '(' | '[' | '{' => depth += 1,
-                ')' | ']' | '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        return Some((&text[open + 1..open + i], open + i));
-                    }
-                }
-                _ => {}
-            },
-        }
+    text.char_indices().filter_map(move |(i, c)| {
+        let was = prev;
         prev = c;
-    }
-    None
+        match quote {
+            Some(q) if c == q && was != '\\' => {
+                quote = None;
+                None
+            }
+            Some(_) => None,
+            None => {
+                match c {
+                    '\'' | '"' => quote = Some(c),
+                    '(' | '[' | '{' => depth += 1,
+                    ')' | ']' | '}' => depth -= 1,
+                    _ => {}
+                }
+                Some((i, c, depth))
+            }
+        }
+    })
+}
+
+/// The text between the bracket opening at byte `open` and its match, and where the match is
+/// (strings and nested brackets skipped).
+fn parenthesized(text: &str, open: usize) -> Option<(&str, usize)> {
+    code_chars(&text[open..])
+        .find(|&(_, c, depth)| depth == 0 && matches!(c, ')' | ']' | '}'))
+        .map(|(i, _, _)| (&text[open + 1..open + i], open + i))
 }
 
 /// `args` split at its top-level commas, each part trimmed.
 fn split_args(args: &str) -> Vec<&str> {
     let mut parts = Vec::new();
-    let (mut depth, mut start) = (0i32, 0usize);
-    let mut quote: Option<char> = None;
-    let mut prev = '\0';
-    for (i, c) in args.char_indices() {
-        match quote {
-            Some(q) if c == q && prev != '\\' => quote = None,
-            Some(_) => {}
-            None => match c {
-                '\'' | '"' => quote = Some(c),
-                '(' | '[' | '{' => depth += 1,
-                ')' | ']' | '}' => depth -= 1,
-                ',' if depth == 0 => {
-                    parts.push(args[start..i].trim());
-                    start = i + 1;
-                }
-                _ => {}
-            },
-        }
-        prev = c;
+    let mut start = 0;
+    for (i, _, _) in code_chars(args).filter(|&(_, c, depth)| c == ',' && depth == 0) {
+        parts.push(args[start..i].trim());
+        start = i + 1;
     }
     let last = args[start..].trim();
     if !last.is_empty() || !parts.is_empty() {
