@@ -19,14 +19,19 @@ mutations=(
   "sliding.lua|int(r.first + p.cost - 1)|int(r.first + p.cost)"
   "gcra.lua|local admitted = after <= tau|local admitted = after < tau"
   "sliding_counter.lua|local admitted = load + p.cost * pms <= quota|local admitted = load + p.cost * pms < quota"
-  "driver.lua|blocked = redis.call('EXISTS', unpack(markers)) > 0|blocked = redis.call('EXISTS', unpack(markers)) > 1"
-  "driver.lua|blocked = redis.call('EXISTS', KEYS[1] .. ':b') > 0|blocked = redis.call('EXISTS', KEYS[1] .. ':b') > 1"
+  "driver.lua|blocked = redis.call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 0|blocked = redis.call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 1"
+  "driver.lua|blocked = redis.call('EXISTS', KEYS[markers + 1]) > 0|blocked = redis.call('EXISTS', KEYS[markers + 1]) > 1"
   "driver.lua|return { state_reply(l, d, false, d.retry) }|return { state_reply(l, d, false, 0) }"
   "prelude.lua|INT_FORMAT = '%d'|INT_FORMAT = '%.3g'"
   "prelude.lua|      .. ':' .. argv[base + 4] .. ':' .. argv[base + 5]|      .. ':' .. argv[base + 4]"
   "prelude.lua|local left = expiry_left(pttl)|local left = pttl * 1000"
   "prelude.lua|return pttl * 1000 + 1000 - math.fmod(now, 1000)|return pttl * 1000"
-  "prelude.lua|local pttl = redis.call('PTTL', key .. ':b')|local pttl = -2"
+  "prelude.lua|local pttl = redis.call('PTTL', marker)|local pttl = -2"
+  # Keys built in Lua instead of read from KEYS (the declared-keys check, static and in the
+  # stand-in).
+  "driver.lua|redis.call('EXISTS', KEYS[receipts + 1])|redis.call('EXISTS', receipt_key(KEYS[1], call_id, 1))"
+  "driver.lua|local copy = KEYS[copies + i]|local copy = key .. ':w'"
+  "prelude.lua|local pttl = redis.call('PTTL', marker)|local pttl = redis.call('PTTL', KEYS[1] .. ':b')"
 )
 caught=0
 missed=0

@@ -16,6 +16,13 @@
 //! # }
 //! ```
 //!
+//! **Which server.** `RATELIMIT_TEST_SERVER` names the binary every test starts, clusters
+//! included (e.g. `RATELIMIT_TEST_SERVER=target/engines/…/valkey-server`); unset, it is
+//! `redis-server` on `PATH`. [`engine`] tells what it is (name and version, from
+//! `<binary> --version`), printed once per test binary when the first server starts; tests of
+//! what an engine lacks (Redis Functions before Redis 7) skip with a printed reason
+//! ([`skip_without_functions`]).
+//!
 //! Helpers that return a value (not a `Result`) are test steps: they panic with a clear message
 //! (how to install Redis, the log's tail, the failing command) when the server misbehaves.
 #![allow(
@@ -24,10 +31,11 @@
 )]
 
 use std::fmt::Write as _;
-use std::io;
+use std::io::{self, Write as _};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use ratelimit_runtime::RedisStore;
@@ -37,7 +45,135 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 pub const START_TIMEOUT: Duration = Duration::from_secs(10);
 
 const INSTALL_HINT: &str = "`redis-server` was not found on PATH: install it (Debian/Ubuntu: \
-     `apt-get install redis-server`; macOS: `brew install redis`) to run the Redis tests";
+     `apt-get install redis-server`; macOS: `brew install redis`) to run the Redis tests, or \
+     name a server binary in RATELIMIT_TEST_SERVER";
+
+/// The environment variable naming the server binary the tests start.
+pub const SERVER_VAR: &str = "RATELIMIT_TEST_SERVER";
+
+/// The server binary the tests start: `$RATELIMIT_TEST_SERVER`, or `redis-server` (on `PATH`).
+pub fn server_binary() -> String {
+    std::env::var(SERVER_VAR)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
+/// The engine the tests run on: what `<binary> --version` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Engine {
+    /// The binary ([`server_binary`]).
+    pub binary: String,
+    /// `redis` or `valkey`.
+    pub name: &'static str,
+    /// Major, minor, patch.
+    pub version: (u32, u32, u32),
+}
+
+impl Engine {
+    /// Parses the first line of `<binary> --version` (`Redis server v=7.0.15 sha=…`,
+    /// `Valkey server v=9.1.2 …`); `None` when it is not one.
+    pub fn parse(binary: &str, version_line: &str) -> Option<Self> {
+        let name = if version_line.starts_with("Valkey server") {
+            "valkey"
+        } else if version_line.starts_with("Redis server") {
+            "redis"
+        } else {
+            return None;
+        };
+        let v = version_line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("v="))?;
+        let mut parts = v.split('.').map(str::parse::<u32>);
+        let (Some(Ok(major)), Some(Ok(minor)), Some(Ok(patch))) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return None;
+        };
+        Some(Self {
+            binary: binary.to_owned(),
+            name,
+            version: (major, minor, patch),
+        })
+    }
+
+    /// Whether the engine has Redis Functions (`FUNCTION LOAD`, `FCALL`): Redis 7 on, and
+    /// every Valkey (forked from 7.2).
+    pub fn has_functions(&self) -> bool {
+        self.name == "valkey" || self.version.0 >= 7
+    }
+
+    /// Whether the engine has `PEXPIRETIME` (the same releases as Functions).
+    pub fn has_pexpiretime(&self) -> bool {
+        self.has_functions()
+    }
+}
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (major, minor, patch) = self.version;
+        write!(f, "{} {major}.{minor}.{patch} ({})", self.name, self.binary)
+    }
+}
+
+/// The engine of [`server_binary`], found once per test binary (and printed then, to stderr:
+/// `ratelimit-tests: server redis 7.0.15 (redis-server): Redis server v=7.0.15 …`).
+///
+/// # Panics
+/// When the binary cannot be run or its `--version` is not a Redis or Valkey server's.
+pub fn engine() -> &'static Engine {
+    try_engine().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`engine`], or why it is not known: [`INSTALL_HINT`] when the binary is missing.
+fn try_engine() -> Result<&'static Engine, String> {
+    static ENGINE: OnceLock<Result<Engine, String>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let binary = server_binary();
+            let out = Command::new(&binary)
+                .arg("--version")
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| {
+                    if e.kind() == io::ErrorKind::NotFound {
+                        INSTALL_HINT.to_owned()
+                    } else {
+                        format!("cannot run `{binary} --version`: {e}")
+                    }
+                })?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let line = text.lines().next().unwrap_or("");
+            let engine = Engine::parse(&binary, line).ok_or_else(|| {
+                format!("`{binary} --version` does not name a Redis or Valkey server: {line:?}")
+            })?;
+            say(&format!("ratelimit-tests: server {engine}: {line}"));
+            Ok(engine)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// For a test of what needs Redis Functions: `true` (and a printed reason) when the engine
+/// has none, so the test returns early instead of failing. Use as
+/// `if skip_without_functions("test name") { return; }`.
+pub fn skip_without_functions(test: &str) -> bool {
+    let engine = engine();
+    if engine.has_functions() {
+        return false;
+    }
+    say(&format!(
+        "SKIPPED {test}: {engine} has no Redis Functions (FUNCTION, FCALL; Redis 7 on)"
+    ));
+    true
+}
+
+/// Writes a line to the process's stderr, past the test harness's output capture (which takes
+/// `eprintln!` of passing tests away): what the harness and skipped tests say shows in every
+/// run's output.
+pub fn say(line: &str) {
+    let _ = writeln!(io::stderr(), "{line}");
+}
 
 /// A port on 127.0.0.1 that nothing listened on a moment ago.
 pub fn free_port() -> io::Result<u16> {
@@ -108,7 +244,8 @@ impl RedisProcess {
         }
         let port = self.port.to_string();
         let log = self.log_path();
-        let mut cmd = Command::new("redis-server");
+        let binary = try_engine()?.binary.clone();
+        let mut cmd = Command::new(&binary);
         cmd.args([
             "--port",
             &port,
@@ -131,7 +268,7 @@ impl RedisProcess {
             if e.kind() == io::ErrorKind::NotFound {
                 INSTALL_HINT.to_owned()
             } else {
-                format!("cannot start redis-server: {e}")
+                format!("cannot start {binary}: {e}")
             }
         })?;
         self.child = Some(child);
@@ -149,7 +286,7 @@ impl RedisProcess {
                     let _ = io::Read::read_to_string(&mut err, &mut stderr);
                 }
                 return Err(format!(
-                    "redis-server on port {} exited with {status}.\nstderr: {stderr}\nlog tail:\n{}",
+                    "the server on port {} exited with {status}.\nstderr: {stderr}\nlog tail:\n{}",
                     self.port,
                     tail(&self.log_path(), 20)
                 ));
@@ -173,7 +310,7 @@ impl RedisProcess {
         }
         self.kill();
         Err(format!(
-            "redis-server on port {} did not answer PING within {START_TIMEOUT:?} (last error: {last_error}).\nlog tail:\n{}",
+            "the server on port {} did not answer PING within {START_TIMEOUT:?} (last error: {last_error}).\nlog tail:\n{}",
             self.port,
             tail(&self.log_path(), 20)
         ))

@@ -15,6 +15,7 @@ use ratelimit_runtime::{
     Algorithm, Check, FailurePolicy, Policy, RateLimiter, RedisClusterStore, Store, key,
 };
 use ratelimit_tests::redis_cluster::{MASTERS, RedisCluster};
+use ratelimit_tests::redis_server;
 use ratelimit_tests::suite::{self, HOUR, Harness, policy};
 use tokio::task::JoinSet;
 
@@ -1014,6 +1015,11 @@ async fn cross_slot_refunds_give_back_at_most_what_the_call_still_holds() {
 /// flush still gets its refund (the companion function, reloaded the same way).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn function_flush_on_every_master_the_next_checks_reload_the_library() {
+    if redis_server::skip_without_functions(
+        "function_flush_on_every_master_the_next_checks_reload_the_library",
+    ) {
+        return;
+    }
     let cluster = RedisCluster::start().await;
     let store = RedisClusterStore::connect(cluster.urls())
         .await

@@ -21,24 +21,30 @@
 -- the same either way; only what is built per call differs (all of the chunk
 -- under `EVAL`, the call's own tables under `FCALL`).
 
--- The receipts of an admitted call under `call_id`, one per limit.
-local function write_receipts(KEYS, call_id, decisions)
-  for i = 1, #KEYS do
-    write_receipt(KEYS[i], call_id, i, decisions[i])
+-- The receipts of an admitted call, one per limit: KEYS[receipts + i] for limit i.
+local function write_receipts(KEYS, receipts, nkeys, decisions)
+  for i = 1, nkeys do
+    write_receipt(KEYS[receipts + i], decisions[i])
   end
 end
 
 local function check(KEYS, ARGV)
   read_clock()
-  local nkeys = #KEYS
+  -- KEYS as the prelude's declared_keys says: the n keys, their block markers,
+  -- their working copies when a key repeats, their receipts with a call id.
+  local nkeys = math.floor(#ARGV / 5)
   local call_id = nil
-  if #ARGV == 5 * nkeys + 1 then
+  if nkeys > 0 and #ARGV == 5 * nkeys + 1 then
     call_id = ARGV[#ARGV]
     if not valid_call_id(call_id) then
       return redis.error_reply(BAD_CALL_ID)
     end
   elseif nkeys == 0 or #ARGV ~= 5 * nkeys then
-    return redis.error_reply('ERR ratelimit: expected 5 arguments per key, got ' .. #ARGV .. ' for ' .. nkeys .. ' keys')
+    return redis.error_reply('ERR ratelimit: expected 5 arguments per key, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
+  end
+  local markers, copies, receipts = declared_keys(KEYS, nkeys, true, call_id)
+  if not markers then
+    return copies
   end
 
   local limits, refused = parse_limits(ARGV, 0, nkeys)
@@ -49,7 +55,7 @@ local function check(KEYS, ARGV)
   -- A take under a call id that already left its receipts ran before: the
   -- cluster client sent it again after a timeout. It is not taken twice; the
   -- reply reads the limits as that first take left them.
-  if call_id ~= nil and redis.call('EXISTS', receipt_key(KEYS[1], call_id, 1)) == 1 then
+  if call_id ~= nil and redis.call('EXISTS', KEYS[receipts + 1]) == 1 then
     local again = {}
     for i = 1, nkeys do
       local d = limits[i].algo.evaluate(KEYS[i], limits[i].p)
@@ -58,7 +64,7 @@ local function check(KEYS, ARGV)
     return again
   end
 
-  -- Blocks (RateLimiter::block): a key `<KEYS[i]>:b` with a TTL rejects every
+  -- Blocks (RateLimiter::block): a key `<KEYS[i]>:b` (KEYS[markers + i]) with a TTL rejects every
   -- call on limit i until it expires, whatever the limit's state. Read after the
   -- replay above: a take that ran before is answered as it ran, so the cluster
   -- store refunds it like any other when a later slot rejects. The hot path
@@ -67,13 +73,9 @@ local function check(KEYS, ARGV)
   -- state as it is. A marker without a TTL (written by someone else) is no block.
   local blocked
   if nkeys == 1 then
-    blocked = redis.call('EXISTS', KEYS[1] .. ':b') > 0
+    blocked = redis.call('EXISTS', KEYS[markers + 1]) > 0
   else
-    local markers = {}
-    for i = 1, nkeys do
-      markers[i] = KEYS[i] .. ':b'
-    end
-    blocked = redis.call('EXISTS', unpack(markers)) > 0
+    blocked = redis.call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 0
   end
   if blocked then
     local reply = {}
@@ -81,7 +83,7 @@ local function check(KEYS, ARGV)
     for i = 1, nkeys do
       local l = limits[i]
       local this
-      reply[i], this = block_reply(KEYS[i], l, l.algo.evaluate(KEYS[i], l.p))
+      reply[i], this = block_reply(KEYS[markers + i], l, l.algo.evaluate(KEYS[i], l.p))
       blocked = blocked or this
     end
     if blocked then
@@ -99,7 +101,7 @@ local function check(KEYS, ARGV)
     end
     l.algo.commit(KEYS[1], l.p, d)
     if call_id ~= nil then
-      write_receipt(KEYS[1], call_id, 1, d)
+      write_receipt(KEYS[receipts + 1], d)
     end
     return { taken_reply(l, d) }
   end
@@ -135,29 +137,33 @@ local function check(KEYS, ARGV)
       end
     end
     if all and call_id ~= nil then
-      write_receipts(KEYS, call_id, decisions)
+      write_receipts(KEYS, receipts, nkeys, decisions)
     end
     return reply
   end
 
   -- One key named more than once: its limits apply one after the other, each
   -- seeing what the ones before it took (as the memory store does). They run on
-  -- working copies of the call's keys (`<key>:w`, the same hash tag): COPY keeps
+  -- working copies of the call's keys (`<key>:w`, the same hash tag, declared as
+  -- KEYS[copies + i]; the copy of a key is that of its first limit): COPY keeps
   -- a key's value and its expiry to the millisecond, so a copy reads exactly as
   -- the key does, and the keys themselves are not touched until the end. When
   -- every limit admits, each copy replaces its key (RENAME keeps the expiry the
   -- commits set); when any rejects, the copies are dropped and the keys are
   -- exactly as they were, expiry included. The reply then reads the keys.
+  if not copies then
+    return redis.error_reply('ERR ratelimit: a key repeats in the call, but its working copies are not declared')
+  end
   local work = {}
-  local copies = {}
+  local copied = {}
   for i = 1, nkeys do
     local key = KEYS[i]
     if work[key] == nil then
-      local copy = key .. ':w'
+      local copy = KEYS[copies + i]
       redis.call('DEL', copy)
       redis.call('COPY', key, copy)
       work[key] = copy
-      copies[#copies + 1] = key
+      copied[#copied + 1] = key
     end
   end
   local all = true
@@ -174,7 +180,7 @@ local function check(KEYS, ARGV)
     end
   end
   if all then
-    for _, key in ipairs(copies) do
+    for _, key in ipairs(copied) do
       if redis.call('EXISTS', work[key]) == 1 then
         redis.call('RENAME', work[key], key)
       end
@@ -183,11 +189,11 @@ local function check(KEYS, ARGV)
       reply[i] = taken_reply(limits[i], decisions[i])
     end
     if call_id ~= nil then
-      write_receipts(KEYS, call_id, decisions)
+      write_receipts(KEYS, receipts, nkeys, decisions)
     end
     return reply
   end
-  for _, key in ipairs(copies) do
+  for _, key in ipairs(copied) do
     redis.call('DEL', work[key])
   end
   for i = 1, nkeys do

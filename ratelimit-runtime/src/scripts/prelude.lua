@@ -126,8 +126,7 @@ local ALGOS = {}
 -- Reads the limits of one call: for limit i, KEYS[i] and the five arguments
 -- argv[offset + 5*(i-1) + 1 .. offset + 5*i] of the call's ARGV (algorithm
 -- code, limit, period µs, burst, cost), parsed and checked here once for the
--- driver and the refund script alike. `check(i)`, when given, may refuse limit i once it parsed, with
--- a message. Returns the limits ({ algo, p, capacity } each), or nil and the
+-- driver and the refund script alike. Returns the limits ({ algo, p, capacity } each), or nil and the
 -- error reply.
 --
 -- Parsed limits are kept by their five argument strings (PARSED), read-only
@@ -141,7 +140,7 @@ local PARSED = {}
 local PARSED_COUNT = 0
 local PARSED_MAX = 1000
 
-local function parse_limits(argv, offset, nkeys, check)
+local function parse_limits(argv, offset, nkeys)
   local limits = {}
   for i = 1, nkeys do
     local base = offset + 5 * (i - 1)
@@ -171,10 +170,6 @@ local function parse_limits(argv, offset, nkeys, check)
       end
       PARSED[id] = limit
       PARSED_COUNT = PARSED_COUNT + 1
-    end
-    local refused = check and check(i)
-    if refused then
-      return nil, redis.error_reply(refused)
     end
     limits[i] = limit
   end
@@ -223,10 +218,11 @@ end
 -- Blocks (RateLimiter::block): a key `<key>:b` with a TTL rejects every call on
 -- the limit of `key` until it expires, whatever the limit's state `d`; a marker
 -- without a TTL (written by someone else) is no block. The reply of limit `l`
--- in a call that may hold a block: rejected, nothing left, until the block's
--- end, or else its state as it is; and whether it was blocked.
-local function block_reply(key, l, d)
-  local pttl = redis.call('PTTL', key .. ':b')
+-- (whose marker is `marker`, declared in KEYS: see declared_keys) in a call that
+-- may hold a block: rejected, nothing left, until the block's end, or else its
+-- state as it is; and whether it was blocked.
+local function block_reply(marker, l, d)
+  local pttl = redis.call('PTTL', marker)
   if pttl >= 0 then
     local left = expiry_left(pttl)
     return { 0, 0, math.max(clamp(d.now_reset), left), left }, true
@@ -245,9 +241,10 @@ local function receipt_key(key, call_id, i)
   return key .. ':r:' .. call_id .. ':' .. i
 end
 
-local function write_receipt(key, call_id, i, d)
+-- Writes the receipt `receipt` (declared in KEYS) of decision `d`.
+local function write_receipt(receipt, d)
   local reset = clamp(d.after_reset)
-  redis.call('SET', receipt_key(key, call_id, i),
+  redis.call('SET', receipt,
     int(now) .. ':' .. int(reset) .. ':' .. int(d.first or 0),
     'PX', ttl_ms(math.min(reset, RECEIPT_TTL_US)))
 end
@@ -259,4 +256,44 @@ local function read_receipt(value)
     return nil
   end
   return { at = tonumber(at), reset = tonumber(reset), first = tonumber(first) }
+end
+
+-- Every key a script touches is declared in the call's KEYS, so that a server or
+-- a proxy that routes or locks by the declared keys sees them all (no script
+-- builds a key; a test of the stores checks every redis.call of every script):
+-- KEYS[1 .. n] are the keys of the call's n limits, then come
+--   KEYS[n + i]         the block marker of key i, `<key>:b`;
+--   KEYS[copies + i]    (the driver, when a key repeats in the call) the working
+--                       copy of key i, `<key>:w`;
+--   KEYS[receipts + i]  (with a call id) receipt i of key i under that id,
+--                       `<key>:r:<id>:<i>` (receipt_key).
+-- Returns where the markers, copies and receipts start (copies and receipts nil
+-- when not declared), or nil and the error reply when KEYS are not that. Each
+-- declared name is checked against its key (a wrong marker would skip a block,
+-- a wrong receipt give back another call's units).
+local function declared_keys(KEYS, n, copies_allowed, call_id)
+  local receipts = call_id ~= nil and n or 0
+  local copies = nil
+  if copies_allowed and #KEYS == 3 * n + receipts then
+    copies = 2 * n
+  elseif #KEYS ~= 2 * n + receipts then
+    return nil, redis.error_reply('ERR ratelimit: expected ' .. n .. ' keys, their '
+      .. n .. ' block markers' .. (copies_allowed and ', optionally their working copies' or '')
+      .. (call_id ~= nil and ' and their receipts' or '') .. '; got ' .. #KEYS .. ' keys')
+  end
+  if call_id ~= nil then
+    receipts = (copies or n) + n
+  else
+    receipts = nil
+  end
+  for i = 1, n do
+    local key = KEYS[i]
+    if KEYS[n + i] ~= key .. ':b'
+      or (copies and KEYS[copies + i] ~= key .. ':w')
+      or (receipts and KEYS[receipts + i] ~= receipt_key(key, call_id, i)) then
+      return nil, redis.error_reply('ERR ratelimit: the keys declared for key ' .. i
+        .. ' are not its block marker, working copy or receipt')
+    end
+  end
+  return n, copies, receipts
 end

@@ -2,11 +2,12 @@
 -- several slots (store/cluster.rs). Appended to the prelude and the algorithms
 -- instead of the driver.
 --
---   peek    KEYS: the call's n keys. ARGV: 'peek', then the driver's 5
+--   peek    KEYS: the call's n keys, then their n block markers (the
+--           prelude's declared_keys). ARGV: 'peek', then the driver's 5
 --           arguments per key (algorithm code, limit, period µs, burst, cost).
 --           Reads only: the state of each limit now, for limits of the call
 --           that were never checked because another slot rejected first.
---   refund  KEYS: the n keys, then their n receipts (receipt i is
+--   refund  KEYS: the n keys, their n block markers, then their n receipts (receipt i is
 --           `<KEYS[i]>:r:<id>:<i>`, as the driver wrote it when it admitted
 --           this group under the call id). ARGV: 'refund', the call id, then 5
 --           arguments per key, in the order of the take. Gives back what the
@@ -36,29 +37,24 @@ read_clock()
 local mode = ARGV[1]
 local call_id = nil
 local offset = 1
-local nkeys = #KEYS
 if mode == 'refund' then
   call_id = ARGV[2]
   offset = 2
-  nkeys = #KEYS / 2
 end
-if (mode ~= 'peek' and mode ~= 'refund') or nkeys < 1 or nkeys ~= math.floor(nkeys)
-  or #ARGV ~= offset + 5 * nkeys then
+local nkeys = (#ARGV - offset) / 5
+if (mode ~= 'peek' and mode ~= 'refund') or nkeys < 1 or nkeys ~= math.floor(nkeys) then
   return redis.error_reply('ERR ratelimit: expected peek with n keys and 1 + 5n arguments, or refund with n keys, n receipts and 2 + 5n arguments; got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
 if call_id ~= nil and not valid_call_id(call_id) then
   return redis.error_reply(BAD_CALL_ID)
 end
-
--- In a refund, KEYS[nkeys + i] must be the receipt of key i under this call id.
-local function check_receipt(i)
-  if call_id ~= nil and KEYS[nkeys + i] ~= receipt_key(KEYS[i], call_id, i) then
-    return 'ERR ratelimit: receipt ' .. i .. ' is not the receipt of key ' .. i .. ' for this call id'
-  end
-  return nil
+-- The markers, and in a refund the receipts of key i under this call id.
+local markers, refused_keys, receipts = declared_keys(KEYS, nkeys, false, call_id)
+if not markers then
+  return refused_keys
 end
 
-local limits, refused = parse_limits(ARGV, offset, nkeys, check_receipt)
+local limits, refused = parse_limits(ARGV, offset, nkeys)
 if not limits then
   return refused
 end
@@ -67,7 +63,7 @@ end
 -- read once both of its limits gave back.
 if call_id ~= nil then
   for i = 1, nkeys do
-    local receipt = KEYS[nkeys + i]
+    local receipt = KEYS[receipts + i]
     local value = redis.call('GET', receipt)
     if value then
       redis.call('DEL', receipt)
@@ -84,7 +80,7 @@ end
 local reply = {}
 for i = 1, nkeys do
   local l = limits[i]
-  reply[i] = block_reply(KEYS[i], l, l.algo.evaluate(KEYS[i], l.p))
+  reply[i] = block_reply(KEYS[markers + i], l, l.algo.evaluate(KEYS[i], l.p))
 end
 return reply
 end

@@ -89,11 +89,12 @@ use std::time::{Duration, SystemTime};
 use redis::IntoConnectionInfo;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::Slot;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
 
 use super::lazy::LazyConnection;
 use super::redis::{
-    Calls, Mode, block_cmd, compensate, eval_checks, forget_cmd, load_scripts, reset_cmd,
+    Calls, Mode, block_cmd, compensate, eval_checks, forget_cmd, load_scripts, log_engine,
+    reset_cmd,
 };
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
@@ -214,6 +215,16 @@ async fn connect_cluster(
 ) -> Result<ClusterConnection, redis::RedisError> {
     let mut conn = client.get_async_connection().await?;
     load_scripts(&mut conn, calls).await?;
+    // For the log: which server one node is (a cluster runs one engine).
+    let info = conn
+        .route_command(
+            redis::cmd("INFO").arg("server").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+        .await
+        .ok()
+        .and_then(|v| redis::from_redis_value::<String>(v).ok());
+    log_engine("redis-cluster", info.as_deref(), calls);
     Ok(conn)
 }
 

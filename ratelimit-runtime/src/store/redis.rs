@@ -45,6 +45,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -364,6 +365,50 @@ where
     Ok(())
 }
 
+/// What a server says it is in `INFO server`: its name (`server_name`, which Valkey sends;
+/// Redis sends none) and version (`valkey_version` on Valkey, which also sends the Redis
+/// version it is compatible with as `redis_version`; `redis_version` on Redis). Unknown
+/// fields read `unknown`.
+pub(crate) fn engine_from_info(info: &str) -> (String, String) {
+    let field = |name: &str| {
+        info.lines().find_map(|line| {
+            line.trim_end()
+                .strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(':'))
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        })
+    };
+    let name = field("server_name").unwrap_or_else(|| "redis".to_owned());
+    let version = field(&format!("{name}_version"))
+        .or_else(|| field("redis_version"))
+        .unwrap_or_else(|| "unknown".to_owned());
+    (name, version)
+}
+
+/// Logs (INFO) which server a store connected to and which path its checks take: `FCALL` of
+/// the library, or `EVALSHA` of the scripts (no Functions, refused at connect). `info` is the
+/// server's `INFO server`, `None` when it could not be read (an ACL without `INFO`). Once per
+/// connect: a store connects once (a lazy one at its first check that reaches the server).
+pub(crate) fn log_engine(store: &str, info: Option<&str>, calls: &Calls) {
+    let (server, version) = info.map_or_else(
+        || ("unknown".to_owned(), "unknown".to_owned()),
+        engine_from_info,
+    );
+    let path = if calls.functions() {
+        "FCALL"
+    } else {
+        "EVALSHA"
+    };
+    tracing::info!(
+        store,
+        server = %server,
+        version = %version,
+        path,
+        "{store}: connected to {server} {version}, checks run with {path}"
+    );
+}
+
 /// Like [`load_scripts`], in one round trip (a pipeline) on a single server: connecting at a
 /// cold start is on the path of the checks that wait for it. The companion script is left to
 /// its first call (`NOSCRIPT`), as before: peeks and refunds are rare.
@@ -377,7 +422,10 @@ where
     for source in &SCRIPTS.sources {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source);
     }
+    // Last, for the log: which server this is.
+    pipe.cmd("INFO").arg("server");
     let mut replies: Vec<redis::RedisResult<String>> = pipe.query_async(conn).await?;
+    let info = replies.pop();
     if replies.is_empty() {
         return Err(redis::RedisError::from((
             ErrorKind::Client,
@@ -400,6 +448,7 @@ where
             "SCRIPT LOAD answered unexpected hashes",
         )));
     }
+    log_engine("redis", info.and_then(Result::ok).as_deref(), calls);
     Ok(())
 }
 
@@ -449,6 +498,92 @@ where
     }
 }
 
+/// A key a script touches, declared in the call's KEYS (the scripts build no key: see the
+/// prelude's `declared_keys`): a limit's own key, or one named after it (the same hash tag,
+/// so the same cluster slot).
+#[derive(Debug, Clone, Copy)]
+enum Declared<'a> {
+    /// The limit's key.
+    Key(&'a str),
+    /// `<key>:b`: its block marker ([`block_key`]).
+    Block(&'a str),
+    /// `<key>:w`: the driver's working copy, when a key repeats in the call.
+    Copy(&'a str),
+    /// `<key>:r:<id>:<i>`: receipt `i` (from 1) of the call id.
+    Receipt(&'a str, &'a str, usize),
+}
+
+impl fmt::Display for Declared<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Key(key) => f.write_str(key),
+            Self::Block(key) => write!(f, "{key}:b"),
+            Self::Copy(key) => write!(f, "{key}:w"),
+            Self::Receipt(key, id, i) => write!(f, "{key}:r:{id}:{i}"),
+        }
+    }
+}
+
+impl redis::ToRedisArgs for Declared<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        // Straight into the command's buffer: no String per key on the hot path.
+        let _ = io::Write::write_fmt(&mut out.writer_for_next_arg(), format_args!("{self}"));
+    }
+}
+
+/// Whether a key is named by more than one limit of the call (the driver then works on
+/// copies, which the call declares). Calls hold a handful of limits: pairwise is cheapest.
+fn keys_repeat(checks: &[Check<'_>]) -> bool {
+    checks
+        .iter()
+        .enumerate()
+        .any(|(i, a)| checks[..i].iter().any(|b| a.key == b.key))
+}
+
+/// The KEYS of a check (the driver) or of the companion's peek and refund, in the prelude's
+/// order (`declared_keys`): the limits' keys, their block markers, the working copies when
+/// `copies` (a key repeats), the receipts under `receipts` (a call id).
+fn declared<'a>(
+    checks: &'a [Check<'a>],
+    copies: bool,
+    receipts: Option<&'a str>,
+) -> impl ExactSizeIterator<Item = Declared<'a>> + 'a {
+    let n = checks.len();
+    let groups = 2 + usize::from(copies) + usize::from(receipts.is_some());
+    (0..n * groups).map(move |at| {
+        let (group, i) = (at / n, at % n);
+        let key = checks[i].key;
+        match group {
+            0 => Declared::Key(key),
+            1 => Declared::Block(key),
+            2 if copies => Declared::Copy(key),
+            // The last group, counted in `groups` only with a call id.
+            _ => Declared::Receipt(key, receipts.unwrap_or_default(), i + 1),
+        }
+    })
+}
+
+/// The KEYS the driver is called with for `checks` (under `call_id`), as the store sends
+/// them.
+#[doc(hidden)] // public for the conformance test, which calls the scripts as the stores do
+pub fn check_keys(checks: &[Check<'_>], call_id: Option<&str>) -> Vec<String> {
+    declared(checks, keys_repeat(checks), call_id)
+        .map(|k| k.to_string())
+        .collect()
+}
+
+/// The KEYS the companion is called with for `checks`: a peek (`refund: None`) or a refund
+/// under that call id, as the stores send them.
+#[doc(hidden)] // public for the conformance test
+pub fn compensate_keys(checks: &[Check<'_>], refund: Option<&str>) -> Vec<String> {
+    declared(checks, false, refund)
+        .map(|k| k.to_string())
+        .collect()
+}
+
 /// Checks every limit of one call in one invocation of the driver: `FCALL` of the library's
 /// `check` (or `EVALSHA` of the driver script with the same code, see [`invoke`]).
 ///
@@ -474,10 +609,13 @@ where
     // The command is built directly, each argument written once into the command's buffer (a
     // `ScriptInvocation` would first copy every key and argument into vectors of its own, then
     // again into the command): numkeys keys… args….
+    // The working copies only when a key repeats: most calls have no use for them.
+    let copies = keys_repeat(checks);
     let args = |cmd: &mut redis::Cmd| {
-        cmd.arg(checks.len());
-        for check in checks {
-            cmd.arg(check.key);
+        let keys = declared(checks, copies, call_id);
+        cmd.arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
         }
         limit_args(cmd, checks);
         if let Some(id) = call_id {
@@ -520,8 +658,8 @@ pub(crate) enum Mode<'a> {
 }
 
 /// Runs the companion script on `checks` (all on one node, in one slot on a cluster; loaded on
-/// `NOSCRIPT`): keys in order, then for a refund each key's receipt `<key>:r:<id>:<i>` (i from
-/// 1, the driver's name for it). A receipt is read once and deleted: a second refund gives
+/// `NOSCRIPT`): keys in order, their block markers, then for a refund each key's receipt
+/// `<key>:r:<id>:<i>` (i from 1, the driver's name for it). A receipt is read once and deleted: a second refund gives
 /// back nothing. The reply reads the limits as they are after it.
 pub(crate) async fn compensate<C>(
     conn: &mut C,
@@ -535,20 +673,15 @@ where
     let Some(first) = checks.first() else {
         return Ok(Verdict::new(Vec::new()));
     };
+    let receipts = match mode {
+        Mode::Peek => None,
+        Mode::Refund(id) => Some(id),
+    };
     let args = |cmd: &mut redis::Cmd| {
-        let receipts = if let Mode::Refund(_) = mode {
-            checks.len()
-        } else {
-            0
-        };
-        cmd.arg(checks.len() + receipts);
-        for check in checks {
-            cmd.arg(check.key);
-        }
-        if let Mode::Refund(id) = mode {
-            for (i, check) in checks.iter().enumerate() {
-                cmd.arg(receipt_key(check.key, id, i));
-            }
+        let keys = declared(checks, false, receipts);
+        cmd.arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
         }
         match mode {
             Mode::Peek => cmd.arg("peek"),
@@ -561,18 +694,12 @@ where
     parse_reply(&reply, checks)
 }
 
-/// The receipt of limit `i` (from 0) of the call taken under `call_id`: `<key>:r:<id>:<i+1>`,
-/// the name `driver.lua` writes it under (the prelude's `receipt_key`), in the key's slot.
-pub(crate) fn receipt_key(key: &str, call_id: &str, i: usize) -> String {
-    format!("{key}:r:{call_id}:{}", i + 1)
-}
-
 /// `DEL` of every receipt the take of `checks` under `call_id` left ([`Store::forget`]): one
 /// command, so on a cluster only for checks in one slot (the only takes that leave receipts).
 pub(crate) fn forget_cmd(checks: &[Check<'_>], call_id: &str) -> redis::Cmd {
     let mut cmd = redis::cmd("DEL");
     for (i, check) in checks.iter().enumerate() {
-        cmd.arg(receipt_key(check.key, call_id, i));
+        cmd.arg(Declared::Receipt(check.key, call_id, i + 1));
     }
     cmd
 }
@@ -580,7 +707,7 @@ pub(crate) fn forget_cmd(checks: &[Check<'_>], call_id: &str) -> redis::Cmd {
 /// The block marker of a limit's key (`driver.lua` rejects every call on the key while it
 /// exists): the same hash tag, so the same cluster slot.
 pub(crate) fn block_key(key: &str) -> String {
-    format!("{key}:b")
+    Declared::Block(key).to_string()
 }
 
 /// `DEL key key:b`: a limit's state and its block (one slot: the same hash tag).
@@ -1038,6 +1165,19 @@ mod tests {
                 assert!(!composer.contains(code), "a composer registers {code}");
             }
         }
+    }
+
+    #[test]
+    fn the_engine_is_read_from_info_server() {
+        let redis = "# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:00000000\r\n";
+        assert_eq!(engine_from_info(redis), ("redis".into(), "7.0.15".into()));
+        let valkey =
+            "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:9.1.2\r\n";
+        assert_eq!(engine_from_info(valkey), ("valkey".into(), "9.1.2".into()));
+        assert_eq!(
+            engine_from_info("garbage"),
+            ("redis".into(), "unknown".into())
+        );
     }
 
     #[test]

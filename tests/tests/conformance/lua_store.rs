@@ -6,6 +6,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use std::time::Duration;
 
+use ratelimit_runtime::store::redis::{check_keys, compensate_keys};
 use ratelimit_runtime::store::{AdminFuture, StoreFuture};
 use ratelimit_runtime::{Algorithm, Check, Store, StoreError, Verdict};
 
@@ -46,7 +47,10 @@ pub(crate) fn driver_call(
     checks: &[Check<'_>],
     call_id: Option<&str>,
 ) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-    let keys = checks.iter().map(|c| c.key.as_bytes().to_vec()).collect();
+    let keys = check_keys(checks, call_id)
+        .into_iter()
+        .map(String::into_bytes)
+        .collect();
     let mut argv: Vec<Vec<u8>> = checks.iter().flat_map(limit_args).collect();
     if let Some(id) = call_id {
         argv.push(id.as_bytes().to_vec());
@@ -60,17 +64,15 @@ pub(crate) fn compensate_call(
     checks: &[Check<'_>],
     refund: Option<&str>,
 ) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-    let mut keys: Vec<Vec<u8>> = checks.iter().map(|c| c.key.as_bytes().to_vec()).collect();
+    let keys = compensate_keys(checks, refund)
+        .into_iter()
+        .map(String::into_bytes)
+        .collect();
     let mut argv = match refund {
         None => vec![b"peek".to_vec()],
         Some(id) => vec![b"refund".to_vec(), id.as_bytes().to_vec()],
     };
     argv.extend(checks.iter().flat_map(limit_args));
-    if let Some(id) = refund {
-        for (i, check) in checks.iter().enumerate() {
-            keys.push(format!("{}:r:{id}:{}", check.key, i + 1).into_bytes());
-        }
-    }
     (keys, argv)
 }
 

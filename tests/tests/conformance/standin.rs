@@ -707,6 +707,38 @@ pub(crate) struct LuaRedis {
     functions: Arc<Mutex<HashMap<String, Function>>>,
     /// The libraries loaded, by their text.
     libraries: Vec<String>,
+    /// The KEYS of the call running, which every key a command names must be one of (see
+    /// [`LuaRedis::allow_undeclared_keys`]).
+    declared: Arc<Mutex<Declared>>,
+}
+
+/// The keys a script may touch: those of its call's KEYS, unless `any`.
+#[derive(Debug, Default)]
+struct Declared {
+    any: bool,
+    keys: Vec<Vec<u8>>,
+}
+
+impl Declared {
+    /// `Err` naming the first key of the command `argv` that the call did not declare.
+    fn check(&self, argv: &[Vec<u8>]) -> Result<(), String> {
+        if self.any {
+            return Ok(());
+        }
+        let Some((command, rest)) = argv.split_first() else {
+            return Ok(());
+        };
+        let command = String::from_utf8_lossy(command);
+        for i in super::declared::key_args(&command, rest.len()) {
+            if !self.keys.contains(&rest[i]) {
+                return Err(format!(
+                    "stand-in: {command} names the key `{}`, which the call did not declare in KEYS",
+                    String::from_utf8_lossy(&rest[i])
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for LuaRedis {
@@ -715,7 +747,7 @@ impl std::fmt::Debug for LuaRedis {
     }
 }
 
-fn lock(db: &Mutex<Db>) -> std::sync::MutexGuard<'_, Db> {
+fn lock<T>(db: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     db.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -796,8 +828,10 @@ impl LuaRedis {
         )
         .expect("a Lua 5.1 state");
         let db = Arc::new(Mutex::new(Db::default()));
+        let declared = Arc::new(Mutex::new(Declared::default()));
         let redis = lua.create_table().expect("a table");
         let call_db = Arc::clone(&db);
+        let call_declared = Arc::clone(&declared);
         let call = lua
             .create_function(move |lua, args: Variadic<Value>| {
                 let mut argv = Vec::with_capacity(args.len());
@@ -811,6 +845,9 @@ impl LuaRedis {
                         }
                     }
                 }
+                lock(&call_declared)
+                    .check(&argv)
+                    .map_err(mlua::Error::runtime)?;
                 let reply = lock(&call_db).command(&argv);
                 to_lua(lua, reply)
             })
@@ -819,6 +856,7 @@ impl LuaRedis {
         // `redis.pcall`: an error reply is returned as `{err = …}` instead of raised (the
         // scripts never use it; the command-level comparison with a real server does).
         let pcall_db = Arc::clone(&db);
+        let pcall_declared = Arc::clone(&declared);
         let pcall = lua
             .create_function(move |lua, args: Variadic<Value>| {
                 let argv: Option<Vec<Vec<u8>>> = args.iter().map(to_arg).collect();
@@ -827,6 +865,9 @@ impl LuaRedis {
                         "Lua redis lib command arguments must be strings or integers",
                     ));
                 };
+                lock(&pcall_declared)
+                    .check(&argv)
+                    .map_err(mlua::Error::runtime)?;
                 match lock(&pcall_db).command(&argv) {
                     Reply::Error(e) => {
                         let t = lua.create_table()?;
@@ -869,7 +910,20 @@ impl LuaRedis {
             compiled: HashMap::new(),
             functions: Arc::new(Mutex::new(HashMap::new())),
             libraries: Vec::new(),
+            declared,
         }
+    }
+
+    /// Lets scripts touch keys their call did not declare (a test script of commands, not one
+    /// of the stores' scripts, which may touch only their KEYS: a command naming another key
+    /// raises an error, as a server that checks declared keys does).
+    pub(crate) fn allow_undeclared_keys(&mut self) {
+        lock(&self.declared).any = true;
+    }
+
+    /// The keys the next call may touch.
+    fn declare(&self, keys: &[Vec<u8>]) {
+        keys.clone_into(&mut lock(&self.declared).keys);
     }
 
     /// `FUNCTION LOAD REPLACE text`, as Redis 7.0 does it: the first line is the shebang
@@ -923,6 +977,7 @@ impl LuaRedis {
         let Some(f) = f else {
             return Reply::Error("ERR Function not found".to_owned());
         };
+        self.declare(keys);
         let array = |items: &[Vec<u8>]| -> mlua::Result<Table> {
             let t = self.lua.create_table()?;
             for (i, item) in items.iter().enumerate() {
@@ -980,6 +1035,7 @@ impl LuaRedis {
             }
             Ok(t)
         };
+        self.declare(keys);
         let globals = self.lua.globals();
         let set = array(keys)
             .and_then(|k| globals.raw_set("KEYS", k))
