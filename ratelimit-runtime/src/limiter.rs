@@ -59,10 +59,11 @@ fn millis_since(origin: Instant, now: Instant) -> u64 {
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Fail open: admit the call and log the failure (throttled). The default: a rate limiter
-    /// that is down does not take the application down with it. One exception: a memory store
-    /// whose every entry is a live caller (someone minting keys) cannot count a new key, and
-    /// the call is refused as under [`FailurePolicy::Deny`] — a flood of keys never switches
-    /// other callers' limits off.
+    /// that is down does not take the application down with it. One exception, under every
+    /// policy: a store that answered but cannot record the call
+    /// ([`StoreError::cannot_record`]: a memory store whose every entry is a live caller, a
+    /// Redis at its `maxmemory`; someone minting keys) refuses it as under
+    /// [`FailurePolicy::Deny`] — a flood of keys never switches other callers' limits off.
     #[default]
     Allow,
     /// Fail closed: reject the call (503 for handlers, [`RateLimitError::StoreUnavailable`] for
@@ -70,7 +71,9 @@ pub enum FailurePolicy {
     /// payments), where letting everything through is worse than refusing for a while.
     Deny,
     /// Check the same limits against an in-process memory store until the store answers again:
-    /// the limits still hold, per process (N instances admit up to N times the quota). When that
+    /// the limits still hold, per process (N instances admit up to N times the quota). A store
+    /// that cannot record the call ([`StoreError::cannot_record`]) is not failing: its calls
+    /// are refused, not checked here (a caller at 2 of 5 in Redis would get 5 more). When that
     /// local store is full of live entries ([`StoreError::Full`]), a call that needs a new key
     /// there is rejected as with [`FailurePolicy::Deny`]: no other caller's local state is
     /// dropped to make room.
@@ -495,15 +498,14 @@ impl RateLimiter {
                 }
             }
         }
+        // A store that answered but cannot record the call (a memory store full of live
+        // callers, a Redis at its maxmemory) is a flood of minted keys, not an outage:
+        // admitting what it cannot count, or counting it only in this process, would let the
+        // flood switch every caller's limit off. Such a call is refused, whatever the policy.
+        if let Some(error) = error.as_ref().filter(|e| e.cannot_record()) {
+            return Err(error.clone());
+        }
         match policy {
-            // A memory store full of live callers is a flood of minted keys, not an outage:
-            // admitting what it cannot count would let the flood switch every new caller's
-            // limit off. Such a call is refused, whatever the policy (Local asks its own store).
-            FailurePolicy::Allow | FailurePolicy::Deny
-                if error.as_ref().is_some_and(StoreError::is_full) =>
-            {
-                Err(error.unwrap_or_else(|| inner.breaker.last_error()))
-            }
             FailurePolicy::Allow => Ok(Verdict::new(
                 checks
                     .iter()
