@@ -336,3 +336,46 @@ async fn hostile_fault_run_a_flood_of_minted_keys_against_a_2mb_redis() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Point 8: FUNCTION FLUSH racing the reload.
+
+/// A loop of `FUNCTION FLUSH` while calls run against a limit of 10 an hour under `allow`: a
+/// call whose reloaded library is gone again runs as the script (`EVALSHA`), never as the
+/// failure policy, so at most 10 are admitted (1,889 in 4 s before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_flush_loop_never_hands_calls_to_the_failure_policy() {
+    let server = RedisServer::start();
+    let limiter = limiter(server.store().await, FailurePolicy::Allow).await;
+    let policy = Policy::new(Algorithm::Fixed, 10, suite::HOUR).unwrap();
+    let k = key("app::flush", "caller", &policy);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut admin = server.connection().await;
+    let flushing = {
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move {
+            let mut flushes = 0_u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let () = redis::cmd("FUNCTION")
+                    .arg("FLUSH")
+                    .query_async(&mut admin)
+                    .await
+                    .unwrap();
+                flushes += 1;
+            }
+            flushes
+        })
+    };
+    let (mut admitted, mut calls) = (0, 0);
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        if let Ok(v) = limiter.check(&[Check::new(&k, &policy)]).await {
+            admitted += usize::from(v.is_admitted());
+        }
+        calls += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let flushes = flushing.await.unwrap();
+    println!("{calls} calls, {flushes} flushes: {admitted} admitted");
+    assert!(admitted <= 10, "{admitted} admitted of 10 an hour");
+}

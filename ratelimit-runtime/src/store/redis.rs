@@ -530,8 +530,9 @@ where
 /// Runs one of the library's functions (`FCALL function numkeys keys… args…`, `args` writing
 /// the numkeys, keys and arguments) or, on a server without Functions, the script that holds
 /// the same code (`EVALSHA sha numkeys …`, same layout). A missing function is loaded on the
-/// node of `first_key` (the one that answered) and the call repeated once; a missing script
-/// likewise (`NOSCRIPT`: `SCRIPT LOAD`, then once more).
+/// node of `first_key` (the one that answered) and the call repeated once; missing again, the
+/// call runs as the script. A missing script likewise (`NOSCRIPT`: `SCRIPT LOAD`, then once
+/// more).
 async fn invoke<C>(
     conn: &mut C,
     calls: &Calls,
@@ -549,7 +550,13 @@ where
         args(&mut cmd);
         match cmd.query_async(conn).await {
             Err(e) if function_missing(&e) => match conn.load_library_for(first_key).await {
-                Ok(()) => return cmd.query_async(conn).await,
+                Ok(()) => match cmd.query_async(conn).await {
+                    // Gone again between the load and the call (a `FUNCTION FLUSH` loop): the
+                    // script, which reloads itself on `NOSCRIPT`, answers this call, never the
+                    // failure policy.
+                    Err(e) if function_missing(&e) => {}
+                    other => return other,
+                },
                 Err(e) if no_functions(&e) => calls.refuse_functions(&e),
                 Err(e) if out_of_memory(&e) => {}
                 Err(e) => return Err(e),
