@@ -357,13 +357,27 @@ impl RateLimiter {
         };
         let sent_at = tokio::time::Instant::now();
         let timeout = inner.settings.timeout;
-        let call = match call_id {
+        // A call the store does not answer in time is still queued there and runs when the
+        // store wakes. Under `allow` it was admitted, so the store counting it is right; under
+        // `deny` and `local` it was answered without the store, which must not count it. So
+        // under those policies every check is sent as a take (an admitted call leaves
+        // receipts), and one that timed out is refunded by receipt in the background.
+        // (A local store answers at once: it is never asked for receipts.)
+        let refunds_timeouts =
+            inner.settings.failure_policy != FailurePolicy::Allow && !inner.store.is_local();
+        let own_id = (call_id.is_none() && refunds_timeouts).then(crate::store::new_call_id);
+        let sent_id = call_id.or(own_id.as_deref());
+        let call = match sent_id {
             Some(id) => inner.store.take(checks, id),
             None => inner.store.check(checks),
         };
-        let result = match tokio::time::timeout(timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(timeout)),
+        let result = if let Ok(r) = tokio::time::timeout(timeout, call).await {
+            r
+        } else {
+            if let Some(id) = sent_id.filter(|_| refunds_timeouts) {
+                refund_when_answered(&inner.store, checks, id);
+            }
+            Err(StoreError::Timeout(timeout))
         };
         crate::observe::store_latency(inner.store.name(), sent_at.elapsed());
         match result {
@@ -535,6 +549,36 @@ impl RateLimiter {
     pub fn store_failing(&self) -> bool {
         self.inner.breaker.is_open()
     }
+}
+
+/// How long the background refund of a timed-out take may wait for the store: a receipt lives
+/// at most 10 seconds after its take ran, so a later refund could give back nothing anyway.
+const REFUND_WAIT: Duration = Duration::from_secs(10);
+
+/// Gives back, in a task of its own, what the take under `call_id` took if the store runs it
+/// after all (the caller already had the failure policy's answer and never waits for this).
+/// The store runs a connection's commands in order, so the refund runs after the take; a take
+/// that never ran, or was rejected, left no receipt and nothing is given back.
+fn refund_when_answered(store: &Arc<dyn Store>, checks: &[Check<'_>], call_id: &str) {
+    let store = Arc::clone(store);
+    let owned: Vec<(String, String, crate::Policy)> = checks
+        .iter()
+        .map(|c| (c.key.to_owned(), c.scope.to_owned(), *c.policy))
+        .collect();
+    let call_id = call_id.to_owned();
+    tokio::spawn(async move {
+        let checks: Vec<Check<'_>> = owned
+            .iter()
+            .map(|(key, scope, policy)| Check::new(key, policy).with_scope(scope))
+            .collect();
+        let refund = tokio::time::timeout(REFUND_WAIT, store.refund(&checks, &call_id)).await;
+        if !matches!(refund, Ok(Ok(()))) {
+            tracing::debug!(
+                scope = checks.first().map_or("", |c| c.scope),
+                "the refund of a timed-out check did not complete; it may stay counted"
+            );
+        }
+    });
 }
 
 /// A debug event for a rejection: the scope of the binding limit and the wait, never the key.

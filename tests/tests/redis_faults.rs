@@ -379,3 +379,64 @@ async fn a_function_flush_loop_never_hands_calls_to_the_failure_policy() {
     println!("{calls} calls, {flushes} flushes: {admitted} admitted");
     assert!(admitted <= 10, "{admitted} admitted of 10 an hour");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Point 7: a stall under `deny` and `local`.
+
+/// A server that stalls (`CLIENT PAUSE` for 2 s) under `deny` and `local` with a 50 ms
+/// timeout: the calls made during the stall get the policy's answer (503, or the local
+/// store's), and the ones that reached the server run when it wakes. They must not count
+/// there: each was sent as a take and is refunded by receipt once the server answers, so the
+/// limit key is empty afterwards and the caller has its 5 of 5 (before: the key read 3 and
+/// the caller had 2 of 5, or 0 of 5 after a caller's own calls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_refused_during_a_stall_is_not_counted_when_the_store_wakes() {
+    let server = RedisServer::start();
+    let policy = Policy::new(Algorithm::Fixed, 5, suite::HOUR).unwrap();
+    for failure in [FailurePolicy::Deny, FailurePolicy::Local] {
+        let limiter = RateLimiter::builder()
+            .store(server.store().await)
+            .failure_policy(failure)
+            .timeout(Duration::from_millis(50))
+            .blocked_cache(0)
+            .build()
+            .await
+            .unwrap();
+        let k = key("app::stall", &format!("caller_{failure:?}"), &policy);
+        server.pause(Duration::from_secs(2)).await;
+        let started = tokio::time::Instant::now();
+        let (mut refused, mut local) = (0, 0);
+        while started.elapsed() < Duration::from_millis(1800) {
+            match limiter.check(&[Check::new(&k, &policy)]).await {
+                Ok(v) => local += usize::from(v.is_admitted()),
+                Err(_) => refused += 1,
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The server wakes at 2 s; the queued takes run, then their refunds.
+        tokio::time::sleep_until(started + Duration::from_secs(3)).await;
+        let mut conn = server.connection().await;
+        let counter: Option<u64> = redis::cmd("GET")
+            .arg(&k)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let after = limiter_after(&server).await;
+        let got = tally(&after, &k, &policy, 10).await;
+        println!(
+            "{failure:?}: {refused} refused and {local} admitted locally during the stall; the counter read {counter:?} after; the caller then got {} of 5",
+            got[0]
+        );
+        assert_eq!(
+            counter.unwrap_or(0),
+            0,
+            "{failure:?}: refused calls were counted"
+        );
+        assert_eq!(got, [5, 0, 5], "{failure:?}");
+    }
+}
+
+/// A limiter on its own connection, to read a key's state after a fault.
+async fn limiter_after(server: &RedisServer) -> RateLimiter {
+    limiter(server.store().await, FailurePolicy::Deny).await
+}
