@@ -129,8 +129,13 @@ impl std::error::Error for RateLimitError {
 /// * the store answered, but not something this call can use ([`StoreError::Backend`]: an
 ///   error reply such as a script error or a key holding another type;
 ///   [`StoreError::BadReply`]: a reply that does not parse; [`StoreError::Full`]: a memory store
-///   with no room for a new key): an error for this call only. It never opens the breaker, so
-///   it never changes another call's answer.
+///   with no room for a new key; [`StoreError::OutOfMemory`]: a Redis at its `maxmemory`): an
+///   error for this call only. It never opens the breaker, so it never changes another call's
+///   answer.
+///
+/// A store that answered but cannot record the call ([`StoreError::cannot_record`]: `Full`,
+/// `OutOfMemory`) is a fault a client can cause by minting keys, not an outage: the limiter
+/// refuses such a call under every [`crate::FailurePolicy`].
 ///
 /// Branch on the predicates ([`StoreError::is_transport`], [`StoreError::is_connection`], …)
 /// rather than on the variants: the enum is `#[non_exhaustive]`. The cause of a connection or
@@ -173,6 +178,14 @@ pub enum StoreError {
     Full {
         /// The store's bound ([`crate::MemoryStore::max_keys`]).
         max_keys: usize,
+    },
+    /// The Redis server is at its `maxmemory` and refuses writes (`OOM`, under the
+    /// `noeviction` policy): the call would have been admitted, and the server cannot count
+    /// it. Calls the server rejects are still answered (a rejection writes nothing). An error
+    /// for this call only.
+    OutOfMemory {
+        /// The error the server answered.
+        source: Arc<dyn std::error::Error + Send + Sync>,
     },
     /// The store does not implement this operation (a store of your own that keeps the
     /// defaults of [`crate::Store::peek`], [`crate::Store::reset`] or [`crate::Store::block`]):
@@ -225,6 +238,26 @@ impl StoreError {
         matches!(self, Self::Full { .. })
     }
 
+    /// `true` when the Redis server refused the call's writes for want of memory.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Self::OutOfMemory { .. })
+    }
+
+    /// `true` when the store answered but has no room to record this call: a memory store at
+    /// its bound ([`StoreError::Full`]) or a Redis at its `maxmemory`
+    /// ([`StoreError::OutOfMemory`]). Clients control how many keys exist, so this is a fault a
+    /// client can cause: the limiter refuses such a call under every failure policy, since
+    /// admitting what the store cannot count would let a flood of keys switch every limit off.
+    ///
+    /// ```
+    /// use ratelimit_runtime::StoreError;
+    /// assert!(StoreError::Full { max_keys: 8 }.cannot_record());
+    /// assert!(!StoreError::backend("ERR script error").cannot_record());
+    /// ```
+    pub fn cannot_record(&self) -> bool {
+        self.is_full() || self.is_out_of_memory()
+    }
+
     /// `true` when the store does not implement the operation.
     ///
     /// ```
@@ -264,6 +297,10 @@ impl fmt::Display for StoreError {
                 f,
                 "the memory store holds its maximum of {max_keys} keys and none is idle"
             ),
+            Self::OutOfMemory { source } => write!(
+                f,
+                "the store is out of memory and cannot count this call (Redis maxmemory): {source}"
+            ),
             Self::Unsupported(operation) => {
                 write!(f, "this store does not implement `{operation}`")
             }
@@ -274,7 +311,9 @@ impl fmt::Display for StoreError {
 impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Connection { source } | Self::Backend { source } => Some(&**source),
+            Self::Connection { source }
+            | Self::Backend { source }
+            | Self::OutOfMemory { source } => Some(&**source),
             Self::Timeout(_) | Self::BadReply(_) | Self::Full { .. } | Self::Unsupported(_) => None,
         }
     }
@@ -283,13 +322,19 @@ impl std::error::Error for StoreError {
 impl From<redis::RedisError> for StoreError {
     /// An error reply to the script itself (`ERR …` raised by the script, a wrong type under a
     /// key) is about this call: [`StoreError::Backend`]; a reply of an unexpected type is
-    /// [`StoreError::BadReply`]. Everything else (I/O, refused or dropped connections,
+    /// [`StoreError::BadReply`]; `OOM` (the server at its `maxmemory`, whether it refused a
+    /// whole `FCALL` or a script's first write) is [`StoreError::OutOfMemory`]. Everything else (I/O, refused or dropped connections,
     /// `LOADING`, `MASTERDOWN`, `CLUSTERDOWN`, `READONLY`, `BUSY`, …) means the store is not
     /// serving: [`StoreError::Connection`]. The redis error is kept as the source.
     fn from(e: redis::RedisError) -> Self {
         use redis::{ErrorKind, ServerErrorKind};
         if matches!(e.kind(), ErrorKind::UnexpectedReturnType) {
             return Self::BadReply(e.to_string());
+        }
+        if crate::store::redis::out_of_memory(&e) {
+            return Self::OutOfMemory {
+                source: Arc::new(e),
+            };
         }
         let about_this_call = matches!(e.kind(), ErrorKind::Server(ServerErrorKind::ResponseError))
             || e.code() == Some("WRONGTYPE");
@@ -364,6 +409,12 @@ mod tests {
             (StoreError::backend("ERR boom"), false),
             (StoreError::bad_reply("remaining -1"), false),
             (StoreError::Full { max_keys: 8 }, false),
+            (
+                StoreError::OutOfMemory {
+                    source: Arc::from(Box::<dyn std::error::Error + Send + Sync>::from("OOM")),
+                },
+                false,
+            ),
         ];
         for (e, transport) in cases {
             assert_eq!(e.is_transport(), transport, "{e:?}");
@@ -373,6 +424,7 @@ mod tests {
                 e.is_backend(),
                 e.is_bad_reply(),
                 e.is_full(),
+                e.is_out_of_memory(),
             ];
             assert_eq!(kinds.iter().filter(|k| **k).count(), 1, "{e:?}: one kind");
         }

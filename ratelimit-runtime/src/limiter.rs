@@ -87,10 +87,11 @@ fn millis_since(origin: Instant, now: Instant) -> u64 {
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Fail open: admit the call and log the failure (throttled). The default: a rate limiter
-    /// that is down does not take the application down with it. One exception: a memory store
-    /// whose every entry is a live caller (someone minting keys) cannot count a new key, and
-    /// the call is refused as under [`FailurePolicy::Deny`] — a flood of keys never switches
-    /// other callers' limits off.
+    /// that is down does not take the application down with it. One exception, under every
+    /// policy: a store that answered but cannot record the call
+    /// ([`StoreError::cannot_record`]: a memory store whose every entry is a live caller, a
+    /// Redis at its `maxmemory`; someone minting keys) refuses it as under
+    /// [`FailurePolicy::Deny`] — a flood of keys never switches other callers' limits off.
     #[default]
     Allow,
     /// Fail closed: reject the call (503 for handlers, [`RateLimitError::StoreUnavailable`] for
@@ -98,7 +99,9 @@ pub enum FailurePolicy {
     /// payments), where letting everything through is worse than refusing for a while.
     Deny,
     /// Check the same limits against an in-process memory store until the store answers again:
-    /// the limits still hold, per process (N instances admit up to N times the quota). When that
+    /// the limits still hold, per process (N instances admit up to N times the quota). A store
+    /// that cannot record the call ([`StoreError::cannot_record`]) is not failing: its calls
+    /// are refused, not checked here (a caller at 2 of 5 in Redis would get 5 more). When that
     /// local store is full of live entries ([`StoreError::Full`]), a call that needs a new key
     /// there is rejected as with [`FailurePolicy::Deny`]: no other caller's local state is
     /// dropped to make room.
@@ -376,13 +379,27 @@ impl RateLimiter {
         };
         let sent_at = tokio::time::Instant::now();
         let timeout = inner.settings.timeout;
-        let call = match call_id {
+        // A call the store does not answer in time is still queued there and runs when the
+        // store wakes. Under `allow` it was admitted, so the store counting it is right; under
+        // `deny` and `local` it was answered without the store, which must not count it. So
+        // under those policies every check is sent as a take (an admitted call leaves
+        // receipts), and one that timed out is refunded by receipt in the background.
+        // (A local store answers at once: it is never asked for receipts.)
+        let refunds_timeouts =
+            inner.settings.failure_policy != FailurePolicy::Allow && !inner.store.is_local();
+        let own_id = (call_id.is_none() && refunds_timeouts).then(crate::store::new_call_id);
+        let sent_id = call_id.or(own_id.as_deref());
+        let call = match sent_id {
             Some(id) => inner.store.take(checks, id),
             None => inner.store.check(checks),
         };
-        let result = match tokio::time::timeout(timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(timeout)),
+        let result = if let Ok(r) = tokio::time::timeout(timeout, call).await {
+            r
+        } else {
+            if let Some(id) = sent_id.filter(|_| refunds_timeouts) {
+                refund_when_answered(&inner.store, checks, id);
+            }
+            Err(StoreError::Timeout(timeout))
         };
         crate::observe::store_latency(inner.store.name(), sent_at.elapsed());
         match result {
@@ -517,15 +534,14 @@ impl RateLimiter {
                 }
             }
         }
+        // A store that answered but cannot record the call (a memory store full of live
+        // callers, a Redis at its maxmemory) is a flood of minted keys, not an outage:
+        // admitting what it cannot count, or counting it only in this process, would let the
+        // flood switch every caller's limit off. Such a call is refused, whatever the policy.
+        if let Some(error) = error.as_ref().filter(|e| e.cannot_record()) {
+            return Err(error.clone());
+        }
         match policy {
-            // A memory store full of live callers is a flood of minted keys, not an outage:
-            // admitting what it cannot count would let the flood switch every new caller's
-            // limit off. Such a call is refused, whatever the policy (Local asks its own store).
-            FailurePolicy::Allow | FailurePolicy::Deny
-                if error.as_ref().is_some_and(StoreError::is_full) =>
-            {
-                Err(error.unwrap_or_else(|| inner.breaker.last_error()))
-            }
             FailurePolicy::Allow => Ok(Verdict::new(
                 checks
                     .iter()
@@ -555,6 +571,36 @@ impl RateLimiter {
     pub fn store_failing(&self) -> bool {
         self.inner.breaker.is_open()
     }
+}
+
+/// How long the background refund of a timed-out take may wait for the store: a receipt lives
+/// at most 10 seconds after its take ran, so a later refund could give back nothing anyway.
+const REFUND_WAIT: Duration = Duration::from_secs(10);
+
+/// Gives back, in a task of its own, what the take under `call_id` took if the store runs it
+/// after all (the caller already had the failure policy's answer and never waits for this).
+/// The store runs a connection's commands in order, so the refund runs after the take; a take
+/// that never ran, or was rejected, left no receipt and nothing is given back.
+fn refund_when_answered(store: &Arc<dyn Store>, checks: &[Check<'_>], call_id: &str) {
+    let store = Arc::clone(store);
+    let owned: Vec<(String, String, crate::Policy)> = checks
+        .iter()
+        .map(|c| (c.key.to_owned(), c.scope.to_owned(), *c.policy))
+        .collect();
+    let call_id = call_id.to_owned();
+    tokio::spawn(async move {
+        let checks: Vec<Check<'_>> = owned
+            .iter()
+            .map(|(key, scope, policy)| Check::new(key, policy).with_scope(scope))
+            .collect();
+        let refund = tokio::time::timeout(REFUND_WAIT, store.refund(&checks, &call_id)).await;
+        if !matches!(refund, Ok(Ok(()))) {
+            tracing::debug!(
+                scope = checks.first().map_or("", |c| c.scope),
+                "the refund of a timed-out check did not complete; it may stay counted"
+            );
+        }
+    });
 }
 
 /// A debug event for a rejection: the scope of the binding limit and the wait, never the key.

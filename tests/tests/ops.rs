@@ -105,69 +105,17 @@ fn store_samples(store: &str) -> u64 {
         .sum()
 }
 
-/// The log events seen so far, as `(message, scope)`.
-static EVENTS: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
-
-struct Events;
-
-#[derive(Default)]
-struct Fields {
-    message: String,
-    scope: String,
-}
-
-impl tracing::field::Visit for Fields {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        match field.name() {
-            "message" => self.message = format!("{value:?}"),
-            "scope" => format!("{value:?}")
-                .trim_matches('"')
-                .clone_into(&mut self.scope),
-            _ => {}
-        }
-    }
-
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        match field.name() {
-            "message" => value.clone_into(&mut self.message),
-            "scope" => value.clone_into(&mut self.scope),
-            _ => {}
-        }
-    }
-}
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut fields = Fields::default();
-        event.record(&mut fields);
-        EVENTS.lock().unwrap().push((fields.message, fields.scope));
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 fn capture_logs() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        tracing::subscriber::set_global_default(Events).expect("the only subscriber");
-    });
+    ratelimit_tests::logs::capture();
 }
 
 /// The shadow-mode events of `scope` so far.
 fn shadow_events(scope: &str) -> usize {
-    EVENTS
-        .lock()
-        .unwrap()
+    ratelimit_tests::logs::events()
         .iter()
-        .filter(|(m, s)| m.contains("would reject (shadow mode)") && s == scope)
+        .filter(|e| {
+            e.message.contains("would reject (shadow mode)") && e.field("scope") == Some(scope)
+        })
         .count()
 }
 

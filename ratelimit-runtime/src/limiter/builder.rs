@@ -20,6 +20,7 @@ impl RateLimiter {
             proxies: Vec::new(),
             exempt: Vec::new(),
             deny: Vec::new(),
+            require_noeviction: false,
             overrides: Vec::new(),
         }
     }
@@ -102,6 +103,8 @@ pub struct Builder {
     proxies: Vec<Result<IpNet, String>>,
     exempt: Vec<Result<IpNet, String>>,
     deny: Vec<Result<IpNet, String>>,
+    /// [`Builder::require_noeviction`].
+    require_noeviction: bool,
     /// Scope quotas set from the start ([`Builder::override_quota`]).
     pub(super) overrides: Vec<(String, crate::quota::Quota)>,
 }
@@ -341,6 +344,35 @@ impl Builder {
         self
     }
 
+    /// Refuses to build on a Redis whose `maxmemory-policy` may evict limit keys: with `true`,
+    /// [`Builder::build`] answers [`ConfigError::Invalid`] (naming `maxmemory-policy` and the
+    /// fix) unless the store read `noeviction` from its server when it connected. Every limit
+    /// key has a TTL, so `volatile-*` policies evict them as surely as `allkeys-*` do: a client
+    /// that mints keys then evicts other callers' live counters, and they start again from a
+    /// full quota. Without this option an evicting policy is one WARN at connect.
+    ///
+    /// A store that has not read its server's policy (a lazy store, [`Builder::build_lazy`], or
+    /// a store of your own that does not report it, [`Store::maxmemory_policy`]) is refused
+    /// too: the requirement cannot be checked. A local store (the memory store) has no such
+    /// setting and passes. Read at build: a server whose policy changes later is logged (WARN
+    /// after the next reconnect), not refused.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), ratelimit_runtime::ConfigError> {
+    /// use ratelimit_runtime::RateLimiter;
+    ///
+    /// let limiter = RateLimiter::builder()
+    ///     .redis_url("redis://127.0.0.1:6379")
+    ///     .require_noeviction(true)
+    ///     .build()
+    ///     .await?;
+    /// # let _ = limiter; Ok(()) }
+    /// ```
+    pub fn require_noeviction(mut self, require: bool) -> Self {
+        self.require_noeviction = require;
+        self
+    }
+
     fn settings(mut self) -> Result<(StoreChoice, Settings), ConfigError> {
         if !key::valid_prefix(&self.settings.prefix) {
             return Err(ConfigError::Invalid(format!(
@@ -385,6 +417,7 @@ impl Builder {
     /// unreachable server is an error here, not at the first check.
     pub async fn build(mut self) -> Result<RateLimiter, ConfigError> {
         let overrides = std::mem::take(&mut self.overrides);
+        let require_noeviction = self.require_noeviction;
         let (store, settings) = self.settings()?;
         let store: Arc<dyn Store> = match store {
             StoreChoice::Memory => Arc::new(MemoryStore::new()),
@@ -395,13 +428,20 @@ impl Builder {
             }
             StoreChoice::Store(s) => s,
         };
+        if require_noeviction {
+            noeviction(&*store)?;
+        }
         super::overrides::install(RateLimiter::from_parts(store, settings), overrides)
     }
 
     /// Builds the limiter without waiting for any server: a Redis store connects at its first
     /// check (and again after each failure). A malformed URL is still an error here.
+    ///
+    /// With [`Builder::require_noeviction`], only a store that has read its server's policy
+    /// already (or a local one) builds: nothing is asked of a server here.
     pub fn build_lazy(mut self) -> Result<RateLimiter, ConfigError> {
         let overrides = std::mem::take(&mut self.overrides);
+        let require_noeviction = self.require_noeviction;
         let (store, settings) = self.settings()?;
         let store: Arc<dyn Store> = match store {
             StoreChoice::Memory => Arc::new(MemoryStore::new()),
@@ -412,6 +452,29 @@ impl Builder {
             }
             StoreChoice::Store(s) => s,
         };
+        if require_noeviction {
+            noeviction(&*store)?;
+        }
         super::overrides::install(RateLimiter::from_parts(store, settings), overrides)
+    }
+}
+
+/// [`Builder::require_noeviction`]: `store` read `noeviction` from its server, or keeps its
+/// state in process.
+fn noeviction(store: &dyn Store) -> Result<(), ConfigError> {
+    if store.is_local() {
+        return Ok(());
+    }
+    let fix = crate::store::redis::NOEVICTION_FIX;
+    match store.maxmemory_policy() {
+        Some(policy) if !crate::store::redis::MemoryPolicy::evicts(&policy) => Ok(()),
+        Some(policy) => Err(ConfigError::Invalid(format!(
+            "require_noeviction: the {} store's server has maxmemory-policy `{policy}`, which evicts rate-limit keys; {fix}",
+            store.name()
+        ))),
+        None => Err(ConfigError::Invalid(format!(
+            "require_noeviction: the {} store has not read its server's maxmemory-policy (a lazy store before its first connection, a server that refuses INFO, or a store that does not report it): build with a connected store (RedisStore::connect, Builder::build)",
+            store.name()
+        ))),
     }
 }

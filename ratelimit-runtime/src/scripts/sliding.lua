@@ -71,7 +71,10 @@ ALGOS[2] = {
   end,
   commit = function(key, p, d)
     local w = d.write
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(w.floor))
+    -- ZADD before the trim: a server at its maxmemory (noeviction) refuses a script's
+    -- first write only if that write may grow memory, so the ZADD must come first
+    -- (after a trim it would be let through, and a flood of sliding keys would grow
+    -- the server past its maxmemory). The new entries are all above the floor.
     -- ZADD in batches: `unpack` is bounded by Lua's C stack.
     local i = 0
     while i < p.cost do
@@ -85,6 +88,7 @@ ALGOS[2] = {
       end
       redis.call('ZADD', key, unpack(args))
     end
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(w.floor))
     redis.call('PEXPIRE', key, ttl_ms(w.newest + p.period - now))
   end,
   -- Removes exactly the call's own entries (scores first .. first+cost-1),

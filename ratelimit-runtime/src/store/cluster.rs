@@ -86,15 +86,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
-use redis::IntoConnectionInfo;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
+use redis::{IntoConnectionInfo, Value};
 
 use super::lazy::LazyConnection;
 use super::redis::{
-    Calls, Mode, block_cmd, compensate, eval_checks, forget_cmd, load_scripts, log_engine,
-    reset_cmd,
+    Calls, MemoryPolicy, Mode, block_cmd, compensate, eval_checks, forget_cmd, info_memory_cmd,
+    load_scripts, log_engine, parse_maxmemory_policy, reset_cmd,
 };
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
@@ -212,6 +212,7 @@ where
 async fn connect_cluster(
     client: &ClusterClient,
     calls: &Calls,
+    memory: &MemoryPolicy,
 ) -> Result<ClusterConnection, redis::RedisError> {
     let mut conn = client.get_async_connection().await?;
     load_scripts(&mut conn, calls).await?;
@@ -225,7 +226,41 @@ async fn connect_cluster(
         .ok()
         .and_then(|v| redis::from_redis_value::<String>(v).ok());
     log_engine("redis-cluster", info.as_deref(), calls);
+    read_memory_policy(&mut conn, memory).await;
     Ok(conn)
+}
+
+/// Reads every master's `maxmemory-policy` (`INFO memory` on each) into `memory`: the first
+/// evicting one if any master evicts, else theirs. A master that does not answer `INFO` is
+/// skipped; none answering leaves the policy unknown. Read at connect only: the cluster
+/// client reconnects node by node, with no hook to read it again.
+async fn read_memory_policy(conn: &mut ClusterConnection, memory: &MemoryPolicy) {
+    use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+    let reply = conn
+        .route_command(
+            info_memory_cmd(),
+            RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+        )
+        .await;
+    let Ok(Value::Map(nodes)) = reply else {
+        tracing::debug!(
+            ?reply,
+            "redis-cluster: INFO memory refused; maxmemory-policy unknown"
+        );
+        return;
+    };
+    let policies: Vec<String> = nodes
+        .iter()
+        .filter_map(|(_, info)| redis::from_redis_value_ref::<String>(info).ok())
+        .filter_map(|info| parse_maxmemory_policy(&info).map(str::to_owned))
+        .collect();
+    let chosen = policies
+        .iter()
+        .find(|p| MemoryPolicy::evicts(p))
+        .or(policies.first());
+    if let Some(policy) = chosen {
+        memory.record("redis-cluster", policy.clone());
+    }
 }
 
 /// A Redis Cluster (see the [module docs](self) for the behaviour and how stacked limits in
@@ -236,6 +271,7 @@ pub struct RedisClusterStore {
     client: ClusterClient,
     conn: LazyConnection<ClusterConnection>,
     calls: Arc<Calls>,
+    memory: Arc<MemoryPolicy>,
 }
 
 impl fmt::Debug for RedisClusterStore {
@@ -259,13 +295,15 @@ impl RedisClusterStore {
     {
         let client = cluster_client(nodes)?;
         let calls = Arc::new(Calls::default());
-        let conn = connect_cluster(&client, &calls)
+        let memory = Arc::new(MemoryPolicy::default());
+        let conn = connect_cluster(&client, &calls, &memory)
             .await
             .map_err(|e| ConfigError::Unreachable(e.to_string()))?;
         Ok(Self {
             client,
             conn: LazyConnection::ready(conn),
             calls,
+            memory,
         })
     }
 
@@ -288,6 +326,7 @@ impl RedisClusterStore {
             client: cluster_client(nodes)?,
             conn: LazyConnection::new(),
             calls: Arc::new(Calls::default()),
+            memory: Arc::new(MemoryPolicy::default()),
         })
     }
 
@@ -314,8 +353,9 @@ impl RedisClusterStore {
     async fn connection(&self) -> Result<ClusterConnection, StoreError> {
         let client = self.client.clone();
         let calls = Arc::clone(&self.calls);
+        let memory = Arc::clone(&self.memory);
         self.conn
-            .get(|| async move { connect_cluster(&client, &calls).await })
+            .get(|| async move { connect_cluster(&client, &calls, &memory).await })
             .await
     }
 
@@ -530,6 +570,10 @@ impl Store for RedisClusterStore {
 
     fn name(&self) -> &'static str {
         "redis-cluster"
+    }
+
+    fn maxmemory_policy(&self) -> Option<String> {
+        self.memory.get()
     }
 
     fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {

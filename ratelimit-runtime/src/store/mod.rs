@@ -142,6 +142,17 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// The `maxmemory-policy` the store last read from its server (Redis: `INFO memory`, at
+    /// connect and after a dropped connection; a cluster: the first evicting policy among its
+    /// masters, else theirs), or `None` when it has not read one: a lazy store before its first
+    /// connection, a server that refuses `INFO`, a store without such a setting.
+    /// [`crate::Builder::require_noeviction`] refuses to build on anything but `noeviction`.
+    ///
+    /// `None` by default.
+    fn maxmemory_policy(&self) -> Option<String> {
+        None
+    }
+
     /// Like [`Store::check`], and when the call is admitted, leaves a receipt per limit under
     /// `call_id` (17 to 32 lower-case hex digits, fresh for each call) so that
     /// [`Store::refund`] can give back what the call took: `count = "err"` and the other

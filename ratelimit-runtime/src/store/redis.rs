@@ -19,6 +19,12 @@
 //!   without its TTL in the same command.
 //! * **Redis 6.2 or later** (or Valkey): a call that names one key twice works on copies of its
 //!   keys (`COPY`), so that a rejection leaves each key exactly as it was, expiry included.
+//! * **A server at its `maxmemory`.** Under `noeviction` Redis refuses writes: a call it would
+//!   admit fails with [`StoreError::OutOfMemory`], which the limiter refuses under every
+//!   failure policy, while calls over the quota are still answered (a rejection writes
+//!   nothing). An evicting `maxmemory-policy` (any other: every limit key has a TTL) is read at
+//!   connect and after a reconnect (`INFO memory`) and logged once as a WARN naming the
+//!   setting and the fix; [`crate::Builder::require_noeviction`] refuses it at build.
 //! * **Shared connection.** A [`redis::aio::ConnectionManager`]: one multiplexed connection per
 //!   store, shared by every task, reconnecting by itself after the server restarts or the
 //!   connection drops.
@@ -268,6 +274,102 @@ impl Calls {
     }
 }
 
+/// What the store last read of its server's `maxmemory-policy` (`INFO memory`, which answers
+/// where `CONFIG` is disabled), read at connect and again after the connection dropped.
+///
+/// Every limit key has a TTL, so any policy but `noeviction` (`volatile-*` as well as
+/// `allkeys-*`) lets a flood of minted keys evict other callers' live counters, and they start
+/// again from a full quota. An evicting policy is logged once per value read (one WARN naming
+/// the setting and the fix), and [`crate::Builder::require_noeviction`] makes it an error at
+/// build.
+///
+/// After a reconnect: the connection manager reconnects by itself, and its
+/// `Disconnection` push needs RESP3 (`set_push_sender` refuses a RESP2 connection). What every
+/// dropped connection does show is a transport error on a check (the command in flight, or the
+/// first one after the drop). So a check that fails that way marks the policy stale, and the
+/// next check that succeeds (on the new connection) spawns one read of it, off the caller's
+/// path; a failing server is not asked while it fails.
+#[derive(Debug, Default)]
+pub(crate) struct MemoryPolicy {
+    /// The last value read; `None` before the first read or when `INFO memory` did not answer.
+    policy: std::sync::Mutex<Option<String>>,
+    /// Set when the connection dropped: the next check reads the policy again.
+    reread: AtomicBool,
+}
+
+/// The advice an evicting policy is logged (and refused at build) with.
+pub(crate) const NOEVICTION_FIX: &str = "set `maxmemory-policy noeviction` on the limiter's Redis \
+    (CONFIG SET maxmemory-policy noeviction, and in redis.conf) and give it headroom: \
+    every limit key has a TTL, so an evicting policy lets a flood of minted keys evict other \
+    callers' live counters";
+
+impl MemoryPolicy {
+    /// Whether `policy` evicts keys (anything but `noeviction`).
+    pub(crate) fn evicts(policy: &str) -> bool {
+        policy != "noeviction"
+    }
+
+    /// The last value read.
+    pub(crate) fn get(&self) -> Option<String> {
+        self.policy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records a value read from `store`'s server(s); a new evicting value logs the WARN.
+    pub(crate) fn record(&self, store: &'static str, policy: String) {
+        let mut last = self
+            .policy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.as_deref() == Some(policy.as_str()) {
+            return;
+        }
+        if Self::evicts(&policy) {
+            tracing::warn!(
+                store,
+                maxmemory_policy = %policy,
+                fix = NOEVICTION_FIX,
+                "redis: maxmemory-policy `{policy}` evicts rate-limit keys; {NOEVICTION_FIX}"
+            );
+        }
+        *last = Some(policy);
+    }
+
+    /// Records the policy in an `INFO memory` reply (nothing when it names none).
+    pub(crate) fn record_info(&self, store: &'static str, info: &str) {
+        if let Some(policy) = parse_maxmemory_policy(info) {
+            self.record(store, policy.to_owned());
+        }
+    }
+
+    /// Asks for a read at the next check (the connection dropped).
+    pub(crate) fn mark_stale(&self) {
+        self.reread.store(true, Ordering::Relaxed);
+    }
+
+    /// `true` once after [`MemoryPolicy::mark_stale`].
+    pub(crate) fn take_stale(&self) -> bool {
+        self.reread.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// The `maxmemory_policy:` field of an `INFO memory` reply.
+pub(crate) fn parse_maxmemory_policy(info: &str) -> Option<&str> {
+    info.lines()
+        .find_map(|line| line.strip_prefix("maxmemory_policy:"))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+}
+
+/// `INFO memory`.
+pub(crate) fn info_memory_cmd() -> redis::Cmd {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("memory");
+    cmd
+}
+
 /// `FUNCTION LOAD REPLACE <library>`: the same text under the same name is the same library,
 /// so replacing it never changes another version's (each has a name of its own).
 fn library_cmd() -> redis::Cmd {
@@ -303,12 +405,19 @@ fn no_functions(e: &redis::RedisError) -> bool {
     }
 }
 
-/// `FCALL` refused whole because the server is out of memory (`maxmemory` with `noeviction`):
-/// nothing of the library ran. The same code as a script runs, answers the calls it rejects
-/// (they write nothing) and fails only on a write, so a flood of keys that fills the server
-/// cannot switch the rejections of over-quota callers off.
-fn out_of_memory(e: &redis::RedisError) -> bool {
+/// The server is at its `maxmemory` and refuses writes (`noeviction`): the one test of that
+/// answer, for the Redis and the Redis Cluster stores alike (it is how
+/// [`StoreError::OutOfMemory`] is told apart). Redis 7 refuses a whole `FCALL` (functions
+/// without flags may write) with `OOM`, and fails a script at its first write with the same
+/// code; before 7.0 that write's error comes back inside a script error (`ERR Error running
+/// script … -OOM command not allowed …`). A script still answers the calls it rejects (they
+/// write nothing), so [`invoke`] sends an `FCALL` refused this way again as `EVALSHA`: a flood
+/// of keys that fills the server cannot switch the rejections of over-quota callers off.
+pub(crate) fn out_of_memory(e: &redis::RedisError) -> bool {
     e.code() == Some("OOM")
+        || (e.code() == Some("ERR")
+            && e.detail()
+                .is_some_and(|d| d.contains("OOM command not allowed")))
 }
 
 /// A connection the checks run on, which can send the Functions library to the server that
@@ -412,7 +521,14 @@ pub(crate) fn log_engine(store: &str, info: Option<&str>, calls: &Calls) {
 /// Like [`load_scripts`], in one round trip (a pipeline) on a single server: connecting at a
 /// cold start is on the path of the checks that wait for it. The companion script is left to
 /// its first call (`NOSCRIPT`), as before: peeks and refunds are rare.
-async fn load_scripts_pipelined<C>(conn: &mut C, calls: &Calls) -> Result<(), redis::RedisError>
+///
+/// The same round trip reads the server's `maxmemory-policy` (`INFO memory`, last) into
+/// `memory`; a server that refuses `INFO` leaves it unknown.
+async fn load_scripts_pipelined<C>(
+    conn: &mut C,
+    calls: &Calls,
+    memory: &MemoryPolicy,
+) -> Result<(), redis::RedisError>
 where
     C: ConnectionLike + Send,
 {
@@ -422,9 +538,17 @@ where
     for source in &SCRIPTS.sources {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source);
     }
-    // Last, for the log: which server this is.
+    // Last, for the log and the eviction check: which server this is, and its memory policy.
     pipe.cmd("INFO").arg("server");
+    pipe.add_command(info_memory_cmd());
     let mut replies: Vec<redis::RedisResult<String>> = pipe.query_async(conn).await?;
+    match replies.pop() {
+        Some(Ok(info)) => memory.record_info("redis", &info),
+        Some(Err(e)) => {
+            tracing::debug!(error = %e, "redis: INFO memory refused; maxmemory-policy unknown");
+        }
+        None => {}
+    }
     let info = replies.pop();
     if replies.is_empty() {
         return Err(redis::RedisError::from((
@@ -455,8 +579,9 @@ where
 /// Runs one of the library's functions (`FCALL function numkeys keys… args…`, `args` writing
 /// the numkeys, keys and arguments) or, on a server without Functions, the script that holds
 /// the same code (`EVALSHA sha numkeys …`, same layout). A missing function is loaded on the
-/// node of `first_key` (the one that answered) and the call repeated once; a missing script
-/// likewise (`NOSCRIPT`: `SCRIPT LOAD`, then once more).
+/// node of `first_key` (the one that answered) and the call repeated once; missing again, the
+/// call runs as the script. A missing script likewise (`NOSCRIPT`: `SCRIPT LOAD`, then once
+/// more).
 async fn invoke<C>(
     conn: &mut C,
     calls: &Calls,
@@ -474,7 +599,13 @@ where
         args(&mut cmd);
         match cmd.query_async(conn).await {
             Err(e) if function_missing(&e) => match conn.load_library_for(first_key).await {
-                Ok(()) => return cmd.query_async(conn).await,
+                Ok(()) => match cmd.query_async(conn).await {
+                    // Gone again between the load and the call (a `FUNCTION FLUSH` loop): the
+                    // script, which reloads itself on `NOSCRIPT`, answers this call, never the
+                    // failure policy.
+                    Err(e) if function_missing(&e) => {}
+                    other => return other,
+                },
                 Err(e) if no_functions(&e) => calls.refuse_functions(&e),
                 Err(e) if out_of_memory(&e) => {}
                 Err(e) => return Err(e),
@@ -840,10 +971,44 @@ fn manager_config() -> ConnectionManagerConfig {
 async fn connect_manager(
     client: Client,
     calls: Arc<Calls>,
+    memory: Arc<MemoryPolicy>,
 ) -> Result<ConnectionManager, redis::RedisError> {
     let mut manager = ConnectionManager::new_with_config(client, manager_config()).await?;
-    load_scripts_pipelined(&mut manager, &calls).await?;
+    load_scripts_pipelined(&mut manager, &calls, &memory).await?;
     Ok(manager)
+}
+
+/// After a check on `conn`: a transport failure marks the server's `maxmemory-policy` stale;
+/// the first success after it reads the policy again (see [`MemoryPolicy`]).
+fn watch_memory_policy<T>(
+    conn: &ConnectionManager,
+    memory: &Arc<MemoryPolicy>,
+    result: &Result<T, StoreError>,
+) {
+    match result {
+        Err(e) if e.is_transport() => memory.mark_stale(),
+        Ok(_) if memory.take_stale() => reread_memory_policy(conn.clone(), memory),
+        _ => {}
+    }
+}
+
+/// Reads the server's `maxmemory-policy` again (after a dropped connection), in a task of its
+/// own: the check that noticed never waits for it.
+fn reread_memory_policy(mut conn: ConnectionManager, memory: &Arc<MemoryPolicy>) {
+    let memory = Arc::clone(memory);
+    tokio::spawn(async move {
+        let read = tokio::time::timeout(
+            Duration::from_secs(2),
+            info_memory_cmd().query_async::<String>(&mut conn),
+        )
+        .await;
+        match read {
+            Ok(Ok(info)) => memory.record_info("redis", &info),
+            // Not read this time: the next dropped connection tries again.
+            Ok(Err(e)) => tracing::debug!(error = %e, "redis: INFO memory failed"),
+            Err(_) => tracing::debug!("redis: INFO memory did not answer in time"),
+        }
+    });
 }
 
 /// One Redis server, one `FCALL` (or `EVALSHA`) per check (see the [module docs](self) for the
@@ -854,6 +1019,7 @@ pub struct RedisStore {
     client: Option<Client>,
     manager: LazyConnection<ConnectionManager>,
     calls: Arc<Calls>,
+    memory: Arc<MemoryPolicy>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -873,13 +1039,15 @@ impl RedisStore {
     pub async fn connect(url: &str) -> Result<Self, ConfigError> {
         let client = client(url)?;
         let calls = Arc::new(Calls::default());
-        let manager = connect_manager(client.clone(), Arc::clone(&calls))
+        let memory = Arc::new(MemoryPolicy::default());
+        let manager = connect_manager(client.clone(), Arc::clone(&calls), Arc::clone(&memory))
             .await
             .map_err(|e| ConfigError::Unreachable(e.to_string()))?;
         Ok(Self {
             client: Some(client),
             manager: LazyConnection::ready(manager),
             calls,
+            memory,
         })
     }
 
@@ -897,26 +1065,33 @@ impl RedisStore {
             client: Some(client(url)?),
             manager: LazyConnection::new(),
             calls: Arc::new(Calls::default()),
+            memory: Arc::new(MemoryPolicy::default()),
         })
     }
 
     /// A store on a connection manager the application built itself (to tune its timeouts or
-    /// retries). The scripts are loaded by the first check that needs them.
+    /// retries). The scripts are loaded by the first check that needs them, and the server's
+    /// `maxmemory-policy` is read in the background after the first check that succeeds (and
+    /// again after a reconnect, as for [`RedisStore::connect`]).
     pub fn from_connection_manager(manager: ConnectionManager) -> Self {
+        let memory = Arc::new(MemoryPolicy::default());
+        memory.mark_stale();
         Self {
             client: None,
             manager: LazyConnection::ready(manager),
             calls: Arc::new(Calls::default()),
+            memory,
         }
     }
 
     async fn manager(&self) -> Result<ConnectionManager, StoreError> {
         let client = self.client.clone();
         let calls = Arc::clone(&self.calls);
+        let memory = Arc::clone(&self.memory);
         self.manager
             .get(|| async move {
                 match client {
-                    Some(client) => connect_manager(client, calls).await,
+                    Some(client) => connect_manager(client, calls, memory).await,
                     // `from_connection_manager` fills the cell at construction.
                     None => Err(redis::RedisError::from((
                         redis::ErrorKind::Client,
@@ -932,14 +1107,18 @@ impl Store for RedisStore {
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
-            eval_checks(&mut conn, &self.calls, checks, None).await
+            let result = eval_checks(&mut conn, &self.calls, checks, None).await;
+            watch_memory_policy(&conn, &self.memory, &result);
+            result
         })
     }
 
     fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
-            eval_checks(&mut conn, &self.calls, checks, Some(call_id)).await
+            let result = eval_checks(&mut conn, &self.calls, checks, Some(call_id)).await;
+            watch_memory_policy(&conn, &self.memory, &result);
+            result
         })
     }
 
@@ -967,6 +1146,10 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn maxmemory_policy(&self) -> Option<String> {
+        self.memory.get()
     }
 
     fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
