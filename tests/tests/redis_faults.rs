@@ -182,8 +182,10 @@ async fn a_redis_out_of_memory_refuses_what_it_cannot_count_under_every_failure_
                     )
                     .get_hash(),
                 )
-                .arg(1)
+                // The key and its block marker: every key a script touches is declared.
+                .arg(2)
                 .arg(&fresh)
+                .arg(format!("{fresh}:b"))
                 .arg(Algorithm::ALL.iter().position(|a| *a == algorithm).unwrap() + 1)
                 .arg(5)
                 .arg(3_600_000_000_u64)

@@ -102,8 +102,8 @@ pub(crate) type Predicate = Arc<dyn Fn(&CallerView<'_>) -> bool + Send + Sync>;
 /// ```
 /// use ratelimit_runtime::RateLimiter;
 /// let limiter = RateLimiter::builder()
-///     .exempt_networks(["10.0.0.0/8".parse()?])
-///     .deny_networks(["198.51.100.0/24".parse()?])
+///     .exempt_networks(["10.0.0.0/8"])
+///     .deny_networks(["198.51.100.0/24"])
 ///     .build_lazy()?;
 /// let e = &limiter.settings().exemptions;
 /// assert!(e.is_exempt_ip("10.1.2.3".parse()?));
