@@ -298,9 +298,21 @@ impl RateLimiter {
     }
 
     fn from_env() -> Self {
-        let (source, url) = match env_store() {
+        let Some((source, store)) = env_store() else {
+            tracing::warn!(
+                "no rate limiter installed and neither RATELIMIT_REDIS_URL nor REDIS_URL is set: \
+                 rate limits are kept in this process's memory (per process, not shared between instances)"
+            );
+            return Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings());
+        };
+        #[allow(
+            clippy::infallible_destructuring_match,
+            reason = "the Cluster's variant exists with the `cluster` feature only"
+        )]
+        let url = match store {
+            builder::EnvStore::Url(url) => url,
             #[cfg(feature = "cluster")]
-            Some((source, builder::EnvStore::Cluster(nodes))) => {
+            builder::EnvStore::Cluster(nodes) => {
                 return match crate::store::RedisClusterStore::lazy(nodes) {
                     Ok(store) => {
                         tracing::info!(source, "rate limits are kept in a Redis Cluster");
@@ -311,14 +323,6 @@ impl RateLimiter {
                         Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings())
                     }
                 };
-            }
-            Some((source, builder::EnvStore::Url(url))) => (source, url),
-            None => {
-                tracing::warn!(
-                    "no rate limiter installed and neither RATELIMIT_REDIS_URL nor REDIS_URL is set: \
-                     rate limits are kept in this process's memory (per process, not shared between instances)"
-                );
-                return Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings());
             }
         };
         match RedisStore::lazy(&url) {
