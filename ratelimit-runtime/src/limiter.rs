@@ -288,7 +288,7 @@ impl RateLimiter {
             if let Some(timeout) = parse_timeout_ms(&raw) {
                 settings.timeout = timeout;
             } else {
-                tracing::error!(
+                tracing::error!(target: crate::observe::log::LIMITER,
                     source = TIMEOUT_ENV,
                     "not a timeout in milliseconds from 1 to 60000; the default timeout is used"
                 );
@@ -299,7 +299,7 @@ impl RateLimiter {
 
     fn from_env() -> Self {
         let Some((source, store)) = env_store() else {
-            tracing::warn!(
+            tracing::warn!(target: crate::observe::log::LIMITER,
                 "no rate limiter installed and neither RATELIMIT_REDIS_URL nor REDIS_URL is set: \
                  rate limits are kept in this process's memory (per process, not shared between instances)"
             );
@@ -315,11 +315,11 @@ impl RateLimiter {
             builder::EnvStore::Cluster(nodes) => {
                 return match crate::store::RedisClusterStore::lazy(nodes) {
                     Ok(store) => {
-                        tracing::info!(source, "rate limits are kept in a Redis Cluster");
+                        tracing::info!(target: crate::observe::log::LIMITER, source, "rate limits are kept in a Redis Cluster");
                         Self::from_parts(Arc::new(store), Self::env_settings())
                     }
                     Err(e) => {
-                        tracing::error!(source, error = %e, "cannot use the Redis Cluster; rate limits are kept in this process's memory");
+                        tracing::error!(target: crate::observe::log::LIMITER, source, error = %e, "cannot use the Redis Cluster; rate limits are kept in this process's memory");
                         Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings())
                     }
                 };
@@ -327,11 +327,11 @@ impl RateLimiter {
         };
         match RedisStore::lazy(&url) {
             Ok(store) => {
-                tracing::info!(source, "rate limits are kept in Redis");
+                tracing::info!(target: crate::observe::log::LIMITER, source, "rate limits are kept in Redis");
                 Self::from_parts(Arc::new(store), Self::env_settings())
             }
             Err(e) => {
-                tracing::error!(source, error = %e, "cannot use Redis; rate limits are kept in this process's memory");
+                tracing::error!(target: crate::observe::log::LIMITER, source, error = %e, "cannot use Redis; rate limits are kept in this process's memory");
                 Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings())
             }
         }
@@ -410,7 +410,7 @@ impl RateLimiter {
             Ok(verdict) => {
                 if inner.breaker.success() {
                     let held_back = inner.warnings.reset();
-                    tracing::warn!(
+                    tracing::warn!(target: crate::observe::log::LIMITER,
                         store = inner.store.name(),
                         held_back,
                         "rate-limit store answers again; checks use it again"
@@ -514,20 +514,22 @@ impl RateLimiter {
                 FailurePolicy::Local => "calls are checked in this process's memory",
             };
             match &error {
-                Some(error) if !error.is_transport() => tracing::warn!(
-                    store,
-                    scope,
-                    policy = policy_name,
-                    %error,
-                    held_back,
-                    "rate-limit store could not decide this call; the failure policy answers it, other calls are unaffected"
-                ),
+                Some(error) if !error.is_transport() => {
+                    tracing::warn!(target: crate::observe::log::LIMITER,
+                        store,
+                        scope,
+                        policy = policy_name,
+                        %error,
+                        held_back,
+                        "rate-limit store could not decide this call; the failure policy answers it, other calls are unaffected"
+                    )
+                }
                 _ => {
                     let (error, what) = match &error {
                         Some(error) => (error.clone(), "failed"),
                         None => (inner.breaker.last_error(), "still failing"),
                     };
-                    tracing::warn!(
+                    tracing::warn!(target: crate::observe::log::LIMITER,
                         store,
                         scope,
                         policy = policy_name,
@@ -599,7 +601,7 @@ fn refund_when_answered(store: &Arc<dyn Store>, checks: &[Check<'_>], call_id: &
             .collect();
         let refund = tokio::time::timeout(REFUND_WAIT, store.refund(&checks, &call_id)).await;
         if !matches!(refund, Ok(Ok(()))) {
-            tracing::debug!(
+            tracing::debug!(target: crate::observe::log::LIMITER,
                 scope = checks.first().map_or("", |c| c.scope),
                 "the refund of a timed-out check did not complete; it may stay counted"
             );
@@ -609,7 +611,7 @@ fn refund_when_answered(store: &Arc<dyn Store>, checks: &[Check<'_>], call_id: &
 
 /// A debug event for a rejection: the scope of the binding limit and the wait, never the key.
 fn log_rejection(checks: &[Check<'_>], verdict: &Verdict, source: &str) {
-    if !tracing::enabled!(tracing::Level::DEBUG) {
+    if !tracing::enabled!(target: crate::observe::log::LIMITER, tracing::Level::DEBUG) {
         return;
     }
     let binding = verdict
@@ -621,7 +623,7 @@ fn log_rejection(checks: &[Check<'_>], verdict: &Verdict, source: &str) {
     if let Some((i, d)) = binding {
         let scope = checks.get(i).map_or("", |c| c.scope);
         let retry_after_ms = d.retry_after.unwrap_or_default().as_millis();
-        tracing::debug!(
+        tracing::debug!(target: crate::observe::log::LIMITER,
             scope,
             source,
             limit = d.limit,

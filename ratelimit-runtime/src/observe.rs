@@ -35,6 +35,13 @@
 //!
 //! The example server (`examples/src/bin/axum_server.rs`) exports them on `/metrics` in the
 //! Prometheus text format.
+//!
+//! # What is logged
+//!
+//! Events go through [`tracing`](https://docs.rs/tracing), under the four targets of [`log`]
+//! (each begins with `ratelimit_runtime`, so `RUST_LOG=ratelimit_runtime=info` selects them all
+//! with `tracing-subscriber`'s `EnvFilter`). Like the metrics, **no event holds a caller
+//! value**: they carry the scope, never the key, the address or the user.
 
 use std::time::Duration;
 
@@ -142,4 +149,89 @@ pub(crate) fn count_verdict<'a>(
 pub(crate) fn store_latency(store: &'static str, took: Duration) {
     #[cfg(feature = "metrics")]
     metrics::histogram!(STORE_SECONDS, "store" => store).record(took.as_secs_f64());
+}
+
+/// The `tracing` targets of the limiter's events, one per concern. They are part of the API:
+/// they stay when the code moves between modules.
+///
+/// | target | level | events |
+/// | --- | --- | --- |
+/// | [`LIMITER`](log::LIMITER) | `WARN` | the store failed and the failure policy answered, or a refund failed (at most one per limiter every 5 s, with `held_back`, the failures not logged since); the store answers again; no limiter installed and no Redis in the environment |
+/// | | `INFO` | a limit in shadow mode would reject (one per would-be rejection) |
+/// | | `DEBUG` | a rejection: the scope, the limit, `retry_after_ms` and its `source` (`redis`, `redis-cluster`, `memory`, `blocked-cache`, `local`) |
+/// | | `INFO`, `ERROR` | the store the default limiter chose from the environment, or why it could not use it |
+/// | | `ERROR` | a limit that could not be applied to a request (a 500: e.g. a quota its algorithm cannot keep) |
+/// | [`STORE`](log::STORE) | `INFO` | the engine, its version and the path checks take (`FCALL` or `EVALSHA`), at connect; a server without Functions |
+/// | | `WARN` | an evicting `maxmemory-policy` (once); a Cluster refund or read of another slot that failed |
+/// | | `DEBUG` | `INFO memory` refused or unanswered; receipts that could not be dropped (they expire) |
+/// | [`CALLER`](log::CALLER) | `WARN` | a forwarding header from a proxy nobody configured, or a hop that cannot be read (once per process each) |
+/// | | `ERROR` | a handler, gRPC method or layer without the peer address (`ConnectInfo`) (once) |
+/// | | `WARN` | a layer's limiter has exemptions or a deny list, which the layer does not apply |
+/// | [`ADMIN`](log::ADMIN) | `INFO` | a caller reset or blocked by [`RateLimiter::reset`](crate::RateLimiter::reset) or [`RateLimiter::block`](crate::RateLimiter::block) |
+///
+/// ```
+/// use ratelimit_runtime::observe::log;
+/// // e.g. EnvFilter::new("warn,ratelimit_runtime::limiter=info"): shadow-mode reports too.
+/// assert_eq!(log::LIMITER, "ratelimit_runtime::limiter");
+/// assert!([log::STORE, log::CALLER, log::ADMIN].iter().all(|t| t.starts_with("ratelimit_runtime::")));
+/// ```
+pub mod log {
+    /// Decisions: store failures and the failure policy, recovery, rejections, shadow mode,
+    /// the default limiter's choice of store.
+    pub const LIMITER: &str = "ratelimit_runtime::limiter";
+    /// The stores: connecting, engines, scripts, memory policy, Cluster fan-out.
+    pub const STORE: &str = "ratelimit_runtime::store";
+    /// Identifying callers: peer addresses, proxies and forwarding headers.
+    pub const CALLER: &str = "ratelimit_runtime::caller";
+    /// Admin calls that change a caller's state (reset, block).
+    pub const ADMIN: &str = "ratelimit_runtime::admin";
+}
+
+#[cfg(test)]
+mod log_tests {
+    /// Every event of the crate names one of [`super::log`]'s targets, so the documented
+    /// targets are the ones events use wherever their code lives.
+    #[test]
+    fn every_event_names_a_documented_target() {
+        fn walk(dir: &std::path::Path, files: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, files);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    files.push(path);
+                }
+            }
+        }
+        let mut files = Vec::new();
+        walk(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut files,
+        );
+        let mut events = 0;
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            for level in [
+                "error", "warn", "info", "debug", "trace", "enabled", "event",
+            ] {
+                let call = format!("tracing::{level}!(");
+                for (at, _) in text.match_indices(&call) {
+                    let rest = text[at + call.len()..].trim_start();
+                    let named = ["LIMITER", "STORE", "CALLER", "ADMIN"]
+                        .iter()
+                        .any(|t| rest.starts_with(&format!("target: crate::observe::log::{t},")));
+                    assert!(
+                        named,
+                        "{}: `{call}` without a target of observe::log",
+                        file.display()
+                    );
+                    events += 1;
+                }
+            }
+        }
+        assert!(
+            events >= 30,
+            "found only {events} events: the walk is broken"
+        );
+    }
 }

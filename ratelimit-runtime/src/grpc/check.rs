@@ -92,7 +92,7 @@ fn by_value<'r, T>(
         By::Ip => {
             let Some(peer) = request.remote_addr() else {
                 if !MISSING_PEER_LOGGED.swap(true, Ordering::Relaxed) {
-                    tracing::error!("{MISSING_PEER}");
+                    tracing::error!(target: crate::observe::log::CALLER, "{MISSING_PEER}");
                 }
                 return Err(Status::failed_precondition(MISSING_PEER));
             };

@@ -253,7 +253,7 @@ impl<const H: bool> HttpCaller<H> {
             Framework::Actix => MISSING_PEER_ADDR,
         };
         if !MISSING_CONNECT_INFO_LOGGED.swap(true, Ordering::Relaxed) {
-            tracing::error!("{message}");
+            tracing::error!(target: crate::observe::log::CALLER, "{message}");
         }
         Refusal::new(500, "internal_error", message)
     }
@@ -427,7 +427,7 @@ fn refusal_of(error: &RateLimitError) -> Refusal {
         }
         RateLimitError::StoreUnavailable(_) => Refusal::store_unavailable(),
         _ => {
-            tracing::error!(%error, "a rate limit could not be applied");
+            tracing::error!(target: crate::observe::log::LIMITER, %error, "a rate limit could not be applied");
             Refusal::new(500, "internal_error", &error.to_string())
         }
     }

@@ -230,7 +230,7 @@ fn hint_unreadable_hop(logged: &AtomicBool, header: ForwardedHeader) -> bool {
     if logged.load(Ordering::Relaxed) || logged.swap(true, Ordering::Relaxed) {
         return false;
     }
-    tracing::warn!(header = header.name(), "{UNREADABLE_HOP}");
+    tracing::warn!(target: crate::observe::log::CALLER, header = header.name(), "{UNREADABLE_HOP}");
     true
 }
 
@@ -270,7 +270,7 @@ fn hint_unconfigured_proxy<H: ForwardingHeaders + ?Sized>(
     if logged.swap(true, Ordering::Relaxed) {
         return false;
     }
-    tracing::warn!(header = header.name(), "{UNCONFIGURED_PROXY}");
+    tracing::warn!(target: crate::observe::log::CALLER, header = header.name(), "{UNCONFIGURED_PROXY}");
     true
 }
 

@@ -726,7 +726,7 @@ impl Shared {
     fn missing<B>(missing: Missing, grpc: Option<&HeaderValue>) -> Response<LayerBody<B>> {
         let refusal = missing.refusal(|| {
             if !MISSING_PEER_LOGGED.swap(true, Ordering::Relaxed) {
-                tracing::error!("{MISSING_PEER}");
+                tracing::error!(target: crate::observe::log::CALLER, "{MISSING_PEER}");
             }
             Refusal::new(500, "internal_error", MISSING_PEER)
         });
@@ -762,7 +762,7 @@ fn warn_ignored_exemptions(logged: &AtomicBool, exemptions: &crate::Exemptions) 
     {
         return false;
     }
-    tracing::warn!(
+    tracing::warn!(target: crate::observe::log::CALLER,
         deny_networks = exemptions.deny_networks().len(),
         exempt_networks = exemptions.exempt_networks().len(),
         predicate = exemptions.has_predicate(),

@@ -239,7 +239,7 @@ impl RateLimiter {
         if let Some(blocked) = &self.inner.blocked {
             blocked.remove(&refs);
         }
-        tracing::info!(
+        tracing::info!(target: crate::observe::log::ADMIN,
             scope = limits.first().map_or("", |l| l.scope),
             "rate limit reset for one caller (admin)"
         );
@@ -288,7 +288,7 @@ impl RateLimiter {
                 .collect();
             blocked.block(&checks, sent_at + duration);
         }
-        tracing::info!(
+        tracing::info!(target: crate::observe::log::ADMIN,
             scope = limits.first().map_or("", |l| l.scope),
             duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
             "caller blocked (admin)"

@@ -173,7 +173,7 @@ impl RateLimiter {
             && let Some(held_back) = self.inner.warnings.permit()
         {
             let scope = checks.first().map_or("", |c| c.scope);
-            tracing::warn!(
+            tracing::warn!(target: crate::observe::log::LIMITER,
                 store = self.inner.store.name(),
                 scope,
                 %error,
@@ -210,7 +210,7 @@ impl RateLimiter {
         let timeout = self.inner.settings.timeout;
         let forget = self.inner.store.forget(checks, call_id);
         if let Ok(Err(error)) = tokio::time::timeout(timeout, forget).await {
-            tracing::debug!(store = self.inner.store.name(), %error, "rate-limit receipts could not be dropped; they expire by themselves");
+            tracing::debug!(target: crate::observe::log::LIMITER, store = self.inner.store.name(), %error, "rate-limit receipts could not be dropped; they expire by themselves");
         }
     }
 }

@@ -94,7 +94,7 @@ impl RateLimiter {
         for i in rejecting().filter(|&i| shadow(i)) {
             let d = verdict.decisions()[i];
             let retry_after_ms = d.retry_after.unwrap_or_default().as_millis();
-            tracing::info!(
+            tracing::info!(target: crate::observe::log::LIMITER,
                 scope = limits[i].scope,
                 algorithm = limits[i].policy.algorithm().as_str(),
                 limit = d.limit,

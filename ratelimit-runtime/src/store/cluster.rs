@@ -243,7 +243,7 @@ async fn read_memory_policy(conn: &mut ClusterConnection, memory: &MemoryPolicy)
         )
         .await;
     let Ok(Value::Map(nodes)) = reply else {
-        tracing::debug!(
+        tracing::debug!(target: crate::observe::log::STORE,
             ?reply,
             "redis-cluster: INFO memory refused; maxmemory-policy unknown"
         );
@@ -415,7 +415,7 @@ impl RedisClusterStore {
                 match compensate(conn, calls, Mode::Refund(&id), &sub).await {
                     Ok(now) => fill(&mut decisions, group, now.decisions()),
                     Err(error) => {
-                        tracing::warn!(%error, "redis cluster: a refund failed; the limits of another slot keep what this rejected call took");
+                        tracing::warn!(target: crate::observe::log::STORE, %error, "redis cluster: a refund failed; the limits of another slot keep what this rejected call took");
                         fill(&mut decisions, group, admitted.decisions());
                     }
                 }
@@ -427,7 +427,7 @@ impl RedisClusterStore {
                     Err(error) => {
                         // The call is rejected either way; these limits' numbers are unknown
                         // and reported as untouched.
-                        tracing::warn!(%error, "redis cluster: could not read the limits of another slot of a rejected call");
+                        tracing::warn!(target: crate::observe::log::STORE, %error, "redis cluster: could not read the limits of another slot of a rejected call");
                         for &i in group {
                             let cap = checks[i].policy.capacity();
                             decisions[i] = Some(Decision::new(
@@ -452,7 +452,7 @@ impl RedisClusterStore {
             }
             let sub: Vec<Check<'_>> = groups[*g].iter().map(|&i| checks[i]).collect();
             if let Err(error) = forget_cmd(&sub, &id).query_async::<()>(conn).await {
-                tracing::debug!(%error, "redis cluster: could not drop the receipts of an admitted call; they expire by themselves");
+                tracing::debug!(target: crate::observe::log::STORE, %error, "redis cluster: could not drop the receipts of an admitted call; they expire by themselves");
             }
         }
         collect(decisions)

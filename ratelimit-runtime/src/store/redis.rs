@@ -269,7 +269,7 @@ impl Calls {
 
     fn refuse_functions(&self, why: &redis::RedisError) {
         if !self.scripts_only.swap(true, Ordering::Relaxed) {
-            tracing::info!(error = %why, "redis: no Functions on this server, the scripts run with EVALSHA");
+            tracing::info!(target: crate::observe::log::STORE, error = %why, "redis: no Functions on this server, the scripts run with EVALSHA");
         }
     }
 }
@@ -327,7 +327,7 @@ impl MemoryPolicy {
             return;
         }
         if Self::evicts(&policy) {
-            tracing::warn!(
+            tracing::warn!(target: crate::observe::log::STORE,
                 store,
                 maxmemory_policy = %policy,
                 fix = NOEVICTION_FIX,
@@ -509,7 +509,7 @@ pub(crate) fn log_engine(store: &str, info: Option<&str>, calls: &Calls) {
     } else {
         "EVALSHA"
     };
-    tracing::info!(
+    tracing::info!(target: crate::observe::log::STORE,
         store,
         server = %server,
         version = %version,
@@ -545,7 +545,7 @@ where
     match replies.pop() {
         Some(Ok(info)) => memory.record_info("redis", &info),
         Some(Err(e)) => {
-            tracing::debug!(error = %e, "redis: INFO memory refused; maxmemory-policy unknown");
+            tracing::debug!(target: crate::observe::log::STORE, error = %e, "redis: INFO memory refused; maxmemory-policy unknown");
         }
         None => {}
     }
@@ -1005,8 +1005,12 @@ fn reread_memory_policy(mut conn: ConnectionManager, memory: &Arc<MemoryPolicy>)
         match read {
             Ok(Ok(info)) => memory.record_info("redis", &info),
             // Not read this time: the next dropped connection tries again.
-            Ok(Err(e)) => tracing::debug!(error = %e, "redis: INFO memory failed"),
-            Err(_) => tracing::debug!("redis: INFO memory did not answer in time"),
+            Ok(Err(e)) => {
+                tracing::debug!(target: crate::observe::log::STORE, error = %e, "redis: INFO memory failed")
+            }
+            Err(_) => {
+                tracing::debug!(target: crate::observe::log::STORE, "redis: INFO memory did not answer in time")
+            }
         }
     });
 }
