@@ -235,12 +235,36 @@ impl RateLimiter {
     }
 
     /// Makes this the limiter every `#[rate_limit]` in the process uses. Call it once, at
-    /// start, before the first limited call.
-    pub fn install(self) -> Result<&'static RateLimiter, ConfigError> {
+    /// start, before the first limited call. It takes `&self` (the limiter is a handle: the
+    /// installed one and `self` are the same limiter), so the chain that builds a limiter can
+    /// end in `.install()?` and keep going, and overrides set afterwards on either are seen:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use ratelimit_runtime::{Quota, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::builder().build().await?;
+    /// limiter.install()?;
+    /// limiter.set_quota("reports", Quota::per_minute(30)?)?; // what #[rate_limit] sees
+    /// assert_eq!(RateLimiter::global().quota_override("reports"), Some(Quota::per_minute(30)?));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Overrides set on a limiter that is never installed (nor used through
+    /// [`RateLimiter::scope`]) reach no `#[rate_limit]`: when the first limited call then
+    /// builds the default limiter from the environment, an `ERROR` event names their scopes.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::AlreadyInstalled`] when a limiter (this one or another) was installed
+    /// before, or the default one was already built by a limited call.
+    pub fn install(&self) -> Result<&'static RateLimiter, ConfigError> {
         let mut installed = false;
         let global = GLOBAL.get_or_init(|| {
             installed = true;
-            self
+            overrides::mark_used(self);
+            self.clone()
         });
         if installed {
             Ok(global)
@@ -276,6 +300,7 @@ impl RateLimiter {
     /// # Ok(()) }
     /// ```
     pub async fn scope<F: std::future::Future>(self, fut: F) -> F::Output {
+        overrides::mark_used(&self);
         CURRENT.scope(self, fut).await
     }
 
@@ -298,6 +323,7 @@ impl RateLimiter {
     }
 
     fn from_env() -> Self {
+        overrides::warn_unseen_overrides();
         let Some((source, store)) = env_store() else {
             tracing::warn!(target: crate::observe::log::LIMITER,
                 "no rate limiter installed and neither RATELIMIT_REDIS_URL nor REDIS_URL is set: \

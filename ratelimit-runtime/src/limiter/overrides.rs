@@ -3,9 +3,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 
-use super::RateLimiter;
+use super::{Inner, RateLimiter};
 use crate::error::{ConfigError, StoreError};
 use crate::key;
 use crate::policy::Verdict;
@@ -18,6 +18,56 @@ use crate::store::Check;
 pub(crate) struct Overrides {
     any: AtomicBool,
     map: RwLock<HashMap<Box<str>, Quota>>,
+    /// Whether the limiter was installed or ran calls in [`RateLimiter::scope`]: where
+    /// `#[rate_limit]` can see its overrides.
+    used: AtomicBool,
+}
+
+/// Limiters given an override before they were installed or scoped: if the default limiter
+/// is then built from the environment, their overrides reach no `#[rate_limit]`, and
+/// [`warn_unseen_overrides`] says so.
+static NOT_YET_USED: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+
+/// Marks `limiter` as one `#[rate_limit]` sees (installed, or around a scope).
+pub(super) fn mark_used(limiter: &RateLimiter) {
+    limiter.inner.overrides.used.store(true, Ordering::Relaxed);
+}
+
+/// The scopes overridden on live limiters that were never installed nor scoped.
+fn unseen_overrides() -> Vec<Box<str>> {
+    let mut list = NOT_YET_USED.lock().unwrap_or_else(PoisonError::into_inner);
+    list.retain(|weak| weak.strong_count() > 0);
+    let mut scopes: Vec<Box<str>> = list
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|inner| !inner.overrides.used.load(Ordering::Relaxed))
+        .flat_map(|inner| {
+            let map = inner
+                .overrides
+                .map
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            map.keys().cloned().collect::<Vec<_>>()
+        })
+        .collect();
+    scopes.sort_unstable();
+    scopes.dedup();
+    scopes
+}
+
+/// Called when the default limiter is built from the environment, that is when no limiter
+/// was installed: overrides set on a limiter nobody installed would silently do nothing.
+pub(super) fn warn_unseen_overrides() {
+    let scopes = unseen_overrides();
+    if !scopes.is_empty() {
+        tracing::error!(
+            target: crate::observe::log::LIMITER,
+            scopes = ?scopes,
+            "quota overrides were set on a limiter that was never installed: #[rate_limit] uses \
+             the default limiter, which has none; call `.install()` on the limiter that holds them \
+             (or run the calls inside its `scope`)"
+        );
+    }
 }
 
 impl Overrides {
@@ -104,6 +154,16 @@ impl RateLimiter {
             )));
         }
         self.inner.overrides.set(scope, Some(quota));
+        if !self.inner.overrides.used.load(Ordering::Relaxed) {
+            let mut list = NOT_YET_USED.lock().unwrap_or_else(PoisonError::into_inner);
+            list.retain(|weak| weak.strong_count() > 0);
+            if !list
+                .iter()
+                .any(|weak| std::ptr::eq(weak.as_ptr(), Arc::as_ptr(&self.inner)))
+            {
+                list.push(Arc::downgrade(&self.inner));
+            }
+        }
         Ok(())
     }
 
@@ -242,4 +302,41 @@ pub(super) fn install(
         limiter.set_quota(&scope, quota)?;
     }
     Ok(limiter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 28, point 6: an override on a limiter nobody installs is reported (the scopes
+    /// named), one used through `scope` or dropped is not.
+    #[tokio::test]
+    async fn overrides_on_a_limiter_nobody_uses_are_reported() {
+        let has = |scope: &str| unseen_overrides().iter().any(|s| &**s == scope);
+        let orphan = RateLimiter::builder()
+            .override_quota("unseen-at-start", Quota::per_minute(3).unwrap())
+            .build()
+            .await
+            .unwrap();
+        orphan
+            .set_quota("unseen-later", Quota::per_minute(3).unwrap())
+            .unwrap();
+        assert!(has("unseen-at-start") && has("unseen-later"));
+
+        let scoped = RateLimiter::builder().build().await.unwrap();
+        scoped
+            .set_quota("seen-in-scope", Quota::per_minute(3).unwrap())
+            .unwrap();
+        assert!(has("seen-in-scope"));
+        scoped.clone().scope(async {}).await;
+        assert!(!has("seen-in-scope"));
+        // Once used, later overrides are seen too.
+        scoped
+            .set_quota("seen-after-scope", Quota::per_minute(3).unwrap())
+            .unwrap();
+        assert!(!has("seen-after-scope"));
+
+        drop(orphan);
+        assert!(!has("unseen-at-start") && !has("unseen-later"));
+    }
 }
