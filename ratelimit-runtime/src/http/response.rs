@@ -373,6 +373,11 @@ fn fields_with(
 
 /// The policy name of `limits[i]` as a structured-field string: the last segment of its scope,
 /// with `-<i+1>` appended when an earlier limit already has that name.
+#[cfg(all(test, feature = "tower"))]
+pub(crate) fn push_member_name(out: &mut String, limits: &[Limit], i: usize) {
+    push_name(out, limits, i);
+}
+
 fn push_name(out: &mut String, limits: &[Limit], i: usize) {
     let name = short_name(limits[i].scope);
     out.push('"');
@@ -394,6 +399,49 @@ fn name_len(limits: &[Limit], i: usize) -> usize {
         len += 1 + decimal(&mut buf, i as u64 + 1).len();
     }
     len
+}
+
+/// Joins a list field's members for `limits` (`ours`, as [`rate_fields`] formats them) to the
+/// members a response already carries (`theirs`: a route's own `#[rate_limit]` under a
+/// [`crate::RateLimitLayer`]), so that the response has **one** field and one naming rule:
+/// each member is named after its limit's scope, with its 1-based position in the field
+/// appended when an earlier member of the field has that name (`"api"`, `"api-2"`).
+#[cfg(feature = "tower")]
+pub(crate) fn join_members(theirs: &str, ours: &str, limits: &[Limit]) -> String {
+    let theirs = theirs.trim();
+    if theirs.is_empty() {
+        return ours.to_owned();
+    }
+    let member_name = |member: &str| -> Option<String> {
+        let rest = member.trim_start().strip_prefix('"')?;
+        Some(rest[..rest.find('"')?].to_owned())
+    };
+    let mut names: Vec<String> = theirs.split(',').filter_map(member_name).collect();
+    let members: Vec<&str> = ours.split(',').map(str::trim).collect();
+    let mut out = String::with_capacity(theirs.len() + ours.len() + 8);
+    out.push_str(theirs);
+    for (i, member) in members.iter().enumerate() {
+        out.push_str(", ");
+        let (Some(limit), Some(old)) = (
+            limits.get(i).filter(|_| members.len() == limits.len()),
+            member_name(member),
+        ) else {
+            out.push_str(member);
+            continue;
+        };
+        let base = short_name(limit.scope);
+        let mut name = base.to_owned();
+        if names.iter().any(|n| n == base) {
+            name.push('-');
+            push_decimal(&mut name, (names.len() + 1) as u64);
+        }
+        out.push('"');
+        out.push_str(&name);
+        out.push('"');
+        out.push_str(&member.trim_start()[old.len() + 2..]);
+        names.push(base.to_owned());
+    }
+    out
 }
 
 fn short_name(scope: &str) -> &str {

@@ -36,9 +36,12 @@
 //! service sees it:
 //!
 //! * admitted: the inner service's response, with the `RateLimit-Policy` and `RateLimit` fields
-//!   (or the legacy ones, [`crate::HeaderStyle`]) **appended**, so a route that also carries
-//!   `#[rate_limit]` answers both lists. Legacy `X-RateLimit-*` fields describe the tighter of
-//!   the two (the lower remaining);
+//!   (or the legacy ones, [`crate::HeaderStyle`]). A route that also carries `#[rate_limit]`
+//!   answers **one** field of each, the route's members first, then the layer's. Every member is
+//!   named by one rule, for stacked attributes, stacked layer limits and both together: the
+//!   last segment of its limit's scope, with the member's 1-based position in the field
+//!   appended when an earlier member has that name (`"api";q=5;w=60, "api-2";q=100;w=3600`).
+//!   Legacy `X-RateLimit-*` fields describe the tighter of the two (the lower remaining);
 //! * quota spent: the 429 of `#[rate_limit]`, byte for byte (`Retry-After`, the fields, the
 //!   JSON body with [`crate::Builder::message`]);
 //! * store down under [`crate::FailurePolicy::Deny`]: 503; a request lacking what a limit is
@@ -125,7 +128,7 @@ use tower_service::Service;
 
 pub use self::body::LayerBody;
 use crate::http::UserId;
-use crate::http::response::{Fields, Refusal, rate_fields};
+use crate::http::response::{Fields, Refusal, join_members, rate_fields};
 use crate::http::source::{Missing, RequestParts};
 use crate::key;
 use crate::limit::{By, Limit, keys_for};
@@ -363,7 +366,9 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Ends the current limit and starts another, checked with it (all or nothing).
+    /// Ends the current limit and starts another, checked with it (all or nothing). In the
+    /// rate-limit fields, a limit whose scope an earlier one has is named with its position:
+    /// `.scope("api")…and()…` answers `"api";…, "api-2";…` (see the [module docs](self)).
     pub fn and(mut self) -> Self {
         let next = Draft::new();
         self.done.push(std::mem::replace(&mut self.current, next));
@@ -667,7 +672,7 @@ impl Shared {
             Ok(v) if v.is_admitted() => {
                 let fields = rate_fields(&self.limits, &v, settings.http.header_style);
                 let mut response = inner.call(request).await?;
-                add_admitted_fields(response.headers_mut(), fields);
+                add_admitted_fields(response.headers_mut(), fields, &self.limits);
                 Ok(response.map(LayerBody::new))
             }
             Ok(v) => Ok(answer(
@@ -810,10 +815,11 @@ fn answer<B>(
 
 const LEGACY_REMAINING: &str = "x-ratelimit-remaining";
 
-/// Adds the layer's fields to an admitted response: the IETF lists are appended (a route's own
-/// `#[rate_limit]` fields stay, and the lines read as one list); the legacy single values are
-/// the layer's unless the response already describes a limit with no more remaining.
-fn add_admitted_fields(headers: &mut HeaderMap, fields: Fields) {
+/// Adds the layer's fields to an admitted response: the IETF lists join the response's own
+/// (a route's `#[rate_limit]`) into one field each, its members first, named by the one rule
+/// of [`join_members`]; the legacy single values are the layer's unless the response already
+/// describes a limit with no more remaining.
+fn add_admitted_fields(headers: &mut HeaderMap, fields: Fields, limits: &[Limit]) {
     let ours = fields
         .iter()
         .find(|(name, _)| *name == LEGACY_REMAINING)
@@ -831,6 +837,20 @@ fn add_admitted_fields(headers: &mut HeaderMap, fields: Fields) {
             if !keep_theirs {
                 headers.insert(name, value);
             }
+            continue;
+        }
+        let theirs: Vec<&str> = headers
+            .get_all(&name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        if theirs.is_empty() {
+            headers.insert(name, value);
+            continue;
+        }
+        let joined = join_members(&theirs.join(", "), value.to_str().unwrap_or(""), limits);
+        if let Ok(joined) = HeaderValue::try_from(joined) {
+            headers.insert(name, joined);
         } else {
             headers.append(name, value);
         }
@@ -959,8 +979,17 @@ mod tests {
         assert!(!layer.shared.needs_peer);
     }
 
+    fn limit(scope: &'static str) -> Limit {
+        Limit {
+            policy: Policy::from_parts(Algorithm::Fixed, 2, 10_000, 2, 1).unwrap(),
+            scope,
+            by: By::Global,
+            shadow: false,
+        }
+    }
+
     #[test]
-    fn admitted_fields_append_lists_and_keep_the_tighter_legacy_values() {
+    fn admitted_fields_join_lists_and_keep_the_tighter_legacy_values() {
         let mut headers = HeaderMap::new();
         headers.insert("ratelimit", HeaderValue::from_static("\"login\";r=1;t=5"));
         headers.insert(LEGACY_REMAINING, HeaderValue::from_static("1"));
@@ -972,9 +1001,10 @@ mod tests {
                 ("x-ratelimit-limit", "10".to_owned()),
                 (LEGACY_REMAINING, "7".to_owned()),
             ],
+            &[limit("layer")],
         );
         let all: Vec<_> = headers.get_all("ratelimit").iter().collect();
-        assert_eq!(all, ["\"login\";r=1;t=5", "\"layer\";r=7;t=1"]);
+        assert_eq!(all, ["\"login\";r=1;t=5, \"layer\";r=7;t=1"]);
         assert_eq!(headers[LEGACY_REMAINING], "1");
         assert_eq!(headers["x-ratelimit-limit"], "2");
         add_admitted_fields(
@@ -983,9 +1013,63 @@ mod tests {
                 ("x-ratelimit-limit", "3".to_owned()),
                 (LEGACY_REMAINING, "0".to_owned()),
             ],
+            &[limit("layer")],
         );
         assert_eq!(headers[LEGACY_REMAINING], "0");
         assert_eq!(headers["x-ratelimit-limit"], "3");
+    }
+
+    /// Issue 28, point 15: a layer over a route with its own `#[rate_limit]` answers one
+    /// `RateLimit-Policy` and one `RateLimit` field, named by the rule stacked attributes
+    /// follow: a name an earlier member has gets the member's position in the field.
+    #[test]
+    fn a_layer_over_an_attribute_answers_one_field_per_list_named_by_one_rule() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "ratelimit-policy",
+            HeaderValue::from_static("\"api\";q=2;w=10"),
+        );
+        headers.insert("ratelimit", HeaderValue::from_static("\"api\";r=1;t=10"));
+        let ours = [limit("api"), limit("api"), limit("other::daily")];
+        add_admitted_fields(
+            &mut headers,
+            vec![
+                (
+                    "ratelimit-policy",
+                    "\"api\";q=2;w=10, \"api-2\";q=2;w=10, \"daily\";q=2;w=10".to_owned(),
+                ),
+                (
+                    "ratelimit",
+                    "\"api\";r=1;t=9, \"api-2\";r=0;t=9, \"daily\";r=1;t=9".to_owned(),
+                ),
+            ],
+            &ours,
+        );
+        let policy: Vec<_> = headers.get_all("ratelimit-policy").iter().collect();
+        assert_eq!(
+            policy,
+            ["\"api\";q=2;w=10, \"api-2\";q=2;w=10, \"api-3\";q=2;w=10, \"daily\";q=2;w=10"]
+        );
+        let state: Vec<_> = headers.get_all("ratelimit").iter().collect();
+        assert_eq!(
+            state,
+            ["\"api\";r=1;t=10, \"api-2\";r=1;t=9, \"api-3\";r=0;t=9, \"daily\";r=1;t=9"]
+        );
+        // The same limits stacked in one attribute are named the same way.
+        let stacked = [
+            limit("api"),
+            limit("api"),
+            limit("api"),
+            limit("other::daily"),
+        ];
+        let mut names = String::new();
+        for i in 0..stacked.len() {
+            if i > 0 {
+                names.push_str(", ");
+            }
+            crate::http::response::push_member_name(&mut names, &stacked, i);
+        }
+        assert_eq!(names, "\"api\", \"api-2\", \"api-3\", \"daily\"");
     }
 
     #[test]
