@@ -211,6 +211,17 @@
 //! * `metrics` — counters and a store-latency histogram through the `metrics` facade
 //!   ([`observe`]).
 //!
+//! # The guide
+//!
+//! The chapters of [`guide`] are the reference the README points to; their examples are doc
+//! tests: [the attribute](guide::attribute) (arguments, keys, stacking, attribute order,
+//! callers and proxies, responses), [the integrations](guide::integrations) (plain functions,
+//! Axum, Actix-web, tonic), [the Tower layer](guide::layer), [limits that follow the
+//! caller](guide::quotas) (plans, overrides, costs, counting failures),
+//! [algorithms](guide::algorithms), [stores](guide::stores) (Redis, Cluster, engines, failures,
+//! a Redis for limits) and [operations](guide::operations) (shadow mode, exemptions, admin
+//! calls, metrics and logs, the example servers).
+//!
 //! # Where things are
 //!
 //! The everyday types are at the crate root. [`store`] holds the [`Store`] trait for stores of
@@ -244,6 +255,45 @@ mod cost;
 #[doc(hidden)]
 pub mod __private;
 
+/// The guide: the chapters the README points to. Their examples are doc tests, built with
+/// every feature (as docs.rs builds them).
+#[cfg(all(
+    feature = "axum",
+    feature = "actix",
+    feature = "tower",
+    feature = "tonic",
+    feature = "metrics",
+    feature = "cluster"
+))]
+pub mod guide {
+    #[doc = include_str!("../docs/attribute.md")]
+    pub mod attribute {}
+    #[doc = include_str!("../docs/integrations.md")]
+    pub mod integrations {}
+    #[doc = include_str!("../docs/layer.md")]
+    pub mod layer {}
+    #[doc = include_str!("../docs/quotas.md")]
+    pub mod quotas {}
+    #[doc = include_str!("../docs/algorithms.md")]
+    pub mod algorithms {}
+    #[doc = include_str!("../docs/stores.md")]
+    pub mod stores {}
+    #[doc = include_str!("../docs/operations.md")]
+    pub mod operations {}
+}
+
+/// The README's code blocks, compiled and run as doc tests: a snippet that stops compiling
+/// fails `cargo test`.
+#[cfg(all(
+    doctest,
+    feature = "axum",
+    feature = "actix",
+    feature = "tower",
+    feature = "tonic"
+))]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 pub use error::{ConfigError, RateLimitError, StoreError};
 pub use http::settings::{ForwardedHeader, HeaderStyle};
 pub use http::user::UserId;
@@ -262,3 +312,38 @@ pub use ratelimit_macros::rate_limit;
 #[cfg(feature = "cluster")]
 pub use store::RedisClusterStore;
 pub use store::{Check, MemoryStore, RedisStore, Store};
+
+#[cfg(test)]
+mod docs_tests {
+    fn read(path: &str) -> String {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// The gRPC chapter shows `examples/build.rs` (its block cannot be a doc test: it needs the
+    /// build dependencies); it must stay the file the examples build with.
+    #[test]
+    fn the_grpc_chapter_shows_the_build_script_the_examples_use() {
+        let chapter = read("docs/integrations.md");
+        let build = read("../examples/build.rs");
+        assert!(chapter.contains(&format!("```rust,ignore\n{build}```")));
+    }
+
+    /// The algorithm tables of the README and of the algorithms chapter list exactly the
+    /// algorithms there are (`Algorithm::ALL`), each once.
+    #[test]
+    fn the_algorithm_tables_list_every_algorithm() {
+        for path in ["../README.md", "docs/algorithms.md"] {
+            let text = read(path);
+            let mut listed: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+                .filter(|name| *name != "algo")
+                .collect();
+            let mut all: Vec<&str> = crate::Algorithm::ALL.iter().map(|a| a.as_str()).collect();
+            listed.sort_unstable();
+            all.sort_unstable();
+            assert_eq!(listed, all, "{path}");
+        }
+    }
+}

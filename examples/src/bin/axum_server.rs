@@ -13,7 +13,7 @@
 //! Listens on 127.0.0.1:3000 (`PORT` changes the port). Limits are kept in this process's
 //! memory, unless `RATELIMIT_REDIS_URL` (or `REDIS_URL`) is set: then in that Redis.
 //!
-//! Running it in production (the README's "Running in production"):
+//! Running it in production (the guide's operations chapter, `ratelimit_runtime::guide::operations`):
 //!
 //! * `GET /search` — a new limit rolled out in **shadow mode** (`shadow = true`): it never
 //!   rejects, and `ratelimit_calls_total{outcome="shadow_rejected"}` shows what it would reject;
