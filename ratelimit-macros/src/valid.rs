@@ -92,6 +92,9 @@ pub(crate) struct Checked {
     pub(crate) mode: Mode,
     /// For each parameter (receiver excluded), the names its pattern binds.
     pub(crate) params: Vec<Vec<String>>,
+    /// `export = "NAME"` (on any one of the stacked attributes): the const beside the function
+    /// that holds every limit above.
+    pub(crate) export: Option<Ident>,
 }
 
 /// Checks every attribute's arguments (errors found while parsing them included) and the
@@ -142,6 +145,9 @@ pub(crate) fn check(
     let mut framework: Option<Spanned<Framework>> = None;
     // The `by = "url"`s, which a gRPC method cannot have.
     let mut urls: Vec<Span> = Vec::new();
+    let mut export: Option<Ident> = None;
+    // The `quota`s, whose limits no const can name.
+    let mut quotas: Vec<Span> = Vec::new();
 
     for mut args in attrs {
         errors.append(&mut args.errors);
@@ -172,6 +178,25 @@ pub(crate) fn check(
                 urls.push(by.span);
             }
         }
+        if let Some(name) = args.export.take() {
+            match &export {
+                Some(first) => {
+                    let mut e = syn::Error::new(
+                        name.span(),
+                        "one `export` names every limit of this function (all its stacked #[rate_limit]s, in the order written): remove this one",
+                    );
+                    e.combine(syn::Error::new(
+                        first.span(),
+                        "the limits are exported here",
+                    ));
+                    errors.push(e);
+                }
+                None => export = Some(name),
+            }
+        }
+        if let Some(q) = &args.dynamic.quota {
+            quotas.push(q.span);
+        }
         if let Some(key) = &args.key {
             check_template(key, receiver.is_some(), &readable, &mut errors);
         }
@@ -192,6 +217,9 @@ pub(crate) fn check(
         }));
     }
     check_dynamic_mode(&limits, &mode, boxed.is_some(), &mut errors);
+    if let Some(name) = &export {
+        check_export(name, boxed.is_some(), &quotas, &mut errors);
+    }
 
     let name = sig.ident.to_string();
     let name = name.strip_prefix("r#").unwrap_or(&name);
@@ -211,7 +239,28 @@ pub(crate) fn check(
             limits,
             mode,
             params,
+            export,
         }),
+    }
+}
+
+/// Where `export` cannot name the limits: on an `#[async_trait]` method (the const would be an
+/// item of a trait or trait impl, which holds the trait's items only), and beside a `quota`
+/// (its limit's numbers, part of its key, come per caller at run time).
+fn check_export(name: &Ident, boxed: bool, quotas: &[Span], errors: &mut Vec<syn::Error>) {
+    if boxed {
+        errors.push(syn::Error::new(
+            name.span(),
+            "`export` is not available on the methods of #[async_trait] impls and traits: the const would be an item of the trait (impl), which holds the trait's items only; export from a free function or an inherent method, or name the limits with `Limit::new`",
+        ));
+    }
+    for quota in quotas {
+        let mut e = syn::Error::new(
+            name.span(),
+            "`export` names limits fixed at compile time, but a limit with `quota` takes its num, time and burst (part of its key) from each caller at run time: name that caller's limit with `Limit::new` and the caller's quota",
+        );
+        e.combine(syn::Error::new(*quota, "the quota is given here"));
+        errors.push(e);
     }
 }
 
