@@ -217,7 +217,17 @@ fn export_const(func: &ItemFn, name: &Ident, fn_name: &str, limits: &TokenStream
     let doc = format!(
         "The limits `#[rate_limit]` checks on `{fn_name}`, in the order its attributes are written: name them in the admin calls (`RateLimiter::peek`, `reset`, `block`)."
     );
-    quote! {
+    // The item shown at the name, so an impl that cannot hold it points there.
+    let span = at(name.span());
+    let vis: TokenStream = vis
+        .to_token_stream()
+        .into_iter()
+        .map(|mut tree| {
+            tree.set_span(span);
+            tree
+        })
+        .collect();
+    quote_spanned! {span=>
         #(#cfgs)*
         #[doc = #doc]
         #vis const #name: &'static [#p::Limit] = &#limits;
