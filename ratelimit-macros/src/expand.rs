@@ -97,34 +97,9 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
         let s = func.sig.ident.to_string();
         s.strip_prefix("r#").unwrap_or(&s).to_owned()
     };
-    let limits = checked.limits.iter().map(|l| {
-        let algo = Ident::new(l.algo.variant(), Span::call_site());
-        let (num, ms, burst, cost) = numbers(l);
-        let scope = l.scope.as_ref().map_or_else(
-            || quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
-            |s| quote!(#s),
-        );
-        let by = match &l.by {
-            By::Global => quote!(#p::By::Global),
-            By::Ip => quote!(#p::By::Ip),
-            By::Url => quote!(#p::By::Url),
-            By::User => quote!(#p::By::User),
-            By::AppId => quote!(#p::By::AppId),
-            By::Header(h) => quote!(#p::By::Header(#h)),
-        };
-        let shadow = l.shadow;
-        quote! {
-            #p::Limit {
-                policy: #p::policy(#p::Algorithm::#algo, #num, #ms, #burst, #cost),
-                scope: #scope,
-                by: #by,
-                shadow: #shadow,
-            }
-        }
-    });
     // One list of limits, written once: the check's static and the exported const (when
     // asked for) hold these same tokens, so the admin calls name exactly what is checked.
-    let limits = quote!([#(#limits),*]);
+    let limits = limit_array(checked, &fn_name);
     let export = checked
         .export
         .as_ref()
@@ -232,6 +207,38 @@ fn export_const(func: &ItemFn, name: &Ident, fn_name: &str, limits: &TokenStream
         #[doc = #doc]
         #vis const #name: &'static [#p::Limit] = &#limits;
     }
+}
+
+/// `[Limit { … }, …]`: the function's limits, one per attribute in the order written (the
+/// default scope is `fn_name` in its module).
+fn limit_array(checked: &Checked, fn_name: &str) -> TokenStream {
+    let p = private();
+    let limits = checked.limits.iter().map(|l| {
+        let algo = Ident::new(l.algo.variant(), Span::call_site());
+        let (num, ms, burst, cost) = numbers(l);
+        let scope = l.scope.as_ref().map_or_else(
+            || quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
+            |s| quote!(#s),
+        );
+        let by = match &l.by {
+            By::Global => quote!(#p::By::Global),
+            By::Ip => quote!(#p::By::Ip),
+            By::Url => quote!(#p::By::Url),
+            By::User => quote!(#p::By::User),
+            By::AppId => quote!(#p::By::AppId),
+            By::Header(h) => quote!(#p::By::Header(#h)),
+        };
+        let shadow = l.shadow;
+        quote! {
+            #p::Limit {
+                policy: #p::policy(#p::Algorithm::#algo, #num, #ms, #burst, #cost),
+                scope: #scope,
+                by: #by,
+                shadow: #shadow,
+            }
+        }
+    });
+    quote!([#(#limits),*])
 }
 
 /// Whether a limit reads a header (`by = "header:…"`, `"app_id"`): otherwise the hidden
