@@ -24,6 +24,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "quota",
     "count",
     "shadow",
+    "export",
 ];
 
 /// Names people write for an argument by habit (other libraries' words), and the right one.
@@ -60,6 +61,8 @@ const ALIASES: &[(&str, &str)] = &[
     ("counts", "count"),
     ("dry_run", "shadow"),
     ("dryrun", "shadow"),
+    ("export_as", "export"),
+    ("exports", "export"),
 ];
 
 /// The algorithms `algo` accepts.
@@ -185,6 +188,9 @@ pub(crate) struct Args {
     pub(crate) dynamic: DynamicArgs,
     /// `shadow = true`: rejections are logged and counted, never enforced.
     pub(crate) shadow: Option<Spanned<bool>>,
+    /// `export = "LOGIN"`: the name of the const that holds the function's limits, spanned at
+    /// the literal.
+    pub(crate) export: Option<Ident>,
     /// Every mistake found while reading the values.
     pub(crate) errors: Vec<syn::Error>,
     /// The names written, right or wrong (an alias counts as the name it stands for), so that
@@ -269,6 +275,7 @@ impl Args {
             framework: None,
             dynamic: DynamicArgs::default(),
             shadow: None,
+            export: None,
             errors: Vec::new(),
             written: Vec::new(),
             broken: false,
@@ -318,6 +325,7 @@ impl Args {
             "scope" => parse_scope(value).map(|v| self.scope = Some(v)),
             "framework" => parse_framework(value).map(|v| self.framework = Some(v)),
             "shadow" => parse_shadow(value).map(|v| self.shadow = Some(v)),
+            "export" => parse_export(value).map(|v| self.export = Some(v)),
             _ => unreachable!("every known name has a parser"),
         };
         if let Err(e) = result {
@@ -799,6 +807,25 @@ fn parse_scope(value: &Expr) -> syn::Result<Spanned<String>> {
         value: scope,
         span: lit.span(),
     })
+}
+
+const EXPORTS: &str = "the name of the const that will hold this function's limits, an identifier such as `export = \"LOGIN\"`";
+
+/// `export`: a plain identifier (not a keyword, not `_`, not raw), made an `Ident` at the
+/// literal, so the const is named where the user wrote its name.
+fn parse_export(value: &Expr) -> syn::Result<Ident> {
+    let lit = lit_str("export", value, EXPORTS)?;
+    let text = lit.value();
+    match syn::parse_str::<Ident>(&text) {
+        Ok(ident) if ident == text && !text.starts_with("r#") => Ok(Ident::new(&text, lit.span())),
+        _ => Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "invalid export \"{}\": `export` takes {EXPORTS}",
+                text.escape_default()
+            ),
+        )),
+    }
 }
 
 fn parse_framework(value: &Expr) -> syn::Result<Spanned<Framework>> {

@@ -97,35 +97,17 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
         let s = func.sig.ident.to_string();
         s.strip_prefix("r#").unwrap_or(&s).to_owned()
     };
-    let limits = checked.limits.iter().map(|l| {
-        let algo = Ident::new(l.algo.variant(), Span::call_site());
-        let (num, ms, burst, cost) = numbers(l);
-        let scope = l.scope.as_ref().map_or_else(
-            || quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
-            |s| quote!(#s),
-        );
-        let by = match &l.by {
-            By::Global => quote!(#p::By::Global),
-            By::Ip => quote!(#p::By::Ip),
-            By::Url => quote!(#p::By::Url),
-            By::User => quote!(#p::By::User),
-            By::AppId => quote!(#p::By::AppId),
-            By::Header(h) => quote!(#p::By::Header(#h)),
-        };
-        let shadow = l.shadow;
-        quote! {
-            #p::Limit {
-                policy: #p::policy(#p::Algorithm::#algo, #num, #ms, #burst, #cost),
-                scope: #scope,
-                by: #by,
-                shadow: #shadow,
-            }
-        }
-    });
+    // One list of limits, written once: the check's static and the exported const (when
+    // asked for) hold these same tokens, so the admin calls name exactly what is checked.
+    let limits = limit_array(checked, &fn_name);
+    let export = checked
+        .export
+        .as_ref()
+        .map(|name| export_const(func, name, &fn_name, &limits));
     let dynamic = checked.limits.iter().any(valid::Limit::is_dynamic);
     let dyn_static = dynamic.then(|| dynamic_static(checked));
     let statics = quote! {
-        static #limits_ident: [#p::Limit; #n] = [#(#limits),*];
+        static #limits_ident: [#p::Limit; #n] = #limits;
         #dyn_static
     };
 
@@ -168,7 +150,7 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
             .iter()
             .find_map(|l| l.dynamic.count.as_ref().map(|c| c.span)),
     });
-    match &checked.mode {
+    let item = match &checked.mode {
         Mode::Plain { ret } => plain(
             func,
             *ret,
@@ -191,7 +173,72 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
             dynamic.as_ref(),
             reads_headers(checked),
         ),
+    };
+    quote!(#export #item)
+}
+
+/// `export = "NAME"`: `const NAME: &'static [Limit] = &[…];` beside the function, with its
+/// visibility and its `cfg`s, holding `limits` (the tokens of the check's static). Beside a
+/// free function it is an item of the module; beside a method, an associated const of the
+/// impl (`Self::NAME`). The name keeps the literal's span, so that a clash or an impl that
+/// cannot hold it (a trait impl: "not a member of trait") is reported there.
+fn export_const(func: &ItemFn, name: &Ident, fn_name: &str, limits: &TokenStream) -> TokenStream {
+    let p = private();
+    let vis = &func.vis;
+    let cfgs = func
+        .attrs
+        .iter()
+        .filter(|a| matches!(a.style, AttrStyle::Outer) && a.path().is_ident("cfg"));
+    let doc = format!(
+        "The limits `#[rate_limit]` checks on `{fn_name}`, in the order its attributes are written: name them in the admin calls (`RateLimiter::peek`, `reset`, `block`)."
+    );
+    // The item shown at the name, so an impl that cannot hold it points there.
+    let span = at(name.span());
+    let vis: TokenStream = vis
+        .to_token_stream()
+        .into_iter()
+        .map(|mut tree| {
+            tree.set_span(span);
+            tree
+        })
+        .collect();
+    quote_spanned! {span=>
+        #(#cfgs)*
+        #[doc = #doc]
+        #vis const #name: &'static [#p::Limit] = &#limits;
     }
+}
+
+/// `[Limit { … }, …]`: the function's limits, one per attribute in the order written (the
+/// default scope is `fn_name` in its module).
+fn limit_array(checked: &Checked, fn_name: &str) -> TokenStream {
+    let p = private();
+    let limits = checked.limits.iter().map(|l| {
+        let algo = Ident::new(l.algo.variant(), Span::call_site());
+        let (num, ms, burst, cost) = numbers(l);
+        let scope = l.scope.as_ref().map_or_else(
+            || quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
+            |s| quote!(#s),
+        );
+        let by = match &l.by {
+            By::Global => quote!(#p::By::Global),
+            By::Ip => quote!(#p::By::Ip),
+            By::Url => quote!(#p::By::Url),
+            By::User => quote!(#p::By::User),
+            By::AppId => quote!(#p::By::AppId),
+            By::Header(h) => quote!(#p::By::Header(#h)),
+        };
+        let shadow = l.shadow;
+        quote! {
+            #p::Limit {
+                policy: #p::policy(#p::Algorithm::#algo, #num, #ms, #burst, #cost),
+                scope: #scope,
+                by: #by,
+                shadow: #shadow,
+            }
+        }
+    });
+    quote!([#(#limits),*])
 }
 
 /// Whether a limit reads a header (`by = "header:…"`, `"app_id"`): otherwise the hidden
@@ -1121,6 +1168,136 @@ mod tests {
         )
         .to_string();
         assert!(out.contains("works on `async fn` only"), "{out}");
+    }
+
+    /// The output of an `export`ing attribute: the const, then the function.
+    fn expand_export(args: TokenStream, item: TokenStream) -> (syn::ItemConst, ItemFn) {
+        let out = rate_limit(args, item);
+        let file: syn::File = syn::parse2(out.clone()).unwrap_or_else(|e| panic!("{e}: {out}"));
+        match <[syn::Item; 2]>::try_from(file.items) {
+            Ok([syn::Item::Const(c), syn::Item::Fn(f)]) => (c, f),
+            _ => panic!("expected a const and a fn: {out}"),
+        }
+    }
+
+    #[test]
+    fn export_is_a_const_beside_the_function_with_the_checked_limits() {
+        let (c, f) = expand_export(
+            quote!(
+                algo = "gcra",
+                num = 2,
+                time = 60,
+                burst = 4,
+                key = "{user}",
+                export = "LOGIN"
+            ),
+            quote! {
+                #[cfg(unix)]
+                pub(crate) async fn login(user: &str) -> Result<(), E> { Ok(()) }
+            },
+        );
+        assert_eq!(c.ident, "LOGIN");
+        assert_eq!(compact(&c.vis), "pub(crate)");
+        assert_eq!(
+            compact(&c.ty),
+            "&'static[::ratelimit_runtime::__private::Limit]"
+        );
+        let cfg: Vec<String> = c
+            .attrs
+            .iter()
+            .filter(|a| a.path().is_ident("cfg"))
+            .map(compact)
+            .collect();
+        assert_eq!(cfg, ["#[cfg(unix)]"]);
+        assert!(c.attrs.iter().any(|a| a.path().is_ident("doc")));
+        // The const's value is the check's static's, token for token.
+        let value = compact(&c.expr);
+        let array = value.strip_prefix('&').unwrap_or_else(|| panic!("{value}"));
+        assert!(
+            array.contains("policy(::ratelimit_runtime::__private::Algorithm::Gcra,2,60000,4,1)"),
+            "{array}"
+        );
+        assert!(
+            array.contains("::core::concat!(::core::module_path!(),\"::\",\"login\")"),
+            "{array}"
+        );
+        let body = compact(&f.block);
+        assert!(
+            body.contains(&format!(
+                "static__RATELIMIT_LIMITS:[::ratelimit_runtime::__private::Limit;1usize]={array};"
+            )),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn one_export_names_the_whole_stack_from_any_attribute() {
+        let (c, f) = expand_export(
+            quote!(num = 3, time = 60),
+            quote! {
+                #[rate_limit(algo = "token", num = 5, time = "1h", export = "SEND", shadow = true)]
+                async fn send(&self) -> Result<(), E> { Ok(()) }
+            },
+        );
+        assert_eq!(c.ident, "SEND");
+        assert!(c.vis == syn::Visibility::Inherited);
+        let value = compact(&c.expr);
+        assert_eq!(value.matches("Limit{").count(), 2, "{value}");
+        let fixed = value.find("Algorithm::Fixed,3,60000,3,1").unwrap();
+        let token = value.find("Algorithm::Token,5,3600000,5,1").unwrap();
+        assert!(fixed < token, "{value}");
+        assert!(value.contains("shadow:true"), "{value}");
+        assert!(compact(&f.block).contains(&format!("Limit;2usize]={};", &value[1..])));
+    }
+
+    #[test]
+    fn export_mistakes_are_errors_at_the_name() {
+        let out = rate_limit(
+            quote!(num = 5, time = 1, export = "login-limits"),
+            quote! {
+                async fn f() -> Result<(), E> { Ok(()) }
+            },
+        )
+        .to_string();
+        assert!(out.contains("invalid export \\\"login-limits\\\""), "{out}");
+        for bad in ["", "fn", "_", "r#x", "A B", "1A"] {
+            let out = rate_limit(
+                quote!(num = 5, time = 1, export = #bad),
+                quote! {
+                    async fn f() -> Result<(), E> { Ok(()) }
+                },
+            )
+            .to_string();
+            assert!(out.contains("invalid export"), "{bad}: {out}");
+        }
+        let out = rate_limit(
+            quote!(num = 5, time = 1, export = "A"),
+            quote! {
+                #[rate_limit(num = 50, time = 60, export = "B")]
+                async fn f() -> Result<(), E> { Ok(()) }
+            },
+        )
+        .to_string();
+        assert!(out.contains("one `export` names every limit"), "{out}");
+        assert!(!out.contains("const"), "{out}");
+        let out = rate_limit(
+            quote!(quota = "{plan}", export = "A"),
+            quote! { async fn f(plan: Quota) -> Result<(), E> { Ok(()) } },
+        )
+        .to_string();
+        assert!(
+            out.contains("`export` names limits fixed at compile time"),
+            "{out}"
+        );
+        let out = rate_limit(
+            quote!(num = 5, time = 1, export = "A"),
+            async_trait_shaped(),
+        )
+        .to_string();
+        assert!(
+            out.contains("not available on the methods of #[async_trait]"),
+            "{out}"
+        );
     }
 
     #[test]

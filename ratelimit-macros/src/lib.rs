@@ -30,18 +30,19 @@ use proc_macro::TokenStream;
 ///
 /// | argument | meaning | default |
 /// | --- | --- | --- |
-/// | `algo` | `"fixed"`, `"sliding"`, `"leaky"` or `"token"` | `"fixed"` |
+/// | `algo` | `"fixed"`, `"sliding"`, `"sliding_counter"`, `"leaky"`, `"token"` or `"gcra"` | `"fixed"` |
 /// | `num` | calls allowed per `time` (a positive integer); for the buckets, the refill/drain amount per `time` and the capacity unless `burst` is given | required |
 /// | `time` | the period: integer seconds, or `"500ms"`, `"10s"`, `"1m"`, `"1h"`, `"1d"` | required |
 /// | `by` | what identifies a caller: `"global"`, `"ip"`, `"url"`, `"user"`, `"app_id"`, `"header:<name>"` | `"global"` |
 /// | `key` | a fixed key (`"login"`) or a template over the arguments: `"sms:{phone}"`, `"{form.phone}"`, `"{self.tenant}"`; `{{` and `}}` are literal braces; values are formatted with `Display` | none |
-/// | `burst` | bucket capacity for `"leaky"`/`"token"` when it differs from `num` | `num` |
+/// | `burst` | bucket capacity for `"leaky"`/`"token"`/`"gcra"` when it differs from `num` (the windows take none) | `num` |
 /// | `cost` | units one call takes (at most the capacity) | `1` |
 /// | `scope` | the bucket's name: functions with the same scope share quota; 1–200 of `A-Z a-z 0-9 _ : . - /` | the module path and function name |
 /// | `framework` | `"axum"` or `"actix"`: makes the function a handler of that framework (checked against the enabled features) | none |
 /// | `quota` | the limit's `num`, period and `burst` per caller, at run time: `"request"` (handlers: the `Quota` the auth layer put in the request extensions) or `"{arg}"` (an argument of type `Quota`, `&Quota` or `Option<Quota>`); replaces `num`/`time`/`burst` | none |
 /// | `count` | which outcomes count: `"err"` or `"ok"` (plain functions: the result); `"errors"` (4xx and 5xx), `"4xx"`, `"5xx"`, `"4xx,5xx"` (handlers: the status) | every call |
 /// | `shadow` | `true`: shadow mode — checked and counted as usual, a rejection is only logged and counted (`shadow_rejected`), never enforced; the function runs, and a handler's responses carry no rate-limit headers | `false` |
+/// | `export` | `"NAME"`: a `const NAME: &'static [Limit]` beside the function holding the limits it checks, for the admin calls (see [Exported limits](#exported-limits)) | none |
 ///
 /// `num`, `time`, `burst` and `cost` also take a `const` item (`num = LOGIN_ATTEMPTS`: a
 /// `u64`; `time = WINDOW`: a `std::time::Duration`), checked at compile time by the same rules
@@ -114,6 +115,47 @@ use proc_macro::TokenStream;
 /// Several `#[rate_limit]` on one function all apply, checked in one call (one Redis round
 /// trip): the call runs only if every limit admits it, and a rejected call takes nothing from
 /// any limit.
+///
+/// # Exported limits
+///
+/// `export = "NAME"` emits, beside the function and with its visibility (and its `#[cfg]`s),
+/// `const NAME: &'static [ratelimit_runtime::Limit]`: the very limits the function checks
+/// (written once by the macro for both), with their scope (the default one included), policy
+/// (`algo`, `num`, `time`, `burst`, `cost`), `by` and `shadow`. The admin calls
+/// (`RateLimiter::peek`, `reset`, `block`) then name the function, not its numbers, and cannot
+/// address another key by a forgotten `burst`:
+///
+/// ```
+/// use ratelimit_runtime::{rate_limit, RateLimitError, RateLimiter, Target};
+///
+/// #[rate_limit(algo = "gcra", num = 3, time = 10, burst = 5, key = "{user}", export = "LOGIN")]
+/// async fn login(user: &str) -> Result<(), RateLimitError> {
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RateLimiter::builder().build().await?;
+/// limiter.clone().scope(async { login("alice").await }).await?;
+/// let alice = Target::global().key("alice");
+/// assert_eq!(limiter.peek(LOGIN, &alice).await?.decisions()[0].remaining, 4);
+/// limiter.reset(LOGIN, &alice).await?;
+/// # Ok(()) }
+/// ```
+///
+/// * On a method of an inherent impl it is an associated const: `Self::NAME` inside the impl,
+///   `Type::NAME` outside. In a trait impl there is no room for it (rustc: "not a member of
+///   trait", at the name), and on `#[async_trait]` methods `export` is refused.
+/// * Stacked attributes: one `export`, on any one of them, names every limit of the function
+///   in the order the attributes are written (`&NAME[1..]` for some of them); a second one is
+///   an error.
+/// * `cost = <expression>`: the exported limit holds cost 1 (the per-call cost is no part of
+///   the key), so `peek` reads the units taken and `admitted` says whether one unit fits.
+///   `count` changes nothing exported. `quota` is refused: its numbers, part of the key, come
+///   per caller.
+/// * Under Actix-web's routing macros (`#[get]` above `#[rate_limit]`) the handler and the
+///   const are moved inside the service those macros generate, out of reach: register such a
+///   handler with `web::resource(...).route(...)` instead to export its limits.
 ///
 /// # Attribute order
 ///

@@ -92,6 +92,9 @@ pub(crate) struct Checked {
     pub(crate) mode: Mode,
     /// For each parameter (receiver excluded), the names its pattern binds.
     pub(crate) params: Vec<Vec<String>>,
+    /// `export = "NAME"` (on any one of the stacked attributes): the const beside the function
+    /// that holds every limit above.
+    pub(crate) export: Option<Ident>,
 }
 
 /// Checks every attribute's arguments (errors found while parsing them included) and the
@@ -142,6 +145,7 @@ pub(crate) fn check(
     let mut framework: Option<Spanned<Framework>> = None;
     // The `by = "url"`s, which a gRPC method cannot have.
     let mut urls: Vec<Span> = Vec::new();
+    let mut export: Option<Ident> = None;
 
     for mut args in attrs {
         errors.append(&mut args.errors);
@@ -150,21 +154,7 @@ pub(crate) fn check(
         }
         if let Some(f) = &args.framework {
             http.get_or_insert(f.span);
-            match &framework {
-                Some(first) if first.value != f.value => {
-                    let mut e = syn::Error::new(
-                        f.span,
-                        "stacked #[rate_limit] attributes name different frameworks: a handler belongs to one framework",
-                    );
-                    e.combine(syn::Error::new(
-                        first.span,
-                        "the other framework is named here",
-                    ));
-                    errors.push(e);
-                }
-                Some(_) => {}
-                None => framework = Some(f.clone()),
-            }
+            one_framework(&mut framework, f, &mut errors);
         }
         if let Some(by) = args.by.as_ref().filter(|b| b.value.is_http()) {
             http.get_or_insert(by.span);
@@ -172,6 +162,7 @@ pub(crate) fn check(
                 urls.push(by.span);
             }
         }
+        take_export(&mut args, &mut export, &mut errors);
         if let Some(key) = &args.key {
             check_template(key, receiver.is_some(), &readable, &mut errors);
         }
@@ -192,6 +183,7 @@ pub(crate) fn check(
         }));
     }
     check_dynamic_mode(&limits, &mode, boxed.is_some(), &mut errors);
+    check_export(export.as_ref(), boxed.is_some(), &limits, &mut errors);
 
     let name = sig.ident.to_string();
     let name = name.strip_prefix("r#").unwrap_or(&name);
@@ -211,7 +203,75 @@ pub(crate) fn check(
             limits,
             mode,
             params,
+            export,
         }),
+    }
+}
+
+/// The one framework of a stack: `f` when none was named yet, an error when another was.
+fn one_framework(
+    framework: &mut Option<Spanned<Framework>>,
+    f: &Spanned<Framework>,
+    errors: &mut Vec<syn::Error>,
+) {
+    match framework {
+        Some(first) if first.value != f.value => {
+            let mut e = syn::Error::new(
+                f.span,
+                "stacked #[rate_limit] attributes name different frameworks: a handler belongs to one framework",
+            );
+            e.combine(syn::Error::new(
+                first.span,
+                "the other framework is named here",
+            ));
+            errors.push(e);
+        }
+        Some(_) => {}
+        None => *framework = Some(f.clone()),
+    }
+}
+
+/// The one `export` of a stack: a second one is an error.
+fn take_export(args: &mut Args, export: &mut Option<Ident>, errors: &mut Vec<syn::Error>) {
+    let Some(name) = args.export.take() else {
+        return;
+    };
+    match export {
+        Some(first) => {
+            let mut e = syn::Error::new(
+                name.span(),
+                "one `export` names every limit of this function (all its stacked #[rate_limit]s, in the order written): remove this one",
+            );
+            e.combine(syn::Error::new(
+                first.span(),
+                "the limits are exported here",
+            ));
+            errors.push(e);
+        }
+        None => *export = Some(name),
+    }
+}
+
+/// Where `export` cannot name the limits: on an `#[async_trait]` method (the const would be an
+/// item of a trait or trait impl, which holds the trait's items only), and beside a `quota`
+/// (its limit's numbers, part of its key, come per caller at run time).
+fn check_export(name: Option<&Ident>, boxed: bool, limits: &[Limit], errors: &mut Vec<syn::Error>) {
+    let Some(name) = name else {
+        return;
+    };
+    if boxed {
+        errors.push(syn::Error::new(
+            name.span(),
+            "`export` is not available on the methods of #[async_trait] impls and traits: the const would be an item of the trait (impl), which holds the trait's items only; export from a free function or an inherent method, or name the limits with `Limit::new`",
+        ));
+    }
+    for quota in limits.iter().filter_map(|l| l.dynamic.quota.as_ref()) {
+        let mut e = syn::Error::new(
+            name.span(),
+            "`export` names limits fixed at compile time, but a limit with `quota` takes its num, time and burst (part of its key) from each caller at run time: name that caller's limit with `Limit::new` and the caller's quota",
+        );
+        e.combine(syn::Error::new(quota.span, "the quota is given here"));
+        errors.push(e);
     }
 }
 

@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-/// The four rate-limiting algorithms.
+/// The six rate-limiting algorithms (`burst` is the capacity of the buckets, `leaky` and
+/// `token`, and of `gcra`; the windows' capacity is `num`).
 ///
 /// ```
 /// use ratelimit_runtime::Algorithm;
@@ -254,7 +255,8 @@ impl Policy {
         Self::from_parts(algorithm, limit, ms as u64, limit, 1)
     }
 
-    /// Sets the bucket capacity (meaningful for `leaky` and `token`; the others ignore it).
+    /// Sets the bucket capacity (meaningful for `leaky`, `token` and `gcra`; the windows ignore
+    /// it).
     pub const fn with_burst(self, burst: u64) -> Result<Self, PolicyError> {
         Self::from_parts(self.algorithm, self.limit, self.period_ms, burst, self.cost)
     }

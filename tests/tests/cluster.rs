@@ -1,5 +1,5 @@
 //! The Redis Cluster store against a real local cluster (3 masters + 3 replicas, started by the
-//! tests): the shared scenarios for all four algorithms with keys on every master, stacked
+//! tests): the shared scenarios for all six algorithms with keys on every master, stacked
 //! limits in one slot (one atomic script) and across slots (refund compensation, also refunds
 //! delivered late or twice), and a master killed under load.
 //!

@@ -716,6 +716,201 @@ async fn cluster_peek_reset_and_block() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// `export`: the attribute names its own limits for the admin calls.
+
+#[rate_limit(
+    algo = "sliding",
+    num = 3,
+    time = 60,
+    key = "{user}",
+    export = "EXPORTED_LOGIN"
+)]
+async fn exported_login(user: &str) -> Result<(), RateLimitError> {
+    let _ = user;
+    Ok(())
+}
+
+#[derive(Debug)]
+struct Accounts;
+
+impl Accounts {
+    // No `scope`: the default one (module path and name) is exported too.
+    #[rate_limit(num = 2, time = 60, key = "{user}", export = "SIGN_IN")]
+    async fn sign_in(&self, user: &str) -> Result<(), RateLimitError> {
+        let _ = user;
+        Ok(())
+    }
+
+    /// Inside the impl the const is `Self::SIGN_IN`.
+    async fn sign_ins_left(&self, limiter: &RateLimiter, user: &str) -> u64 {
+        let target = Target::global().key(user);
+        limiter
+            .peek(Self::SIGN_IN, &target)
+            .await
+            .unwrap()
+            .decisions()[0]
+            .remaining
+    }
+}
+
+/// The exported limits are the ones checked: after k calls `peek` reads `num - k`, a reset
+/// gives the whole quota back, a block rejects the next call; for a free function and for a
+/// method (`Type::NAME`, `Self::NAME`), on memory and on Redis.
+#[tokio::test]
+async fn exported_limits_peek_reset_and_block_what_the_function_checks() {
+    assert_eq!(EXPORTED_LOGIN.len(), 1);
+    assert_eq!(EXPORTED_LOGIN[0].scope, "ops::exported_login");
+    assert_eq!(Accounts::SIGN_IN[0].scope, "ops::sign_in");
+    for (limiter, env) in [Env::memory().await, Env::redis().await] {
+        let name = if env.exact() { "memory" } else { "redis" };
+        limiter
+            .clone()
+            .scope(async {
+                let alice = Target::global().key("alice");
+                for k in 1..=3 {
+                    exported_login("alice").await.unwrap();
+                    let v = limiter.peek(EXPORTED_LOGIN, &alice).await.unwrap();
+                    assert_eq!(v.decisions()[0].remaining, 3 - k, "{name}");
+                    assert_eq!(v.decisions()[0].limit, 3, "{name}");
+                }
+                assert!(exported_login("alice").await.unwrap_err().is_limited());
+                assert!(
+                    !limiter
+                        .peek(EXPORTED_LOGIN, &alice)
+                        .await
+                        .unwrap()
+                        .is_admitted()
+                );
+                limiter.reset(EXPORTED_LOGIN, &alice).await.unwrap();
+                let v = limiter.peek(EXPORTED_LOGIN, &alice).await.unwrap();
+                assert_eq!(v.decisions()[0].remaining, 3, "{name}");
+                exported_login("alice").await.unwrap();
+
+                let bob = Target::global().key("bob");
+                limiter
+                    .block(EXPORTED_LOGIN, &bob, Duration::from_secs(600))
+                    .await
+                    .unwrap();
+                let err = exported_login("bob").await.unwrap_err();
+                assert!(err.is_limited(), "{name}: {err}");
+                assert!(
+                    err.retry_after().unwrap() > Duration::from_secs(599),
+                    "{name}"
+                );
+
+                let accounts = Accounts;
+                accounts.sign_in("carol").await.unwrap();
+                assert_eq!(accounts.sign_ins_left(&limiter, "carol").await, 1, "{name}");
+                let carol = Target::global().key("carol");
+                limiter
+                    .block(Accounts::SIGN_IN, &carol, Duration::from_secs(600))
+                    .await
+                    .unwrap();
+                assert!(accounts.sign_in("carol").await.unwrap_err().is_limited());
+                limiter.reset(Accounts::SIGN_IN, &carol).await.unwrap();
+                assert_eq!(accounts.sign_ins_left(&limiter, "carol").await, 2, "{name}");
+            })
+            .await;
+    }
+}
+
+#[rate_limit(
+    algo = "gcra",
+    num = 2,
+    time = 60,
+    burst = 4,
+    key = "{user}",
+    export = "GCRA_LOGIN"
+)]
+async fn gcra_login(user: &str) -> Result<(), RateLimitError> {
+    let _ = user;
+    Ok(())
+}
+
+/// The failure the export removes: a `Limit` written by hand without the attribute's `burst`
+/// addresses another key (`peek` reads a fresh bucket, `block` blocks nobody), while the
+/// exported one reads the spent bucket and blocks the caller.
+#[tokio::test]
+async fn the_export_keeps_the_burst_a_hand_written_limit_forgets() {
+    let forgotten = [Limit::new(
+        Policy::new(Algorithm::Gcra, 2, Duration::from_secs(60)).unwrap(),
+        "ops::gcra_login",
+        By::Global,
+    )];
+    assert_eq!(GCRA_LOGIN[0].scope, forgotten[0].scope);
+    assert_eq!(GCRA_LOGIN[0].policy.burst(), 4);
+    for (limiter, env) in [Env::memory().await, Env::redis().await] {
+        let name = if env.exact() { "memory" } else { "redis" };
+        limiter
+            .clone()
+            .scope(async {
+                let dave = Target::global().key("dave");
+                for _ in 0..3 {
+                    gcra_login("dave").await.unwrap();
+                }
+                let exported = limiter.peek(GCRA_LOGIN, &dave).await.unwrap();
+                assert_eq!(exported.decisions()[0].limit, 4, "{name}");
+                assert_eq!(exported.decisions()[0].remaining, 1, "{name}");
+                let wrong = limiter.peek(&forgotten, &dave).await.unwrap();
+                assert_eq!(wrong.decisions()[0].limit, 2, "{name}");
+                assert_eq!(wrong.decisions()[0].remaining, 2, "{name}: a fresh bucket");
+                // Blocking through the wrong key blocks nobody; through the export, dave.
+                limiter
+                    .block(&forgotten, &dave, Duration::from_secs(600))
+                    .await
+                    .unwrap();
+                gcra_login("dave").await.unwrap();
+                let erin = Target::global().key("erin");
+                limiter
+                    .block(GCRA_LOGIN, &erin, Duration::from_secs(600))
+                    .await
+                    .unwrap();
+                assert!(gcra_login("erin").await.unwrap_err().is_limited(), "{name}");
+            })
+            .await;
+    }
+}
+
+#[rate_limit(num = 10, time = 60, key = "{user}", cost = units)]
+#[rate_limit(
+    algo = "token",
+    num = 100,
+    time = "1h",
+    key = "{user}",
+    export = "UPLOAD"
+)]
+async fn upload(user: &str, units: u64) -> Result<(), RateLimitError> {
+    let _ = (user, units);
+    Ok(())
+}
+
+/// One `export` names every stacked limit of the function, in the order written, whichever
+/// attribute carries it; a limit with `cost = <expression>` is exported with its key (the
+/// per-call cost is no part of it), so `peek` reads the units the calls took.
+#[tokio::test]
+async fn one_export_names_every_stacked_limit() {
+    assert_eq!(UPLOAD.len(), 2);
+    let (limiter, _env) = Env::memory().await;
+    limiter
+        .clone()
+        .scope(async {
+            upload("frank", 3).await.unwrap();
+            upload("frank", 4).await.unwrap();
+            let frank = Target::global().key("frank");
+            let v = limiter.peek(UPLOAD, &frank).await.unwrap();
+            let remaining: Vec<u64> = v.decisions().iter().map(|d| d.remaining).collect();
+            assert_eq!(remaining, [3, 98]);
+            assert!(upload("frank", 4).await.unwrap_err().is_limited());
+            limiter.reset(UPLOAD, &frank).await.unwrap();
+            upload("frank", 10).await.unwrap();
+            let v = limiter.peek(UPLOAD, &frank).await.unwrap();
+            let remaining: Vec<u64> = v.decisions().iter().map(|d| d.remaining).collect();
+            assert_eq!(remaining, [0, 99]);
+        })
+        .await;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Metrics.
 
 #[rate_limit(num = 2, time = 60, key = "{id}", scope = "ops_metrics_plain")]

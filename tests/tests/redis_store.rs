@@ -247,7 +247,7 @@ async fn every_key_has_a_ttl_after_ten_thousand_keys() {
                     .zip(policies.iter())
                     .map(|(k, p)| Check::new(k, p))
                     .collect();
-                // Each caller: one stacked call over all four algorithms, then one call per
+                // Each caller: one stacked call over all six algorithms, then one call per
                 // algorithm alone; every fifth caller also hammers its fixed key past the limit.
                 let v = store.check(&checks).await.unwrap_or_else(|e| panic!("{e}"));
                 assert!(v.is_admitted());

@@ -44,10 +44,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use ratelimit_examples::admin::{AdminToken, require_token};
-use ratelimit_runtime::{
-    Algorithm, Builder, By, Limit, Policy, PolicyError, RateLimiter, Target, UserId, Verdict,
-    rate_limit,
-};
+use ratelimit_runtime::{Builder, Limit, RateLimiter, Target, UserId, Verdict, rate_limit};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Default)]
@@ -60,8 +57,16 @@ struct LoginForm {
     user: String,
 }
 
-/// The card's line: three logins per 10 seconds per client IP.
-#[rate_limit(algo = "sliding", num = 3, time = 10, by = "ip", scope = "login")]
+/// The card's line: three logins per 10 seconds per client IP (`LOGIN`: its limits, for the
+/// admin API).
+#[rate_limit(
+    algo = "sliding",
+    num = 3,
+    time = 10,
+    by = "ip",
+    scope = "login",
+    export = "LOGIN"
+)]
 async fn login(State(s): State<AppState>, Json(form): Json<LoginForm>) -> impl IntoResponse {
     let n = s.logins.fetch_add(1, Ordering::Relaxed) + 1;
     Json(serde_json::json!({ "welcome": form.user, "logins_so_far": n }))
@@ -73,8 +78,16 @@ async fn orders() -> impl IntoResponse {
     Json(serde_json::json!({ "orders": [] }))
 }
 
-/// Two calls per 10 seconds per signed-in user, refilled continuously.
-#[rate_limit(algo = "token", num = 2, time = 10, by = "user", scope = "me")]
+/// Two calls per 10 seconds per signed-in user, refilled continuously (`ME`: its limits, for
+/// the admin API).
+#[rate_limit(
+    algo = "token",
+    num = 2,
+    time = 10,
+    by = "user",
+    scope = "me",
+    export = "ME"
+)]
 async fn me(user: UserId) -> impl IntoResponse {
     Json(serde_json::json!({ "user": user.as_str() }))
 }
@@ -91,28 +104,7 @@ async fn metrics(State(handle): State<PrometheusHandle>) -> String {
     handle.render()
 }
 
-// ---- The admin API: the limits of `login` and `me`, named as their attributes write them.
-
-const fn must(policy: Result<Policy, PolicyError>) -> Policy {
-    match policy {
-        Ok(p) => p,
-        Err(_) => panic!("invalid policy"),
-    }
-}
-
-/// `login`'s limit: sliding, 3 per 10 s (burst = num, cost 1), scope "login", by ip.
-const LOGIN: [Limit; 1] = [Limit::new(
-    must(Policy::from_parts(Algorithm::Sliding, 3, 10_000, 3, 1)),
-    "login",
-    By::Ip,
-)];
-
-/// `me`'s limit: token bucket, 2 per 10 s, scope "me", by user.
-const ME: [Limit; 1] = [Limit::new(
-    must(Policy::from_parts(Algorithm::Token, 2, 10_000, 2, 1)),
-    "me",
-    By::User,
-)];
+// ---- The admin API: the limits of `login` and `me`, as their attributes export them.
 
 #[derive(Clone)]
 struct Admin {
@@ -177,11 +169,11 @@ async fn admin_user(
     Query(block): Query<BlockFor>,
 ) -> Response {
     let block = block.seconds.map(Duration::from_secs);
-    admin_call(&admin, &ME, &Target::value(user), &op, block).await
+    admin_call(&admin, ME, &Target::value(user), &op, block).await
 }
 
 async fn admin_user_peek(State(admin): State<Admin>, Path(user): Path<String>) -> Response {
-    admin_call(&admin, &ME, &Target::value(user), "peek", None).await
+    admin_call(&admin, ME, &Target::value(user), "peek", None).await
 }
 
 async fn admin_ip(
@@ -190,11 +182,11 @@ async fn admin_ip(
     Query(block): Query<BlockFor>,
 ) -> Response {
     let block = block.seconds.map(Duration::from_secs);
-    admin_call(&admin, &LOGIN, &Target::ip(ip), &op, block).await
+    admin_call(&admin, LOGIN, &Target::ip(ip), &op, block).await
 }
 
 async fn admin_ip_peek(State(admin): State<Admin>, Path(ip): Path<IpAddr>) -> Response {
-    admin_call(&admin, &LOGIN, &Target::ip(ip), "peek", None).await
+    admin_call(&admin, LOGIN, &Target::ip(ip), "peek", None).await
 }
 
 /// The limiter: Redis when `RATELIMIT_REDIS_URL` or `REDIS_URL` is set, else memory; the
