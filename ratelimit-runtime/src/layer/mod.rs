@@ -129,7 +129,7 @@ use crate::http::response::{Fields, Refusal, rate_fields};
 use crate::http::source::{Missing, RequestParts};
 use crate::key;
 use crate::limit::{By, Limit, keys_for};
-use crate::limiter::{RateLimiter, Settings};
+use crate::limiter::{FailurePolicy, RateLimiter, Settings};
 use crate::policy::{Algorithm, Policy, PolicyError};
 
 /// A hook that finds the peer address of a request in its extensions, for servers whose
@@ -246,6 +246,7 @@ struct Draft {
     cost: u64,
     by: Cow<'static, str>,
     scope: Option<String>,
+    failure_policy: Option<FailurePolicy>,
 }
 
 impl Draft {
@@ -258,6 +259,7 @@ impl Draft {
             cost: 1,
             by: Cow::Borrowed("global"),
             scope: None,
+            failure_policy: None,
         }
     }
 
@@ -363,6 +365,29 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// What a request gets from the current limit when the store fails or does not answer
+    /// in time (the attribute's `on_store_error`; default: the limiter's
+    /// [`crate::Settings::failure_policy`]). A request is answered by the strictest policy
+    /// among the layer's limits ([`FailurePolicy::stricter`]).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{FailurePolicy, RateLimitLayer};
+    /// // 503 while the store is down, whatever the limiter's policy.
+    /// let logins = RateLimitLayer::builder()
+    ///     .num(3)
+    ///     .period(Duration::from_secs(60))
+    ///     .by("ip")
+    ///     .failure_policy(FailurePolicy::Deny)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.current.failure_policy = Some(policy);
+        self
+    }
+
     /// Ends the current limit and starts another, checked with it (all or nothing).
     pub fn and(mut self) -> Self {
         let next = Draft::new();
@@ -404,6 +429,7 @@ impl RateLimitLayerBuilder {
                 scope,
                 by,
                 shadow: false,
+                failure_policy: draft.failure_policy,
             });
         }
         if let Some(limiter) = &self.limiter {
@@ -996,6 +1022,7 @@ mod tests {
             scope: "api",
             by: By::Ip,
             shadow: false,
+            failure_policy: None,
         }];
         let verdict = crate::Verdict::new(vec![crate::Decision::new(
             false,
