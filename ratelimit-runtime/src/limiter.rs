@@ -474,6 +474,9 @@ impl RateLimiter {
             Err(StoreError::Timeout(timeout))
         };
         crate::observe::store_latency(inner.store.name(), sent_at.elapsed());
+        if let Err(error) = &result {
+            crate::observe::store_error(inner.store.name(), error);
+        }
         match result {
             Ok(verdict) => {
                 if inner.breaker.success() {
@@ -571,9 +574,13 @@ impl RateLimiter {
         error: Option<StoreError>,
     ) -> Result<Verdict, StoreError> {
         let inner = &*self.inner;
+        // A store that answered but cannot record the call is refused whatever the policy
+        // (see below): counted as the refusal it is.
+        let refused = error.as_ref().is_some_and(StoreError::cannot_record);
         crate::observe::count_all(
             checks.iter().map(|c| (c.scope, c.policy.algorithm())),
             match policy {
+                _ if refused => crate::observe::Outcome::FailureDeny,
                 FailurePolicy::Allow => crate::observe::Outcome::FailureAllow,
                 FailurePolicy::Deny => crate::observe::Outcome::FailureDeny,
                 FailurePolicy::Local => crate::observe::Outcome::FailureLocal,
