@@ -25,6 +25,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "count",
     "shadow",
     "export",
+    "on_store_error",
 ];
 
 /// Names people write for an argument by habit (other libraries' words), and the right one.
@@ -63,6 +64,14 @@ const ALIASES: &[(&str, &str)] = &[
     ("dryrun", "shadow"),
     ("export_as", "export"),
     ("exports", "export"),
+    ("failure_policy", "on_store_error"),
+    ("on_failure", "on_store_error"),
+    ("on_error", "on_store_error"),
+    ("failure_mode", "on_store_error"),
+    ("fail_mode", "on_store_error"),
+    ("fail_open", "on_store_error"),
+    ("fail_closed", "on_store_error"),
+    ("on_store_failure", "on_store_error"),
 ];
 
 /// The algorithms `algo` accepts.
@@ -98,6 +107,25 @@ impl Algo {
             Self::Leaky | Self::Token => Kind::Bucket,
             Self::Gcra => Kind::Gcra,
             Self::SlidingCounter => Kind::Counter,
+        }
+    }
+}
+
+/// What `on_store_error` names: the runtime's `FailurePolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnStoreError {
+    Allow,
+    Deny,
+    Local,
+}
+
+impl OnStoreError {
+    /// The variant of `ratelimit_runtime::FailurePolicy`.
+    pub(crate) fn variant(self) -> &'static str {
+        match self {
+            Self::Allow => "Allow",
+            Self::Deny => "Deny",
+            Self::Local => "Local",
         }
     }
 }
@@ -191,6 +219,8 @@ pub(crate) struct Args {
     /// `export = "LOGIN"`: the name of the const that holds the function's limits, spanned at
     /// the literal.
     pub(crate) export: Option<Ident>,
+    /// `on_store_error = "deny"`: this limit's failure policy.
+    pub(crate) on_store_error: Option<Spanned<OnStoreError>>,
     /// Every mistake found while reading the values.
     pub(crate) errors: Vec<syn::Error>,
     /// The names written, right or wrong (an alias counts as the name it stands for), so that
@@ -276,6 +306,7 @@ impl Args {
             dynamic: DynamicArgs::default(),
             shadow: None,
             export: None,
+            on_store_error: None,
             errors: Vec::new(),
             written: Vec::new(),
             broken: false,
@@ -326,6 +357,7 @@ impl Args {
             "framework" => parse_framework(value).map(|v| self.framework = Some(v)),
             "shadow" => parse_shadow(value).map(|v| self.shadow = Some(v)),
             "export" => parse_export(value).map(|v| self.export = Some(v)),
+            "on_store_error" => parse_on_store_error(value).map(|v| self.on_store_error = Some(v)),
             _ => unreachable!("every known name has a parser"),
         };
         if let Err(e) = result {
@@ -558,6 +590,31 @@ fn parse_algo(value: &Expr) -> syn::Result<Spanned<Algo>> {
     };
     Ok(Spanned {
         value: algo,
+        span: lit.span(),
+    })
+}
+
+const ON_STORE_ERRORS: &str = "\"deny\" (refuse the call: 503, or `RateLimitError::StoreUnavailable`), \"local\" (check this limit in the process's memory) or \"allow\" (admit the call); without it, the limiter's failure policy";
+
+/// `on_store_error`: what this limit's calls get when the store fails or times out.
+fn parse_on_store_error(value: &Expr) -> syn::Result<Spanned<OnStoreError>> {
+    let lit = lit_str("on_store_error", value, ON_STORE_ERRORS)?;
+    let policy = match lit.value().as_str() {
+        "allow" => OnStoreError::Allow,
+        "deny" => OnStoreError::Deny,
+        "local" => OnStoreError::Local,
+        other => {
+            return Err(syn::Error::new(
+                lit.span(),
+                format!(
+                    "unknown on_store_error \"{}\": expected {ON_STORE_ERRORS}",
+                    other.escape_default()
+                ),
+            ));
+        }
+    };
+    Ok(Spanned {
+        value: policy,
         span: lit.span(),
     })
 }
@@ -881,6 +938,47 @@ mod tests {
     }
 
     #[test]
+    fn on_store_error_names_a_failure_policy() {
+        for (text, policy) in [
+            ("deny", OnStoreError::Deny),
+            ("local", OnStoreError::Local),
+            ("allow", OnStoreError::Allow),
+        ] {
+            let a = args(quote::quote!(num = 3, time = 60, on_store_error = #text));
+            assert!(a.errors.is_empty(), "{:?}", a.errors);
+            assert_eq!(a.on_store_error.map(|p| p.value), Some(policy));
+        }
+        assert!(
+            args(quote::quote!(num = 3, time = 60))
+                .on_store_error
+                .is_none()
+        );
+        for bad in [
+            quote::quote!(on_store_error = "Deny"),
+            quote::quote!(on_store_error = "fail_closed"),
+            quote::quote!(on_store_error = deny),
+            quote::quote!(on_store_error = true),
+        ] {
+            let a = args(bad.clone());
+            assert_eq!(a.errors.len(), 1, "{bad}");
+            let msg = a.errors[0].to_string();
+            assert!(
+                msg.contains("\"deny\"") && msg.contains("\"local\"") && msg.contains("\"allow\""),
+                "{bad}: {msg}"
+            );
+        }
+        let a = args(quote::quote!(
+            on_store_error = "deny",
+            on_store_error = "allow"
+        ));
+        assert!(
+            a.errors[0]
+                .to_string()
+                .contains("duplicate argument `on_store_error`")
+        );
+    }
+
+    #[test]
     fn run_time_forms() {
         let a = args(quote::quote!(
             num = config::ATTEMPTS,
@@ -989,6 +1087,9 @@ mod tests {
             ("window", "time"),
             ("nmu", "num"),
             ("scop", "scope"),
+            ("failure_policy", "on_store_error"),
+            ("fail_open", "on_store_error"),
+            ("on_store_eror", "on_store_error"),
         ] {
             let e = unknown_argument(&Ident::new(wrong, Span::call_site())).to_string();
             assert!(

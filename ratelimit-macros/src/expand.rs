@@ -213,31 +213,10 @@ fn export_const(func: &ItemFn, name: &Ident, fn_name: &str, limits: &TokenStream
 /// default scope is `fn_name` in its module).
 fn limit_array(checked: &Checked, fn_name: &str) -> TokenStream {
     let p = private();
-    let limits = checked.limits.iter().map(|l| {
-        let algo = Ident::new(l.algo.variant(), Span::call_site());
-        let (num, ms, burst, cost) = numbers(l);
-        let scope = l.scope.as_ref().map_or_else(
-            || quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
-            |s| quote!(#s),
-        );
-        let by = match &l.by {
-            By::Global => quote!(#p::By::Global),
-            By::Ip => quote!(#p::By::Ip),
-            By::Url => quote!(#p::By::Url),
-            By::User => quote!(#p::By::User),
-            By::AppId => quote!(#p::By::AppId),
-            By::Header(h) => quote!(#p::By::Header(#h)),
-        };
-        let shadow = l.shadow;
-        quote! {
-            #p::Limit {
-                policy: #p::policy(#p::Algorithm::#algo, #num, #ms, #burst, #cost),
-                scope: #scope,
-                by: #by,
-                shadow: #shadow,
-            }
-        }
-    });
+    let limits = checked
+        .limits
+        .iter()
+        .map(|l| limit_literal(&p, l, fn_name));
     quote!([#(#limits),*])
 }
 
@@ -253,6 +232,41 @@ fn reads_headers(checked: &Checked) -> bool {
 /// A limit's `num`, period, `burst` and `cost` as the static's tokens: literals, or `const`
 /// items written where the literal would be, located at the path so that a const of the wrong
 /// type is reported there (the static's evaluation checks their values).
+/// One element of the function's `static` array of limits.
+fn limit_literal(p: &TokenStream, l: &valid::Limit, fn_name: &str) -> TokenStream {
+    let algo = Ident::new(l.algo.variant(), Span::call_site());
+    let (num, ms, burst, cost) = numbers(l);
+    let scope = l.scope.as_ref().map_or_else(
+        || quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
+        |s| quote!(#s),
+    );
+    let by = match &l.by {
+        By::Global => quote!(#p::By::Global),
+        By::Ip => quote!(#p::By::Ip),
+        By::Url => quote!(#p::By::Url),
+        By::User => quote!(#p::By::User),
+        By::AppId => quote!(#p::By::AppId),
+        By::Header(h) => quote!(#p::By::Header(#h)),
+    };
+    let shadow = l.shadow;
+    let failure_policy = l.on_store_error.map_or_else(
+        || quote!(::core::option::Option::None),
+        |policy| {
+            let variant = Ident::new(policy.variant(), Span::call_site());
+            quote!(::core::option::Option::Some(#p::FailurePolicy::#variant))
+        },
+    );
+    quote! {
+        #p::Limit {
+            policy: #p::policy(#p::Algorithm::#algo, #num, #ms, #burst, #cost),
+            scope: #scope,
+            by: #by,
+            shadow: #shadow,
+            failure_policy: #failure_policy,
+        }
+    }
+}
+
 fn numbers(l: &valid::Limit) -> (TokenStream, TokenStream, TokenStream, TokenStream) {
     let p = private();
     let d = &l.dynamic;
@@ -1010,6 +1024,35 @@ mod tests {
         assert!(body.contains("Limit;3usize]"), "{body}");
         assert!(body.contains("Piece::Arg(&phone)"), "{body}");
         assert!(body.contains("&[::core::option::Option::None,::core::option::Option::None,::core::option::Option::Some(__ratelimit_key2.as_str())]"), "{body}");
+    }
+
+    #[test]
+    fn on_store_error_becomes_the_limit_s_failure_policy() {
+        let f = expand(
+            quote!(num = 3, time = 60, on_store_error = "deny"),
+            quote! {
+                #[rate_limit(num = 100, time = 60)]
+                #[rate_limit(num = 10, time = 1, on_store_error = "local")]
+                async fn login() -> Result<(), E> { Ok(()) }
+            },
+        );
+        let body = compact(&f.block);
+        let policies: Vec<&str> = body
+            .match_indices("failure_policy:")
+            .map(|(i, _)| {
+                let rest = &body[i + "failure_policy:".len()..];
+                &rest[..rest.find('}').unwrap_or(rest.len())]
+            })
+            .collect();
+        assert_eq!(
+            policies,
+            [
+                "::core::option::Option::Some(::ratelimit_runtime::__private::FailurePolicy::Deny),",
+                "::core::option::Option::None,",
+                "::core::option::Option::Some(::ratelimit_runtime::__private::FailurePolicy::Local),",
+            ],
+            "{body}"
+        );
     }
 
     /// What `#[async_trait]` 0.1 makes of `async fn send(&mut self, (id, to): (u32, String))

@@ -43,6 +43,7 @@ use proc_macro::TokenStream;
 /// | `count` | which outcomes count: `"err"` or `"ok"` (plain functions: the result); `"errors"` (4xx and 5xx), `"4xx"`, `"5xx"`, `"4xx,5xx"` (handlers: the status) | every call |
 /// | `shadow` | `true`: shadow mode — checked and counted as usual, a rejection is only logged and counted (`shadow_rejected`), never enforced; the function runs, and a handler's responses carry no rate-limit headers | `false` |
 /// | `export` | `"NAME"`: a `const NAME: &'static [Limit]` beside the function holding the limits it checks, for the admin calls (see [Exported limits](#exported-limits)) | none |
+/// | `on_store_error` | what a call gets when the store fails or does not answer within the limiter's timeout: `"deny"` (refused: 503 for handlers, `UNAVAILABLE` for gRPC, `RateLimitError::StoreUnavailable` for plain functions), `"local"` (this process's memory store checks the call) or `"allow"` (admitted). Stacked limits are checked in one store call, so the strictest policy among them answers it (deny, then local, then allow) | the limiter's `FailurePolicy` |
 ///
 /// `num`, `time`, `burst` and `cost` also take a `const` item (`num = LOGIN_ATTEMPTS`: a
 /// `u64`; `time = WINDOW`: a `std::time::Duration`), checked at compile time by the same rules
@@ -156,6 +157,31 @@ use proc_macro::TokenStream;
 /// * Under Actix-web's routing macros (`#[get]` above `#[rate_limit]`) the handler and the
 ///   const are moved inside the service those macros generate, out of reach: register such a
 ///   handler with `web::resource(...).route(...)` instead to export its limits.
+///
+/// # When the store fails
+///
+/// A limit is exact while the store answers within the limiter's timeout (50 ms by default);
+/// past it, or when the store is down, the failure policy answers instead. A limit that must
+/// hold fails closed whatever the limiter's default:
+///
+/// ```
+/// use ratelimit_runtime::{rate_limit, RateLimitError};
+///
+/// // Refused while the store fails (`RateLimitError::StoreUnavailable`).
+/// #[rate_limit(num = 3, time = 60, key = "{user}", on_store_error = "deny")]
+/// async fn login(user: &str) -> Result<(), RateLimitError> {
+///     Ok(())
+/// }
+///
+/// // Admitted while the store fails (under the default `allow`).
+/// #[rate_limit(num = 100, time = 60, key = "{user}")]
+/// async fn search(user: &str) -> Result<(), RateLimitError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// A limit in shadow mode never refuses a call: its `on_store_error` applies once it is
+/// enforced.
 ///
 /// # Attribute order
 ///

@@ -7,7 +7,8 @@ use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType,
 
 use crate::async_trait::AsyncTrait;
 use crate::attr::{
-    Algo, Args, By, Cost, CountArg, DynamicArgs, Framework, KeyTemplate, QuotaArg, Spanned,
+    Algo, Args, By, Cost, CountArg, DynamicArgs, Framework, KeyTemplate, OnStoreError, QuotaArg,
+    Spanned,
 };
 use crate::rules;
 
@@ -27,6 +28,8 @@ pub(crate) struct Limit {
     pub(crate) dynamic: DynamicArgs,
     /// `shadow = true`.
     pub(crate) shadow: bool,
+    /// `on_store_error = "…"`.
+    pub(crate) on_store_error: Option<OnStoreError>,
 }
 
 impl Limit {
@@ -491,6 +494,7 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         scope: args.scope.as_ref().map(|s| s.value.clone()),
         dynamic: dynamic.clone(),
         shadow: args.shadow.as_ref().is_some_and(|s| s.value),
+        on_store_error: args.on_store_error.as_ref().map(|p| p.value),
     })
 }
 
@@ -556,6 +560,7 @@ fn quota_limit(args: &Args, quota: Span, errors: &mut Vec<syn::Error>) -> Option
         scope: args.scope.as_ref().map(|s| s.value.clone()),
         dynamic: dynamic.clone(),
         shadow: args.shadow.as_ref().is_some_and(|s| s.value),
+        on_store_error: args.on_store_error.as_ref().map(|p| p.value),
     })
 }
 
@@ -575,6 +580,7 @@ fn const_limit(args: &Args, algo: Algo) -> Limit {
         scope: args.scope.as_ref().map(|s| s.value.clone()),
         dynamic: args.dynamic.clone(),
         shadow: args.shadow.as_ref().is_some_and(|s| s.value),
+        on_store_error: args.on_store_error.as_ref().map(|p| p.value),
     }
 }
 

@@ -22,6 +22,7 @@ pub use crate::http::{
     check_http, check_http_dyn, counted,
 };
 pub use crate::limit::{By, Limit, Piece, check, period_ms, policy, render};
+pub use crate::limiter::FailurePolicy;
 pub use crate::policy::{Algorithm, Policy};
 
 /// gRPC mode (a method of an `#[async_trait]` impl taking a `tonic::Request<T>`, with an

@@ -149,7 +149,10 @@
 //! skipped for a short backoff. The [`FailurePolicy`] answers meanwhile: admit
 //! ([`FailurePolicy::Allow`], the default), refuse ([`FailurePolicy::Deny`]: a 503, or
 //! [`RateLimitError::StoreUnavailable`]), or check the same limits in this process
-//! ([`FailurePolicy::Local`]). Checks go back to the store as soon as it answers. A store error
+//! ([`FailurePolicy::Local`]). One limit can choose its own (`on_store_error = "deny"` on the
+//! attribute, [`Limit::failure_policy`]); a call stacking limits gets the strictest. The limits
+//! are exact while checks answer within the timeout; past it, the policy answers. Checks go
+//! back to the store as soon as it answers. A store error
 //! that concerns one call only ([`StoreError::is_transport`] is `false`) never changes another
 //! call's answer.
 //!

@@ -6,7 +6,7 @@
 
 use crate::error::RateLimitError;
 use crate::key;
-use crate::limiter::RateLimiter;
+use crate::limiter::{FailurePolicy, RateLimiter};
 use crate::policy::{Algorithm, Policy};
 
 /// Who a caller is, from the `by` argument.
@@ -76,6 +76,14 @@ pub struct Limit {
     /// Shadow mode (`shadow = true`): checked and counted as usual, a rejection is only
     /// logged and counted (`shadow_rejected`), never enforced.
     pub shadow: bool,
+    /// What a call gets when the store fails or does not answer in time, for this limit
+    /// (`on_store_error = "deny" | "local" | "allow"`); `None`: the limiter's
+    /// [`Settings::failure_policy`](crate::Settings::failure_policy). One call checks all its
+    /// limits in one store call, so when that fails the call is answered by the strictest
+    /// policy among its limits ([`FailurePolicy::stricter`]: deny, then local, then allow): a
+    /// limit that must hold is never loosened by a lenient one stacked with it. A limit in
+    /// shadow mode never refuses a call, so its own policy applies only once it is enforced.
+    pub failure_policy: Option<FailurePolicy>,
 }
 
 impl Limit {
@@ -95,6 +103,7 @@ impl Limit {
             scope,
             by,
             shadow: false,
+            failure_policy: None,
         }
     }
 
@@ -110,6 +119,24 @@ impl Limit {
     #[must_use]
     pub const fn in_shadow(mut self) -> Self {
         self.shadow = true;
+        self
+    }
+
+    /// The same limit with a failure policy of its own (see [`Limit::failure_policy`]): the
+    /// attribute's `on_store_error`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, By, FailurePolicy, Limit, Policy};
+    /// let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60))?;
+    /// // #[rate_limit(num = 3, time = 60, by = "user", scope = "login", on_store_error = "deny")]
+    /// let login = Limit::new(policy, "login", By::User).failure_policy(FailurePolicy::Deny);
+    /// assert_eq!(login.failure_policy, Some(FailurePolicy::Deny));
+    /// # Ok::<(), ratelimit_runtime::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub const fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.failure_policy = Some(policy);
         self
     }
 }

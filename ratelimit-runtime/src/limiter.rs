@@ -3,7 +3,9 @@
 //! # When the store fails
 //!
 //! Every check is bounded by [`Settings::timeout`]. A store error or a timeout is answered by
-//! the [`FailurePolicy`]. After a failure, a small breaker answers with the policy at once for a
+//! the [`FailurePolicy`]: the strictest among the call's limits' own
+//! ([`crate::Limit::failure_policy`], `on_store_error`), the limiter's for a limit that names
+//! none. After a failure, a small breaker answers with the policy at once for a
 //! short backoff (100 ms, doubling up to 500 ms) instead of waiting for the timeout on every
 //! call, then lets one check probe the store; the first answer puts every check back on the
 //! store. Warnings are written at most once per store every 5 seconds, with the count of the
@@ -98,14 +100,59 @@ pub enum FailurePolicy {
     /// plain functions). For limits that protect something costly or abusable (logins, SMS,
     /// payments), where letting everything through is worse than refusing for a while.
     Deny,
-    /// Check the same limits against an in-process memory store until the store answers again:
-    /// the limits still hold, per process (N instances admit up to N times the quota). A store
+    /// Check the same limits against an in-process memory store until the store answers again
+    /// (every limit of the call, when one of them asks for it; the memory store is made by the
+    /// first call that needs it): the limits still hold, per process (N instances admit up to N times the quota). A store
     /// that cannot record the call ([`StoreError::cannot_record`]) is not failing: its calls
     /// are refused, not checked here (a caller at 2 of 5 in Redis would get 5 more). When that
     /// local store is full of live entries ([`StoreError::Full`]), a call that needs a new key
     /// there is rejected as with [`FailurePolicy::Deny`]: no other caller's local state is
     /// dropped to make room.
     Local,
+}
+
+impl FailurePolicy {
+    /// The policy as the attribute's `on_store_error` spells it: `"allow"`, `"deny"` or
+    /// `"local"` (also the `policy` field of the limiter's warnings).
+    ///
+    /// ```
+    /// use ratelimit_runtime::FailurePolicy;
+    /// assert_eq!(FailurePolicy::Deny.as_str(), "deny");
+    /// ```
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+            Self::Local => "local",
+        }
+    }
+
+    /// The stricter of two policies: [`FailurePolicy::Deny`], then [`FailurePolicy::Local`],
+    /// then [`FailurePolicy::Allow`]. A call whose store call fails is answered by the
+    /// strictest policy among its limits ([`crate::Limit::failure_policy`]; the limiter's for
+    /// a limit that names none), so a limit that must hold is never loosened by a lenient one
+    /// stacked with it.
+    ///
+    /// ```
+    /// use ratelimit_runtime::FailurePolicy;
+    /// assert_eq!(FailurePolicy::Allow.stricter(FailurePolicy::Local), FailurePolicy::Local);
+    /// assert_eq!(FailurePolicy::Deny.stricter(FailurePolicy::Local), FailurePolicy::Deny);
+    /// ```
+    #[must_use]
+    pub const fn stricter(self, other: Self) -> Self {
+        const fn rank(p: FailurePolicy) -> u8 {
+            match p {
+                FailurePolicy::Allow => 0,
+                FailurePolicy::Local => 1,
+                FailurePolicy::Deny => 2,
+            }
+        }
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
 }
 
 /// The old path of [`Settings::DEFAULT_TIMEOUT`].
@@ -129,7 +176,8 @@ pub struct Settings {
     pub prefix: String,
     /// Longest wait for the store on one check (default [`Settings::DEFAULT_TIMEOUT`]).
     pub timeout: Duration,
-    /// What to do when the store fails.
+    /// What to do when the store fails, for the limits that name no policy of their own
+    /// ([`crate::Limit::failure_policy`], the attribute's `on_store_error`).
     pub failure_policy: FailurePolicy,
     /// Capacity of the blocked-caller cache: callers a remote store rejected are rejected
     /// locally, without a round trip, until the store's `retry_after` has passed. Default
@@ -172,7 +220,9 @@ impl Default for Settings {
 struct Inner {
     store: Arc<dyn Store>,
     settings: Settings,
-    local: Option<MemoryStore>,
+    /// The memory store of [`FailurePolicy::Local`], made on the first call that needs it
+    /// (the limiter's policy, or one limit's own).
+    local: OnceLock<MemoryStore>,
     breaker: Breaker,
     blocked: Option<BlockedCache>,
     warnings: LogThrottle,
@@ -218,14 +268,13 @@ tokio::task_local! {
 
 impl RateLimiter {
     fn from_parts(store: Arc<dyn Store>, settings: Settings) -> Self {
-        let local = (settings.failure_policy == FailurePolicy::Local).then(MemoryStore::new);
         let blocked = (settings.blocked_cache > 0 && !store.is_local())
             .then(|| BlockedCache::new(settings.blocked_cache));
         Self {
             inner: Arc::new(Inner {
                 store,
                 settings,
-                local,
+                local: OnceLock::new(),
                 breaker: Breaker::new(),
                 blocked,
                 warnings: LogThrottle::new(LOG_INTERVAL),
@@ -382,7 +431,26 @@ impl RateLimiter {
     /// * otherwise the store is asked, for at most [`Settings::timeout`];
     /// * a store error or a timeout is answered by the [`FailurePolicy`], and so are the checks
     ///   made while the store is known to be failing (the breaker; see the module docs), until
-    ///   a probe finds the store answering again.
+    ///   a probe finds the store answering again. The policy is the strictest of the checks'
+    ///   own ([`Check::with_failure_policy`]), the limiter's [`Settings::failure_policy`]
+    ///   standing for a check that names none ([`FailurePolicy::stricter`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, FailurePolicy, Policy, RateLimiter};
+    ///
+    /// // A Redis nobody listens on, with the default policy (allow).
+    /// let limiter = RateLimiter::builder().redis_url("redis://127.0.0.1:1").build_lazy()?;
+    /// let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60))?;
+    /// let search = Check::new("search", &policy);
+    /// let login = Check::new("login", &policy).with_failure_policy(FailurePolicy::Deny);
+    /// assert!(limiter.check(&[search]).await?.is_admitted());
+    /// assert!(limiter.check(&[login]).await.unwrap_err().is_transport());
+    /// assert!(limiter.check(&[search, login]).await.is_err()); // the strictest answers
+    /// # Ok(()) }
+    /// ```
     pub async fn check(&self, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
         self.check_as(checks, None).await
     }
@@ -402,8 +470,9 @@ impl RateLimiter {
             log_rejection(checks, &verdict, "blocked-cache");
             return Ok(verdict);
         }
+        let policy = self.failure_policy_of(checks);
         let probe = match inner.breaker.gate() {
-            Gate::Open => return self.on_failure(checks, None).await,
+            Gate::Open => return self.on_failure(checks, policy, None).await,
             Gate::Closed => None,
             Gate::Probe(guard) => Some(guard),
         };
@@ -415,8 +484,7 @@ impl RateLimiter {
         // under those policies every check is sent as a take (an admitted call leaves
         // receipts), and one that timed out is refunded by receipt in the background.
         // (A local store answers at once: it is never asked for receipts.)
-        let refunds_timeouts =
-            inner.settings.failure_policy != FailurePolicy::Allow && !inner.store.is_local();
+        let refunds_timeouts = policy != FailurePolicy::Allow && !inner.store.is_local();
         let own_id = (call_id.is_none() && refunds_timeouts).then(crate::store::new_call_id);
         let sent_id = call_id.or(own_id.as_deref());
         let call = match sent_id {
@@ -432,6 +500,9 @@ impl RateLimiter {
             Err(StoreError::Timeout(timeout))
         };
         crate::observe::store_latency(inner.store.name(), sent_at.elapsed());
+        if let Err(error) = &result {
+            crate::observe::store_error(inner.store.name(), error);
+        }
         match result {
             Ok(verdict) => {
                 if inner.breaker.success() {
@@ -454,7 +525,7 @@ impl RateLimiter {
             Err(error) if error.is_transport() => {
                 inner.breaker.failure(&error, probe.is_some());
                 drop(probe);
-                self.on_failure(checks, Some(error)).await
+                self.on_failure(checks, policy, Some(error)).await
             }
             Err(error) => {
                 // The store answered, with something this call cannot use: an error for this
@@ -464,7 +535,7 @@ impl RateLimiter {
                     inner.warnings.reset();
                 }
                 drop(probe);
-                self.on_failure(checks, Some(error)).await
+                self.on_failure(checks, policy, Some(error)).await
             }
         }
     }
@@ -509,18 +580,33 @@ impl RateLimiter {
         })
     }
 
-    /// Answers a check the store could not: `error` is the failure of this check's own store
+    /// The failure policy of one call: the strictest of its checks' own, the limiter's for a
+    /// check that names none.
+    fn failure_policy_of(&self, checks: &[Check<'_>]) -> FailurePolicy {
+        let default = self.inner.settings.failure_policy;
+        checks
+            .iter()
+            .map(|c| c.failure_policy.unwrap_or(default))
+            .fold(FailurePolicy::Allow, FailurePolicy::stricter)
+    }
+
+    /// Answers a check the store could not, with `policy` (the call's, see
+    /// [`RateLimiter::failure_policy_of`]): `error` is the failure of this check's own store
     /// call, `None` when the breaker skipped the store.
     async fn on_failure(
         &self,
         checks: &[Check<'_>],
+        policy: FailurePolicy,
         error: Option<StoreError>,
     ) -> Result<Verdict, StoreError> {
         let inner = &*self.inner;
-        let policy = inner.settings.failure_policy;
+        // A store that answered but cannot record the call is refused whatever the policy
+        // (see below): counted as the refusal it is.
+        let refused = error.as_ref().is_some_and(StoreError::cannot_record);
         crate::observe::count_all(
             checks.iter().map(|c| (c.scope, c.policy.algorithm())),
             match policy {
+                _ if refused => crate::observe::Outcome::FailureDeny,
                 FailurePolicy::Allow => crate::observe::Outcome::FailureAllow,
                 FailurePolicy::Deny => crate::observe::Outcome::FailureDeny,
                 FailurePolicy::Local => crate::observe::Outcome::FailureLocal,
@@ -529,15 +615,12 @@ impl RateLimiter {
         if let Some(held_back) = inner.warnings.permit() {
             let store = inner.store.name();
             let scope = checks.first().map_or("", |c| c.scope);
-            let policy_name = match policy {
-                FailurePolicy::Allow => "allow",
-                FailurePolicy::Deny => "deny",
-                FailurePolicy::Local => "local",
-            };
+            let policy_name = policy.as_str();
             let action = match policy {
-                FailurePolicy::Allow => "calls are admitted",
-                FailurePolicy::Deny => "calls are rejected",
-                FailurePolicy::Local => "calls are checked in this process's memory",
+                // Limits may name their own policy: the warning says which one answered.
+                FailurePolicy::Allow => "calls under `allow` are admitted",
+                FailurePolicy::Deny => "calls under `deny` are rejected",
+                FailurePolicy::Local => "calls under `local` are checked in this process's memory",
             };
             match &error {
                 Some(error) if !error.is_transport() => {
@@ -585,11 +668,11 @@ impl RateLimiter {
             )),
             FailurePolicy::Deny => Err(error.unwrap_or_else(|| inner.breaker.last_error())),
             FailurePolicy::Local => {
-                let Some(local) = &inner.local else {
-                    // Built with another policy (cannot happen: the policy is fixed at build).
-                    return Err(error.unwrap_or_else(|| inner.breaker.last_error()));
-                };
-                let verdict = local.check(checks).await?;
+                let verdict = inner
+                    .local
+                    .get_or_init(MemoryStore::new)
+                    .check(checks)
+                    .await?;
                 if !verdict.is_admitted() {
                     log_rejection(checks, &verdict, "local");
                 }
@@ -923,6 +1006,107 @@ pub(crate) mod tests {
             n
         };
         assert_eq!(admitted, 3, "the local fallback keeps the quota");
+    }
+
+    #[test]
+    fn deny_is_stricter_than_local_which_is_stricter_than_allow() {
+        use FailurePolicy::{Allow, Deny, Local};
+        for (a, b, stricter) in [
+            (Allow, Allow, Allow),
+            (Allow, Local, Local),
+            (Allow, Deny, Deny),
+            (Local, Allow, Local),
+            (Local, Local, Local),
+            (Local, Deny, Deny),
+            (Deny, Allow, Deny),
+            (Deny, Local, Deny),
+            (Deny, Deny, Deny),
+        ] {
+            assert_eq!(a.stricter(b), stricter, "{a:?} {b:?}");
+        }
+        assert_eq!(
+            [Allow, Deny, Local].map(FailurePolicy::as_str),
+            ["allow", "deny", "local"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_call_is_answered_by_the_strictest_policy_of_its_checks() {
+        let store = Arc::new(FakeStore::default());
+        let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60)).unwrap();
+        let search = Check::new("search", &policy);
+        let login = Check::new("login", &policy).with_failure_policy(FailurePolicy::Deny);
+        let allow = limiter(&store, FailurePolicy::Allow);
+        assert!(allow.check(&[search]).await.unwrap().is_admitted());
+        let err = allow.check(&[login]).await.unwrap_err();
+        assert!(err.is_connection(), "{err}");
+        assert!(allow.check(&[search, login]).await.is_err());
+        assert!(allow.check(&[login, search]).await.is_err());
+        // An explicit `allow` admits that limit under a deny limiter; a limit stacked with it
+        // that names no policy takes the limiter's deny.
+        let deny = limiter(&store, FailurePolicy::Deny);
+        let open = Check::new("open", &policy).with_failure_policy(FailurePolicy::Allow);
+        assert!(deny.check(&[open]).await.unwrap().is_admitted());
+        assert!(deny.check(&[open, search]).await.is_err());
+        assert!(deny.check(&[search]).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_local_check_under_an_allow_limiter_keeps_its_quota_in_a_memory_store_made_for_it() {
+        let store = Arc::new(FakeStore::default());
+        let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60)).unwrap();
+        let allow = limiter(&store, FailurePolicy::Allow);
+        let search = Check::new("search", &policy);
+        let local = Check::new("local", &policy).with_failure_policy(FailurePolicy::Local);
+        for _ in 0..10 {
+            assert!(allow.check(&[search]).await.unwrap().is_admitted());
+        }
+        assert!(
+            allow.inner.local.get().is_none(),
+            "made before a call needs it"
+        );
+        let mut admitted = 0;
+        for _ in 0..10 {
+            let v = allow.check(&[local]).await.unwrap();
+            assert_eq!(v.decisions()[0].limit, 3);
+            admitted += usize::from(v.is_admitted());
+        }
+        assert_eq!(admitted, 3, "the local store keeps the quota");
+        let local = allow
+            .inner
+            .local
+            .get()
+            .expect("made by the first local call");
+        let peeked = local.check_now(&[Check::new("local", &policy)]).unwrap();
+        assert!(
+            !peeked.is_admitted(),
+            "the local store counted the 3 admitted calls"
+        );
+        // The default still admits everything: the local store never saw those checks.
+        assert!(allow.check(&[search]).await.unwrap().is_admitted());
+        assert!(
+            local
+                .check_now(&[Check::new("search", &policy)])
+                .unwrap()
+                .decisions()[0]
+                .remaining
+                == 2,
+            "search was never checked locally"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shadow_limit_s_own_deny_never_refuses_a_call() {
+        use crate::limit::{By, Limit};
+        let store = Arc::new(FakeStore::default());
+        let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60)).unwrap();
+        let allow = limiter(&store, FailurePolicy::Allow);
+        let keys = ["a".to_owned(), "b".to_owned()];
+        let deny = Limit::new(policy, "login", By::Global).failure_policy(FailurePolicy::Deny);
+        let search = Limit::new(policy, "search", By::Global);
+        assert!(allow.decide(&[deny, search], &keys).await.is_err());
+        let shadowed = [deny.in_shadow(), search];
+        assert!(allow.decide(&shadowed, &keys).await.unwrap().is_admitted());
     }
 
     #[tokio::test(start_paused = true)]

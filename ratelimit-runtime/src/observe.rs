@@ -13,8 +13,19 @@
 //!   * `exempted` — the caller is exempt (trusted network or predicate): nothing was checked;
 //!   * `denied` — the caller's network is on the deny list: 403, nothing was checked;
 //!   * `failure_allow`, `failure_deny`, `failure_local` — the store failed (or the breaker
-//!     skipped it) and the failure policy answered. Such a call is also counted as `admitted`
-//!     or `rejected`, by what the policy answered.
+//!     skipped it) and that failure policy answered: the call's, the strictest among its
+//!     limits' own (`on_store_error`) and the limiter's for the limits that name none, so
+//!     every limit of one call is counted with the same one. A call refused because the
+//!     store cannot record it (`StoreError::cannot_record`) counts as `failure_deny` under
+//!     every policy. Such a call is also counted as `admitted` or `rejected`, by what the
+//!     policy answered.
+//! * **`ratelimit_store_errors_total`** (counter), labels `store` and `error`: one increment
+//!   per failed store call, by what failed — `timeout` (no answer within
+//!   `Settings::timeout`: the call was answered by the failure policy, and the exactness of
+//!   the limits held only for the calls the store answered), `connection`, `backend`,
+//!   `bad_reply`, `full`, `out_of_memory`, `unsupported`. A call answered by the open breaker
+//!   makes no store call and is not counted here (it is in `ratelimit_calls_total` as a
+//!   `failure_*` outcome).
 //! * **`ratelimit_store_seconds`** (histogram), label `store` (`memory`, `redis`,
 //!   `redis-cluster`, or your store's name): how long each store call took, failed ones and
 //!   timeouts included (a call answered from the blocked-caller cache or by the open breaker
@@ -31,6 +42,8 @@
 //! // sum by (scope) (rate(ratelimit_calls_total{outcome="shadow_rejected"}[5m]))
 //! assert_eq!(observe::CALLS, "ratelimit_calls_total");
 //! assert_eq!(observe::STORE_SECONDS, "ratelimit_store_seconds");
+//! // sum by (store) (rate(ratelimit_store_errors_total{error="timeout"}[5m]))
+//! assert_eq!(observe::STORE_ERRORS, "ratelimit_store_errors_total");
 //! ```
 //!
 //! The example server (`examples/src/bin/axum_server.rs`) exports them on `/metrics` in the
@@ -45,6 +58,7 @@
 
 use std::time::Duration;
 
+use crate::error::StoreError;
 use crate::policy::{Algorithm, Verdict};
 
 /// What happened to one limit of one call (the `outcome` label).
@@ -90,6 +104,35 @@ pub const CALLS: &str = "ratelimit_calls_total";
 /// assert_eq!(ratelimit_runtime::observe::STORE_SECONDS, "ratelimit_store_seconds");
 /// ```
 pub const STORE_SECONDS: &str = "ratelimit_store_seconds";
+
+/// The store-error counter's name (see the module docs for its labels).
+///
+/// ```
+/// assert_eq!(ratelimit_runtime::observe::STORE_ERRORS, "ratelimit_store_errors_total");
+/// ```
+pub const STORE_ERRORS: &str = "ratelimit_store_errors_total";
+
+/// The `error` label of a store error.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+fn error_label(error: &StoreError) -> &'static str {
+    match error {
+        StoreError::Timeout(_) => "timeout",
+        StoreError::Connection { .. } => "connection",
+        StoreError::Backend { .. } => "backend",
+        StoreError::BadReply(_) => "bad_reply",
+        StoreError::Full { .. } => "full",
+        StoreError::OutOfMemory { .. } => "out_of_memory",
+        StoreError::Unsupported(_) => "unsupported",
+    }
+}
+
+/// Counts one failed store call.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline]
+pub(crate) fn store_error(store: &'static str, error: &StoreError) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(STORE_ERRORS, "store" => store, "error" => error_label(error)).increment(1);
+}
 
 /// Counts one limit's outcome.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]

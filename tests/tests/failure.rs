@@ -674,3 +674,168 @@ async fn blocked_cache_rejects_without_a_round_trip_and_never_outlives_redis() {
         assert!(cached_wait > Duration::ZERO && asked >= t1);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// A limit's own failure policy (`on_store_error`, issue 28 point 9), under an `allow` limiter.
+
+#[ratelimit_runtime::rate_limit(
+    num = 3,
+    time = 90,
+    key = "{user}",
+    scope = "failure_login",
+    on_store_error = "deny"
+)]
+async fn login_fails_closed(user: &str) -> Result<(), RateLimitError> {
+    let _ = user;
+    Ok(())
+}
+
+#[ratelimit_runtime::rate_limit(num = 3, time = 90, key = "{user}", scope = "failure_search")]
+async fn search_fails_open(user: &str) -> Result<(), RateLimitError> {
+    let _ = user;
+    Ok(())
+}
+
+#[ratelimit_runtime::rate_limit(num = 100, time = 90, key = "{user}", scope = "failure_open")]
+#[ratelimit_runtime::rate_limit(
+    num = 100,
+    time = 90,
+    key = "{user}",
+    scope = "failure_closed",
+    on_store_error = "deny"
+)]
+async fn stacked_open_and_closed(user: &str) -> Result<(), RateLimitError> {
+    let _ = user;
+    Ok(())
+}
+
+#[ratelimit_runtime::rate_limit(
+    num = 3,
+    time = 90,
+    key = "{user}",
+    scope = "failure_local",
+    on_store_error = "local"
+)]
+async fn checked_locally(user: &str) -> Result<(), RateLimitError> {
+    let _ = user;
+    Ok(())
+}
+
+/// The issue's case: 20 concurrent logins against a quota of 3 while Redis stalls past the
+/// timeout, under the default `allow`. The login (`on_store_error = "deny"`) refuses every
+/// one of them, and admits exactly the quota over the whole run; the search (no argument) is
+/// admitted past its quota; a call stacking both is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_refuses_only_the_limits_that_say_deny() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Allow).await;
+    limiter
+        .clone()
+        .scope(login_fails_closed("alice"))
+        .await
+        .unwrap();
+    server.pause(PAUSE).await;
+    let paused = Instant::now();
+    let mut logins = JoinSet::new();
+    for _ in 0..20 {
+        let limiter = limiter.clone();
+        logins.spawn(async move {
+            let start = Instant::now();
+            let result = limiter.scope(login_fails_closed("alice")).await;
+            (start.elapsed(), result)
+        });
+    }
+    let mut refused = 0;
+    while let Some(joined) = logins.join_next().await {
+        let (took, result) = joined.unwrap();
+        assert!(took <= Settings::default().timeout + SLACK, "{took:?}");
+        let err = result.unwrap_err();
+        assert!(
+            matches!(err, RateLimitError::StoreUnavailable(_)),
+            "{err:?}"
+        );
+        refused += 1;
+    }
+    assert_eq!(refused, 20);
+    for _ in 0..5 {
+        limiter
+            .clone()
+            .scope(search_fails_open("alice"))
+            .await
+            .unwrap();
+    }
+    let err = limiter
+        .clone()
+        .scope(stacked_open_and_closed("alice"))
+        .await
+        .unwrap_err();
+    assert!(err.is_store_unavailable(), "{err:?}");
+    assert!(
+        paused.elapsed() < PAUSE,
+        "the calls above ran during the pause"
+    );
+    // Redis back: the logins refused during the stall were not counted (their takes are given
+    // back), so alice has exactly the 2 logins left of her quota of 3.
+    tokio::time::sleep(PAUSE.saturating_sub(paused.elapsed()) + Duration::from_millis(300)).await;
+    let mut admitted = 0;
+    let since = Instant::now();
+    while admitted < 2 {
+        match limiter.clone().scope(login_fails_closed("alice")).await {
+            Ok(()) => admitted += 1,
+            Err(e) if e.is_store_unavailable() && since.elapsed() <= RECOVERY => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("login {} after the pause: {e:?}", admitted + 2),
+        }
+    }
+    let err = limiter
+        .clone()
+        .scope(login_fails_closed("alice"))
+        .await
+        .unwrap_err();
+    assert!(err.is_limited(), "{err:?}");
+    let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(90)).unwrap();
+    let key = ratelimit_runtime::key::build(
+        "ratelimit",
+        "failure_login",
+        &[ratelimit_runtime::key::Part::new(
+            ratelimit_runtime::key::Source::Key,
+            b"alice",
+        )],
+        &policy,
+    );
+    assert_eq!(
+        counter(&server, &key).await,
+        3,
+        "Redis counted exactly the quota"
+    );
+}
+
+/// A limit with `on_store_error = "local"` under an `allow` limiter: while Redis stalls, its
+/// calls are checked in this process's memory, exactly to the quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_limit_under_an_allow_limiter_keeps_its_quota_in_memory_while_redis_stalls() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Allow).await;
+    // Redis answers: one of bob's 3 is spent there (the local store starts from its own count).
+    limiter.clone().scope(checked_locally("bob")).await.unwrap();
+    server.pause(PAUSE).await;
+    let paused = Instant::now();
+    let mut results = Vec::new();
+    for _ in 0..10 {
+        results.push(limiter.clone().scope(checked_locally("bob")).await);
+    }
+    assert!(paused.elapsed() < PAUSE, "the calls ran during the pause");
+    let admitted = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(admitted, 3, "{results:?}");
+    for r in &results[3..] {
+        let err = r.as_ref().unwrap_err();
+        assert!(err.is_limited(), "{err:?}");
+        // The local window's wait: at most its period (and the millisecond it started in).
+        let most = Duration::from_secs(90) + Duration::from_millis(1);
+        assert_eq!(err.retry_after().map(|d| d <= most), Some(true), "{err:?}");
+    }
+    assert!(results[..3].iter().all(Result::is_ok), "{results:?}");
+}

@@ -319,3 +319,48 @@ async fn axum_without_extension_uses_the_process_limiter() {
     let got = statuses(3, || c.get(format!("http://{addr}/ip"))).await;
     assert_eq!(got, [200, 200, 429]);
 }
+
+#[rate_limit(
+    num = 3,
+    time = 60,
+    by = "ip",
+    scope = "axum_login_closed",
+    on_store_error = "deny"
+)]
+async fn login_closed() -> &'static str {
+    "login"
+}
+
+#[rate_limit(num = 3, time = 60, by = "ip", scope = "axum_search_open")]
+async fn search_open() -> &'static str {
+    "search"
+}
+
+/// `on_store_error = "deny"` on a handler, while Redis stalls past the timeout under an
+/// `allow` limiter: that handler answers 503 with the JSON body, one without the argument is
+/// admitted, past its quota of 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axum_a_handler_s_on_store_error_deny_answers_503_while_redis_stalls() {
+    let server = ratelimit_tests::redis_server::RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .store(server.store().await)
+        .failure_policy(ratelimit_runtime::FailurePolicy::Allow)
+        .build()
+        .await
+        .expect("limiter");
+    let app = Router::new()
+        .route("/login", get(login_closed))
+        .route("/search", get(search_open))
+        .layer(Extension(limiter));
+    let base = format!("http://{}", serve_axum(app, "127.0.0.1").await);
+    let c = client();
+    assert_eq!(statuses(1, || c.get(format!("{base}/login"))).await, [200]);
+    server.pause(std::time::Duration::from_secs(2)).await;
+    let login = Answer::from(c.get(format!("{base}/login")).send().await.expect("send")).await;
+    assert_eq!(login.status, 503, "{login:?}");
+    assert_eq!(login.json()["error"], "rate_limit_unavailable");
+    assert_eq!(
+        statuses(5, || c.get(format!("{base}/search"))).await,
+        [200; 5]
+    );
+}

@@ -24,6 +24,7 @@ use ratelimit_runtime::{
     Algorithm, FailurePolicy, RateLimitLayer, RateLimiter, UserId, rate_limit,
 };
 use ratelimit_tests::env::Env;
+use ratelimit_tests::redis_server::RedisServer;
 use serde::Deserialize;
 
 use http_support::{Answer, Backend, client, client_from, scenarios, serve_axum, statuses};
@@ -464,4 +465,63 @@ async fn legacy_fields_describe_the_tighter_limit() {
     assert!(tight.header("ratelimit").is_none(), "{tight:?}");
     assert_eq!(legacy(&tight), ["2", "1"]);
     assert_eq!(legacy(&get("/free").await), ["5", "3"]);
+}
+
+/// A layer limit's own failure policy ([`RateLimitLayerBuilder::failure_policy`]) on a Redis
+/// that stalls past the timeout, under an `allow` limiter: the limit that says deny answers
+/// 503, the one that names none admits, and a layer stacking both answers 503.
+///
+/// [`RateLimitLayerBuilder::failure_policy`]: ratelimit_runtime::RateLimitLayerBuilder::failure_policy
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_limit_s_own_failure_policy_answers_while_redis_stalls() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .store(server.store().await)
+        .failure_policy(FailurePolicy::Allow)
+        .build()
+        .await
+        .expect("limiter");
+    let limit = || {
+        RateLimitLayer::builder()
+            .num(100)
+            .period(Duration::from_secs(60))
+            .by("ip")
+            .limiter(limiter.clone())
+    };
+    let closed = limit()
+        .scope("layer_policy_closed")
+        .failure_policy(FailurePolicy::Deny)
+        .build()
+        .expect("layer");
+    let open = limit().scope("layer_policy_open").build().expect("layer");
+    let both = limit()
+        .scope("layer_policy_both_open")
+        .and()
+        .num(100)
+        .period(Duration::from_secs(60))
+        .by("ip")
+        .scope("layer_policy_both_closed")
+        .failure_policy(FailurePolicy::Deny)
+        .build()
+        .expect("layer");
+    let ok = || async { "ok" };
+    let app = Router::new()
+        .route("/login", get(ok).layer(closed))
+        .route("/search", get(ok).layer(open))
+        .route("/both", get(ok).layer(both));
+    let base = format!("http://{}", serve_axum(app, "127.0.0.1").await);
+    let c = client();
+    let status = |path: &str| {
+        let req = c.get(format!("{base}{path}"));
+        async move { Answer::from(req.send().await.expect("send")).await }
+    };
+    for path in ["/login", "/search", "/both"] {
+        assert_eq!(status(path).await.status, 200, "{path} while Redis answers");
+    }
+    server.pause(Duration::from_secs(2)).await;
+    let login = status("/login").await;
+    assert_eq!(login.status, 503, "{login:?}");
+    assert_eq!(login.json()["error"], "rate_limit_unavailable");
+    assert_eq!(status("/search").await.status, 200);
+    assert_eq!(status("/both").await.status, 503);
 }

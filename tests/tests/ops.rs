@@ -25,9 +25,10 @@ use axum::response::Response;
 use axum::routing::get;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use ratelimit_runtime::key::{self, Part, Source};
+use ratelimit_runtime::store::{RefundFuture, StoreFuture};
 use ratelimit_runtime::{
-    Algorithm, By, FailurePolicy, IpNet, Limit, Policy, RateLimitError, RateLimiter, Target,
-    UserId, rate_limit,
+    Algorithm, By, Check, FailurePolicy, IpNet, Limit, Policy, RateLimitError, RateLimiter,
+    RedisStore, Store, Target, UserId, rate_limit,
 };
 use ratelimit_tests::env::Env;
 use ratelimit_tests::redis_cluster::RedisCluster;
@@ -101,6 +102,20 @@ fn store_samples(store: &str) -> u64 {
     recorded()
         .iter()
         .filter(|((name, labels), _)| name == "ratelimit_store_seconds" && labels.contains(&store))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// `ratelimit_store_errors_total{store, error}` recorded so far.
+fn store_errors(store: &str, error: &str) -> u64 {
+    let (store, error) = (format!("store={store}"), format!("error={error}"));
+    recorded()
+        .iter()
+        .filter(|((name, labels), _)| {
+            name == "ratelimit_store_errors_total"
+                && labels.contains(&store)
+                && labels.contains(&error)
+        })
         .map(|(_, n)| n)
         .sum()
 }
@@ -984,6 +999,71 @@ async fn metrics_count_each_outcome_without_caller_values() {
         assert!(!label.contains("secret-user-42"), "{label}");
         assert!(!label.contains("127.0.0."), "{label}");
     }
+}
+
+/// A Redis store under a name of its own, so that its store metrics are this test's alone
+/// (the other tests of this binary use Redis too).
+#[derive(Debug)]
+struct Renamed(RedisStore);
+
+impl Store for Renamed {
+    fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        self.0.check(checks)
+    }
+
+    fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
+        self.0.take(checks, call_id)
+    }
+
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+        self.0.refund(checks, call_id)
+    }
+
+    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+        self.0.forget(checks, call_id)
+    }
+
+    fn name(&self) -> &'static str {
+        "ops-stalled-redis"
+    }
+}
+
+#[rate_limit(
+    num = 3,
+    time = 60,
+    scope = "ops_metrics_timeout",
+    on_store_error = "deny"
+)]
+async fn metrics_timeout() -> Result<(), RateLimitError> {
+    Ok(())
+}
+
+/// A Redis that stalls past the timeout (`CLIENT PAUSE`): the store call is counted as a
+/// `timeout` in `ratelimit_store_errors_total`, and the call's failure outcome is the policy
+/// that answered it — the limit's own `deny`, not the limiter's `allow`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_timeout_is_counted_and_the_failure_outcome_names_the_policy_that_answered() {
+    snapshotter();
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .store(Renamed(server.store().await))
+        .failure_policy(FailurePolicy::Allow)
+        .build()
+        .await
+        .unwrap();
+    limiter.clone().scope(metrics_timeout()).await.unwrap();
+    assert_eq!(store_errors("ops-stalled-redis", "timeout"), 0);
+    server.pause(Duration::from_secs(2)).await;
+    let err = limiter.clone().scope(metrics_timeout()).await.unwrap_err();
+    let RateLimitError::StoreUnavailable(cause) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(cause.is_timeout(), "{cause:?}");
+    assert_eq!(store_errors("ops-stalled-redis", "timeout"), 1);
+    assert_eq!(store_errors("ops-stalled-redis", "connection"), 0);
+    assert_eq!(calls("ops_metrics_timeout", "failure_deny"), 1);
+    assert_eq!(calls("ops_metrics_timeout", "failure_allow"), 0);
+    assert_eq!(calls("ops_metrics_timeout", "admitted"), 1);
 }
 
 #[rate_limit(num = 1, time = 60, by = "ip", scope = "ops_actix")]

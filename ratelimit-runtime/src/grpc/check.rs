@@ -220,6 +220,7 @@ mod tests {
             scope: "app::hello",
             by,
             shadow: false,
+            failure_policy: None,
         }
     }
 

@@ -563,6 +563,7 @@ mod tests {
             scope: "s",
             by,
             shadow: false,
+            failure_policy: None,
         }
     }
 

@@ -481,6 +481,7 @@ mod tests {
             scope,
             by: By::Ip,
             shadow: false,
+            failure_policy: None,
         }
     }
 

@@ -132,7 +132,7 @@ use crate::http::response::{Fields, Refusal, join_members, rate_fields};
 use crate::http::source::{Missing, RequestParts};
 use crate::key;
 use crate::limit::{By, Limit, keys_for};
-use crate::limiter::{RateLimiter, Settings};
+use crate::limiter::{FailurePolicy, RateLimiter, Settings};
 use crate::policy::{Algorithm, Policy, PolicyError};
 
 /// A hook that finds the peer address of a request in its extensions, for servers whose
@@ -249,6 +249,7 @@ struct Draft {
     cost: u64,
     by: Cow<'static, str>,
     scope: Option<String>,
+    failure_policy: Option<FailurePolicy>,
 }
 
 impl Draft {
@@ -261,6 +262,7 @@ impl Draft {
             cost: 1,
             by: Cow::Borrowed("global"),
             scope: None,
+            failure_policy: None,
         }
     }
 
@@ -366,6 +368,29 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// What a request gets from the current limit when the store fails or does not answer
+    /// in time (the attribute's `on_store_error`; default: the limiter's
+    /// [`crate::Settings::failure_policy`]). A request is answered by the strictest policy
+    /// among the layer's limits ([`FailurePolicy::stricter`]).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{FailurePolicy, RateLimitLayer};
+    /// // 503 while the store is down, whatever the limiter's policy.
+    /// let logins = RateLimitLayer::builder()
+    ///     .num(3)
+    ///     .period(Duration::from_secs(60))
+    ///     .by("ip")
+    ///     .failure_policy(FailurePolicy::Deny)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.current.failure_policy = Some(policy);
+        self
+    }
+
     /// Ends the current limit and starts another, checked with it (all or nothing). In the
     /// rate-limit fields, a limit whose scope an earlier one has is named with its position:
     /// `.scope("api")…and()…` answers `"api";…, "api-2";…` (see the [module docs](self)).
@@ -409,6 +434,7 @@ impl RateLimitLayerBuilder {
                 scope,
                 by,
                 shadow: false,
+                failure_policy: draft.failure_policy,
             });
         }
         if let Some(limiter) = &self.limiter {
@@ -1080,6 +1106,7 @@ mod tests {
             scope: "api",
             by: By::Ip,
             shadow: false,
+            failure_policy: None,
         }];
         let verdict = crate::Verdict::new(vec![crate::Decision::new(
             false,

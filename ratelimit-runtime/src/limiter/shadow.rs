@@ -59,7 +59,15 @@ impl RateLimiter {
         let checks: Vec<Check<'_>> = limits
             .iter()
             .zip(keys)
-            .map(|(l, k)| Check::new(k, &l.policy).with_scope(l.scope))
+            .map(|(l, k)| {
+                let check = Check::new(k, &l.policy).with_scope(l.scope);
+                // A shadow limit never refuses a call: its own failure policy waits until it
+                // is enforced.
+                match l.failure_policy.filter(|_| !self.is_shadow(l)) {
+                    Some(policy) => check.with_failure_policy(policy),
+                    None => check,
+                }
+            })
             .collect();
         let labels = || limits.iter().map(|l| (l.scope, l.policy.algorithm()));
         let verdict = match self.check_as(&checks, call_id).await {

@@ -17,6 +17,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use crate::error::StoreError;
+use crate::limiter::FailurePolicy;
 use crate::policy::{Policy, Verdict};
 
 // The stores' modules are hidden: their types are re-exported here and at the crate root.
@@ -35,7 +36,8 @@ pub use self::memory::{Clock, ManualClock, MemoryStore, MonotonicClock, TokioClo
 pub use self::redis::RedisStore;
 
 /// One limit to check for one call: the full store key (see [`crate::key::build`]), the
-/// policy, and the scope (the bucket's name, for logs).
+/// policy, the scope (the bucket's name, for logs) and, when it has one of its own, the
+/// failure policy.
 ///
 /// ```
 /// use std::time::Duration;
@@ -55,6 +57,11 @@ pub struct Check<'a> {
     /// The scope the key belongs to (empty when unknown). Logs name the scope, never the key:
     /// keys hold caller values such as IP addresses and user ids.
     pub scope: &'a str,
+    /// What the limiter does with this check when the store fails or does not answer in
+    /// time; `None`: the limiter's [`crate::Settings::failure_policy`]. A call is answered by
+    /// the strictest policy among its checks ([`crate::FailurePolicy::stricter`]). Stores
+    /// never read it.
+    pub failure_policy: Option<FailurePolicy>,
 }
 
 impl<'a> Check<'a> {
@@ -64,6 +71,7 @@ impl<'a> Check<'a> {
             key,
             policy,
             scope: "",
+            failure_policy: None,
         }
     }
 
@@ -71,6 +79,23 @@ impl<'a> Check<'a> {
     #[must_use]
     pub fn with_scope(mut self, scope: &'a str) -> Self {
         self.scope = scope;
+        self
+    }
+
+    /// Gives this check a failure policy of its own (see [`Check::failure_policy`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, FailurePolicy, Policy};
+    ///
+    /// let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60))?;
+    /// let login = Check::new("login", &policy).with_failure_policy(FailurePolicy::Deny);
+    /// assert_eq!(login.failure_policy, Some(FailurePolicy::Deny));
+    /// # Ok::<(), ratelimit_runtime::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub fn with_failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.failure_policy = Some(policy);
         self
     }
 }
