@@ -213,10 +213,7 @@ fn export_const(func: &ItemFn, name: &Ident, fn_name: &str, limits: &TokenStream
 /// default scope is `fn_name` in its module).
 fn limit_array(checked: &Checked, fn_name: &str) -> TokenStream {
     let p = private();
-    let limits = checked
-        .limits
-        .iter()
-        .map(|l| limit_literal(&p, l, fn_name));
+    let limits = checked.limits.iter().map(|l| limit_literal(&p, l, fn_name));
     quote!([#(#limits),*])
 }
 

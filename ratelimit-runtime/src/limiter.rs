@@ -631,7 +631,7 @@ impl RateLimiter {
                         %error,
                         held_back,
                         "rate-limit store could not decide this call; the failure policy answers it, other calls are unaffected"
-                    )
+                    );
                 }
                 _ => {
                     let (error, what) = match &error {
