@@ -41,7 +41,8 @@ impl Entry {
 }
 
 /// The states whose numbers fit in a [`Cell`]'s three words: every algorithm's but the sliding
-/// log's. Their one-limit checks take the fast path ([`Inner::check_packed`]).
+/// log's. Their one-limit checks take the fast path
+/// ([`Inner::check_packed`](super::Inner::check_packed)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Packed {
     Fixed,

@@ -121,7 +121,8 @@ struct Inner {
     /// The key hash (see [`key_hasher`]).
     hasher: foldhash::fast::SeedableRandomState,
     /// The shards: a one-limit check on a held key takes a read lock (several run at once,
-    /// each updating its key's [`Cell`] by compare-and-swap), everything else the write lock.
+    /// each updating its key's [`Cell`](cell::Cell) by compare-and-swap), everything else the
+    /// write lock.
     shards: Box<[Padded]>,
     /// Whether one-limit checks take the read-lock fast path ([`MemoryStore::with_fast_path`]).
     fast: AtomicBool,
