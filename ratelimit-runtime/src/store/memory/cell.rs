@@ -65,7 +65,7 @@ impl Packed {
     }
 
     /// `state`'s form and numbers, if it packs.
-    pub(super) fn pack(state: &State) -> Option<(Self, [u64; 3])> {
+    fn pack(state: &State) -> Option<(Self, [u64; 3])> {
         Some(match state {
             State::Fixed(w) => (Self::Fixed, [w.count, w.expires_ms, 0]),
             State::Bucket(b) => (Self::Bucket, [b.level, b.at, 0]),
@@ -76,7 +76,7 @@ impl Packed {
     }
 
     /// The state of these numbers (the inverse of [`Packed::pack`]).
-    pub(super) fn unpack(self, w: [u64; 3]) -> State {
+    fn unpack(self, w: [u64; 3]) -> State {
         match self {
             Self::Fixed => State::Fixed(algorithm::fixed::Window {
                 count: w[0],
@@ -121,7 +121,7 @@ pub(super) enum Form {
 ///   before it or begun after it. That is how a stacked check stays all or nothing against
 ///   the same entries.
 pub(super) struct Cell {
-    pub(super) seq: AtomicU64,
+    seq: AtomicU64,
     idle_at: AtomicU64,
     words: [AtomicU64; 3],
     pub(super) form: Form,
@@ -216,6 +216,54 @@ impl Cell {
         }
     }
 
+    /// A write under the shard's read lock, as governor's `measure_and_replace` does it: `rule`
+    /// gets a consistent read of the entry (in `form`) and the time `now` gives after the read
+    /// of `seq`, and answers with its result and the entry to write, if any. The write claims
+    /// the cell by a compare-and-swap of `seq`; one that loses the race calls `rule` again, on
+    /// the entry that won, at a fresh time. Returns `rule`'s result and, when it wrote, when
+    /// the written entry becomes idle.
+    #[inline]
+    pub(super) fn measure_and_replace<T>(
+        &self,
+        form: Packed,
+        now: impl Fn() -> u64,
+        mut rule: impl FnMut(Entry, u64) -> (T, Option<Entry>),
+    ) -> (T, Option<u64>) {
+        let mut spins = 0;
+        loop {
+            let seq = self.seq.load(Ordering::Acquire);
+            if seq & 1 == 1 {
+                backoff(&mut spins);
+                continue;
+            }
+            // The time is read after the state's `seq`: it is no earlier than the time of the
+            // write that left the state (that write's clock read happened before its `seq`).
+            let now = now();
+            let (idle_at, words) = self.load_words();
+            if !self.unchanged_since(seq) {
+                continue;
+            }
+            let entry = Entry {
+                idle_at,
+                state: form.unpack(words),
+            };
+            let (answer, write) = rule(entry, now);
+            let Some(write) = write else {
+                return (answer, None);
+            };
+            // `evaluate` of an algorithm leaves that algorithm's state: the same form.
+            let Some((written, words)) = Packed::pack(&write.state) else {
+                unreachable!("a packed algorithm left an unpacked state")
+            };
+            debug_assert_eq!(written, form);
+            if !self.claim(seq) {
+                continue;
+            }
+            self.publish(seq, write.idle_at, words);
+            return (answer, Some(write.idle_at));
+        }
+    }
+
     /// The packed numbers: a read that waits out any write under way.
     fn read_packed(&self) -> (u64, [u64; 3]) {
         let mut spins = 0;
@@ -232,7 +280,7 @@ impl Cell {
     }
 
     /// `idle_at` and the words, as they are (checked by [`Cell::unchanged_since`]).
-    pub(super) fn load_words(&self) -> (u64, [u64; 3]) {
+    fn load_words(&self) -> (u64, [u64; 3]) {
         (
             self.idle_at.load(Ordering::Relaxed),
             self.words.each_ref().map(|w| w.load(Ordering::Relaxed)),
@@ -240,13 +288,13 @@ impl Cell {
     }
 
     /// Whether no write began since `seq` was read (the loads before it saw one state).
-    pub(super) fn unchanged_since(&self, seq: u64) -> bool {
+    fn unchanged_since(&self, seq: u64) -> bool {
         fence(Ordering::Acquire);
         self.seq.load(Ordering::Relaxed) == seq
     }
 
     /// Claims the cell for a write, if it is still at `seq` (even); then [`Cell::publish`].
-    pub(super) fn claim(&self, seq: u64) -> bool {
+    fn claim(&self, seq: u64) -> bool {
         let claimed = self
             .seq
             .compare_exchange(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed)
@@ -259,7 +307,7 @@ impl Cell {
     }
 
     /// Stores a claimed cell's new entry (same packed form) and releases it.
-    pub(super) fn publish(&self, seq: u64, idle_at: u64, words: [u64; 3]) {
+    fn publish(&self, seq: u64, idle_at: u64, words: [u64; 3]) {
         self.idle_at.store(idle_at, Ordering::Relaxed);
         for (w, v) in self.words.iter().zip(words) {
             w.store(v, Ordering::Relaxed);
@@ -270,7 +318,7 @@ impl Cell {
 
 /// Waits a little for a write under way to finish: spins, then yields (the writer may have
 /// been preempted between its few stores).
-pub(super) fn backoff(spins: &mut u32) {
+fn backoff(spins: &mut u32) {
     *spins += 1;
     if *spins < 32 {
         std::hint::spin_loop();

@@ -5,7 +5,7 @@ use std::sync::RwLockWriteGuard;
 use std::sync::atomic::Ordering;
 
 use super::blocks::blocked_decision;
-use super::cell::{Cell, Entry, Form, Packed, backoff};
+use super::cell::{Cell, Entry, Form, Packed};
 use super::map::{Map, SHARDS, Shard, lower};
 use super::receipts::sliding_first;
 use super::{Inner, read, write};
@@ -110,8 +110,9 @@ impl Inner {
 
     /// The fast path of one limit on a held, packed key, under the shard's read lock: the same
     /// rule ([`algorithm::evaluate`], after [`algorithm::normalize`]) on a consistent read of
-    /// the cell, written back by a compare-and-swap of its sequence (see [`Cell`]); a write that
-    /// loses the race evaluates again on the state that won, at a fresh time.
+    /// the cell, written back by a compare-and-swap of its sequence
+    /// ([`Cell::measure_and_replace`]); a write that loses the race evaluates again on the state
+    /// that won, at a fresh time.
     fn check_packed(
         &self,
         shard: &Shard,
@@ -121,49 +122,26 @@ impl Inner {
         p: &Params,
         capacity: u64,
     ) -> Decision {
-        let mut spins = 0;
-        loop {
-            let seq = cell.seq.load(Ordering::Acquire);
-            if seq & 1 == 1 {
-                backoff(&mut spins);
-                continue;
-            }
-            // The time is read after the state's `seq`: it is no earlier than the time of the
-            // write that left the state (that write's clock read happened before its `seq`).
-            let now = self.now();
-            let (idle_at, words) = cell.load_words();
-            if !cell.unchanged_since(seq) {
-                continue;
-            }
-            let mut entry = Entry {
-                idle_at,
-                state: form.unpack(words),
-            };
-            let normalized = entry.normalize(p, now);
-            let base = entry.live(now).then_some(&entry.state);
-            let (e, next) = algorithm::evaluate(algorithm, base, p, now);
-            let (decision, write) = match next {
-                Some(state) => (e.taken(capacity), Some(Entry::new(state, p))),
-                None => (
-                    e.untaken(capacity, false, e.retry_us),
-                    normalized.then_some(entry),
-                ),
-            };
-            let Some(write) = write else {
-                return decision;
-            };
-            // `evaluate` of an algorithm leaves that algorithm's state: the same form.
-            let Some((written, words)) = Packed::pack(&write.state) else {
-                unreachable!("a packed algorithm left an unpacked state")
-            };
-            debug_assert_eq!(written, form);
-            if !cell.claim(seq) {
-                continue;
-            }
-            cell.publish(seq, write.idle_at, words);
-            shard.note_idle(write.idle_at);
-            return decision;
+        let (decision, written) = cell.measure_and_replace(
+            form,
+            || self.now(),
+            |mut entry, now| {
+                let normalized = entry.normalize(p, now);
+                let base = entry.live(now).then_some(&entry.state);
+                let (e, next) = algorithm::evaluate(algorithm, base, p, now);
+                match next {
+                    Some(state) => (e.taken(capacity), Some(Entry::new(state, p))),
+                    None => (
+                        e.untaken(capacity, false, e.retry_us),
+                        normalized.then_some(entry),
+                    ),
+                }
+            },
+        );
+        if let Some(idle_at) = written {
+            shard.note_idle(idle_at);
         }
+        decision
     }
 
     /// Several limits as one call: lock their shards in ascending order, apply the limits one
