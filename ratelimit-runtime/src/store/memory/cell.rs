@@ -1,0 +1,328 @@
+//! The cell: one key's entry, its packed forms, and the sequence lock that lets one-limit
+//! checks update it by compare-and-swap under the shard's read lock.
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
+use crate::algorithm::{self, Params, State};
+use crate::policy::Algorithm;
+
+/// One key's state and when it becomes idle (equal to no state at all), in µs: what the rules
+/// read and write. A [`Cell`] holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Entry {
+    pub(super) idle_at: u64,
+    pub(super) state: State,
+}
+
+impl Entry {
+    pub(super) fn new(state: State, p: &Params) -> Self {
+        Self {
+            idle_at: algorithm::idle_at(&state, p),
+            state,
+        }
+    }
+
+    pub(super) fn live(&self, now: u64) -> bool {
+        now < self.idle_at
+    }
+
+    /// State stamped in the future — by a [`Clock`] that went backwards — is treated as
+    /// stamped now ([`algorithm::normalize`]), as the Redis scripts treat state written by a
+    /// master whose clock was ahead. A monotonic clock never changes anything here.
+    /// `true` when it changed (and so did `idle_at`).
+    pub(super) fn normalize(&mut self, p: &Params, now: u64) -> bool {
+        let changed = self.live(now) && algorithm::normalize(&mut self.state, p, now);
+        if changed {
+            self.idle_at = algorithm::idle_at(&self.state, p);
+        }
+        changed
+    }
+}
+
+/// The states whose numbers fit in a [`Cell`]'s three words: every algorithm's but the sliding
+/// log's. Their one-limit checks take the fast path
+/// ([`Inner::check_packed`](super::Inner::check_packed)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Packed {
+    Fixed,
+    Bucket,
+    Gcra,
+    Counter,
+}
+
+impl Packed {
+    /// The packed form of `algorithm`'s state, if it has one.
+    pub(super) fn of(algorithm: Algorithm) -> Option<Self> {
+        match algorithm {
+            Algorithm::Fixed => Some(Self::Fixed),
+            Algorithm::Leaky | Algorithm::Token => Some(Self::Bucket),
+            Algorithm::Gcra => Some(Self::Gcra),
+            Algorithm::SlidingCounter => Some(Self::Counter),
+            // `Algorithm` is non-exhaustive within the crate too: a new one starts unpacked.
+            _ => None,
+        }
+    }
+
+    /// `state`'s form and numbers, if it packs.
+    fn pack(state: &State) -> Option<(Self, [u64; 3])> {
+        Some(match state {
+            State::Fixed(w) => (Self::Fixed, [w.count, w.expires_ms, 0]),
+            State::Bucket(b) => (Self::Bucket, [b.level, b.at, 0]),
+            State::Gcra(t) => (Self::Gcra, [t.0, 0, 0]),
+            State::SlidingCounter(c) => (Self::Counter, [c.window, c.cur, c.prev]),
+            State::Sliding(_) => return None,
+        })
+    }
+
+    /// The state of these numbers (the inverse of [`Packed::pack`]).
+    fn unpack(self, w: [u64; 3]) -> State {
+        match self {
+            Self::Fixed => State::Fixed(algorithm::fixed::Window {
+                count: w[0],
+                expires_ms: w[1],
+            }),
+            Self::Bucket => State::Bucket(algorithm::bucket::Level {
+                level: w[0],
+                at: w[1],
+            }),
+            Self::Gcra => State::Gcra(algorithm::gcra::Tat(w[0])),
+            Self::Counter => State::SlidingCounter(algorithm::sliding_counter::Counters {
+                window: w[0],
+                cur: w[1],
+                prev: w[2],
+            }),
+        }
+    }
+}
+
+/// How a [`Cell`] holds its state.
+pub(super) enum Form {
+    /// In the cell's words ([`Packed`]).
+    Packed(Packed),
+    /// Beside them (the sliding log); changed only under the shard's write lock.
+    Other(Box<State>),
+}
+
+/// Where an [`Entry`] lives, so that one-limit checks can update it under the shard's *read*
+/// lock, as governor's keyed limiter does: a sequence lock over atomic words.
+///
+/// * `seq` is even while the words are stable and odd while a writer stores them. A writer
+///   holds the shard's read lock, reads the words (after an even `seq`), evaluates, and claims
+///   the cell by a compare-and-swap of `seq` from the value it read to the next odd one: it
+///   succeeds only when no other write happened since its read, so every write is computed on
+///   the state it replaces (a lost race evaluates again on the new state). It then stores the
+///   words and makes `seq` even again.
+/// * A reader that writes nothing (a rejection) checks that `seq` did not move during its
+///   read: its answer is that of a consistent state.
+/// * Everything else — stacked checks, takes, refunds, new keys, sweeps, a key changing
+///   algorithm — holds the shard's *write* lock, which no fast writer holds a read lock
+///   against: it reads and writes the cells through `&mut`, with every fast write either done
+///   before it or begun after it. That is how a stacked check stays all or nothing against
+///   the same entries.
+pub(super) struct Cell {
+    seq: AtomicU64,
+    idle_at: AtomicU64,
+    words: [AtomicU64; 3],
+    pub(super) form: Form,
+}
+
+impl Cell {
+    pub(super) fn new(entry: Entry) -> Self {
+        let mut cell = Self {
+            seq: AtomicU64::new(0),
+            idle_at: AtomicU64::new(0),
+            words: Default::default(),
+            form: Form::Packed(Packed::Fixed),
+        };
+        cell.set(entry);
+        cell
+    }
+
+    pub(super) fn idle_at(&self) -> u64 {
+        self.idle_at.load(Ordering::Acquire)
+    }
+
+    pub(super) fn live(&self, now: u64) -> bool {
+        now < self.idle_at()
+    }
+
+    /// Replaces the entry (exclusive access: no fast writer is running).
+    pub(super) fn set(&mut self, entry: Entry) {
+        *self.idle_at.get_mut() = entry.idle_at;
+        if let Some((form, words)) = Packed::pack(&entry.state) {
+            for (w, v) in self.words.iter_mut().zip(words) {
+                *w.get_mut() = v;
+            }
+            self.form = Form::Packed(form);
+        } else if let Form::Other(held) = &mut self.form {
+            **held = entry.state;
+        } else {
+            self.form = Form::Other(Box::new(entry.state));
+        }
+    }
+
+    /// [`Entry::normalize`] in place, with exclusive access; `true` when it changed.
+    pub(super) fn normalize(&mut self, p: &Params, now: u64) -> bool {
+        match &mut self.form {
+            Form::Other(state) => {
+                let idle_at = self.idle_at.get_mut();
+                let changed = now < *idle_at && algorithm::normalize(state, p, now);
+                if changed {
+                    *idle_at = algorithm::idle_at(state, p);
+                }
+                changed
+            }
+            Form::Packed(_) => {
+                let mut entry = Entry {
+                    idle_at: self.idle_at(),
+                    state: self.state().into_owned(),
+                };
+                let changed = entry.normalize(p, now);
+                if changed {
+                    self.set(entry);
+                }
+                changed
+            }
+        }
+    }
+
+    /// The state held, with exclusive access (the shard's write lock): borrowed when it is
+    /// not packed.
+    pub(super) fn state(&self) -> Cow<'_, State> {
+        match &self.form {
+            Form::Packed(form) => Cow::Owned(form.unpack(self.words.each_ref().map(|w| {
+                // Exclusive access: no writer can be storing.
+                w.load(Ordering::Relaxed)
+            }))),
+            Form::Other(state) => Cow::Borrowed(state),
+        }
+    }
+
+    /// A copy of the entry, consistent even while fast writers run (under a read lock).
+    pub(super) fn snapshot(&self) -> Entry {
+        match &self.form {
+            Form::Packed(form) => {
+                let (idle_at, words) = self.read_packed();
+                Entry {
+                    idle_at,
+                    state: form.unpack(words),
+                }
+            }
+            Form::Other(state) => Entry {
+                idle_at: self.idle_at(),
+                state: (**state).clone(),
+            },
+        }
+    }
+
+    /// A write under the shard's read lock, as governor's `measure_and_replace` does it: `rule`
+    /// gets a consistent read of the entry (in `form`) and the time `now` gives after the read
+    /// of `seq`, and answers with its result and the entry to write, if any. The write claims
+    /// the cell by a compare-and-swap of `seq`; one that loses the race calls `rule` again, on
+    /// the entry that won, at a fresh time. Returns `rule`'s result and, when it wrote, when
+    /// the written entry becomes idle.
+    #[inline]
+    pub(super) fn measure_and_replace<T>(
+        &self,
+        form: Packed,
+        now: impl Fn() -> u64,
+        mut rule: impl FnMut(Entry, u64) -> (T, Option<Entry>),
+    ) -> (T, Option<u64>) {
+        let mut spins = 0;
+        loop {
+            let seq = self.seq.load(Ordering::Acquire);
+            if seq & 1 == 1 {
+                backoff(&mut spins);
+                continue;
+            }
+            // The time is read after the state's `seq`: it is no earlier than the time of the
+            // write that left the state (that write's clock read happened before its `seq`).
+            let now = now();
+            let (idle_at, words) = self.load_words();
+            if !self.unchanged_since(seq) {
+                continue;
+            }
+            let entry = Entry {
+                idle_at,
+                state: form.unpack(words),
+            };
+            let (answer, write) = rule(entry, now);
+            let Some(write) = write else {
+                return (answer, None);
+            };
+            // `evaluate` of an algorithm leaves that algorithm's state: the same form.
+            let Some((written, words)) = Packed::pack(&write.state) else {
+                unreachable!("a packed algorithm left an unpacked state")
+            };
+            debug_assert_eq!(written, form);
+            if !self.claim(seq) {
+                continue;
+            }
+            self.publish(seq, write.idle_at, words);
+            return (answer, Some(write.idle_at));
+        }
+    }
+
+    /// The packed numbers: a read that waits out any write under way.
+    fn read_packed(&self) -> (u64, [u64; 3]) {
+        let mut spins = 0;
+        loop {
+            let seq = self.seq.load(Ordering::Acquire);
+            if seq & 1 == 0 {
+                let read = self.load_words();
+                if self.unchanged_since(seq) {
+                    return read;
+                }
+            }
+            backoff(&mut spins);
+        }
+    }
+
+    /// `idle_at` and the words, as they are (checked by [`Cell::unchanged_since`]).
+    fn load_words(&self) -> (u64, [u64; 3]) {
+        (
+            self.idle_at.load(Ordering::Relaxed),
+            self.words.each_ref().map(|w| w.load(Ordering::Relaxed)),
+        )
+    }
+
+    /// Whether no write began since `seq` was read (the loads before it saw one state).
+    fn unchanged_since(&self, seq: u64) -> bool {
+        fence(Ordering::Acquire);
+        self.seq.load(Ordering::Relaxed) == seq
+    }
+
+    /// Claims the cell for a write, if it is still at `seq` (even); then [`Cell::publish`].
+    fn claim(&self, seq: u64) -> bool {
+        let claimed = self
+            .seq
+            .compare_exchange(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok();
+        if claimed {
+            // The words' stores below come after the odd `seq` for any reader that sees them.
+            fence(Ordering::Release);
+        }
+        claimed
+    }
+
+    /// Stores a claimed cell's new entry (same packed form) and releases it.
+    fn publish(&self, seq: u64, idle_at: u64, words: [u64; 3]) {
+        self.idle_at.store(idle_at, Ordering::Relaxed);
+        for (w, v) in self.words.iter().zip(words) {
+            w.store(v, Ordering::Relaxed);
+        }
+        self.seq.store(seq + 2, Ordering::Release);
+    }
+}
+
+/// Waits a little for a write under way to finish: spins, then yields (the writer may have
+/// been preempted between its few stores).
+fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 32 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
