@@ -1,0 +1,133 @@
+//! Plain mode: a function returning `Result`, checked before its body (boxed bodies of
+//! `#[async_trait]` methods included).
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// Plain mode: the signature untouched, the check prepended to the body (for an
+/// `#[async_trait]` method, to the user's body inside its boxed future).
+pub(super) fn plain(
+    func: &ItemFn,
+    ret: Span,
+    boxed: bool,
+    statics: &TokenStream,
+    key_lets: &[TokenStream],
+    key_refs: &[TokenStream],
+    dynamic: Option<&Dyn>,
+) -> TokenStream {
+    let p = private();
+    let (outer, inner) = split_attrs(&func.attrs);
+    let (vis, sig, stmts) = (&func.vis, &func.sig, &func.block.stmts);
+    let limits = local("__RATELIMIT_LIMITS");
+    let err = local("__ratelimit_error");
+    // Spanned at the return type, so a missing `From<RateLimitError>` is reported there.
+    let from = quote_spanned!(ret=> ::core::convert::From::from({ #err }));
+    if let Some(d) = dynamic {
+        let dyns = local("__RATELIMIT_DYN");
+        let inputs = local("__ratelimit_inputs");
+        let hold = local("__ratelimit_hold");
+        let result = local("__ratelimit_result");
+        let (ins, dy) = (&d.inputs, quote!(::core::option::Option::Some(&#dyns)));
+        let checked_call = quote! {
+            #p::check_dyn(&#limits, #dy, &[#(#key_refs),*], &#inputs).await
+        };
+        if d.count.is_none() {
+            let check = quote! {
+                #[allow(unused_braces, clippy::all, clippy::pedantic)]
+                {
+                    #statics
+                    #(#key_lets)*
+                    #ins
+                    if let ::core::result::Result::Err(#err) = #checked_call {
+                        return ::core::result::Result::Err(#from);
+                    }
+                }
+            };
+            return finish_plain(func, boxed, ret, check, &outer, &inner);
+        }
+        // `count`: taken before the body, settled after it by its result. The body runs in an
+        // async block, so that its `return`s and `?`s end the block, not the function.
+        let ReturnType::Type(_, ty) = &sig.output else {
+            return quote!(#func);
+        };
+        return quote! {
+            #(#outer)*
+            #vis #sig {
+                #(#inner)*
+                #[allow(unused_braces, clippy::all, clippy::pedantic)]
+                let #hold = {
+                    #statics
+                    #(#key_lets)*
+                    #ins
+                    match #checked_call {
+                        ::core::result::Result::Ok(hold) => hold,
+                        ::core::result::Result::Err(#err) => {
+                            return ::core::result::Result::Err(#from);
+                        }
+                    }
+                };
+                #[allow(clippy::all, clippy::pedantic)]
+                let #result: #ty = async {
+                    let #result: #ty = { #(#stmts)* };
+                    #result
+                }
+                .await;
+                #hold.settle(#p::Outcome::of(&#result)).await;
+                #result
+            }
+        };
+    }
+    let check = quote! {
+        #[allow(unused_braces, clippy::all, clippy::pedantic)]
+        {
+            #statics
+            #(#key_lets)*
+            if let ::core::result::Result::Err(#err) =
+                #p::check(&#limits, &[#(#key_refs),*]).await
+            {
+                return ::core::result::Result::Err(#from);
+            }
+        }
+    };
+    finish_plain(func, boxed, ret, check, &outer, &inner)
+}
+
+/// Plain mode: `check` first in the body (for an `#[async_trait]` method, in its future).
+pub(super) fn finish_plain(
+    func: &ItemFn,
+    boxed: bool,
+    ret: Span,
+    check: TokenStream,
+    outer: &[&Attribute],
+    inner: &[&Attribute],
+) -> TokenStream {
+    let (vis, sig, stmts) = (&func.vis, &func.sig, &func.block.stmts);
+    if boxed {
+        return into_boxed_body(func, check, ret);
+    }
+    quote! {
+        #(#outer)*
+        #vis #sig {
+            #(#inner)*
+            #check
+            #(#stmts)*
+        }
+    }
+}
+
+/// Puts `check` first in the user's body inside an `#[async_trait]` method's future.
+pub(super) fn into_boxed_body(func: &ItemFn, check: TokenStream, ret: Span) -> TokenStream {
+    let mut func = func.clone();
+    // `recognise` found this site, so it is there; never emit the method unchecked.
+    let Some(site) = async_trait::check_site(&mut func) else {
+        let e = syn::Error::new(
+            ret,
+            "#[rate_limit] did not recognise this #[async_trait] body",
+        )
+        .into_compile_error();
+        return quote!(#func #e);
+    };
+    site.stmts
+        .insert(0, Stmt::Expr(Expr::Verbatim(check), None));
+    func.into_token_stream()
+}
