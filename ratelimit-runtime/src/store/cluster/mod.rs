@@ -92,10 +92,9 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
 use redis::{IntoConnectionInfo, Value};
 
 use super::lazy::LazyConnection;
-use super::redis::{
-    Calls, MemoryPolicy, Mode, block_cmd, compensate, eval_checks, forget_cmd, info_memory_cmd,
-    load_scripts, log_engine, parse_maxmemory_policy, reset_cmd,
-};
+use super::redis::invoke::{Calls, Mode, compensate, eval_checks, load_scripts};
+use super::redis::server::{MemoryPolicy, info_memory_cmd, log_engine, parse_maxmemory_policy};
+use super::redis::wire::{block_cmd, forget_cmd, reset_cmd};
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Decision, Policy, Verdict};
