@@ -331,7 +331,7 @@ impl From<redis::RedisError> for StoreError {
         if matches!(e.kind(), ErrorKind::UnexpectedReturnType) {
             return Self::BadReply(e.to_string());
         }
-        if crate::store::redis::out_of_memory(&e) {
+        if crate::store::redis::invoke::out_of_memory(&e) {
             return Self::OutOfMemory {
                 source: Arc::new(e),
             };

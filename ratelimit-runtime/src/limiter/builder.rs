@@ -465,9 +465,9 @@ fn noeviction(store: &dyn Store) -> Result<(), ConfigError> {
     if store.is_local() {
         return Ok(());
     }
-    let fix = crate::store::redis::NOEVICTION_FIX;
+    let fix = crate::store::redis::server::NOEVICTION_FIX;
     match store.maxmemory_policy() {
-        Some(policy) if !crate::store::redis::MemoryPolicy::evicts(&policy) => Ok(()),
+        Some(policy) if !crate::store::redis::server::MemoryPolicy::evicts(&policy) => Ok(()),
         Some(policy) => Err(ConfigError::Invalid(format!(
             "require_noeviction: the {} store's server has maxmemory-policy `{policy}`, which evicts rate-limit keys; {fix}",
             store.name()

@@ -78,190 +78,27 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
-use redis::{IntoConnectionInfo, Value};
 
+use self::connect::{cluster_client, connect_cluster};
+use self::slots::{check_across_slots, collect, fill, group_by_slot, one_slot};
 use super::lazy::LazyConnection;
-use super::redis::{
-    Calls, MemoryPolicy, Mode, block_cmd, compensate, eval_checks, forget_cmd, info_memory_cmd,
-    load_scripts, log_engine, parse_maxmemory_policy, reset_cmd,
-};
+use super::redis::invoke::{Calls, Mode, compensate, eval_checks};
+use super::redis::server::MemoryPolicy;
+use super::redis::wire::{block_cmd, forget_cmd, reset_cmd};
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Decision, Policy, Verdict};
 
-/// The environment variable that lists the seed nodes of a cluster, comma-separated:
-/// `RATELIMIT_REDIS_CLUSTER_NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379`.
-pub const NODES_ENV: &str = "RATELIMIT_REDIS_CLUSTER_NODES";
+mod connect;
+mod slots;
 
-/// A fresh id for one cross-slot call: this process's random 64-bit value and a counter, as
-/// 17 to 32 lower-case hex digits (the scripts' call id format). The receipts of two calls
-/// never share a name: within a process the counter differs, across processes the random
-/// value does.
-fn next_call_id() -> String {
-    static PROCESS: LazyLock<u64> = LazyLock::new(|| {
-        // RandomState's keys come from the OS's randomness; the pid and the time mix in more.
-        let mut h = RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.write_u128(
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        h.finish()
-    });
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{:016x}{:x}",
-        *PROCESS,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Splits a comma-separated list of seed nodes (the format of [`NODES_ENV`]), dropping blanks.
-///
-/// ```
-/// use ratelimit_runtime::store::cluster::split_nodes;
-/// assert_eq!(
-///     split_nodes(" redis://a:7000, redis://b:7001 ,,"),
-///     ["redis://a:7000", "redis://b:7001"]
-/// );
-/// ```
-pub fn split_nodes(list: &str) -> Vec<&str> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect()
-}
-
-/// Checks one seed URL; errors never repeat the URL (it may hold a password).
-fn node_info(url: &str) -> Result<redis::ConnectionInfo, ConfigError> {
-    let url = url.trim();
-    let Some((scheme, _)) = url.split_once("://") else {
-        return Err(ConfigError::InvalidUrl(
-            "expected cluster seed nodes as redis://[user][:password@]host:port (rediss://… for TLS)"
-                .to_owned(),
-        ));
-    };
-    match scheme.to_ascii_lowercase().as_str() {
-        "redis" | "valkey" => {}
-        "rediss" | "valkeys" if cfg!(feature = "tls") => {}
-        "rediss" | "valkeys" => {
-            return Err(ConfigError::InvalidUrl(
-                "rediss:// (TLS) needs the `tls` feature: ratelimit-runtime = { version = \"…\", features = [\"cluster\", \"tls\"] }"
-                    .to_owned(),
-            ));
-        }
-        other => {
-            let shown: String = other.chars().take(16).collect();
-            return Err(ConfigError::InvalidUrl(format!(
-                "unsupported scheme `{shown}` for a cluster seed node: expected redis:// or rediss://"
-            )));
-        }
-    }
-    url.into_connection_info().map_err(|e| {
-        let mut message = e.to_string();
-        if let Some(detail) = e.detail().filter(|d| !d.is_empty() && url.contains(d)) {
-            message = message.replace(detail, "…");
-        }
-        ConfigError::InvalidUrl(message)
-    })
-}
-
-/// The cluster client: the seed nodes, short retries and timeouts (see the module docs).
-fn cluster_client<I, S>(nodes: I) -> Result<ClusterClient, ConfigError>
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<str>,
-{
-    let infos = nodes
-        .into_iter()
-        .map(|n| node_info(n.as_ref()))
-        .collect::<Result<Vec<_>, _>>()?;
-    if infos.is_empty() {
-        return Err(ConfigError::InvalidUrl(
-            "no cluster seed node given: name at least one redis://host:port".to_owned(),
-        ));
-    }
-    ClusterClientBuilder::new(infos)
-        // A redirection or a refreshed slot map costs one retry; a failover takes the cluster
-        // about its node timeout plus an election. Waits of 10 ms doubling up to 500 ms, 6
-        // times, span about a second: enough for redirections and short outages, while the
-        // limiter's own timeout bounds every check anyway.
-        .retries(6)
-        .min_retry_wait(10)
-        .max_retry_wait(500)
-        .retry_wait_formula(10, 2)
-        .connection_timeout(Duration::from_secs(1))
-        .response_timeout(Duration::from_secs(1))
-        .overall_response_timeout(Some(Duration::from_secs(3)))
-        .build()
-        .map_err(|e| ConfigError::InvalidUrl(e.to_string()))
-}
-
-async fn connect_cluster(
-    client: &ClusterClient,
-    calls: &Calls,
-    memory: &MemoryPolicy,
-) -> Result<ClusterConnection, redis::RedisError> {
-    let mut conn = client.get_async_connection().await?;
-    load_scripts(&mut conn, calls).await?;
-    // For the log: which server one node is (a cluster runs one engine).
-    let info = conn
-        .route_command(
-            redis::cmd("INFO").arg("server").clone(),
-            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-        )
-        .await
-        .ok()
-        .and_then(|v| redis::from_redis_value::<String>(v).ok());
-    log_engine("redis-cluster", info.as_deref(), calls);
-    read_memory_policy(&mut conn, memory).await;
-    Ok(conn)
-}
-
-/// Reads every master's `maxmemory-policy` (`INFO memory` on each) into `memory`: the first
-/// evicting one if any master evicts, else theirs. A master that does not answer `INFO` is
-/// skipped; none answering leaves the policy unknown. Read at connect only: the cluster
-/// client reconnects node by node, with no hook to read it again.
-async fn read_memory_policy(conn: &mut ClusterConnection, memory: &MemoryPolicy) {
-    use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
-    let reply = conn
-        .route_command(
-            info_memory_cmd(),
-            RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
-        )
-        .await;
-    let Ok(Value::Map(nodes)) = reply else {
-        tracing::debug!(target: crate::observe::log::STORE,
-            ?reply,
-            "redis-cluster: INFO memory refused; maxmemory-policy unknown"
-        );
-        return;
-    };
-    let policies: Vec<String> = nodes
-        .iter()
-        .filter_map(|(_, info)| redis::from_redis_value_ref::<String>(info).ok())
-        .filter_map(|info| parse_maxmemory_policy(&info).map(str::to_owned))
-        .collect();
-    let chosen = policies
-        .iter()
-        .find(|p| MemoryPolicy::evicts(p))
-        .or(policies.first());
-    if let Some(policy) = chosen {
-        memory.record("redis-cluster", policy.clone());
-    }
-}
+pub use self::connect::{NODES_ENV, split_nodes};
 
 /// A Redis Cluster (see the [module docs](self) for the behaviour and how stacked limits in
 /// different slots are handled).
@@ -385,119 +222,6 @@ impl RedisClusterStore {
         let mut conn = self.connection().await?;
         compensate(&mut conn, &self.calls, Mode::Refund(call_id), checks).await
     }
-
-    /// Checks limits whose keys fall in several slots: each slot's group in turn under one
-    /// fresh call id, refunding the earlier groups and peeking at the later ones when a group
-    /// rejects.
-    async fn check_across_slots(
-        conn: &mut ClusterConnection,
-        calls: &Calls,
-        checks: &[Check<'_>],
-        groups: &[Vec<usize>],
-    ) -> Result<Verdict, StoreError> {
-        let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
-        let id = next_call_id();
-        // The admitted groups: each left receipts under `id`.
-        let mut taken: Vec<(usize, Verdict)> = Vec::new();
-        for (g, group) in groups.iter().enumerate() {
-            let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
-            // The last group is never refunded (when it admits, so did the call): no receipts.
-            let receipts = (g + 1 < groups.len()).then_some(id.as_str());
-            let verdict = eval_checks(conn, calls, &sub, receipts).await?;
-            if verdict.is_admitted() {
-                taken.push((g, verdict));
-                continue;
-            }
-            fill(&mut decisions, group, verdict.decisions());
-            for (earlier, admitted) in &taken {
-                let group = &groups[*earlier];
-                let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
-                match compensate(conn, calls, Mode::Refund(&id), &sub).await {
-                    Ok(now) => fill(&mut decisions, group, now.decisions()),
-                    Err(error) => {
-                        tracing::warn!(target: crate::observe::log::STORE, %error, "redis cluster: a refund failed; the limits of another slot keep what this rejected call took");
-                        fill(&mut decisions, group, admitted.decisions());
-                    }
-                }
-            }
-            for group in &groups[g + 1..] {
-                let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
-                match compensate(conn, calls, Mode::Peek, &sub).await {
-                    Ok(now) => fill(&mut decisions, group, now.decisions()),
-                    Err(error) => {
-                        // The call is rejected either way; these limits' numbers are unknown
-                        // and reported as untouched.
-                        tracing::warn!(target: crate::observe::log::STORE, %error, "redis cluster: could not read the limits of another slot of a rejected call");
-                        for &i in group {
-                            let cap = checks[i].policy.capacity();
-                            decisions[i] = Some(Decision::new(
-                                true,
-                                cap,
-                                cap,
-                                Duration::ZERO,
-                                Duration::ZERO,
-                            ));
-                        }
-                    }
-                }
-            }
-            return collect(decisions);
-        }
-        // Admitted: the earlier groups' receipts are no longer needed (nothing will be
-        // refunded); dropped now rather than left to their TTL.
-        for (g, verdict) in &taken {
-            fill(&mut decisions, &groups[*g], verdict.decisions());
-            if *g + 1 == groups.len() {
-                continue; // taken without receipts
-            }
-            let sub: Vec<Check<'_>> = groups[*g].iter().map(|&i| checks[i]).collect();
-            if let Err(error) = forget_cmd(&sub, &id).query_async::<()>(conn).await {
-                tracing::debug!(target: crate::observe::log::STORE, %error, "redis cluster: could not drop the receipts of an admitted call; they expire by themselves");
-            }
-        }
-        collect(decisions)
-    }
-}
-
-/// The test hooks' guard: every key in one slot (one script can only touch one).
-fn one_slot(checks: &[Check<'_>]) -> Result<(), StoreError> {
-    if group_by_slot(checks).len() > 1 {
-        return Err(StoreError::BadReply(
-            "the keys of one take or refund must share a cluster slot".to_owned(),
-        ));
-    }
-    Ok(())
-}
-
-fn fill(decisions: &mut [Option<Decision>], group: &[usize], found: &[Decision]) {
-    for (&i, d) in group.iter().zip(found) {
-        decisions[i] = Some(*d);
-    }
-}
-
-fn collect(decisions: Vec<Option<Decision>>) -> Result<Verdict, StoreError> {
-    decisions
-        .into_iter()
-        .collect::<Option<Vec<_>>>()
-        .map(Verdict::new)
-        .ok_or_else(|| StoreError::BadReply("a limit of the call got no decision".to_owned()))
-}
-
-/// The indices of `checks` grouped by the cluster slot of their key, groups in the order of
-/// their first limit.
-fn group_by_slot(checks: &[Check<'_>]) -> Vec<Vec<usize>> {
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut index: HashMap<Slot, usize> = HashMap::new();
-    for (i, check) in checks.iter().enumerate() {
-        let g = *index
-            .entry(Slot::for_key(check.key.as_bytes()))
-            .or_insert_with(|| {
-                groups.push(Vec::new());
-                groups.len() - 1
-            });
-        groups[g].push(i);
-    }
-    groups
 }
 
 impl Store for RedisClusterStore {
@@ -521,7 +245,7 @@ impl Store for RedisClusterStore {
                     .iter()
                     .map(|(key, policy, scope)| Check::new(key, policy).with_scope(scope))
                     .collect();
-                Self::check_across_slots(&mut conn, &calls, &checks, &groups).await
+                check_across_slots(&mut conn, &calls, &checks, &groups).await
             });
             task.await.map_err(|e| {
                 StoreError::connection(format!("the cross-slot check task failed: {e}"))
@@ -616,50 +340,6 @@ impl Store for RedisClusterStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Algorithm, Policy};
-
-    #[test]
-    fn limits_of_one_scope_share_a_group_and_other_scopes_split() {
-        let p = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(1)).unwrap();
-        let q = Policy::new(Algorithm::Token, 9, Duration::from_secs(1)).unwrap();
-        let a1 = crate::key::build(
-            "rl",
-            "login",
-            &[crate::key::Part::new(crate::key::Source::Key, b"10.0.0.1")],
-            &p,
-        );
-        let a2 = crate::key::build(
-            "rl",
-            "login",
-            &[crate::key::Part::new(crate::key::Source::Key, b"10.0.0.1")],
-            &q,
-        );
-        let global = crate::key::build("rl", "login", &[], &p);
-        let checks = [
-            Check::new(&a1, &p),
-            Check::new(&global, &p),
-            Check::new(&a2, &q),
-        ];
-        assert_ne!(
-            Slot::for_key(a1.as_bytes()),
-            Slot::for_key(global.as_bytes())
-        );
-        assert_eq!(group_by_slot(&checks), vec![vec![0, 2], vec![1]]);
-        assert_eq!(group_by_slot(&checks[..1]), vec![vec![0]]);
-    }
-
-    #[test]
-    fn call_ids_are_fresh_hex_the_scripts_accept() {
-        let (a, b) = (next_call_id(), next_call_id());
-        assert_ne!(a, b);
-        for id in [a, b] {
-            assert!((17..=32).contains(&id.len()), "{id}");
-            assert!(
-                id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
-                "{id}"
-            );
-        }
-    }
 
     #[test]
     fn seed_node_errors_are_clear_and_never_echo_the_password() {
@@ -679,12 +359,5 @@ mod tests {
         let store = RedisClusterStore::lazy(["redis://user:hunter2@127.0.0.1:7000"]).unwrap();
         assert!(!format!("{store:?}").contains("hunter2"));
         assert_eq!(store.name(), "redis-cluster");
-    }
-
-    #[test]
-    fn env_list_is_split_on_commas() {
-        assert_eq!(split_nodes(""), Vec::<&str>::new());
-        assert_eq!(split_nodes(" , "), Vec::<&str>::new());
-        assert_eq!(split_nodes("redis://a:1"), ["redis://a:1"]);
     }
 }

@@ -1,0 +1,204 @@
+//! A call whose limits fall in several cluster slots: its groups by slot, the fresh call id
+//! its receipts are named by, and the takes, refunds and peeks that stand in for one script.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
+
+use crate::error::StoreError;
+use crate::policy::{Decision, Verdict};
+use crate::store::Check;
+use crate::store::redis::invoke::{Calls, Mode, compensate, eval_checks};
+use crate::store::redis::wire::forget_cmd;
+
+/// A fresh id for one cross-slot call: this process's random 64-bit value and a counter, as
+/// 17 to 32 lower-case hex digits (the scripts' call id format). The receipts of two calls
+/// never share a name: within a process the counter differs, across processes the random
+/// value does.
+fn next_call_id() -> String {
+    static PROCESS: LazyLock<u64> = LazyLock::new(|| {
+        // RandomState's keys come from the OS's randomness; the pid and the time mix in more.
+        let mut h = RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish()
+    });
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{:016x}{:x}",
+        *PROCESS,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Checks limits whose keys fall in several slots: each slot's group in turn under one
+/// fresh call id, refunding the earlier groups and peeking at the later ones when a group
+/// rejects.
+pub(super) async fn check_across_slots(
+    conn: &mut ClusterConnection,
+    calls: &Calls,
+    checks: &[Check<'_>],
+    groups: &[Vec<usize>],
+) -> Result<Verdict, StoreError> {
+    let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
+    let id = next_call_id();
+    // The admitted groups: each left receipts under `id`.
+    let mut taken: Vec<(usize, Verdict)> = Vec::new();
+    for (g, group) in groups.iter().enumerate() {
+        let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
+        // The last group is never refunded (when it admits, so did the call): no receipts.
+        let receipts = (g + 1 < groups.len()).then_some(id.as_str());
+        let verdict = eval_checks(conn, calls, &sub, receipts).await?;
+        if verdict.is_admitted() {
+            taken.push((g, verdict));
+            continue;
+        }
+        fill(&mut decisions, group, verdict.decisions());
+        for (earlier, admitted) in &taken {
+            let group = &groups[*earlier];
+            let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
+            match compensate(conn, calls, Mode::Refund(&id), &sub).await {
+                Ok(now) => fill(&mut decisions, group, now.decisions()),
+                Err(error) => {
+                    tracing::warn!(target: crate::observe::log::STORE, %error, "redis cluster: a refund failed; the limits of another slot keep what this rejected call took");
+                    fill(&mut decisions, group, admitted.decisions());
+                }
+            }
+        }
+        for group in &groups[g + 1..] {
+            let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
+            match compensate(conn, calls, Mode::Peek, &sub).await {
+                Ok(now) => fill(&mut decisions, group, now.decisions()),
+                Err(error) => {
+                    // The call is rejected either way; these limits' numbers are unknown
+                    // and reported as untouched.
+                    tracing::warn!(target: crate::observe::log::STORE, %error, "redis cluster: could not read the limits of another slot of a rejected call");
+                    for &i in group {
+                        let cap = checks[i].policy.capacity();
+                        decisions[i] = Some(Decision::new(
+                            true,
+                            cap,
+                            cap,
+                            Duration::ZERO,
+                            Duration::ZERO,
+                        ));
+                    }
+                }
+            }
+        }
+        return collect(decisions);
+    }
+    // Admitted: the earlier groups' receipts are no longer needed (nothing will be
+    // refunded); dropped now rather than left to their TTL.
+    for (g, verdict) in &taken {
+        fill(&mut decisions, &groups[*g], verdict.decisions());
+        if *g + 1 == groups.len() {
+            continue; // taken without receipts
+        }
+        let sub: Vec<Check<'_>> = groups[*g].iter().map(|&i| checks[i]).collect();
+        if let Err(error) = forget_cmd(&sub, &id).query_async::<()>(conn).await {
+            tracing::debug!(target: crate::observe::log::STORE, %error, "redis cluster: could not drop the receipts of an admitted call; they expire by themselves");
+        }
+    }
+    collect(decisions)
+}
+
+/// The test hooks' guard: every key in one slot (one script can only touch one).
+pub(super) fn one_slot(checks: &[Check<'_>]) -> Result<(), StoreError> {
+    if group_by_slot(checks).len() > 1 {
+        return Err(StoreError::BadReply(
+            "the keys of one take or refund must share a cluster slot".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn fill(decisions: &mut [Option<Decision>], group: &[usize], found: &[Decision]) {
+    for (&i, d) in group.iter().zip(found) {
+        decisions[i] = Some(*d);
+    }
+}
+
+pub(super) fn collect(decisions: Vec<Option<Decision>>) -> Result<Verdict, StoreError> {
+    decisions
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .map(Verdict::new)
+        .ok_or_else(|| StoreError::BadReply("a limit of the call got no decision".to_owned()))
+}
+
+/// The indices of `checks` grouped by the cluster slot of their key, groups in the order of
+/// their first limit.
+pub(super) fn group_by_slot(checks: &[Check<'_>]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut index: HashMap<Slot, usize> = HashMap::new();
+    for (i, check) in checks.iter().enumerate() {
+        let g = *index
+            .entry(Slot::for_key(check.key.as_bytes()))
+            .or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            });
+        groups[g].push(i);
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Algorithm, Policy};
+
+    #[test]
+    fn limits_of_one_scope_share_a_group_and_other_scopes_split() {
+        let p = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(1)).unwrap();
+        let q = Policy::new(Algorithm::Token, 9, Duration::from_secs(1)).unwrap();
+        let a1 = crate::key::build(
+            "rl",
+            "login",
+            &[crate::key::Part::new(crate::key::Source::Key, b"10.0.0.1")],
+            &p,
+        );
+        let a2 = crate::key::build(
+            "rl",
+            "login",
+            &[crate::key::Part::new(crate::key::Source::Key, b"10.0.0.1")],
+            &q,
+        );
+        let global = crate::key::build("rl", "login", &[], &p);
+        let checks = [
+            Check::new(&a1, &p),
+            Check::new(&global, &p),
+            Check::new(&a2, &q),
+        ];
+        assert_ne!(
+            Slot::for_key(a1.as_bytes()),
+            Slot::for_key(global.as_bytes())
+        );
+        assert_eq!(group_by_slot(&checks), vec![vec![0, 2], vec![1]]);
+        assert_eq!(group_by_slot(&checks[..1]), vec![vec![0]]);
+    }
+
+    #[test]
+    fn call_ids_are_fresh_hex_the_scripts_accept() {
+        let (a, b) = (next_call_id(), next_call_id());
+        assert_ne!(a, b);
+        for id in [a, b] {
+            assert!((17..=32).contains(&id.len()), "{id}");
+            assert!(
+                id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
+                "{id}"
+            );
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! How a check reaches the server: loading the library and the scripts, `FCALL` or `EVALSHA`,
+//! and the reload after a missing function or `NOSCRIPT`.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::{ErrorKind, Script, ServerErrorKind, Value};
+
+use super::script::{COMPANION, SCRIPTS, script_sources};
+use super::server::{MemoryPolicy, info_memory_cmd, log_engine};
+use super::wire::{declared, keys_repeat, limit_args, parse_reply};
+use crate::error::StoreError;
+use crate::policy::Verdict;
+use crate::store::Check;
+
+/// Whether a store's server (every node of a cluster) runs the library with `FCALL`, or the
+/// scripts with `EVALSHA`. Found out once: at connect (`FUNCTION LOAD` answered) or by the
+/// first call. Until a server has refused Functions outright (`unknown command`: Redis before
+/// 7, or a proxy in front that does not take `FCALL`; `NOPERM`: an ACL without `FCALL` or
+/// `FUNCTION`), calls use `FCALL`; from then on, `EVALSHA`. A server out of memory refuses a
+/// whole `FCALL` (functions without flags may write), where a script still answers the calls
+/// it rejects (they write nothing): that call runs with `EVALSHA`. Any other error fails that
+/// call only.
+#[derive(Debug, Default)]
+pub(crate) struct Calls {
+    /// `true` once a server refused the library.
+    scripts_only: AtomicBool,
+}
+
+impl Calls {
+    pub(super) fn functions(&self) -> bool {
+        !self.scripts_only.load(Ordering::Relaxed)
+    }
+
+    fn refuse_functions(&self, why: &redis::RedisError) {
+        if !self.scripts_only.swap(true, Ordering::Relaxed) {
+            tracing::info!(target: crate::observe::log::STORE, error = %why, "redis: no Functions on this server, the scripts run with EVALSHA");
+        }
+    }
+}
+
+/// `FUNCTION LOAD REPLACE <library>`: the same text under the same name is the same library,
+/// so replacing it never changes another version's (each has a name of its own).
+fn library_cmd() -> redis::Cmd {
+    let mut cmd = redis::cmd("FUNCTION");
+    cmd.arg("LOAD").arg("REPLACE").arg(script_sources().library);
+    cmd
+}
+
+/// An error the server answered (as opposed to a transport error, after which nothing is
+/// known about the server).
+fn is_server_error(e: &redis::RedisError) -> bool {
+    e.code().is_some()
+}
+
+/// `FCALL` of a function the server does not have: a restarted server without persistence, a
+/// `FUNCTION FLUSH`, a node added to a cluster.
+fn function_missing(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// `FCALL` refused outright: a server without Redis Functions (`unknown command`), a proxy
+/// that does not pass it on (`unsupported command`), or an ACL that does not allow it.
+fn no_functions(e: &redis::RedisError) -> bool {
+    match e.code() {
+        Some("ERR") => e.detail().is_some_and(|d| {
+            let d = d.to_ascii_lowercase();
+            d.starts_with("unknown command") || d.starts_with("unsupported command")
+        }),
+        Some("NOPERM") => true,
+        _ => false,
+    }
+}
+
+/// The server is at its `maxmemory` and refuses writes (`noeviction`): the one test of that
+/// answer, for the Redis and the Redis Cluster stores alike (it is how
+/// [`StoreError::OutOfMemory`] is told apart). Redis 7 refuses a whole `FCALL` (functions
+/// without flags may write) with `OOM`, and fails a script at its first write with the same
+/// code; before 7.0 that write's error comes back inside a script error (`ERR Error running
+/// script … -OOM command not allowed …`). A script still answers the calls it rejects (they
+/// write nothing), so [`invoke`] sends an `FCALL` refused this way again as `EVALSHA`: a flood
+/// of keys that fills the server cannot switch the rejections of over-quota callers off.
+pub(crate) fn out_of_memory(e: &redis::RedisError) -> bool {
+    e.code() == Some("OOM")
+        || (e.code() == Some("ERR")
+            && e.detail()
+                .is_some_and(|d| d.contains("OOM command not allowed")))
+}
+
+/// A connection the checks run on, which can send the Functions library to the server that
+/// serves a key: the server itself, or on a cluster the key's master (the node whose `FCALL`
+/// answered that the function is missing).
+pub(crate) trait ScriptConnection: ConnectionLike + Send {
+    /// `FUNCTION LOAD REPLACE` of the library where `key` lives.
+    fn load_library_for(
+        &mut self,
+        key: &str,
+    ) -> impl Future<Output = redis::RedisResult<()>> + Send;
+}
+
+impl ScriptConnection for ConnectionManager {
+    async fn load_library_for(&mut self, _key: &str) -> redis::RedisResult<()> {
+        library_cmd().query_async(self).await
+    }
+}
+
+#[cfg(feature = "cluster")]
+impl ScriptConnection for redis::cluster_async::ClusterConnection {
+    async fn load_library_for(&mut self, key: &str) -> redis::RedisResult<()> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
+        self.route_command(
+            library_cmd(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+        )
+        .await
+        .map(drop)
+    }
+}
+
+/// Loads the library (`FUNCTION LOAD REPLACE`; on a cluster the client sends it to every
+/// master) and every script (`SCRIPT LOAD`, every node), so that the first checks need no
+/// reload round trip. A server that refuses the library is left to the scripts.
+#[cfg(feature = "cluster")]
+pub(crate) async fn load_scripts<C>(conn: &mut C, calls: &Calls) -> Result<(), redis::RedisError>
+where
+    C: ConnectionLike + Send,
+{
+    match library_cmd().query_async::<()>(conn).await {
+        Ok(()) => {}
+        Err(e) if no_functions(&e) => calls.refuse_functions(&e),
+        // Any other answer (a master busy loading, out of memory, a failover under way): the
+        // first `FCALL` that finds the function missing loads it.
+        Err(e) if is_server_error(&e) => {}
+        Err(e) => return Err(e),
+    }
+    for script in SCRIPTS.all() {
+        script.load_async(conn).await?;
+    }
+    COMPANION.load_async(conn).await?;
+    Ok(())
+}
+
+/// Like [`load_scripts`], in one round trip (a pipeline) on a single server: connecting at a
+/// cold start is on the path of the checks that wait for it. The companion script is left to
+/// its first call (`NOSCRIPT`), as before: peeks and refunds are rare.
+///
+/// The same round trip reads the server's `maxmemory-policy` (`INFO memory`, last) into
+/// `memory`; a server that refuses `INFO` leaves it unknown.
+pub(super) async fn load_scripts_pipelined<C>(
+    conn: &mut C,
+    calls: &Calls,
+    memory: &MemoryPolicy,
+) -> Result<(), redis::RedisError>
+where
+    C: ConnectionLike + Send,
+{
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe.add_command(library_cmd());
+    for source in &SCRIPTS.sources {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(source);
+    }
+    // Last, for the log and the eviction check: which server this is, and its memory policy.
+    pipe.cmd("INFO").arg("server");
+    pipe.add_command(info_memory_cmd());
+    let mut replies: Vec<redis::RedisResult<String>> = pipe.query_async(conn).await?;
+    match replies.pop() {
+        Some(Ok(info)) => memory.record_info("redis", &info),
+        Some(Err(e)) => {
+            tracing::debug!(target: crate::observe::log::STORE, error = %e, "redis: INFO memory refused; maxmemory-policy unknown");
+        }
+        None => {}
+    }
+    let info = replies.pop();
+    if replies.is_empty() {
+        return Err(redis::RedisError::from((
+            ErrorKind::Client,
+            "the script pipeline got no replies",
+        )));
+    }
+    match replies.remove(0) {
+        Ok(_) => {}
+        Err(e) if no_functions(&e) => calls.refuse_functions(&e),
+        // Any other answer (busy loading, out of memory): the first `FCALL` that finds the
+        // function missing loads it.
+        Err(e) if is_server_error(&e) => {}
+        Err(e) => return Err(e),
+    }
+    let hashes = replies.into_iter().collect::<Result<Vec<String>, _>>()?;
+    let expected: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
+    if hashes != expected {
+        return Err(redis::RedisError::from((
+            ErrorKind::Client,
+            "SCRIPT LOAD answered unexpected hashes",
+        )));
+    }
+    log_engine("redis", info.and_then(Result::ok).as_deref(), calls);
+    Ok(())
+}
+
+/// Runs one of the library's functions (`FCALL function numkeys keys… args…`, `args` writing
+/// the numkeys, keys and arguments) or, on a server without Functions, the script that holds
+/// the same code (`EVALSHA sha numkeys …`, same layout). A missing function is loaded on the
+/// node of `first_key` (the one that answered) and the call repeated once; missing again, the
+/// call runs as the script. A missing script likewise (`NOSCRIPT`: `SCRIPT LOAD`, then once
+/// more).
+async fn invoke<C>(
+    conn: &mut C,
+    calls: &Calls,
+    function: &str,
+    script: &Script,
+    first_key: &str,
+    args: impl Fn(&mut redis::Cmd),
+) -> Result<Value, redis::RedisError>
+where
+    C: ScriptConnection,
+{
+    if calls.functions() {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(function);
+        args(&mut cmd);
+        match cmd.query_async(conn).await {
+            Err(e) if function_missing(&e) => match conn.load_library_for(first_key).await {
+                Ok(()) => match cmd.query_async(conn).await {
+                    // Gone again between the load and the call (a `FUNCTION FLUSH` loop): the
+                    // script, which reloads itself on `NOSCRIPT`, answers this call, never the
+                    // failure policy.
+                    Err(e) if function_missing(&e) => {}
+                    other => return other,
+                },
+                Err(e) if no_functions(&e) => calls.refuse_functions(&e),
+                Err(e) if out_of_memory(&e) => {}
+                Err(e) => return Err(e),
+            },
+            Err(e) if no_functions(&e) => calls.refuse_functions(&e),
+            // This call only: the next one tries `FCALL` again.
+            Err(e) if out_of_memory(&e) => {}
+            other => return other,
+        }
+    }
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash());
+    args(&mut cmd);
+    match cmd.query_async(conn).await {
+        // A restarted or flushed server: load the script and repeat the call once.
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
+}
+
+/// Checks every limit of one call in one invocation of the driver: `FCALL` of the library's
+/// `check` (or `EVALSHA` of the driver script with the same code, see [`invoke`]).
+///
+/// Generic over the connection so that any Redis deployment whose connection sends all keys of
+/// the call to one node (a single server, or a cluster with hash-tagged keys) reuses it.
+///
+/// With a `call_id` (1 to 32 lower-case hex digits), an admitted call also leaves a receipt per
+/// limit for the Redis Cluster store's refunds (see `scripts/driver.lua` and
+/// `scripts/prelude.lua`).
+pub(crate) async fn eval_checks<C>(
+    conn: &mut C,
+    calls: &Calls,
+    checks: &[Check<'_>],
+    call_id: Option<&str>,
+) -> Result<Verdict, StoreError>
+where
+    C: ScriptConnection,
+{
+    let Some(first) = checks.first() else {
+        return Ok(Verdict::new(Vec::new()));
+    };
+    let script = SCRIPTS.for_checks(checks);
+    // The command is built directly, each argument written once into the command's buffer (a
+    // `ScriptInvocation` would first copy every key and argument into vectors of its own, then
+    // again into the command): numkeys keys… args….
+    // The working copies only when a key repeats: most calls have no use for them.
+    let copies = keys_repeat(checks);
+    let args = |cmd: &mut redis::Cmd| {
+        let keys = declared(checks, copies, call_id);
+        cmd.arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
+        }
+        limit_args(cmd, checks);
+        if let Some(id) = call_id {
+            cmd.arg(id);
+        }
+    };
+    let function = script_sources().check_function;
+    let reply = invoke(conn, calls, function, script, first.key, args).await?;
+    parse_reply(&reply, checks)
+}
+
+/// What the companion script does.
+pub(crate) enum Mode<'a> {
+    /// Read only ([`Store::peek`](crate::store::Store::peek), and the limits of a rejected
+    /// cross-slot call that were never checked).
+    Peek,
+    /// Give back what the take under this call id still holds (its receipts), then read: the
+    /// refunds of outcome-filtered calls (`count = …`) and of the cluster's cross-slot calls.
+    Refund(&'a str),
+}
+
+/// Runs the companion script on `checks` (all on one node, in one slot on a cluster; loaded on
+/// `NOSCRIPT`): keys in order, their block markers, then for a refund each key's receipt
+/// `<key>:r:<id>:<i>` (i from 1, the driver's name for it). A receipt is read once and deleted: a second refund gives
+/// back nothing. The reply reads the limits as they are after it.
+pub(crate) async fn compensate<C>(
+    conn: &mut C,
+    calls: &Calls,
+    mode: Mode<'_>,
+    checks: &[Check<'_>],
+) -> Result<Verdict, StoreError>
+where
+    C: ScriptConnection,
+{
+    let Some(first) = checks.first() else {
+        return Ok(Verdict::new(Vec::new()));
+    };
+    let receipts = match mode {
+        Mode::Peek => None,
+        Mode::Refund(id) => Some(id),
+    };
+    let args = |cmd: &mut redis::Cmd| {
+        let keys = declared(checks, false, receipts);
+        cmd.arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
+        }
+        match mode {
+            Mode::Peek => cmd.arg("peek"),
+            Mode::Refund(id) => cmd.arg("refund").arg(id),
+        };
+        limit_args(cmd, checks);
+    };
+    let function = script_sources().compensate_function;
+    let reply = invoke(conn, calls, function, &COMPANION, first.key, args).await?;
+    parse_reply(&reply, checks)
+}

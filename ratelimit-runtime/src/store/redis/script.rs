@@ -1,0 +1,310 @@
+//! The Lua the Redis stores send: the script and library texts assembled from
+//! `src/scripts/*.lua`, each hashed once.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use crate::policy::Algorithm;
+use crate::store::Check;
+
+const PRELUDE: &str = include_str!("../../scripts/prelude.lua");
+const FIXED: &str = include_str!("../../scripts/fixed.lua");
+const SLIDING: &str = include_str!("../../scripts/sliding.lua");
+/// The token and the leaky bucket: one rule, registered under both codes.
+const BUCKET: &str = include_str!("../../scripts/bucket.lua");
+const GCRA: &str = include_str!("../../scripts/gcra.lua");
+const SLIDING_COUNTER: &str = include_str!("../../scripts/sliding_counter.lua");
+const DRIVER: &str = include_str!("../../scripts/driver.lua");
+const REFUND: &str = include_str!("../../scripts/refund.lua");
+
+/// The last line of an `EVAL` script: the driver's `check` (defined by `driver.lua`) on the
+/// script's own KEYS and ARGV.
+const EVAL_CHECK: &str = "return check(KEYS, ARGV)\n";
+/// The last line of the companion `EVAL` script (`refund.lua`'s `compensate`).
+const EVAL_COMPENSATE: &str = "return compensate(KEYS, ARGV)\n";
+
+/// The Lua file that holds `algorithm`'s rule (its evaluate, commit and refund).
+/// Every algorithm file, once each.
+const ALGORITHMS: [&str; 5] = [FIXED, SLIDING, BUCKET, GCRA, SLIDING_COUNTER];
+
+fn source(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::Fixed => FIXED,
+        Algorithm::Sliding => SLIDING,
+        Algorithm::Leaky | Algorithm::Token => BUCKET,
+        Algorithm::Gcra => GCRA,
+        Algorithm::SlidingCounter => SLIDING_COUNTER,
+    }
+}
+
+/// The exact texts the Redis stores send (`FUNCTION LOAD` of the library and `FCALL` of its
+/// functions, or `SCRIPT LOAD` and `EVALSHA` of the scripts' SHA1 on servers without Redis
+/// Functions), for tests that run the very same bytes elsewhere (the conformance test's
+/// embedded Lua).
+///
+/// Each script is the prelude, one or more algorithm files, a composer (the driver, or the
+/// cluster's companion) and one line that calls the composer's function on the script's KEYS
+/// and ARGV. The library is the same files, every one once, loaded as a Redis Functions library
+/// that registers the two composers' functions: the same code, built once at `FUNCTION LOAD`
+/// instead of on every call.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ScriptSources {
+    /// The script [`RedisStore`](super::RedisStore) sends for a call whose limits all use one
+    /// algorithm, in the order of [`Algorithm::ALL`] (fixed, sliding, leaky, token, gcra, `sliding_counter`; a position plus one is the
+    /// algorithm's code in the scripts' arguments): the prelude, that algorithm's file and the
+    /// driver. Leaky and token are the same text (`bucket.lua` serves both codes).
+    pub single: [&'static str; 6],
+    /// The script for calls that stack different algorithms: the prelude, every algorithm file
+    /// and the driver.
+    pub combined: &'static str,
+    /// The Redis Cluster store's companion script (peek and refund modes): the prelude, every
+    /// algorithm file and `refund.lua`.
+    pub companion: &'static str,
+    /// The Functions library (`FUNCTION LOAD REPLACE` of this text): the prelude, every
+    /// algorithm file, the driver and `refund.lua`, after a `#!lua name=<library>` line, ending
+    /// with the registration of [`check_function`](Self::check_function) (the driver's `check`)
+    /// and [`compensate_function`](Self::compensate_function) (`refund.lua`'s `compensate`).
+    pub library: &'static str,
+    /// The library's name: `ratelimit_` and 16 hex digits of the SHA1 of its code, so that two
+    /// versions of the scripts (two versions of an application on one Redis) are two libraries
+    /// and never replace each other's.
+    pub library_name: &'static str,
+    /// The function that checks a call (`FCALL <this> numkeys keys… args…`, the driver
+    /// script's KEYS and ARGV): the library's name and `_check`.
+    pub check_function: &'static str,
+    /// The companion's function (peek and refund, the companion script's KEYS and ARGV): the
+    /// library's name and `_compensate`.
+    pub compensate_function: &'static str,
+}
+
+impl ScriptSources {
+    /// The script sent for a call whose limits all use `algorithm`.
+    pub fn for_algorithm(&self, algorithm: Algorithm) -> &'static str {
+        self.single[usize::from(algorithm.code() - 1)]
+    }
+}
+
+/// The texts, concatenated once.
+struct Texts {
+    single: [String; 6],
+    combined: String,
+    companion: String,
+    library: String,
+    library_name: String,
+    check_function: String,
+    compensate_function: String,
+}
+
+static TEXTS: LazyLock<Texts> = LazyLock::new(|| {
+    let algorithms = ALGORITHMS.concat();
+    let code = [PRELUDE, algorithms.as_str(), DRIVER, REFUND].concat();
+    let hash = Script::new(&code).get_hash().to_owned();
+    let library_name = format!("ratelimit_{}", &hash[..16]);
+    let check_function = format!("{library_name}_check");
+    let compensate_function = format!("{library_name}_compensate");
+    let library = format!(
+        "#!lua name={library_name}\n{code}\
+         redis.register_function('{check_function}', check)\n\
+         redis.register_function('{compensate_function}', compensate)\n"
+    );
+    Texts {
+        single: Algorithm::ALL.map(|a| [PRELUDE, source(a), DRIVER, EVAL_CHECK].concat()),
+        combined: [PRELUDE, algorithms.as_str(), DRIVER, EVAL_CHECK].concat(),
+        companion: [PRELUDE, algorithms.as_str(), REFUND, EVAL_COMPENSATE].concat(),
+        library,
+        library_name,
+        check_function,
+        compensate_function,
+    }
+});
+
+/// The exact script texts the Redis and Redis Cluster stores send (see [`ScriptSources`]).
+#[doc(hidden)]
+pub fn script_sources() -> ScriptSources {
+    let texts = &*TEXTS;
+    ScriptSources {
+        single: texts.single.each_ref().map(String::as_str),
+        combined: &texts.combined,
+        companion: &texts.companion,
+        library: &texts.library,
+        library_name: &texts.library_name,
+        check_function: &texts.check_function,
+        compensate_function: &texts.compensate_function,
+    }
+}
+
+/// The checks' scripts, each hashed once: one per algorithm code (leaky and token share one
+/// text, so one script) and one with every algorithm, for calls that stack different ones.
+pub(super) struct Scripts {
+    /// The script of each algorithm code, by `code() - 1`: an index into `distinct`.
+    single: [usize; 6],
+    combined: Script,
+    /// The per-algorithm scripts, each text once.
+    distinct: Vec<Script>,
+    /// The source of each script of [`Scripts::all`], in its order, for `SCRIPT LOAD`.
+    pub(super) sources: Vec<&'static str>,
+}
+
+pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
+    let texts = script_sources();
+    let mut sources: Vec<&'static str> = Vec::new();
+    let single = texts.single.map(|text| {
+        sources.iter().position(|s| *s == text).unwrap_or_else(|| {
+            sources.push(text);
+            sources.len() - 1
+        })
+    });
+    let distinct = sources.iter().map(|s| Script::new(s)).collect();
+    sources.push(texts.combined);
+    Scripts {
+        single,
+        combined: Script::new(texts.combined),
+        distinct,
+        sources,
+    }
+});
+
+impl Scripts {
+    /// The smallest script that knows every algorithm in `checks`.
+    pub(super) fn for_checks(&self, checks: &[Check<'_>]) -> &Script {
+        let Some(first) = checks.first() else {
+            return &self.combined;
+        };
+        let algorithm = first.policy.algorithm();
+        if checks.iter().all(|c| c.policy.algorithm() == algorithm) {
+            self.for_algorithm(algorithm)
+        } else {
+            &self.combined
+        }
+    }
+
+    /// The script of calls whose limits all use `algorithm`.
+    fn for_algorithm(&self, algorithm: Algorithm) -> &Script {
+        &self.distinct[self.single[usize::from(algorithm.code() - 1)]]
+    }
+
+    /// Every script, each text once: the per-algorithm ones, then the combined one.
+    pub(super) fn all(&self) -> impl Iterator<Item = &Script> {
+        self.distinct.iter().chain(std::iter::once(&self.combined))
+    }
+}
+
+/// The companion script (the prelude, every algorithm and `refund.lua`): its `peek` mode reads
+/// limits without taking anything ([`Store::peek`](crate::store::Store::peek)), its `refund`
+/// mode gives back by receipt (the refunds of outcome-filtered calls, `count = …`, and of the
+/// cluster's cross-slot calls).
+/// Run as the library's `compensate` function where the server has Functions.
+pub(super) static COMPANION: LazyLock<Script> =
+    LazyLock::new(|| Script::new(script_sources().companion));
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::policy::Policy;
+
+    fn policy(a: Algorithm) -> Policy {
+        Policy::new(a, 5, Duration::from_secs(1)).unwrap()
+    }
+
+    #[test]
+    #[allow(clippy::many_single_char_names)] // one policy per algorithm, by its initial
+    fn one_script_per_algorithm_the_buckets_share_one_and_one_for_mixed_calls() {
+        let [f, s, l, t, g, c] = Algorithm::ALL.map(policy);
+        let hash = |checks: &[Check<'_>]| SCRIPTS.for_checks(checks).get_hash().to_owned();
+        let fixed = hash(&[Check::new("a", &f), Check::new("b", &f)]);
+        let sliding = hash(&[Check::new("a", &s)]);
+        let leaky = hash(&[Check::new("a", &l), Check::new("b", &l)]);
+        let token = hash(&[Check::new("a", &t), Check::new("b", &t)]);
+        let gcra = hash(&[Check::new("a", &g)]);
+        let counter = hash(&[Check::new("a", &c)]);
+        let mixed = hash(&[Check::new("a", &t), Check::new("b", &l)]);
+        // The token and the leaky bucket are one rule (bucket.lua): one script serves both.
+        assert_eq!(leaky, token);
+        assert_eq!(mixed, SCRIPTS.combined.get_hash());
+        let distinct: std::collections::HashSet<_> =
+            [&fixed, &sliding, &token, &gcra, &counter, &mixed]
+                .into_iter()
+                .collect();
+        assert_eq!(distinct.len(), 6, "{distinct:?}");
+        // What is loaded is every script once, and each is the text `script_sources` gives.
+        let loaded: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
+        assert_eq!(loaded, [&fixed, &sliding, &token, &gcra, &counter, &mixed]);
+        let texts = script_sources();
+        for (a, p) in Algorithm::ALL.into_iter().zip([&f, &s, &l, &t, &g, &c]) {
+            assert_eq!(
+                Script::new(texts.for_algorithm(a)).get_hash(),
+                hash(&[Check::new("a", p)]),
+                "{a}"
+            );
+        }
+        assert_eq!(Script::new(texts.combined).get_hash(), mixed);
+        let sources: Vec<String> = SCRIPTS
+            .sources
+            .iter()
+            .map(|s| Script::new(s).get_hash().to_owned())
+            .collect();
+        assert_eq!(sources, loaded);
+    }
+
+    #[test]
+    fn each_script_is_the_prelude_its_algorithm_files_and_one_composer() {
+        let texts = script_sources();
+        for (a, text) in Algorithm::ALL.into_iter().zip(texts.single) {
+            assert_eq!(
+                text,
+                [PRELUDE, source(a), DRIVER, EVAL_CHECK].concat(),
+                "{a}"
+            );
+        }
+        assert_eq!(texts.single[2], texts.single[3]);
+        let algorithms = ALGORITHMS.concat();
+        assert_eq!(
+            texts.combined,
+            [PRELUDE, &algorithms, DRIVER, EVAL_CHECK].concat()
+        );
+        assert_eq!(
+            texts.companion,
+            [PRELUDE, &algorithms, REFUND, EVAL_COMPENSATE].concat()
+        );
+        // The library: the same files once each, named by the hash of that code, registering
+        // the two composers' functions under names of its own.
+        let code = [PRELUDE, &algorithms, DRIVER, REFUND].concat();
+        let name = format!("ratelimit_{}", &Script::new(&code).get_hash()[..16]);
+        assert_eq!(texts.library_name, name);
+        assert_eq!(texts.check_function, format!("{name}_check"));
+        assert_eq!(texts.compensate_function, format!("{name}_compensate"));
+        let (shebang, rest) = texts.library.split_once('\n').unwrap();
+        assert_eq!(shebang, format!("#!lua name={name}"));
+        assert_eq!(
+            rest,
+            format!(
+                "{code}redis.register_function('{name}_check', check)\n\
+                 redis.register_function('{name}_compensate', compensate)\n"
+            )
+        );
+        // Every rule file registers its codes; the composers register none.
+        for (file, codes) in [
+            (FIXED, &["ALGOS[1]"][..]),
+            (SLIDING, &["ALGOS[2]"]),
+            (BUCKET, &["ALGOS[3]", "ALGOS[4]"]),
+            (GCRA, &["ALGOS[5]"]),
+            (SLIDING_COUNTER, &["ALGOS[6]"]),
+        ] {
+            for code in codes {
+                assert!(file.contains(code), "{code}");
+            }
+        }
+        for composer in [PRELUDE, DRIVER, REFUND] {
+            for code in [
+                "ALGOS[1]", "ALGOS[2]", "ALGOS[3]", "ALGOS[4]", "ALGOS[5]", "ALGOS[6]",
+            ] {
+                assert!(!composer.contains(code), "a composer registers {code}");
+            }
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! The scripts' wire format: the keys and arguments a call declares, the admin commands on the
+//! same keys, and the reading of the replies.
+
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::error::StoreError;
+use crate::policy::{Decision, Verdict};
+use crate::store::Check;
+
+/// A key a script touches, declared in the call's KEYS (the scripts build no key: see the
+/// prelude's `declared_keys`): a limit's own key, or one named after it (the same hash tag,
+/// so the same cluster slot).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Declared<'a> {
+    /// The limit's key.
+    Key(&'a str),
+    /// `<key>:b`: its block marker ([`block_key`]).
+    Block(&'a str),
+    /// `<key>:w`: the driver's working copy, when a key repeats in the call.
+    Copy(&'a str),
+    /// `<key>:r:<id>:<i>`: receipt `i` (from 1) of the call id.
+    Receipt(&'a str, &'a str, usize),
+}
+
+impl fmt::Display for Declared<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Key(key) => f.write_str(key),
+            Self::Block(key) => write!(f, "{key}:b"),
+            Self::Copy(key) => write!(f, "{key}:w"),
+            Self::Receipt(key, id, i) => write!(f, "{key}:r:{id}:{i}"),
+        }
+    }
+}
+
+impl redis::ToRedisArgs for Declared<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        // Straight into the command's buffer: no String per key on the hot path.
+        let _ = io::Write::write_fmt(&mut out.writer_for_next_arg(), format_args!("{self}"));
+    }
+}
+
+/// Whether a key is named by more than one limit of the call (the driver then works on
+/// copies, which the call declares). Calls hold a handful of limits: pairwise is cheapest.
+pub(super) fn keys_repeat(checks: &[Check<'_>]) -> bool {
+    checks
+        .iter()
+        .enumerate()
+        .any(|(i, a)| checks[..i].iter().any(|b| a.key == b.key))
+}
+
+/// The KEYS of a check (the driver) or of the companion's peek and refund, in the prelude's
+/// order (`declared_keys`): the limits' keys, their block markers, the working copies when
+/// `copies` (a key repeats), the receipts under `receipts` (a call id).
+pub(super) fn declared<'a>(
+    checks: &'a [Check<'a>],
+    copies: bool,
+    receipts: Option<&'a str>,
+) -> impl ExactSizeIterator<Item = Declared<'a>> + 'a {
+    let n = checks.len();
+    let groups = 2 + usize::from(copies) + usize::from(receipts.is_some());
+    (0..n * groups).map(move |at| {
+        let (group, i) = (at / n, at % n);
+        let key = checks[i].key;
+        match group {
+            0 => Declared::Key(key),
+            1 => Declared::Block(key),
+            2 if copies => Declared::Copy(key),
+            // The last group, counted in `groups` only with a call id.
+            _ => Declared::Receipt(key, receipts.unwrap_or_default(), i + 1),
+        }
+    })
+}
+
+/// The KEYS the driver is called with for `checks` (under `call_id`), as the store sends
+/// them.
+#[doc(hidden)] // public for the conformance test, which calls the scripts as the stores do
+pub fn check_keys(checks: &[Check<'_>], call_id: Option<&str>) -> Vec<String> {
+    declared(checks, keys_repeat(checks), call_id)
+        .map(|k| k.to_string())
+        .collect()
+}
+
+/// The KEYS the companion is called with for `checks`: a peek (`refund: None`) or a refund
+/// under that call id, as the stores send them.
+#[doc(hidden)] // public for the conformance test
+pub fn compensate_keys(checks: &[Check<'_>], refund: Option<&str>) -> Vec<String> {
+    declared(checks, false, refund)
+        .map(|k| k.to_string())
+        .collect()
+}
+
+/// The 5 arguments of each limit, in the scripts' order (see the prelude): algorithm code,
+/// limit, period in µs, burst, cost.
+pub(super) fn limit_args(cmd: &mut redis::Cmd, checks: &[Check<'_>]) {
+    for check in checks {
+        let p = check.policy;
+        cmd.arg(p.algorithm().code())
+            .arg(p.limit())
+            .arg(p.period_ms().saturating_mul(1000))
+            .arg(p.burst())
+            .arg(p.cost());
+    }
+}
+
+/// `DEL` of every receipt the take of `checks` under `call_id` left
+/// ([`Store::forget`](crate::store::Store::forget)): one command, so on a cluster only for
+/// checks in one slot (the only takes that leave receipts).
+pub(crate) fn forget_cmd(checks: &[Check<'_>], call_id: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("DEL");
+    for (i, check) in checks.iter().enumerate() {
+        cmd.arg(Declared::Receipt(check.key, call_id, i + 1));
+    }
+    cmd
+}
+
+/// The block marker of a limit's key (`driver.lua` rejects every call on the key while it
+/// exists): the same hash tag, so the same cluster slot.
+fn block_key(key: &str) -> String {
+    Declared::Block(key).to_string()
+}
+
+/// `DEL key key:b`: a limit's state and its block (one slot: the same hash tag).
+pub(crate) fn reset_cmd(key: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("DEL");
+    cmd.arg(key).arg(block_key(key));
+    cmd
+}
+
+/// `SET key:b 1 PX ms`: the block marker, with the block's length as its TTL (at least 1 ms).
+pub(crate) fn block_cmd(key: &str, duration: Duration) -> redis::Cmd {
+    let ms = u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(block_key(key)).arg(1).arg("PX").arg(ms);
+    cmd
+}
+
+/// Reads the script's reply: one `[admitted, remaining, reset_after_us, retry_after_us]` per
+/// check. Numbers are clamped into range (a negative count is 0, `remaining` is at most the
+/// capacity), so no state under a key can turn into a reply that fails the call; anything that is
+/// not that shape is [`StoreError::BadReply`], an error for this call only.
+#[doc(hidden)] // public for the conformance test, which reads the embedded Lua's replies with it
+pub fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
+    let bad = |what: String| StoreError::BadReply(what);
+    let Value::Array(rows) = reply else {
+        return Err(bad(format!("expected an array, got {reply:?}")));
+    };
+    if rows.len() != checks.len() {
+        return Err(bad(format!(
+            "expected {} decisions, got {}",
+            checks.len(),
+            rows.len()
+        )));
+    }
+    let int = |v: &Value| -> Result<u64, StoreError> {
+        match v {
+            Value::Int(n) => Ok(u64::try_from(*n).unwrap_or(0)),
+            other => Err(bad(format!("expected an integer, got {other:?}"))),
+        }
+    };
+    let decisions = rows
+        .iter()
+        .zip(checks)
+        .map(|(row, check)| {
+            let Value::Array(fields) = row else {
+                return Err(bad(format!("expected a decision array, got {row:?}")));
+            };
+            let [admitted, remaining, reset_us, retry_us] = fields.as_slice() else {
+                return Err(bad(format!(
+                    "expected 4 numbers per decision, got {}",
+                    fields.len()
+                )));
+            };
+            let admitted = match admitted {
+                Value::Int(0) => false,
+                Value::Int(1) => true,
+                other => return Err(bad(format!("admitted must be 0 or 1, got {other:?}"))),
+            };
+            let limit = check.policy.capacity();
+            Ok(Decision::new(
+                admitted,
+                limit,
+                int(remaining)?.min(limit),
+                Duration::from_micros(int(reset_us)?),
+                Duration::from_micros(int(retry_us)?),
+            ))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Verdict::new(decisions))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Algorithm, Policy};
+
+    fn policy(a: Algorithm) -> Policy {
+        Policy::new(a, 5, Duration::from_secs(1)).unwrap()
+    }
+
+    #[test]
+    fn malformed_replies_are_errors_and_out_of_range_numbers_are_clamped() {
+        let p = policy(Algorithm::Fixed);
+        let checks = [Check::new("k", &p)];
+        let row = |v: Vec<Value>| Value::Array(vec![Value::Array(v)]);
+        let cases = [
+            Value::Nil,
+            Value::Int(1),
+            Value::Array(vec![]),
+            row(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
+            row(vec![
+                Value::Int(2),
+                Value::Int(2),
+                Value::Int(3),
+                Value::Int(0),
+            ]),
+            row(vec![
+                Value::Int(1),
+                Value::BulkString(b"2".to_vec()),
+                Value::Int(3),
+                Value::Int(0),
+            ]),
+        ];
+        for case in cases {
+            assert!(
+                matches!(parse_reply(&case, &checks), Err(StoreError::BadReply(_))),
+                "{case:?}"
+            );
+        }
+        // Out-of-range numbers are clamped, never an error that fails the call.
+        let negative = row(vec![
+            Value::Int(1),
+            Value::Int(-1),
+            Value::Int(-3),
+            Value::Int(-9),
+        ]);
+        let d = parse_reply(&negative, &checks).unwrap().decisions()[0];
+        assert_eq!((d.remaining, d.reset_after), (0, Duration::ZERO));
+        let above = row(vec![
+            Value::Int(0),
+            Value::Int(6),
+            Value::Int(3),
+            Value::Int(0),
+        ]);
+        let d = parse_reply(&above, &checks).unwrap().decisions()[0];
+        assert_eq!((d.remaining, d.retry_after), (5, Some(Duration::ZERO)));
+        let ok = row(vec![
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(1500),
+            Value::Int(700),
+        ]);
+        let v = parse_reply(&ok, &checks).unwrap();
+        let d = v.decisions()[0];
+        assert!(!d.admitted);
+        assert_eq!(d.limit, 5);
+        assert_eq!(d.reset_after, Duration::from_micros(1500));
+        assert_eq!(d.retry_after, Some(Duration::from_micros(700)));
+    }
+}
