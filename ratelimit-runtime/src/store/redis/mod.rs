@@ -166,10 +166,10 @@ fn reread_memory_policy(mut conn: ConnectionManager, memory: &Arc<MemoryPolicy>)
             Ok(Ok(info)) => memory.record_info("redis", &info),
             // Not read this time: the next dropped connection tries again.
             Ok(Err(e)) => {
-                tracing::debug!(target: crate::observe::log::STORE, error = %e, "redis: INFO memory failed")
+                tracing::debug!(target: crate::observe::log::STORE, error = %e, "redis: INFO memory failed");
             }
             Err(_) => {
-                tracing::debug!(target: crate::observe::log::STORE, "redis: INFO memory did not answer in time")
+                tracing::debug!(target: crate::observe::log::STORE, "redis: INFO memory did not answer in time");
             }
         }
     });
