@@ -19,7 +19,9 @@ pub mod admin;
 mod blocked;
 mod breaker;
 mod builder;
+mod env;
 pub mod exempt;
+mod failure;
 mod log_throttle;
 mod overrides;
 mod shadow;
@@ -38,121 +40,14 @@ use crate::store::{Check, MemoryStore, RedisStore, Store};
 use self::blocked::BlockedCache;
 use self::breaker::{Breaker, Gate};
 pub use self::builder::Builder;
+use self::env::{TIMEOUT_ENV, env_store, parse_timeout_ms};
+pub use self::failure::FailurePolicy;
+use self::failure::refund_when_answered;
 use self::log_throttle::{LOG_INTERVAL, LogThrottle};
-
-/// The variable that sets the timeout of the limiter built from the environment.
-const TIMEOUT_ENV: &str = "RATELIMIT_TIMEOUT_MS";
-
-/// `RATELIMIT_TIMEOUT_MS`'s value: whole milliseconds from 1 to 60,000, spaces around allowed.
-fn parse_timeout_ms(raw: &str) -> Option<Duration> {
-    let ms: u64 = raw.trim().parse().ok()?;
-    (1..=60_000)
-        .contains(&ms)
-        .then(|| Duration::from_millis(ms))
-}
-
-/// The store the environment names, and the variable that named it: the Cluster's seed nodes
-/// (`RATELIMIT_REDIS_CLUSTER_NODES`, feature `cluster`), then `RATELIMIT_REDIS_URL`, then
-/// `REDIS_URL`, each only when set and not blank. The one place that precedence is written
-/// (the default limiter and [`Builder::from_env`] both read it).
-fn env_store() -> Option<(&'static str, builder::EnvStore)> {
-    #[cfg(feature = "cluster")]
-    {
-        let source = crate::store::cluster::NODES_ENV;
-        if let Ok(raw) = std::env::var(source) {
-            let nodes: Vec<String> = crate::store::cluster::split_nodes(&raw)
-                .into_iter()
-                .map(str::to_owned)
-                .collect();
-            if !nodes.is_empty() {
-                return Some((source, builder::EnvStore::Cluster(nodes)));
-            }
-        }
-    }
-    ["RATELIMIT_REDIS_URL", "REDIS_URL"]
-        .into_iter()
-        .find_map(|var| {
-            std::env::var(var)
-                .ok()
-                .filter(|v| !v.trim().is_empty())
-                .map(|v| (var, builder::EnvStore::Url(v)))
-        })
-}
 
 /// Milliseconds since `origin`, saturating.
 fn millis_since(origin: Instant, now: Instant) -> u64 {
     u64::try_from(now.saturating_duration_since(origin).as_millis()).unwrap_or(u64::MAX)
-}
-
-/// What a check does when the store fails or does not answer in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FailurePolicy {
-    /// Fail open: admit the call and log the failure (throttled). The default: a rate limiter
-    /// that is down does not take the application down with it. One exception, under every
-    /// policy: a store that answered but cannot record the call
-    /// ([`StoreError::cannot_record`]: a memory store whose every entry is a live caller, a
-    /// Redis at its `maxmemory`; someone minting keys) refuses it as under
-    /// [`FailurePolicy::Deny`] — a flood of keys never switches other callers' limits off.
-    #[default]
-    Allow,
-    /// Fail closed: reject the call (503 for handlers, [`RateLimitError::StoreUnavailable`] for
-    /// plain functions). For limits that protect something costly or abusable (logins, SMS,
-    /// payments), where letting everything through is worse than refusing for a while.
-    Deny,
-    /// Check the same limits against an in-process memory store until the store answers again
-    /// (every limit of the call, when one of them asks for it; the memory store is made by the
-    /// first call that needs it): the limits still hold, per process (N instances admit up to N times the quota). A store
-    /// that cannot record the call ([`StoreError::cannot_record`]) is not failing: its calls
-    /// are refused, not checked here (a caller at 2 of 5 in Redis would get 5 more). When that
-    /// local store is full of live entries ([`StoreError::Full`]), a call that needs a new key
-    /// there is rejected as with [`FailurePolicy::Deny`]: no other caller's local state is
-    /// dropped to make room.
-    Local,
-}
-
-impl FailurePolicy {
-    /// The policy as the attribute's `on_store_error` spells it: `"allow"`, `"deny"` or
-    /// `"local"` (also the `policy` field of the limiter's warnings).
-    ///
-    /// ```
-    /// use ratelimit_runtime::FailurePolicy;
-    /// assert_eq!(FailurePolicy::Deny.as_str(), "deny");
-    /// ```
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Allow => "allow",
-            Self::Deny => "deny",
-            Self::Local => "local",
-        }
-    }
-
-    /// The stricter of two policies: [`FailurePolicy::Deny`], then [`FailurePolicy::Local`],
-    /// then [`FailurePolicy::Allow`]. A call whose store call fails is answered by the
-    /// strictest policy among its limits ([`crate::Limit::failure_policy`]; the limiter's for
-    /// a limit that names none), so a limit that must hold is never loosened by a lenient one
-    /// stacked with it.
-    ///
-    /// ```
-    /// use ratelimit_runtime::FailurePolicy;
-    /// assert_eq!(FailurePolicy::Allow.stricter(FailurePolicy::Local), FailurePolicy::Local);
-    /// assert_eq!(FailurePolicy::Deny.stricter(FailurePolicy::Local), FailurePolicy::Deny);
-    /// ```
-    #[must_use]
-    pub const fn stricter(self, other: Self) -> Self {
-        const fn rank(p: FailurePolicy) -> u8 {
-            match p {
-                FailurePolicy::Allow => 0,
-                FailurePolicy::Local => 1,
-                FailurePolicy::Deny => 2,
-            }
-        }
-        if rank(other) > rank(self) {
-            other
-        } else {
-            self
-        }
-    }
 }
 
 /// The old path of [`Settings::DEFAULT_TIMEOUT`].
@@ -353,65 +248,6 @@ impl RateLimiter {
         CURRENT.scope(self, fut).await
     }
 
-    /// The settings of the limiter built from the environment: the defaults, with the
-    /// timeout of `RATELIMIT_TIMEOUT_MS` when it is set (a malformed or out-of-range value is
-    /// logged and the default kept).
-    fn env_settings() -> Settings {
-        let mut settings = Settings::default();
-        if let Ok(raw) = std::env::var(TIMEOUT_ENV) {
-            if let Some(timeout) = parse_timeout_ms(&raw) {
-                settings.timeout = timeout;
-            } else {
-                tracing::error!(target: crate::observe::log::LIMITER,
-                    source = TIMEOUT_ENV,
-                    "not a timeout in milliseconds from 1 to 60000; the default timeout is used"
-                );
-            }
-        }
-        settings
-    }
-
-    fn from_env() -> Self {
-        overrides::warn_unseen_overrides();
-        let Some((source, store)) = env_store() else {
-            tracing::warn!(target: crate::observe::log::LIMITER,
-                "no rate limiter installed and neither RATELIMIT_REDIS_URL nor REDIS_URL is set: \
-                 rate limits are kept in this process's memory (per process, not shared between instances)"
-            );
-            return Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings());
-        };
-        #[allow(
-            clippy::infallible_destructuring_match,
-            reason = "the Cluster's variant exists with the `cluster` feature only"
-        )]
-        let url = match store {
-            builder::EnvStore::Url(url) => url,
-            #[cfg(feature = "cluster")]
-            builder::EnvStore::Cluster(nodes) => {
-                return match crate::store::RedisClusterStore::lazy(nodes) {
-                    Ok(store) => {
-                        tracing::info!(target: crate::observe::log::LIMITER, source, "rate limits are kept in a Redis Cluster");
-                        Self::from_parts(Arc::new(store), Self::env_settings())
-                    }
-                    Err(e) => {
-                        tracing::error!(target: crate::observe::log::LIMITER, source, error = %e, "cannot use the Redis Cluster; rate limits are kept in this process's memory");
-                        Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings())
-                    }
-                };
-            }
-        };
-        match RedisStore::lazy(&url) {
-            Ok(store) => {
-                tracing::info!(target: crate::observe::log::LIMITER, source, "rate limits are kept in Redis");
-                Self::from_parts(Arc::new(store), Self::env_settings())
-            }
-            Err(e) => {
-                tracing::error!(target: crate::observe::log::LIMITER, source, error = %e, "cannot use Redis; rate limits are kept in this process's memory");
-                Self::from_parts(Arc::new(MemoryStore::new()), Self::env_settings())
-            }
-        }
-    }
-
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
@@ -580,142 +416,11 @@ impl RateLimiter {
         })
     }
 
-    /// The failure policy of one call: the strictest of its checks' own, the limiter's for a
-    /// check that names none.
-    fn failure_policy_of(&self, checks: &[Check<'_>]) -> FailurePolicy {
-        let default = self.inner.settings.failure_policy;
-        checks
-            .iter()
-            .map(|c| c.failure_policy.unwrap_or(default))
-            .fold(FailurePolicy::Allow, FailurePolicy::stricter)
-    }
-
-    /// Answers a check the store could not, with `policy` (the call's, see
-    /// [`RateLimiter::failure_policy_of`]): `error` is the failure of this check's own store
-    /// call, `None` when the breaker skipped the store.
-    async fn on_failure(
-        &self,
-        checks: &[Check<'_>],
-        policy: FailurePolicy,
-        error: Option<StoreError>,
-    ) -> Result<Verdict, StoreError> {
-        let inner = &*self.inner;
-        // A store that answered but cannot record the call is refused whatever the policy
-        // (see below): counted as the refusal it is.
-        let refused = error.as_ref().is_some_and(StoreError::cannot_record);
-        crate::observe::count_all(
-            checks.iter().map(|c| (c.scope, c.policy.algorithm())),
-            match policy {
-                _ if refused => crate::observe::Outcome::FailureDeny,
-                FailurePolicy::Allow => crate::observe::Outcome::FailureAllow,
-                FailurePolicy::Deny => crate::observe::Outcome::FailureDeny,
-                FailurePolicy::Local => crate::observe::Outcome::FailureLocal,
-            },
-        );
-        if let Some(held_back) = inner.warnings.permit() {
-            let store = inner.store.name();
-            let scope = checks.first().map_or("", |c| c.scope);
-            let policy_name = policy.as_str();
-            let action = match policy {
-                // Limits may name their own policy: the warning says which one answered.
-                FailurePolicy::Allow => "calls under `allow` are admitted",
-                FailurePolicy::Deny => "calls under `deny` are rejected",
-                FailurePolicy::Local => "calls under `local` are checked in this process's memory",
-            };
-            match &error {
-                Some(error) if !error.is_transport() => {
-                    tracing::warn!(target: crate::observe::log::LIMITER,
-                        store,
-                        scope,
-                        policy = policy_name,
-                        %error,
-                        held_back,
-                        "rate-limit store could not decide this call; the failure policy answers it, other calls are unaffected"
-                    );
-                }
-                _ => {
-                    let (error, what) = match &error {
-                        Some(error) => (error.clone(), "failed"),
-                        None => (inner.breaker.last_error(), "still failing"),
-                    };
-                    tracing::warn!(target: crate::observe::log::LIMITER,
-                        store,
-                        scope,
-                        policy = policy_name,
-                        %error,
-                        held_back,
-                        "rate-limit store {what}; {action} until it answers again"
-                    );
-                }
-            }
-        }
-        // A store that answered but cannot record the call (a memory store full of live
-        // callers, a Redis at its maxmemory) is a flood of minted keys, not an outage:
-        // admitting what it cannot count, or counting it only in this process, would let the
-        // flood switch every caller's limit off. Such a call is refused, whatever the policy.
-        if let Some(error) = error.as_ref().filter(|e| e.cannot_record()) {
-            return Err(error.clone());
-        }
-        match policy {
-            FailurePolicy::Allow => Ok(Verdict::new(
-                checks
-                    .iter()
-                    .map(|c| {
-                        let capacity = c.policy.capacity();
-                        Decision::new(true, capacity, capacity, Duration::ZERO, Duration::ZERO)
-                    })
-                    .collect(),
-            )),
-            FailurePolicy::Deny => Err(error.unwrap_or_else(|| inner.breaker.last_error())),
-            FailurePolicy::Local => {
-                let verdict = inner
-                    .local
-                    .get_or_init(MemoryStore::new)
-                    .check(checks)
-                    .await?;
-                if !verdict.is_admitted() {
-                    log_rejection(checks, &verdict, "local");
-                }
-                Ok(verdict)
-            }
-        }
-    }
-
     /// Whether the store failed and has not answered since (checks get the failure policy's
     /// answer).
     pub fn store_failing(&self) -> bool {
         self.inner.breaker.is_open()
     }
-}
-
-/// How long the background refund of a timed-out take may wait for the store: a receipt lives
-/// at most 10 seconds after its take ran, so a later refund could give back nothing anyway.
-const REFUND_WAIT: Duration = Duration::from_secs(10);
-
-/// Gives back, in a task of its own, what the take under `call_id` took if the store runs it
-/// after all (the caller already had the failure policy's answer and never waits for this).
-/// The store runs a connection's commands in order, so the refund runs after the take; a take
-/// that never ran, or was rejected, left no receipt and nothing is given back.
-fn refund_when_answered(store: &Arc<dyn Store>, checks: &[Check<'_>], call_id: &str) {
-    let store = Arc::clone(store);
-    let owned: Vec<(String, String, crate::Policy)> = checks
-        .iter()
-        .map(|c| (c.key.to_owned(), c.scope.to_owned(), *c.policy))
-        .collect();
-    let call_id = call_id.to_owned();
-    tokio::spawn(async move {
-        let checks: Vec<Check<'_>> = owned
-            .iter()
-            .map(|(key, scope, policy)| Check::new(key, policy).with_scope(scope))
-            .collect();
-        let refund = tokio::time::timeout(REFUND_WAIT, store.refund(&checks, &call_id)).await;
-        if !matches!(refund, Ok(Ok(()))) {
-            tracing::debug!(target: crate::observe::log::LIMITER,
-                scope = checks.first().map_or("", |c| c.scope),
-                "the refund of a timed-out check did not complete; it may stay counted"
-            );
-        }
-    });
 }
 
 /// A debug event for a rejection: the scope of the binding limit and the wait, never the key.
