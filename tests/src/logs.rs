@@ -2,12 +2,15 @@
 //!
 //! [`capture`] installs a global subscriber once per test binary (a binary that calls it must
 //! not install another); [`events`] returns every event seen since, with its level, message and
-//! fields. Tests of one binary share the capture: filter by something of their own (a scope, a
-//! value) rather than counting every event.
+//! fields. It records only the events of the `ratelimit_*` crates (the limiter's targets,
+//! `ratelimit_runtime::observe::log`): every test of the one integration test binary runs under
+//! it once a test has called [`capture`], and the HTTP and gRPC stacks' own events would only
+//! slow them and grow the capture. Tests of one binary share the capture: filter by something
+//! of their own (a scope, a value) rather than counting every event.
 //!
 //! ```no_run
 //! ratelimit_tests::logs::capture();
-//! tracing::warn!(scope = "demo", "something happened");
+//! tracing::warn!(target: "ratelimit_tests", scope = "demo", "something happened");
 //! assert!(ratelimit_tests::logs::events().iter().any(|e| e.field("scope") == Some("demo")));
 //! ```
 #![allow(
@@ -68,8 +71,8 @@ impl tracing::field::Visit for Visit<'_> {
 struct Subscriber;
 
 impl tracing::Subscriber for Subscriber {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target().starts_with("ratelimit")
     }
     fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
         tracing::span::Id::from_u64(1)

@@ -4,7 +4,7 @@
 //! Each rule lives in one Rust file here and in one Lua file under `src/scripts/` (what the
 //! Redis stores run), written the same way: the same state, the same integer units, the same
 //! formulas, line for line. The memory store hosts these functions; the conformance test
-//! (`tests/tests/conformance.rs`) runs seeded traces through both and compares every decision.
+//! (`tests/tests/it/conformance.rs`) runs seeded traces through both and compares every decision.
 //!
 //! * [`fixed`] — a counter whose window starts at the first admitted call and lasts a period;
 //! * [`sliding`] — a log of admission times, one per unit, in microseconds;

@@ -16,7 +16,7 @@
 //!   its very end (the estimate forgets them linearly while they are all still in the trailing
 //!   interval): a trailing interval of length `period` then holds up to `2·num` admitted units
 //!   (the bound, approached as `num` calls at the end of one window are followed by calls
-//!   spread over the next: 199 against `num = 100` in `tests/tests/o1_algorithms.rs`). It under-admits when they came at its start (they are still
+//!   spread over the next: 199 against `num = 100` in `tests/tests/it/o1_algorithms.rs`). It under-admits when they came at its start (they are still
 //!   weighed after they left the interval). For traffic at a steady rate the estimate is exact.
 //!
 //! The state is one Redis string `"<window>:<cur>:<prev>"` with a TTL to the end of the next

@@ -8,14 +8,12 @@
     reason = "Duration::from_mins is newer than the workspace's rust-version"
 )]
 
-mod http_support;
-
 use std::time::Duration;
 
 use ratelimit_runtime::{Quota, RateLimiter, UserId};
 use serde::Deserialize;
 
-use http_support::{Answer, Backend, client, param};
+use crate::http_support::{Answer, Backend, client, param};
 
 /// The auth layer's rule: `Authorization: Bearer <user>:<plan>` → the caller's `UserId` and
 /// `Quota` (plan `none`: a user with no quota).
@@ -116,7 +114,7 @@ mod axum_app {
             .route("/login", post(login))
             .layer(middleware::from_fn(auth))
             .layer(Extension(limiter));
-        let addr = super::http_support::serve_axum(app, "127.0.0.1").await;
+        let addr = crate::http_support::serve_axum(app, "127.0.0.1").await;
         format!("http://{addr}")
     }
 }

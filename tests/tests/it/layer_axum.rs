@@ -8,8 +8,6 @@
     reason = "Duration::from_mins is newer than the workspace's rust-version"
 )]
 
-mod http_support;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,7 +25,7 @@ use ratelimit_tests::env::Env;
 use ratelimit_tests::redis_server::RedisServer;
 use serde::Deserialize;
 
-use http_support::{Answer, Backend, client, client_from, scenarios, serve_axum, statuses};
+use crate::http_support::{Answer, Backend, client, client_from, scenarios, serve_axum, statuses};
 
 #[derive(Debug, Clone, Default)]
 struct AppState {

@@ -11,8 +11,6 @@
     reason = "Duration::from_mins is newer than the workspace's rust-version"
 )]
 
-mod http_support;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Mutex, OnceLock};
@@ -34,7 +32,7 @@ use ratelimit_tests::env::Env;
 use ratelimit_tests::redis_cluster::RedisCluster;
 use ratelimit_tests::redis_server::RedisServer;
 
-use http_support::{Answer, Backend, client_from, serve_axum};
+use crate::http_support::{Answer, Backend, client_from, serve_axum};
 
 // ---------------------------------------------------------------------------------------------
 // What the tests read: metrics and log events.
@@ -1232,7 +1230,7 @@ async fn axum_a_client_quote_in_forwarded_cannot_make_it_the_trusted_proxy() {
 async fn actix_a_client_quote_in_forwarded_cannot_make_it_the_trusted_proxy() {
     use actix_web::{App, web};
     let limiter = forwarded_limiter().await;
-    let url = http_support::serve_actix!(move || {
+    let url = crate::http_support::serve_actix!(move || {
         App::new()
             .app_data(limiter.clone())
             .route("/", web::get().to(forwarded_actix))

@@ -1,8 +1,6 @@
 //! `#[rate_limit]` on Actix-web 4 handlers, over real HTTP (a server on a loopback port,
 //! reqwest), on the memory store and on a private Redis.
 
-mod http_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -11,7 +9,7 @@ use actix_web::{App, HttpMessage as _, HttpResponse, HttpServer, Responder, web}
 use ratelimit_runtime::{ForwardedHeader, RateLimiter, UserId, rate_limit};
 use serde::Deserialize;
 
-use http_support::{Answer, Backend, client, scenarios, statuses};
+use crate::http_support::{Answer, Backend, client, scenarios, statuses};
 
 #[derive(Debug, Clone, Default)]
 pub struct AppState {

@@ -6,8 +6,6 @@
 //!   (`ratelimit-macros/tests/ui/fail/debug_handler_above.rs`).
 //! * `#[tracing::instrument]` in either order.
 
-mod http_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -17,7 +15,7 @@ use axum::{Extension, Json, Router};
 use ratelimit_runtime::rate_limit;
 use serde::Deserialize;
 
-use http_support::{Backend, client, serve_axum, statuses};
+use crate::http_support::{Backend, client, serve_axum, statuses};
 
 #[derive(Debug, Clone, Default)]
 struct Greeted(Arc<AtomicUsize>);

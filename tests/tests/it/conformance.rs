@@ -13,17 +13,11 @@
 //! stamped in the future); the stand-in's `TIME` is that clock plus [`EPOCH_US`], a whole number
 //! of milliseconds (fixed windows depend on where milliseconds start).
 
-#[path = "conformance/declared.rs"]
 mod declared;
-#[path = "conformance/lua_store.rs"]
 mod lua_store;
-#[path = "conformance/model.rs"]
 mod model;
-#[path = "conformance/scripts.rs"]
 mod scripts;
-#[path = "conformance/standin.rs"]
 mod standin;
-#[path = "conformance/trace.rs"]
 mod trace;
 
 use std::collections::BTreeMap;

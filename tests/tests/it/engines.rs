@@ -180,8 +180,8 @@ fn commandstat(info: &str, command: &str, field: &str) -> f64 {
 /// Markdown row per algorithm. Re-run per engine:
 ///
 /// ```sh
-/// RATELIMIT_TEST_SERVER=<binary> cargo test -p ratelimit-tests --all-features --test engines \
-///   -- --ignored --nocapture engine_figures
+/// RATELIMIT_TEST_SERVER=<binary> cargo test -p ratelimit-tests --all-features --test it \
+///   -- --ignored --nocapture engines::engine_figures
 /// ```
 #[test]
 #[ignore = "prints figures for BENCHMARKS.md; run by hand, per engine"]

@@ -242,8 +242,8 @@ struct Report {
     slowest: Duration,
 }
 
-/// Parses a report line. (The test harness prints `test child_process ... ` without a newline
-/// before the child's line.)
+/// Parses a report line. (The test harness prints `test cold_start::child_process ... ` without
+/// a newline before the child's line.)
 fn parse_report(line: &str) -> Option<Report> {
     let rest = &line[line.find(REPORT)? + REPORT.len()..];
     let mut store = None;
@@ -270,6 +270,14 @@ fn parse_report(line: &str) -> Option<Report> {
     })
 }
 
+/// The harness's name of this module's test `name` in the one test binary
+/// (`cold_start::name`, without the crate): what a child runs, `--exact`.
+fn test_path(name: &str) -> String {
+    let module = module_path!();
+    let module = module.split_once("::").map_or(module, |(_, m)| m);
+    format!("{module}::{name}")
+}
+
 /// Starts [`PROCESSES`] fresh children of `mode` on `algorithm` against the Redis at `urls` (one
 /// server, or a cluster's seed nodes) at once, waits for them, and returns their reports.
 fn run_children(urls: &[String], mode: Mode, algorithm: Algorithm) -> Vec<Report> {
@@ -278,7 +286,7 @@ fn run_children(urls: &[String], mode: Mode, algorithm: Algorithm) -> Vec<Report
         .map(|_| {
             let mut cmd = Command::new(&exe);
             cmd.args([
-                "child_process",
+                test_path("child_process").as_str(),
                 "--exact",
                 "--nocapture",
                 "--test-threads=1",
@@ -438,7 +446,7 @@ fn the_builder_reads_the_environment_like_the_default_limiter() {
         let exe = std::env::current_exe().unwrap();
         let mut cmd = Command::new(exe);
         cmd.args([
-            "the_builder_reads_the_environment_like_the_default_limiter",
+            test_path("the_builder_reads_the_environment_like_the_default_limiter").as_str(),
             "--exact",
             "--nocapture",
         ])

@@ -1,8 +1,6 @@
 //! `#[rate_limit]` on Axum 0.8 handlers, over real HTTP (a server on a loopback port, reqwest),
 //! on the memory store and on a private Redis.
 
-mod http_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -14,7 +12,7 @@ use axum::{Extension, Json, Router};
 use ratelimit_runtime::{ForwardedHeader, HeaderStyle, RateLimiter, UserId, rate_limit};
 use serde::Deserialize;
 
-use http_support::{Answer, Backend, client, client_from, scenarios, serve_axum, statuses};
+use crate::http_support::{Answer, Backend, client, client_from, scenarios, serve_axum, statuses};
 
 #[derive(Debug, Clone, Default)]
 pub struct AppState {
@@ -310,7 +308,8 @@ async fn axum_store_down_under_deny_is_a_503() {
 }
 
 /// Without an `Extension(RateLimiter)`, handlers use `RateLimiter::current()`: here the
-/// process's limiter (no other test of this binary uses it).
+/// process's limiter, which every test of the binary may reach; its counter of this handler's
+/// scope and 127.0.0.9 is this test's alone.
 #[tokio::test]
 async fn axum_without_extension_uses_the_process_limiter() {
     let router = Router::new().route("/ip", get(by_ip));

@@ -8,14 +8,12 @@
     reason = "Duration::from_mins is newer than the workspace's rust-version"
 )]
 
-mod http_support;
-
 use axum::Router;
 use axum::extract::Path;
 use axum::routing::get;
 use ratelimit_runtime::{RateLimiter, rate_limit};
 
-use http_support::{Backend, client, serve_axum, statuses};
+use crate::http_support::{Backend, client, serve_axum, statuses};
 
 /// A per-IP and a per-device limit of the same size on one handler: before issue 10 a client
 /// whose `x-device` equals its own IP named one key twice.
@@ -273,7 +271,7 @@ async fn scoped_report() -> &'static str {
 async fn by_url_under_an_actix_scope_keys_the_full_path() {
     use actix_web::{App, web};
     let limiter = Backend::memory().limiter(&[]).await;
-    let url = http_support::serve_actix!(move || {
+    let url = crate::http_support::serve_actix!(move || {
         App::new()
             .app_data(limiter.clone())
             .service(web::scope("/t/{tenant}").route("/report", web::get().to(scoped_report)))
@@ -350,7 +348,7 @@ async fn reserved_characters_in_a_path_parameter_are_one_bucket_on_axum() {
 async fn reserved_characters_in_a_path_parameter_are_one_bucket_on_actix() {
     use actix_web::{App, web};
     let limiter = Backend::memory().limiter(&[]).await;
-    let url = http_support::serve_actix!(move || {
+    let url = crate::http_support::serve_actix!(move || {
         App::new()
             .app_data(limiter.clone())
             .route("/users/{name}", web::get().to(user_actix))
