@@ -231,6 +231,7 @@
 //! your own and the memory store's clocks, [`key`] the layout of store keys, [`http`] what the
 //! HTTP integrations read and answer.
 
+#![cfg_attr(docsrs, feature(doc_cfg))] // docs.rs: each item shows the features it needs
 pub mod algorithm;
 #[doc(hidden)] // its items are re-exported at the root
 pub mod error;

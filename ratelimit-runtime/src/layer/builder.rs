@@ -250,7 +250,7 @@ impl RateLimitLayerBuilder {
 
     /// Ends the current limit and starts another, checked with it (all or nothing). In the
     /// rate-limit fields, a limit whose scope an earlier one has is named with its position:
-    /// `.scope("api")…and()…` answers `"api";…, "api-2";…` (see the [module docs](self)).
+    /// `.scope("api")…and()…` answers `"api";…, "api-2";…` (see the [module docs](crate::layer)).
     pub fn and(mut self) -> Self {
         let next = Draft::new();
         self.done.push(std::mem::replace(&mut self.current, next));
@@ -265,7 +265,7 @@ impl RateLimitLayerBuilder {
     }
 
     /// A hook that finds the peer address in the request extensions, tried before the
-    /// built-in ones (see the [module docs](self)).
+    /// built-in ones (see the [module docs](crate::layer)).
     pub fn peer_addr(mut self, hook: PeerAddrFn) -> Self {
         self.peer_addr = Some(hook);
         self

@@ -1,4 +1,4 @@
-//! The service a [`RateLimitLayer`] wraps around another: each request checked, then the inner
+//! The service a [`RateLimitLayer`](crate::RateLimitLayer) wraps around another: each request checked, then the inner
 //! service called or answered for.
 
 use std::borrow::Cow;
@@ -29,7 +29,7 @@ use super::{LayerBody, Shared};
 pub type ResponseFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<LayerBody<B>>, E>> + Send + 'static>>;
 
-/// The service of a [`RateLimitLayer`]: checks each request, then calls the inner service or
+/// The service of a [`RateLimitLayer`](crate::RateLimitLayer): checks each request, then calls the inner service or
 /// answers in its place.
 ///
 /// ```

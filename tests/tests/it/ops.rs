@@ -772,8 +772,14 @@ impl Accounts {
 #[tokio::test]
 async fn exported_limits_peek_reset_and_block_what_the_function_checks() {
     assert_eq!(EXPORTED_LOGIN.len(), 1);
-    assert_eq!(EXPORTED_LOGIN[0].scope, "ops::exported_login");
-    assert_eq!(Accounts::SIGN_IN[0].scope, "ops::sign_in");
+    assert_eq!(
+        EXPORTED_LOGIN[0].scope,
+        concat!(module_path!(), "::exported_login")
+    );
+    assert_eq!(
+        Accounts::SIGN_IN[0].scope,
+        concat!(module_path!(), "::sign_in")
+    );
     for (limiter, env) in [Env::memory().await, Env::redis().await] {
         let name = if env.exact() { "memory" } else { "redis" };
         limiter
@@ -847,7 +853,7 @@ async fn gcra_login(user: &str) -> Result<(), RateLimitError> {
 async fn the_export_keeps_the_burst_a_hand_written_limit_forgets() {
     let forgotten = [Limit::new(
         Policy::new(Algorithm::Gcra, 2, Duration::from_secs(60)).unwrap(),
-        "ops::gcra_login",
+        concat!(module_path!(), "::gcra_login"),
         By::Global,
     )];
     assert_eq!(GCRA_LOGIN[0].scope, forgotten[0].scope);
