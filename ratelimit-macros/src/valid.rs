@@ -681,55 +681,48 @@ impl<'ast> syn::visit::Visit<'ast> for Reads {
     }
 }
 
-/// The rules of the run-time forms that depend on the mode: `quota = "request"` and status
-/// classes need a handler, `count` is one filter for the whole call and is not available on
-/// `#[async_trait]` methods.
+/// The rules of the run-time forms that depend on the mode: `quota = "request"` needs a
+/// request (a handler or a gRPC method), status classes a handler (a gRPC method counts its
+/// results: `"err"`, `"errors"` or `"ok"`), `count` is one filter for the whole call and is
+/// not available on the plain methods of `#[async_trait]` impls.
 fn check_dynamic_mode(limits: &[Limit], mode: &Mode, boxed: bool, errors: &mut Vec<syn::Error>) {
     let http = matches!(mode, Mode::Http { .. });
+    let grpc = matches!(mode, Mode::Grpc { .. });
     let mut first_count: Option<&Spanned<CountArg>> = None;
     for limit in limits {
-        if matches!(mode, Mode::Grpc { .. }) && limit.is_dynamic() {
-            let d = &limit.dynamic;
-            let span = d
-                .quota
-                .as_ref()
-                .map(|q| q.span)
-                .or(d.count.as_ref().map(|c| c.span))
-                .or(match &d.cost {
-                    Some(Cost::Expr(e)) => Some(e.span()),
-                    _ => None,
-                })
-                .unwrap_or_else(Span::call_site);
-            errors.push(syn::Error::new(
-                span,
-                "`quota`, `count` and `cost = <expression>` are not available on gRPC methods yet: limit an `async fn` the method calls (plain mode), or use literals and `const` items here",
-            ));
-            continue;
-        }
         if let Some(Spanned {
             value: QuotaArg::Request,
             span,
         }) = &limit.dynamic.quota
             && !http
+            && !grpc
         {
             errors.push(syn::Error::new(
                 *span,
-                "quota = \"request\" reads the `Quota` in the request extensions, so it needs an HTTP handler (by = \"user\", \"ip\"… or framework = …); a plain function takes its quota from an argument: quota = \"{plan}\"",
+                "quota = \"request\" reads the `Quota` in the request extensions, so it needs an HTTP handler (by = \"user\", \"ip\"… or framework = …) or a gRPC method; a plain function takes its quota from an argument: quota = \"{plan}\"",
             ));
         }
         let Some(count) = &limit.dynamic.count else {
             continue;
         };
-        if boxed {
+        if boxed && !grpc {
             errors.push(syn::Error::new(
                 count.span,
-                "`count` is not available on the methods of #[async_trait] impls: put the limit on an `async fn` the method calls",
+                "`count` is not available on the plain methods of #[async_trait] impls (gRPC methods have it): put the limit on an `async fn` the method calls",
             ));
         }
-        if !http && matches!(count.value, CountArg::Status(_)) {
+        // `"errors"` (4xx and 5xx) is every `Err` of a gRPC method.
+        let errors_mask = (1 << 4) | (1 << 5);
+        if grpc && count.value == CountArg::Status(errors_mask) {
+            // counted as `"err"`
+        } else if !http && matches!(count.value, CountArg::Status(_)) {
             errors.push(syn::Error::new(
                 count.span,
-                "status classes count a handler's responses; a plain function counts its results: count = \"err\" (failures only) or count = \"ok\"",
+                if grpc {
+                    "status classes count a handler's responses; a gRPC method counts its results: count = \"errors\" (every `Err`) or count = \"ok\""
+                } else {
+                    "status classes count a handler's responses; a plain function counts its results: count = \"err\" (failures only) or count = \"ok\""
+                },
             ));
         }
         match first_count {

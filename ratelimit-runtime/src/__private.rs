@@ -15,22 +15,25 @@
 //! key is a string literal, a template is rendered once per call by [`render`].
 //!
 //! A leaf: it only re-exports, and nothing in the crate imports from it. The items live where
-//! they belong (`limit`, `http`, `policy`).
+//! they belong (`call`, the pipeline; `limit`, `http`, `grpc`, `policy`).
 
+pub use crate::call::{Hold, check, check_dyn};
 pub use crate::http::{
     HttpCaller, Limited, PolicyField, RequireActix, RequireAxum, RequireHttp, RequireOneFramework,
     check_http, check_http_dyn, counted,
 };
-pub use crate::limit::{By, Limit, Piece, check, period_ms, policy, render};
+pub use crate::limit::{By, Limit, Piece, period_ms, policy, render};
 pub use crate::limiter::FailurePolicy;
 pub use crate::policy::{Algorithm, Policy};
 
 /// gRPC mode (a method of an `#[async_trait]` impl taking a `tonic::Request<T>`, with an
 /// HTTP-like `by`): `RequireTonic::<()>::OK`, then
-/// `let call = prepare(&LIMITS, &request, &[keys…]);` and
-/// `if let Err(s) = check(&LIMITS, call).await { return Err(into_error(s)); }` before the body.
+/// `let call = prepare(&LIMITS, dynamics, &request, &[keys…], &inputs);`,
+/// `let admission = match check(call).await { Ok(a) => a, Err(s) => return Err(into_error(s)) };`
+/// before the body, which runs in an inner `async` block, and `admission.finish(result).await`
+/// after it (the `count` settlement and the admitted response's metadata).
 pub mod grpc {
-    pub use crate::grpc::{GrpcCall, RequireTonic, check, into_error, prepare};
+    pub use crate::grpc::{Admission, GrpcCall, RequireTonic, check, into_error, prepare};
 }
 
 /// `cost = <expression>`: its arithmetic, checked (see `crate::cost`).
@@ -39,6 +42,4 @@ pub mod cost {
 }
 
 // Limits that follow the caller (`quota`, `cost = <expression>`, `count`, overrides).
-pub use crate::dynamic::{
-    Count, Dynamic, Hold, Input, Outcome, QuotaFrom, check_dyn, cost_of, quota_of,
-};
+pub use crate::call::plan::{Count, Dynamic, Input, Outcome, QuotaFrom, cost_of, quota_of};

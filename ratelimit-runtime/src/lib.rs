@@ -251,8 +251,10 @@ pub mod policy;
 pub mod store;
 // Run-time quotas: callers' plans and scope overrides.
 mod quota;
-// Limits worked out per call: quotas, costs from arguments, outcome filters.
-mod dynamic;
+// Who is calling: what a request offers the limiter, read alike on every transport.
+mod caller;
+// The one call pipeline every transport goes through.
+mod call;
 // The arithmetic of `cost = <expression>`: checked, never wrapping.
 mod cost;
 
@@ -298,9 +300,9 @@ pub mod guide {
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
 
+pub use caller::UserId;
+pub use caller::settings::{ForwardedHeader, HeaderStyle};
 pub use error::{ConfigError, RateLimitError, StoreError};
-pub use http::settings::{ForwardedHeader, HeaderStyle};
-pub use http::user::UserId;
 #[cfg(feature = "tower")]
 pub use layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::{By, Limit};

@@ -4,9 +4,8 @@
 //!
 //! The macro reaches these items through `crate::__private`, which only re-exports them.
 
-use crate::error::RateLimitError;
 use crate::key;
-use crate::limiter::{FailurePolicy, RateLimiter};
+use crate::limiter::FailurePolicy;
 use crate::policy::{Algorithm, Policy};
 
 /// Who a caller is, from the `by` argument.
@@ -273,36 +272,4 @@ pub(crate) fn keys_for<V: AsRef<[u8]>, E>(
         ));
     }
     Ok(keys)
-}
-
-/// Runs the checks of `limits` under `keys` against `limiter`.
-pub(crate) async fn run(
-    limiter: &RateLimiter,
-    limits: &[Limit],
-    keys: &[String],
-) -> Result<crate::Verdict, RateLimitError> {
-    debug_assert_eq!(limits.len(), keys.len());
-    let verdict = limiter
-        .decide(limits, keys)
-        .await
-        .map_err(RateLimitError::StoreUnavailable)?;
-    RateLimiter::verdict_to_result(verdict)
-}
-
-/// Plain mode: checks every limit for one call against the process's limiter.
-pub async fn check(limits: &'static [Limit], keys: &[Option<&str>]) -> Result<(), RateLimitError> {
-    let limiter = RateLimiter::current();
-    // A scope's quota overridden at run time: the limits are worked out per call.
-    if limiter.has_overrides() {
-        return crate::dynamic::check_dyn(limits, None, keys, &[])
-            .await
-            .map(drop);
-    }
-    let Ok(keys) = keys_for::<&[u8], std::convert::Infallible>(
-        &limiter.settings().prefix,
-        limits,
-        keys,
-        |_| Ok(None),
-    );
-    run(&limiter, limits, &keys).await.map(drop)
 }

@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::caller::settings::HttpSettings;
 use crate::error::{ConfigError, RateLimitError, StoreError};
-use crate::http::HttpSettings;
 use crate::key;
 use crate::policy::{Decision, Verdict};
 use crate::store::{Check, MemoryStore, RedisStore, Store};

@@ -3,22 +3,29 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-/// gRPC mode: like plain mode inside an `#[async_trait]` future, but the caller is read from
-/// the method's `tonic::Request` (synchronously, so the check's future holds no borrow of it)
-/// and a refusal is a `tonic::Status`, converted into the method's error.
+/// gRPC mode: inside the `#[async_trait]` future, the caller is read from the method's
+/// `tonic::Request` (synchronously, so the check's future holds no borrow of it), a refusal is
+/// a `tonic::Status` converted into the method's error, and the user's body runs in an inner
+/// `async` block whose result the admission finishes: it settles a `count = …` limit by the
+/// result and adds the rate-limit metadata to an `Ok` response.
+#[allow(clippy::too_many_arguments)] // the pieces `generate` made, passed through
 pub(super) fn grpc(
     func: &ItemFn,
     by: Span,
     request: &Ident,
     ret: Span,
+    output: Option<&syn::Type>,
     statics: &TokenStream,
     key_lets: &[TokenStream],
     key_refs: &[TokenStream],
+    dynamic: Option<&Dyn>,
 ) -> TokenStream {
     let p = private();
     let limits = local("__RATELIMIT_LIMITS");
     let call = local("__ratelimit_call");
     let status = local("__ratelimit_status");
+    let admission = local("__ratelimit_admission");
+    let result = local("__ratelimit_result");
     let require = quote_spanned!(by=> const _: () = ::ratelimit_runtime::__private::grpc::RequireTonic::<()>::OK;);
     // Located at the parameter, so a `Request` that is not tonic's is reported there.
     let request = {
@@ -29,17 +36,63 @@ pub(super) fn grpc(
     };
     // Spanned at the return type, so a missing `From<Status>` is reported there.
     let from = quote_spanned!(ret=> ::ratelimit_runtime::__private::grpc::into_error(#status));
+    let (ins, dyns, inputs) = match dynamic {
+        Some(d) => {
+            let dyns = local("__RATELIMIT_DYN");
+            let inputs = local("__ratelimit_inputs");
+            (
+                d.inputs.clone(),
+                quote!(::core::option::Option::Some(&#dyns)),
+                quote!(&#inputs),
+            )
+        }
+        None => (
+            TokenStream::new(),
+            quote!(::core::option::Option::None),
+            quote!(&[]),
+        ),
+    };
     let check = quote! {
         #[allow(unused_braces, clippy::all, clippy::pedantic)]
-        {
+        let #admission = {
             #require
             #statics
             #(#key_lets)*
-            let #call = #p::grpc::prepare(&#limits, #request, &[#(#key_refs),*]);
-            if let ::core::result::Result::Err(#status) = #p::grpc::check(&#limits, #call).await {
-                return ::core::result::Result::Err(#from);
+            #ins
+            let #call = #p::grpc::prepare(&#limits, #dyns, #request, &[#(#key_refs),*], #inputs);
+            match #p::grpc::check(#call).await {
+                ::core::result::Result::Ok(admission) => admission,
+                ::core::result::Result::Err(#status) => {
+                    return ::core::result::Result::Err(#from);
+                }
             }
+        };
+    };
+    let mut func = func.clone();
+    // `recognise` found this site, so it is there; never emit the method unchecked.
+    let Some(site) = async_trait::check_site(&mut func) else {
+        let e = syn::Error::new(
+            ret,
+            "#[rate_limit] did not recognise this #[async_trait] body",
+        )
+        .into_compile_error();
+        return quote!(#func #e);
+    };
+    let stmts = std::mem::take(&mut site.stmts);
+    // The body's `return`s and `?`s end the inner block, whose result is the method's.
+    let ty = output.map_or_else(|| quote!(_), ToTokens::to_token_stream);
+    let body = quote! {
+        {
+            #check
+            #[allow(clippy::all, clippy::pedantic)]
+            let #result: #ty = async {
+                let #result: #ty = { #(#stmts)* };
+                #result
+            }
+            .await;
+            #admission.finish(#result).await
         }
     };
-    into_boxed_body(func, check, ret)
+    site.stmts = vec![Stmt::Expr(Expr::Verbatim(body), None)];
+    func.into_token_stream()
 }

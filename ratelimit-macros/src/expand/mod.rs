@@ -171,9 +171,17 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
             &key_refs,
             dynamic.as_ref(),
         ),
-        Mode::Grpc { by, request, ret } => {
-            grpc(func, *by, request, *ret, &statics, &key_lets, &key_refs)
-        }
+        Mode::Grpc { by, request, ret } => grpc(
+            func,
+            *by,
+            request,
+            *ret,
+            boxed.and_then(|b| b.output.as_ref()),
+            &statics,
+            &key_lets,
+            &key_refs,
+            dynamic.as_ref(),
+        ),
         Mode::Http { http, framework } => http_handler(
             func,
             *http,
@@ -480,17 +488,24 @@ mod tests {
             "{user_body}"
         );
         let prepare = user_body
-            .find("let__ratelimit_call=::ratelimit_runtime::__private::grpc::prepare(&__RATELIMIT_LIMITS,&request,")
+            .find("let__ratelimit_call=::ratelimit_runtime::__private::grpc::prepare(&__RATELIMIT_LIMITS,::core::option::Option::None,&request,")
             .unwrap_or_else(|| panic!("{user_body}"));
         let check = user_body
-            .find("grpc::check(&__RATELIMIT_LIMITS,__ratelimit_call).await")
+            .find("grpc::check(__ratelimit_call).await")
             .unwrap_or_else(|| panic!("{user_body}"));
         let ret = user_body
             .find("return::core::result::Result::Err(::ratelimit_runtime::__private::grpc::into_error(__ratelimit_status));")
             .unwrap_or_else(|| panic!("{user_body}"));
-        let body_starts = user_body.find("reply(request)").unwrap();
+        // The body runs in an inner block typed as the method's result, which the admission
+        // finishes (the `count` settlement, the admitted response's metadata).
+        let body_starts = user_body
+            .find("let__ratelimit_result:Result<Response<Reply>,Status>=async{let__ratelimit_result:Result<Response<Reply>,Status>={reply(request)};__ratelimit_result}.await;")
+            .unwrap_or_else(|| panic!("{user_body}"));
+        let finish = user_body
+            .find("__ratelimit_admission.finish(__ratelimit_result).await")
+            .unwrap_or_else(|| panic!("{user_body}"));
         assert!(
-            prepare < check && check < ret && ret < body_starts,
+            prepare < check && check < ret && ret < body_starts && body_starts < finish,
             "{user_body}"
         );
     }

@@ -1,27 +1,28 @@
-//! What a gRPC method's check reads from its `tonic::Request` and what a refusal carries.
-
-use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, Ordering};
+//! The gRPC adapter of the call pipeline: what a method's check reads from its
+//! `tonic::Request` ([`prepare`]), the decision ([`check`]), and what the call answers: a
+//! `Status` for a refusal, the rate-limit metadata on an admitted response
+//! ([`Admission::finish`]), which also settles a `count = …` limit by the method's result.
 
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
-use tonic::{Code, Request, Status};
+use tonic::{Code, Request, Response, Status};
 
 use super::details::retry_info_status;
-use crate::UserId;
+use crate::call::plan::{Dynamic, Input, Outcome};
+use crate::call::{self, Admitted, Call, Prepared, Refused};
+use crate::caller::answer::{FieldSet, Fields, Refusal, reset_seconds, whole_seconds};
+use crate::caller::settings::HttpSettings;
+use crate::caller::{Caller, Transport, UserId};
 use crate::error::RateLimitError;
-use crate::http::HttpSettings;
-use crate::http::ip;
-use crate::http::response::{Fields, Refusal, reset_seconds, whole_seconds};
-use crate::limit::{By, Limit, keys_for};
+use crate::limit::Limit;
 use crate::limiter::RateLimiter;
-use crate::policy::Verdict;
+use crate::quota::Quota;
 
-/// A call's limiter and store keys, read from its request by [`prepare`] so that the check's
-/// future holds no reference to the request (whose message may be neither `Sync` nor `Send`,
-/// as a `Streaming` is not).
+/// A call's limiter and what its request gave the pipeline (keys, quotas, costs), read by
+/// [`prepare`] so that the check's future holds no reference to the request (whose message may
+/// be neither `Sync` nor `Send`, as a `Streaming` is not).
 pub struct GrpcCall {
     limiter: RateLimiter,
-    keys: Vec<String>,
+    prepared: Result<Prepared<'static>, Refused>,
 }
 
 impl std::fmt::Debug for GrpcCall {
@@ -29,41 +30,109 @@ impl std::fmt::Debug for GrpcCall {
         // Keys may hold a caller's metadata (an API key): not printed.
         f.debug_struct("GrpcCall")
             .field("limiter", &self.limiter)
-            .field("keys", &self.keys.len())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
-/// Reads what `limits` are `by` from `request` and builds the store keys (one per limit;
-/// `templates[i]` is limit `i`'s rendered `key` template, if any), or the `Status` that answers
-/// a request lacking it.
+/// What a tonic request offers the limiter: the peer address tonic's transport recorded, the
+/// metadata as headers, the [`UserId`] and [`Quota`] an interceptor put in the extensions.
+/// A method's call has no path (every call of a method has the same one).
+fn caller<T>(request: &Request<T>) -> Caller<'_> {
+    let extensions = request.extensions();
+    Caller {
+        peer: request.remote_addr().map(|a| a.ip()),
+        path: None,
+        headers: request.metadata().as_ref(),
+        user: extensions.get::<UserId>(),
+        quota: extensions.get::<Quota>().copied(),
+        transport: Transport::Grpc,
+    }
+}
+
+/// Reads what `limits` are `by` from `request` (the limiter of its extensions, else
+/// [`RateLimiter::current`]) and works out the call: `templates[i]` is limit `i`'s rendered
+/// `key` template, `dynamics` and `inputs` the run-time parts (`quota`, `cost = <expression>`,
+/// `count`) of a method that has them.
 pub fn prepare<T>(
     limits: &'static [Limit],
+    dynamics: Option<&'static [Dynamic]>,
     request: &Request<T>,
     templates: &[Option<&str>],
-) -> Result<GrpcCall, Status> {
+    inputs: &[Input],
+) -> GrpcCall {
     let limiter = request
         .extensions()
         .get::<RateLimiter>()
         .cloned()
         .unwrap_or_else(RateLimiter::current);
-    let settings = limiter.settings();
-    let keys = keys_for(&settings.prefix, limits, templates, |by| {
-        by_value(request, by, &settings.http)
-    })?;
-    Ok(GrpcCall { limiter, keys })
+    let call = Call {
+        limits,
+        dynamics,
+        inputs,
+        templates,
+    };
+    let prepared = call::prepare(&limiter, call, &caller(request));
+    GrpcCall { limiter, prepared }
 }
 
 /// Checks every limit of a method for one call (one store round trip): `Ok` runs the body,
 /// `Err` is `RESOURCE_EXHAUSTED` (quota spent), `UNAVAILABLE` (store down under the deny
-/// failure policy), or what [`prepare`] refused.
-pub async fn check(limits: &'static [Limit], call: Result<GrpcCall, Status>) -> Result<(), Status> {
-    let GrpcCall { limiter, keys } = call?;
-    // Shadow mode and the metrics apply as for handlers (`RateLimiter::decide`).
-    match limiter.decide(limits, &keys).await {
-        Ok(v) if v.is_admitted() => Ok(()),
-        Ok(v) => Err(resource_exhausted(limits, &v, &limiter.settings().http)),
-        Err(_) => Err(unavailable()),
+/// failure policy), `PERMISSION_DENIED` (a denied network), or what the request lacks.
+pub async fn check(call: GrpcCall) -> Result<Admission, Status> {
+    let GrpcCall { limiter, prepared } = call;
+    let admitted = match prepared {
+        Ok(prepared) => prepared.run(&limiter).await,
+        Err(refused) => Err(refused),
+    };
+    let settings = &limiter.settings().http;
+    match admitted {
+        Ok(admitted) => Ok(Admission {
+            fields: admitted.fields(settings.header_style, None),
+            admitted,
+        }),
+        Err(refused) => Err(status_of(&refused.refusal(settings))),
+    }
+}
+
+/// An admitted gRPC call, until its method returns.
+#[derive(Debug)]
+pub struct Admission {
+    admitted: Admitted<'static>,
+    fields: FieldSet,
+}
+
+impl Admission {
+    /// After the body: settles the call by its result (`count = …`: an uncounted outcome gives
+    /// its units back) and adds the rate-limit fields to an `Ok` response as metadata
+    /// (`ratelimit-policy`, `ratelimit`, or the legacy ones), as HTTP responses carry them.
+    pub async fn finish<R: GrpcReply>(self, mut reply: R) -> R {
+        self.admitted.settle(reply.outcome()).await;
+        if let Some(metadata) = reply.metadata_mut() {
+            for (name, value) in self.fields.into_fields() {
+                if let Ok(value) = MetadataValue::try_from(value.as_str()) {
+                    metadata.insert(MetadataKey::from_static(name), value);
+                }
+            }
+        }
+        reply
+    }
+}
+
+/// What a rate-limited gRPC method returns: `Result<Response<T>, E>`.
+pub trait GrpcReply {
+    /// The outcome `count = …` reads.
+    fn outcome(&self) -> Outcome;
+    /// The admitted response's metadata, when the method answered `Ok`.
+    fn metadata_mut(&mut self) -> Option<&mut MetadataMap>;
+}
+
+impl<T, E> GrpcReply for Result<Response<T>, E> {
+    fn outcome(&self) -> Outcome {
+        Outcome::of(self)
+    }
+
+    fn metadata_mut(&mut self) -> Option<&mut MetadataMap> {
+        self.as_mut().ok().map(Response::metadata_mut)
     }
 }
 
@@ -73,77 +142,22 @@ pub fn into_error<E: From<Status>>(status: Status) -> E {
     E::from(status)
 }
 
-static MISSING_PEER_LOGGED: AtomicBool = AtomicBool::new(false);
-
-const MISSING_PEER: &str = "rate limiting by IP needs the peer address of the connection, which this request does not carry: \
-     serve the service with tonic's transport server (`tonic::transport::Server`), which records it \
-     (`Request::remote_addr`), or use another `by`";
-
-/// The value `by` identifies the caller of `request` with (`None` for `global`), or the
-/// `Status` that answers a request lacking it.
-fn by_value<'r, T>(
-    request: &'r Request<T>,
-    by: By,
-    settings: &HttpSettings,
-) -> Result<Option<Cow<'r, [u8]>>, Status> {
-    let headers: &http::HeaderMap = request.metadata().as_ref();
-    Ok(Some(match by {
-        By::Global => return Ok(None),
-        By::Ip => {
-            let Some(peer) = request.remote_addr() else {
-                if !MISSING_PEER_LOGGED.swap(true, Ordering::Relaxed) {
-                    tracing::error!(target: crate::observe::log::CALLER, "{MISSING_PEER}");
-                }
-                return Err(Status::failed_precondition(MISSING_PEER));
-            };
-            let client = ip::client_ip(peer.ip(), headers, settings);
-            Cow::Owned(ip::bucket_text(client, settings).as_bytes().to_vec())
+/// A refusal as a `Status`: the code of the one table ([`Refusal::grpc_code`]), its message,
+/// its fields as metadata (`retry-after`, `ratelimit-policy`, `ratelimit` …, exactly as the
+/// HTTP integrations write them) and, for a spent quota, the `RetryInfo` detail.
+pub(crate) fn status_of(refusal: &Refusal) -> Status {
+    let code = Code::from(refusal.grpc_code());
+    let metadata = metadata(&refusal.fields);
+    match refusal.retry_after {
+        Some(delay) => {
+            let details = retry_info_status(code as i32, &refusal.message, delay);
+            Status::with_details_and_metadata(code, &refusal.message, details.into(), metadata)
         }
-        By::User => match request.extensions().get::<UserId>() {
-            Some(user) if !user.as_str().is_empty() => Cow::Borrowed(user.as_str().as_bytes()),
-            _ => {
-                return Err(Status::unauthenticated(
-                    "user info empty: the request carries no authenticated user (UserId)",
-                ));
-            }
-        },
-        By::AppId => match header(headers, "appid") {
-            Some(v) => Cow::Borrowed(v),
-            None => return Err(Status::invalid_argument("appId must not be empty")),
-        },
-        By::Header(name) => match header(headers, name) {
-            Some(v) => Cow::Borrowed(v),
-            None => {
-                return Err(Status::invalid_argument(format!(
-                    "metadata {name} must not be empty"
-                )));
-            }
-        },
-        // The macro rejects `by = "url"` on a gRPC method: a tonic request has no path.
-        By::Url => {
-            return Err(Status::failed_precondition(
-                "by = \"url\" is not available on a gRPC method: a tonic request carries no path",
-            ));
-        }
-    }))
+        None => Status::with_metadata(code, &refusal.message, metadata),
+    }
 }
 
-/// The first value of metadata entry `name`, unless it is blank.
-fn header<'h>(headers: &'h http::HeaderMap, name: &str) -> Option<&'h [u8]> {
-    let value = headers.get(name)?.as_bytes();
-    (!value.trim_ascii().is_empty()).then_some(value)
-}
-
-/// `RESOURCE_EXHAUSTED` for a refused verdict: the HTTP integration's fields (`retry-after`,
-/// `ratelimit-policy`, `ratelimit` …) as metadata, and the `RetryInfo` detail.
-fn resource_exhausted(limits: &[Limit], verdict: &Verdict, settings: &HttpSettings) -> Status {
-    let fields = Refusal::too_many_requests(limits, verdict, settings).fields;
-    let delay = verdict.retry_after().unwrap_or_default();
-    refused(&settings.message, &fields, delay)
-}
-
-fn refused(message: &str, fields: &Fields, delay: std::time::Duration) -> Status {
-    let code = Code::ResourceExhausted;
+fn metadata(fields: &Fields) -> MetadataMap {
     let mut metadata = MetadataMap::with_capacity(fields.len());
     for (name, value) in fields {
         // Static lower-case names and ASCII values: never refused.
@@ -151,12 +165,7 @@ fn refused(message: &str, fields: &Fields, delay: std::time::Duration) -> Status
             metadata.insert(MetadataKey::from_static(name), value);
         }
     }
-    let details = retry_info_status(code as i32, message, delay);
-    Status::with_details_and_metadata(code, message, details.into(), metadata)
-}
-
-fn unavailable() -> Status {
-    Status::unavailable("the rate-limit store is unavailable; please try again later")
+    metadata
 }
 
 /// `RESOURCE_EXHAUSTED` for [`RateLimitError::Limited`], with `retry-after` (whole seconds,
@@ -188,21 +197,18 @@ impl From<RateLimitError> for Status {
                 remaining,
                 reset_after,
             } => {
-                let fields: Fields = vec![
+                let mut refusal = Refusal::new(429, "too_many_requests", &error.to_string());
+                refusal.fields = vec![
                     ("retry-after", whole_seconds(retry_after).max(1).to_string()),
                     ("x-ratelimit-limit", limit.to_string()),
                     ("x-ratelimit-remaining", remaining.to_string()),
                     ("x-ratelimit-reset", reset_seconds(reset_after).to_string()),
                 ];
-                refused(&error.to_string(), &fields, retry_after)
+                refusal.retry_after = Some(retry_after);
+                status_of(&refusal)
             }
-            RateLimitError::StoreUnavailable(_) => unavailable(),
-            // The HTTP integrations' 401, 500 and 400, in gRPC's codes.
-            RateLimitError::MissingQuota => Status::unauthenticated(error.to_string()),
-            RateLimitError::InvalidQuota(_) => Status::internal(error.to_string()),
-            RateLimitError::CostExceedsCapacity { .. } | RateLimitError::NegativeCost { .. } => {
-                Status::invalid_argument(error.to_string())
-            }
+            // The HTTP integrations' answers (401, 500, 400, 503), in gRPC's codes.
+            error => status_of(&Refused::Rule(error).refusal(&HttpSettings::default())),
         }
     }
 }
@@ -212,7 +218,20 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::policy::{Algorithm, Decision, Policy};
+    use crate::limit::{By, keys_for};
+    use crate::policy::{Algorithm, Decision, Policy, Verdict};
+
+    /// What `by` reads from `request`, or the status a request lacking it gets.
+    fn by_value<T>(
+        request: &Request<T>,
+        by: By,
+        settings: &HttpSettings,
+    ) -> Result<Option<Vec<u8>>, Status> {
+        caller(request)
+            .by_value(by, settings)
+            .map(|v| v.map(|v| v.as_ref().to_vec()))
+            .map_err(|missing| status_of(&missing.refusal()))
+    }
 
     fn limit(by: By) -> Limit {
         Limit {
@@ -237,7 +256,7 @@ mod tests {
         let s = HttpSettings::default();
         let mut r = request(&[("appid", " a1 "), ("x-key", "k")]);
         r.extensions_mut().insert(UserId::new("alice"));
-        let v = |by| by_value(&r, by, &s).unwrap().map(Cow::into_owned);
+        let v = |by| by_value(&r, by, &s).unwrap();
         assert_eq!(v(By::Global), None);
         assert_eq!(v(By::AppId), Some(b" a1 ".to_vec()));
         assert_eq!(v(By::Header("x-key")), Some(b"k".to_vec()));
@@ -259,7 +278,7 @@ mod tests {
         assert_eq!(err(&r, By::User).code(), Code::Unauthenticated);
         // No transport, no peer address: a clear status, never "admit".
         let e = err(&r, By::Ip);
-        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert_eq!(e.code(), Code::Internal);
         assert!(e.message().contains("remote_addr"), "{e:?}");
     }
 
@@ -288,7 +307,11 @@ mod tests {
             Duration::from_millis(900),
             Duration::from_millis(900),
         )]);
-        let status = resource_exhausted(&limits, &v, &HttpSettings::default());
+        let status = status_of(&Refusal::too_many_requests(
+            &limits,
+            &v,
+            &HttpSettings::default(),
+        ));
         assert_eq!(status.code(), Code::ResourceExhausted);
         assert_eq!(status.message(), HttpSettings::DEFAULT_MESSAGE);
         let md = status.metadata();

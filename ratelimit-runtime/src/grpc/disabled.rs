@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 
+use crate::call::plan::{Dynamic, Input};
 use crate::limit::Limit;
 
 /// Stand-in: enable the `tonic` feature of ratelimit-runtime.
@@ -12,25 +13,36 @@ pub struct GrpcCall {
 }
 
 /// Stand-in: enable the `tonic` feature of ratelimit-runtime.
+#[derive(Debug)]
+pub struct Admission {
+    never: Infallible,
+}
+
+impl Admission {
+    /// Stand-in.
+    #[allow(clippy::unused_async)]
+    pub async fn finish<R>(self, reply: R) -> R {
+        let _ = reply;
+        match self.never {}
+    }
+}
+
+/// Stand-in: enable the `tonic` feature of ratelimit-runtime.
 pub fn prepare<R: ?Sized>(
     limits: &'static [Limit],
+    dynamics: Option<&'static [Dynamic]>,
     request: &R,
     templates: &[Option<&str>],
-) -> Result<GrpcCall, Infallible> {
-    let _ = (limits, request, templates);
+    inputs: &[Input],
+) -> GrpcCall {
+    let _ = (limits, dynamics, request, templates, inputs);
     unreachable!("RequireTonic fails the build first")
 }
 
 /// Stand-in: enable the `tonic` feature of ratelimit-runtime.
 #[allow(clippy::unused_async)]
-pub async fn check(
-    limits: &'static [Limit],
-    call: Result<GrpcCall, Infallible>,
-) -> Result<(), Infallible> {
-    let _ = limits;
-    match call {
-        Ok(call) => match call.never {},
-    }
+pub async fn check(call: GrpcCall) -> Result<Admission, Infallible> {
+    match call.never {}
 }
 
 /// Stand-in: enable the `tonic` feature of ratelimit-runtime.

@@ -69,12 +69,12 @@ mod check;
 #[cfg(feature = "tonic")]
 mod details;
 #[cfg(feature = "tonic")]
-pub use check::{GrpcCall, check, into_error, prepare};
+pub use check::{Admission, GrpcCall, GrpcReply, check, into_error, prepare};
 
 #[cfg(not(feature = "tonic"))]
 mod disabled;
 #[cfg(not(feature = "tonic"))]
-pub use disabled::{GrpcCall, check, into_error, prepare};
+pub use disabled::{Admission, GrpcCall, check, into_error, prepare};
 
 /// `RequireTonic::<()>::OK` compiles only with the `tonic` feature: the macro evaluates it,
 /// spanned at the `by` that made a method a gRPC method, so that a missing feature is one

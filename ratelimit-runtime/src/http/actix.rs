@@ -8,9 +8,9 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, Responder, web};
 
-use super::UserId;
 use super::caller::{Framework, Head, HttpCaller, Limited, Outcome};
-use super::response::{FieldSet, Fields, Refusal};
+use crate::caller::UserId;
+use crate::caller::answer::{FieldSet, Fields, Refusal};
 use crate::limiter::RateLimiter;
 
 impl<const H: bool> FromRequest for HttpCaller<H> {
@@ -166,10 +166,10 @@ impl FromRequest for CountingCaller {
 /// docs). The handler's output becomes its response here, to read the status.
 pub async fn check_http_counted<F, Fut>(
     limits: &'static [crate::limit::Limit],
-    dynamics: Option<&'static [crate::dynamic::Dynamic]>,
+    dynamics: Option<&'static [crate::call::plan::Dynamic]>,
     caller: CountingCaller,
     templates: &[Option<&str>],
-    inputs: &[crate::dynamic::Input],
+    inputs: &[crate::call::plan::Input],
     handler: F,
 ) -> Limited<HttpResponse>
 where

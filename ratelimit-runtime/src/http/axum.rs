@@ -8,9 +8,9 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::UserId;
 use super::caller::{Framework, Head, HttpCaller, Limited, Outcome};
-use super::response::{FieldSet, Fields, Refusal};
+use crate::caller::UserId;
+use crate::caller::answer::{FieldSet, Fields, Refusal};
 use crate::limiter::RateLimiter;
 
 impl<S: Send + Sync, const H: bool> FromRequestParts<S> for HttpCaller<H> {
@@ -125,10 +125,10 @@ impl<S: Send + Sync> FromRequestParts<S> for UserId {
 /// The handler's output becomes its response here, to read the status.
 pub async fn check_http_counted<F, Fut>(
     limits: &'static [crate::limit::Limit],
-    dynamics: Option<&'static [crate::dynamic::Dynamic]>,
+    dynamics: Option<&'static [crate::call::plan::Dynamic]>,
     caller: HttpCaller,
     templates: &[Option<&str>],
-    inputs: &[crate::dynamic::Input],
+    inputs: &[crate::call::plan::Input],
     handler: F,
 ) -> Limited<Response>
 where

@@ -3,19 +3,14 @@
 use std::fmt;
 use std::future::Future;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::UserId;
-use super::ip;
-use super::response::{FieldSet, Fields, PolicyField, Refusal, rate_fields, static_rate_fields};
-use super::settings::HttpSettings;
-use super::source::{ByValue, Headers, RequestParts};
-use crate::dynamic::{Dynamic, Input, Taken};
-use crate::error::RateLimitError;
-use crate::limit::{By, Limit, key_of, keys_for};
-use crate::limiter::exempt::CallerView;
-use crate::limiter::{RateLimiter, Settings};
-use crate::observe::{self, Outcome as Count};
+use crate::call::plan::{self, Dynamic, Input};
+use crate::call::{self, Admitted, Call};
+use crate::caller::answer::{FieldSet, PolicyField, Refusal};
+use crate::caller::settings::ForwardedHeader;
+use crate::caller::{Caller, Headers, Transport, UserId, ip};
+use crate::limit::Limit;
+use crate::limiter::RateLimiter;
 
 /// The path and headers of a request, as its framework holds them: cloning them is cheap
 /// (reference-counted bytes), converting them would not be.
@@ -72,7 +67,7 @@ impl ip::ForwardingHeaders for Head {
         }
     }
 
-    fn has(&self, header: super::ForwardedHeader) -> bool {
+    fn has(&self, header: ForwardedHeader) -> bool {
         match self {
             Self::Http { headers, .. } => ip::ForwardingHeaders::has(headers, header),
             #[cfg(feature = "actix")]
@@ -81,9 +76,9 @@ impl ip::ForwardingHeaders for Head {
                 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
                 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
                 headers.contains_key(match header {
-                    super::ForwardedHeader::XForwardedFor => &X_FORWARDED_FOR,
-                    super::ForwardedHeader::Forwarded => &h::FORWARDED,
-                    super::ForwardedHeader::XRealIp => &X_REAL_IP,
+                    ForwardedHeader::XForwardedFor => &X_FORWARDED_FOR,
+                    ForwardedHeader::Forwarded => &h::FORWARDED,
+                    ForwardedHeader::XRealIp => &X_REAL_IP,
                 })
             }
         }
@@ -154,156 +149,25 @@ impl<const H: bool> fmt::Debug for HttpCaller<H> {
     }
 }
 
-static MISSING_CONNECT_INFO_LOGGED: AtomicBool = AtomicBool::new(false);
-
-const MISSING_CONNECT_INFO: &str = "rate limiting by IP needs the client address, which this request does not carry: \
-     serve the router with `into_make_service_with_connect_info::<SocketAddr>()`, e.g. \
-     `axum::serve(listener, app.into_make_service_with_connect_info::<std::net::SocketAddr>())`";
-
-const MISSING_PEER_ADDR: &str = "rate limiting by IP needs the peer address of the connection, which this request does not carry \
-     (a test request? set it with `TestRequest::peer_addr`)";
-
 impl<const H: bool> HttpCaller<H> {
     fn path(&self) -> &str {
         self.head.path()
     }
 
-    /// The value `by` identifies this caller with (`None` for `global`), or the response that
-    /// replaces the handler's when the request lacks it.
-    fn by_value(&self, by: By, settings: &HttpSettings) -> Result<Option<ByValue<'_>>, Refusal> {
-        let parts = RequestParts {
+    /// What this request offers the limiter.
+    fn view(&self) -> Caller<'_> {
+        Caller {
             peer: self.peer,
-            path: self.path(),
+            path: Some(self.path()),
             headers: &self.head,
             user: self.user.as_ref(),
-        };
-        parts
-            .by_value(by, settings)
-            .map_err(|missing| missing.refusal(|| self.missing_peer()))
-    }
-
-    /// Whether the deny list or an exemption answers this request (see
-    /// [`crate::Exemptions`]). The address is the one `by = "ip"` computes. A client unknown
-    /// behind a trusted proxy ([`ip::ClientAddr::Unknown`]) is denied when any address its
-    /// forwarding header names is denied, is never in an exempt network, and the predicate
-    /// sees no address for it ([`CallerView::ip`] is `None`): the proxy's address is never
-    /// taken for the client's.
-    fn exemption(&self, settings: &Settings, limits: &[Limit]) -> Option<Exemption> {
-        let exemptions = &settings.exemptions;
-        let resolved = self
-            .peer
-            .map(|peer| ip::resolve(peer, &self.head, &settings.http));
-        let ip = resolved.as_ref().and_then(|r| r.client.known());
-        if let Some(resolved) = &resolved {
-            match resolved.client {
-                ip::ClientAddr::Known(ip) => {
-                    if exemptions.is_denied_ip(ip) {
-                        return Some(Exemption::Denied);
-                    }
-                    if exemptions.is_exempt_ip(ip) {
-                        return Some(Exemption::Exempt);
-                    }
-                }
-                ip::ClientAddr::Unknown { .. } => {
-                    if resolved.named.iter().any(|&ip| exemptions.is_denied_ip(ip)) {
-                        return Some(Exemption::Denied);
-                    }
-                }
-            }
-        }
-        let predicate = exemptions.predicate.as_ref()?;
-        let header = |name: &str| self.head.first(name);
-        let view = CallerView {
-            ip,
-            user: self.user.as_ref(),
-            path: self.path(),
-            header: &header,
-            scope: limits.first().map_or("", |l| l.scope),
-        };
-        predicate(&view).then_some(Exemption::Exempt)
-    }
-
-    /// The answer of the deny list (`Err`: 403) or of an exemption (`Ok`: the handler runs
-    /// unlimited) to this request, counted in the metrics; `None` when it is limited as usual.
-    /// Every HTTP check path asks it before any store call.
-    fn exempted(&self, settings: &Settings, limits: &[Limit]) -> Option<Result<(), Refusal>> {
-        if settings.exemptions.is_empty() {
-            return None;
-        }
-        // A deny list cannot be applied without the client's address: refused with the
-        // reason (as `by = "ip"` is), never served as if the list were empty.
-        if self.peer.is_none() && !settings.exemptions.deny_networks().is_empty() {
-            return Some(Err(self.missing_peer()));
-        }
-        match self.exemption(settings, limits)? {
-            Exemption::Denied => {
-                observe::count_all(labels(limits), Count::Denied);
-                Some(Err(Refusal::forbidden()))
-            }
-            Exemption::Exempt => {
-                observe::count_all(labels(limits), Count::Exempted);
-                Some(Ok(()))
-            }
+            quota: self.quota,
+            transport: match self.framework {
+                Framework::Axum => Transport::Axum,
+                Framework::Actix => Transport::Actix,
+            },
         }
     }
-
-    fn missing_peer(&self) -> Refusal {
-        let message = match self.framework {
-            Framework::Axum => MISSING_CONNECT_INFO,
-            Framework::Actix => MISSING_PEER_ADDR,
-        };
-        if !MISSING_CONNECT_INFO_LOGGED.swap(true, Ordering::Relaxed) {
-            tracing::error!(target: crate::observe::log::CALLER, "{message}");
-        }
-        Refusal::new(500, "internal_error", message)
-    }
-
-    /// The store keys of `limits` for this caller (one limit, the usual case, without a list).
-    fn keys(
-        &self,
-        settings: &Settings,
-        limits: &[Limit],
-        templates: &[Option<&str>],
-    ) -> Result<Keys, Refusal> {
-        if let [limit] = limits {
-            let by = self.by_value(limit.by, &settings.http)?;
-            let template = templates.first().copied().flatten();
-            let by = by.as_ref().map(AsRef::as_ref);
-            return Ok(Keys::One([key_of(&settings.prefix, limit, template, by)]));
-        }
-        keys_for(&settings.prefix, limits, templates, |by| {
-            self.by_value(by, &settings.http)
-        })
-        .map(Keys::Many)
-    }
-}
-
-/// The keys of one request's limits.
-enum Keys {
-    One([String; 1]),
-    Many(Vec<String>),
-}
-
-impl std::ops::Deref for Keys {
-    type Target = [String];
-
-    fn deref(&self) -> &[String] {
-        match self {
-            Self::One(key) => key,
-            Self::Many(keys) => keys,
-        }
-    }
-}
-
-/// What the deny list or an exemption makes of a request.
-enum Exemption {
-    Denied,
-    Exempt,
-}
-
-/// The metric labels of `limits`.
-fn labels(limits: &[Limit]) -> impl Iterator<Item = (&'static str, crate::Algorithm)> + '_ {
-    limits.iter().map(|l| (l.scope, l.policy.algorithm()))
 }
 
 /// What a limited handler returns: the handler's own response with the rate-limit fields
@@ -349,10 +213,27 @@ impl<T> fmt::Debug for Limited<T> {
     }
 }
 
+/// Steps 1–4 of the pipeline ([`crate::call`]) for one request: the caller read and let go,
+/// then the decision.
+async fn admit<'l, const H: bool>(
+    limiter: &RateLimiter,
+    call: Call<'l, '_>,
+    caller: HttpCaller<H>,
+) -> Result<Admitted<'l>, Refusal> {
+    let settings = limiter.settings();
+    let prepared = call::prepare(limiter, call, &caller.view());
+    drop(caller);
+    match prepared {
+        Ok(prepared) => prepared.run(limiter).await,
+        Err(refused) => Err(refused),
+    }
+    .map_err(|refused| refused.refusal(&settings.http))
+}
+
 /// Checks every limit of a handler for one request (one store round trip), then runs the
 /// handler and adds the rate-limit fields to its response, or answers 429 (quota spent), 503
-/// (store down under the deny failure policy) or 400/401/500 (the request lacks what a limit
-/// is `by`) without running it.
+/// (store down under the deny failure policy), 403 (denied network) or 400/401/500 (the
+/// request lacks what a limit is `by`) without running it.
 ///
 /// `templates[i]` is the rendered `key` template of `limits[i]`, if it has one; `policy` is the
 /// function's own `static` (its `RateLimit-Policy` value, formatted on first use).
@@ -371,118 +252,13 @@ where
         return Limited(Outcome::Admitted(handler().await, FieldSet::Empty));
     }
     let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
-    // A scope's quota overridden at run time: the limits are worked out per call (by the
-    // same limiter, handed back).
-    if limiter.has_overrides() {
-        caller.limiter = Some(limiter);
-        return check_http_dyn(limits, None, caller, templates, &[], handler).await;
-    }
-    let settings = limiter.settings();
-    match caller.exempted(settings, limits) {
-        Some(Err(refusal)) => return Limited(Outcome::Refused(refusal)),
-        Some(Ok(())) => {
-            drop(caller);
-            return Limited(Outcome::Admitted(handler().await, FieldSet::Empty));
-        }
-        None => {}
-    }
-    let keys = match caller.keys(settings, limits, templates) {
-        Ok(keys) => keys,
-        Err(refusal) => return Limited(Outcome::Refused(refusal)),
-    };
-    drop(caller);
-    let verdict = limiter.decide(limits, &keys).await;
-    match verdict {
-        // A function with a limit in shadow mode sends no rate-limit headers: its responses
-        // are the handler's own, as if no limit were there.
-        Ok(v) if v.is_admitted() && limiter.any_shadow(limits) => {
-            Limited(Outcome::Admitted(handler().await, FieldSet::Empty))
-        }
-        Ok(v) if v.is_admitted() => {
-            let fields = static_rate_fields(limits, policy, &v, settings.http.header_style);
+    match admit(&limiter, Call::fixed(limits, templates), caller).await {
+        Ok(admitted) => {
+            let fields = admitted.fields(limiter.settings().http.header_style, Some(policy));
             Limited(Outcome::Admitted(handler().await, fields))
         }
-        Ok(v) => Limited(Outcome::Refused(Refusal::too_many_requests(
-            limits,
-            &v,
-            &settings.http,
-        ))),
-        Err(_) => Limited(Outcome::Refused(Refusal::store_unavailable())),
+        Err(refusal) => Limited(Outcome::Refused(refusal)),
     }
-}
-
-/// The response of a call a run-time rule refused before checking it.
-fn refusal_of(error: &RateLimitError) -> Refusal {
-    match error {
-        RateLimitError::MissingQuota => Refusal::new(
-            401,
-            "unauthorized",
-            "quota info empty: the request carries no quota for its caller (Quota)",
-        ),
-        RateLimitError::CostExceedsCapacity { .. } => {
-            Refusal::new(400, "cost_exceeds_capacity", &error.to_string())
-        }
-        RateLimitError::NegativeCost { .. } => {
-            Refusal::new(400, "negative_cost", &error.to_string())
-        }
-        RateLimitError::StoreUnavailable(_) => Refusal::store_unavailable(),
-        _ => {
-            tracing::error!(target: crate::observe::log::LIMITER, %error, "a rate limit could not be applied");
-            Refusal::new(500, "internal_error", &error.to_string())
-        }
-    }
-}
-
-/// Checks (or takes) a handler's limits worked out for this caller: what to settle after the
-/// handler, and the rate-limit fields; or the response that replaces the
-/// handler's.
-pub(crate) async fn admit<const H: bool>(
-    limits: &'static [Limit],
-    dynamics: Option<&'static [Dynamic]>,
-    mut caller: HttpCaller<H>,
-    templates: &[Option<&str>],
-    inputs: &[Input],
-) -> Result<(Taken, Fields), Refusal> {
-    let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
-    let settings = limiter.settings();
-    // The deny list and the exemptions apply to these limits as to static ones.
-    match caller.exempted(settings, limits) {
-        Some(Err(refusal)) => return Err(refusal),
-        Some(Ok(())) => return Ok((Taken::nothing(), Vec::new())),
-        None => {}
-    }
-    let plan = crate::dynamic::plan(
-        &limiter,
-        limits,
-        dynamics,
-        inputs,
-        caller.quota,
-        templates,
-        |by| {
-            caller
-                .by_value(by, &settings.http)
-                .map(|v| v.map(ByValue::into_cow))
-        },
-        |e| refusal_of(&e),
-    )?;
-    drop(caller);
-    let Ok((verdict, taken)) = plan.run(&limiter).await else {
-        return Err(Refusal::store_unavailable());
-    };
-    if !verdict.is_admitted() {
-        return Err(Refusal::too_many_requests(
-            taken.limits(),
-            &verdict,
-            &settings.http,
-        ));
-    }
-    // A function with a limit in shadow mode sends no rate-limit headers (as `check_http`).
-    let fields = if taken.limits().is_empty() || limiter.any_shadow(limits) {
-        Vec::new()
-    } else {
-        rate_fields(taken.limits(), &verdict, settings.http.header_style)
-    };
-    Ok((taken, fields))
 }
 
 /// The body of the frameworks' `check_http_counted`: takes the limits, runs the handler, turns
@@ -492,7 +268,7 @@ pub(crate) async fn admit<const H: bool>(
 pub(crate) async fn check_counted<Fut, R>(
     limits: &'static [Limit],
     dynamics: Option<&'static [Dynamic]>,
-    caller: HttpCaller,
+    mut caller: HttpCaller,
     templates: &[Option<&str>],
     inputs: &[Input],
     handler: impl FnOnce() -> Fut,
@@ -501,22 +277,30 @@ pub(crate) async fn check_counted<Fut, R>(
 where
     Fut: Future,
 {
-    match admit(limits, dynamics, caller, templates, inputs).await {
-        Ok((taken, fields)) => {
+    let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
+    let call = Call {
+        limits,
+        dynamics,
+        inputs,
+        templates,
+    };
+    match admit(&limiter, call, caller).await {
+        Ok(admitted) => {
+            let fields = admitted.fields(limiter.settings().http.header_style, None);
             let (response, status) = respond(handler().await);
-            taken.settle(crate::dynamic::Outcome::Status(status)).await;
-            Limited(Outcome::Admitted(response, FieldSet::List(fields)))
+            admitted.settle(plan::Outcome::Status(status)).await;
+            Limited(Outcome::Admitted(response, fields))
         }
         Err(refusal) => Limited(Outcome::Refused(refusal)),
     }
 }
 
-/// [`check_http`] for handlers with a dynamic limit (`quota`, `cost = <expression>`) or
-/// whose limiter overrides a scope's quota. `inputs[i]` is what the call gives limit `i`.
+/// [`check_http`] for handlers with a dynamic limit (`quota`, `cost = <expression>`).
+/// `inputs[i]` is what the call gives limit `i`.
 pub async fn check_http_dyn<F, Fut, const H: bool>(
     limits: &'static [Limit],
     dynamics: Option<&'static [Dynamic]>,
-    caller: HttpCaller<H>,
+    mut caller: HttpCaller<H>,
     templates: &[Option<&str>],
     inputs: &[Input],
     handler: F,
@@ -525,8 +309,18 @@ where
     F: FnOnce() -> Fut,
     Fut: Future,
 {
-    match admit(limits, dynamics, caller, templates, inputs).await {
-        Ok((_, fields)) => Limited(Outcome::Admitted(handler().await, FieldSet::List(fields))),
+    let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
+    let call = Call {
+        limits,
+        dynamics,
+        inputs,
+        templates,
+    };
+    match admit(&limiter, call, caller).await {
+        Ok(admitted) => {
+            let fields = admitted.fields(limiter.settings().http.header_style, None);
+            Limited(Outcome::Admitted(handler().await, fields))
+        }
         Err(refusal) => Limited(Outcome::Refused(refusal)),
     }
 }
@@ -534,6 +328,9 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::caller::settings::HttpSettings;
+    use crate::limit::By;
+    use crate::limiter::Settings;
     use crate::policy::{Algorithm, Policy};
 
     fn caller(headers: &[(&str, &[u8])]) -> HttpCaller {
@@ -612,7 +409,8 @@ mod tests {
     fn sources_read_the_request() {
         let s = HttpSettings::default();
         let c = caller(&[("appId", b" a1 "), ("x-key", b"k")]);
-        let v = |by| c.by_value(by, &s).unwrap().map(|v| v.as_ref().to_vec());
+        let view = c.view();
+        let v = |by| view.by_value(by, &s).unwrap().map(|v| v.as_ref().to_vec());
         assert_eq!(v(By::Global), None);
         assert_eq!(v(By::Ip), Some(b"192.0.2.1".to_vec()));
         assert_eq!(v(By::Url), Some(b"/a/b".to_vec()));
@@ -624,7 +422,7 @@ mod tests {
     fn missing_sources_are_client_errors_with_a_message() {
         let s = HttpSettings::default();
         let mut c = caller(&[("appid", b"  "), ("x-key", b"")]);
-        let status = |c: &HttpCaller, by| c.by_value(by, &s).unwrap_err();
+        let status = |c: &HttpCaller, by| c.view().by_value(by, &s).unwrap_err().refusal();
         assert_eq!(status(&c, By::User).status, 401);
         let r = status(&c, By::AppId);
         assert_eq!(r.status, 400);
@@ -662,7 +460,10 @@ mod tests {
         ];
         let mut seen = std::collections::HashSet::new();
         for v in &values {
-            let key = caller(&[("x-k", v)]).keys(&s, &limits, &[None]).unwrap();
+            let c = caller(&[("x-k", v)]);
+            let view = c.view();
+            let by = |by| view.by_value(by, &s.http);
+            let key = crate::limit::keys_for(&s.prefix, &limits, &[None], by).unwrap();
             assert!(key[0].len() < 100, "{}", key[0]);
             assert_eq!(key[0].matches('{').count(), 1);
             assert!(seen.insert(key[0].clone()));

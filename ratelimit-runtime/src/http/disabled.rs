@@ -6,6 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 
+use crate::caller::answer::PolicyField;
 use crate::limit::Limit;
 
 /// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
@@ -33,18 +34,6 @@ impl<T> fmt::Debug for Limited<T> {
 }
 
 /// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
-#[derive(Debug)]
-pub struct PolicyField(());
-
-impl PolicyField {
-    /// Stand-in.
-    #[allow(clippy::new_without_default)]
-    pub const fn new() -> Self {
-        Self(())
-    }
-}
-
-/// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
 #[allow(clippy::unused_async)]
 pub async fn check_http<F, Fut, const H: bool>(
     limits: &'static [Limit],
@@ -65,10 +54,10 @@ where
 #[allow(clippy::unused_async)]
 pub async fn check_http_dyn<F, Fut>(
     limits: &'static [Limit],
-    dynamics: Option<&'static [crate::dynamic::Dynamic]>,
+    dynamics: Option<&'static [crate::call::plan::Dynamic]>,
     caller: HttpCaller,
     templates: &[Option<&str>],
-    inputs: &[crate::dynamic::Input],
+    inputs: &[crate::call::plan::Input],
     handler: F,
 ) -> Limited<Fut::Output>
 where

@@ -63,51 +63,16 @@
 //! the app data (Actix: `.app_data(limiter)` or `.app_data(web::Data::new(limiter))`), else
 //! [`crate::RateLimiter::current`].
 
-mod path;
-pub(crate) mod settings;
-pub(crate) mod user;
-
-pub use self::path::normalized_path;
-pub use self::settings::HttpSettings;
-pub(crate) use self::settings::{ForwardedHeader, HeaderStyle};
-#[cfg(any(feature = "axum", feature = "actix", feature = "tower"))]
-pub(crate) use self::user::UserId;
-
-// Also the gRPC integration's (feature `tonic`): the same client address and the same fields.
-#[cfg(any(
-    feature = "axum",
-    feature = "actix",
-    feature = "tower",
-    feature = "tonic"
-))]
-#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
-pub(crate) mod ip;
-#[cfg(any(
-    feature = "axum",
-    feature = "actix",
-    feature = "tower",
-    feature = "tonic"
-))]
-pub use self::ip::ClientAddr;
-#[cfg(any(
-    feature = "axum",
-    feature = "actix",
-    feature = "tower",
-    feature = "tonic"
-))]
-// Parts go unused with the layer or gRPC alone.
-#[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
-pub(crate) mod response;
-#[cfg(any(feature = "axum", feature = "actix", feature = "tower"))]
-pub(crate) mod source;
+#[doc(hidden)]
+pub use crate::caller::answer::PolicyField;
+pub use crate::caller::ip::ClientAddr;
+pub use crate::caller::path::normalized_path;
+pub use crate::caller::settings::HttpSettings;
 
 #[cfg(any(feature = "axum", feature = "actix"))]
 mod caller;
 #[cfg(any(feature = "axum", feature = "actix"))]
 pub use caller::{HttpCaller, Limited, check_http, check_http_dyn};
-#[cfg(any(feature = "axum", feature = "actix"))]
-#[doc(hidden)]
-pub use response::PolicyField;
 
 #[cfg(feature = "actix")]
 pub(crate) mod actix;
@@ -159,7 +124,7 @@ impl<T> RequireOneFramework<T> {
 #[cfg(not(any(feature = "axum", feature = "actix")))]
 mod disabled;
 #[cfg(not(any(feature = "axum", feature = "actix")))]
-pub use disabled::{HttpCaller, Limited, PolicyField, check_http, check_http_dyn};
+pub use disabled::{HttpCaller, Limited, check_http, check_http_dyn};
 
 /// The client of a request, as `by = "ip"` computes it before grouping: `peer` itself unless
 /// it is a trusted proxy, else the right-most hop that is not a trusted proxy in the one header
@@ -204,19 +169,7 @@ pub fn client_ip(
     headers: &http::HeaderMap,
     settings: &HttpSettings,
 ) -> ClientAddr {
-    ip::client_ip(peer, headers, settings)
-}
-
-/// The address as `by = "ip"` keys it (IPv6 grouped by the settings' prefix): the handlers',
-/// the layer's and gRPC methods' key, and the admin calls'.
-#[cfg(any(
-    feature = "axum",
-    feature = "actix",
-    feature = "tower",
-    feature = "tonic"
-))]
-pub(crate) fn ip_bucket(ip: std::net::IpAddr, settings: &HttpSettings) -> String {
-    ip::bucket(ip, settings)
+    crate::caller::ip::client_ip(peer, headers, settings)
 }
 
 const INTEGRATION_ENABLED: bool = cfg!(any(feature = "axum", feature = "actix"));

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
-use crate::http::response::{Fields, Refusal, join_members};
+use crate::caller::answer::{Fields, Refusal, join_members};
 use crate::limit::Limit;
 
 use super::LayerBody;
@@ -13,12 +13,8 @@ use super::grpc;
 
 /// The response that replaces the inner service's: the attribute's (status, JSON body,
 /// fields), or for a gRPC request (`grpc`: its content type) a trailers-only answer with the
-/// same fields and `message`.
-pub(super) fn answer<B>(
-    refusal: Refusal,
-    grpc: Option<&HeaderValue>,
-    message: &str,
-) -> Response<LayerBody<B>> {
+/// same fields, the code of the one table ([`Refusal::grpc_code`]) and the refusal's message.
+pub(super) fn answer<B>(refusal: Refusal, grpc: Option<&HeaderValue>) -> Response<LayerBody<B>> {
     let mut response;
     if let Some(content_type) = grpc {
         response = Response::new(LayerBody::empty());
@@ -26,9 +22,9 @@ pub(super) fn answer<B>(
         headers.insert(CONTENT_TYPE, content_type.clone());
         headers.insert(
             HeaderName::from_static("grpc-status"),
-            HeaderValue::from(u16::from(grpc::code(refusal.status))),
+            HeaderValue::from(refusal.grpc_code()),
         );
-        if let Ok(value) = HeaderValue::try_from(grpc::message(message)) {
+        if let Ok(value) = HeaderValue::try_from(grpc::message(&refusal.message)) {
             headers.insert(HeaderName::from_static("grpc-message"), value);
         }
     } else {

@@ -2,7 +2,6 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -294,9 +293,6 @@ impl RateLimitLayerBuilder {
                 failure_policy: draft.failure_policy,
             });
         }
-        if let Some(limiter) = &self.limiter {
-            warn_ignored_exemptions(&IGNORED_EXEMPTIONS_LOGGED, &limiter.settings().exemptions);
-        }
         let needs_peer = limits.iter().any(|l| l.by == By::Ip);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
@@ -344,29 +340,4 @@ pub(super) fn intern(s: &str) -> &'static str {
     let name: &'static str = Box::leak(s.into());
     names.push(name);
     name
-}
-
-/// Set once the layer warned that it ignores its limiter's exemptions and deny list.
-pub(super) static IGNORED_EXEMPTIONS_LOGGED: AtomicBool = AtomicBool::new(false);
-
-pub(super) const IGNORED_EXEMPTIONS: &str = "this RateLimitLayer's limiter has a deny list or exemptions, which the layer does not apply yet: \
-     every request through the layer is checked against its limits, denied networks included \
-     (#[rate_limit] handlers apply them) (logged once per process)";
-
-/// Writes one warning, the first time a layer is built from (or calls) a limiter with a deny
-/// list or exemptions, which the layer does not apply. Returns whether it wrote it.
-pub(super) fn warn_ignored_exemptions(logged: &AtomicBool, exemptions: &crate::Exemptions) -> bool {
-    if exemptions.is_empty()
-        || logged.load(Ordering::Relaxed)
-        || logged.swap(true, Ordering::Relaxed)
-    {
-        return false;
-    }
-    tracing::warn!(target: crate::observe::log::CALLER,
-        deny_networks = exemptions.deny_networks().len(),
-        exempt_networks = exemptions.exempt_networks().len(),
-        predicate = exemptions.has_predicate(),
-        "{IGNORED_EXEMPTIONS}"
-    );
-    true
 }

@@ -7,11 +7,6 @@ use std::fmt::Write as _;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, Method};
 
-/// `RESOURCE_EXHAUSTED`: the quota is spent.
-pub(crate) const RESOURCE_EXHAUSTED: u8 = 8;
-/// `UNAVAILABLE`: the store failed under the deny failure policy.
-pub(crate) const UNAVAILABLE: u8 = 14;
-
 /// Whether a request is gRPC: a `POST` whose content type is `application/grpc`, alone or
 /// followed by `+<codec>`, `-web…` or parameters (any case). gRPC always posts; requiring it
 /// keeps a client that merely sends a gRPC content type on a `GET` from getting a cacheable
@@ -30,18 +25,6 @@ pub(crate) fn is_grpc_content_type(value: &[u8]) -> bool {
         return false;
     };
     head.eq_ignore_ascii_case(GRPC) && matches!(rest.first(), None | Some(b'+' | b'-' | b';'))
-}
-
-/// The gRPC status code of an HTTP refusal status.
-pub(crate) fn code(status: u16) -> u8 {
-    match status {
-        429 => RESOURCE_EXHAUSTED,
-        503 => UNAVAILABLE,
-        400 => 3,  // INVALID_ARGUMENT
-        401 => 16, // UNAUTHENTICATED
-        500 => 13, // INTERNAL
-        _ => 2,    // UNKNOWN
-    }
 }
 
 /// `message` as a `grpc-message` value: percent-encoded UTF-8, printable ASCII but `%` as is.
@@ -95,16 +78,6 @@ mod tests {
     fn messages_are_percent_encoded() {
         assert_eq!(message("Too many, 100%"), "Too many, 100%25");
         assert_eq!(message("é\n"), "%C3%A9%0A");
-    }
-
-    #[test]
-    fn codes() {
-        assert_eq!(code(429), 8);
-        assert_eq!(code(503), 14);
-        assert_eq!(code(400), 3);
-        assert_eq!(code(401), 16);
-        assert_eq!(code(500), 13);
-        assert_eq!(code(418), 2);
     }
 
     proptest! {

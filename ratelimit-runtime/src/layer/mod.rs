@@ -217,7 +217,7 @@ impl<S> Layer<S> for RateLimitLayer {
 mod tests {
     use std::time::Duration;
 
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::Ordering;
     use std::task::{Context, Poll};
 
     use http::header::CONTENT_TYPE;
@@ -226,9 +226,8 @@ mod tests {
 
     use super::answer::*;
     use super::builder::*;
-    use super::service::*;
     use super::*;
-    use crate::http::response::Refusal;
+    use crate::caller::answer::Refusal;
     use crate::limit::By;
     use crate::policy::{Algorithm, Policy, PolicyError};
     use proptest::prelude::*;
@@ -439,7 +438,7 @@ mod tests {
             if i > 0 {
                 names.push_str(", ");
             }
-            crate::http::response::push_member_name(&mut names, &stacked, i);
+            crate::caller::answer::push_member_name(&mut names, &stacked, i);
         }
         assert_eq!(names, "\"api\", \"api-2\", \"api-3\", \"daily\"");
     }
@@ -461,10 +460,12 @@ mod tests {
             secs(10),
             Duration::from_millis(1_500),
         )]);
-        let settings = crate::http::HttpSettings::default();
+        let settings = crate::caller::settings::HttpSettings::default();
         let refusal = Refusal::too_many_requests(&limits, &verdict, &settings);
         let web = HeaderValue::from_static("application/grpc-web+proto");
-        let r = answer::<String>(refusal.clone(), Some(&web), "100% full\n");
+        let mut full = refusal.clone();
+        full.message = "100% full\n".to_owned();
+        let r = answer::<String>(full, Some(&web));
         assert_eq!(r.status(), 200);
         assert!(r.body().is_end_stream());
         let h = r.headers();
@@ -475,11 +476,11 @@ mod tests {
         assert_eq!(h["ratelimit-policy"], "\"api\";q=2;w=10");
         assert_eq!(h["ratelimit"], "\"api\";r=0;t=10");
         let len = refusal.body.len() as u64;
-        let r = answer::<String>(refusal, None, "unused");
+        let r = answer::<String>(refusal, None);
         assert_eq!(r.status(), 429);
         assert_eq!(r.headers()[CONTENT_TYPE], "application/json");
         assert_eq!(r.body().size_hint().exact(), Some(len));
-        let r = answer::<String>(Refusal::store_unavailable(), Some(&web), STORE_DOWN);
+        let r = answer::<String>(Refusal::store_unavailable(), Some(&web));
         assert_eq!(r.headers()["grpc-status"], "14");
     }
 
@@ -563,52 +564,6 @@ mod tests {
             ]
         );
         assert_eq!(calls.load(Ordering::SeqCst), 2);
-    }
-
-    /// The layer does not apply a deny list or exemptions yet: building one from a limiter that
-    /// has them says so, once per process, with what is ignored (never the networks).
-    #[test]
-    fn a_layer_built_from_a_limiter_with_a_deny_list_warns_once() {
-        let capture = crate::limiter::tests::Capture::start();
-        let logged = AtomicBool::new(false);
-        let plain = RateLimiter::builder().build_lazy().unwrap();
-        assert!(!warn_ignored_exemptions(
-            &logged,
-            &plain.settings().exemptions
-        ));
-        let deny = RateLimiter::builder()
-            .deny_networks(["198.51.100.0/24"])
-            .build_lazy()
-            .unwrap();
-        let exempt = RateLimiter::builder()
-            .exempt_when(|_| true)
-            .build_lazy()
-            .unwrap();
-        assert!(warn_ignored_exemptions(
-            &logged,
-            &exempt.settings().exemptions
-        ));
-        assert!(!warn_ignored_exemptions(
-            &logged,
-            &deny.settings().exemptions
-        ));
-        // Through the builder (the process's own flag): one warning for two layers.
-        for _ in 0..2 {
-            RateLimitLayer::builder()
-                .num(1)
-                .period(secs(1))
-                .limiter(deny.clone())
-                .build()
-                .unwrap();
-        }
-        let lines = capture.lines();
-        let warnings: Vec<&String> = lines
-            .iter()
-            .filter(|l| l.starts_with("WARN") && l.contains("does not apply yet"))
-            .collect();
-        assert_eq!(warnings.len(), 2, "{lines:#?}");
-        assert!(warnings[1].contains("deny_networks=1"), "{}", warnings[1]);
-        assert!(!warnings[1].contains("198.51.100"), "{}", warnings[1]);
     }
 
     proptest! {

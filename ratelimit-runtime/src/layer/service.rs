@@ -1,27 +1,23 @@
 //! The service a [`RateLimitLayer`](crate::RateLimitLayer) wraps around another: each request checked, then the inner
 //! service called or answered for.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 use tower_service::Service;
 
-use crate::http::UserId;
-use crate::http::response::{Refusal, rate_fields};
-use crate::http::source::{Missing, RequestParts};
-use crate::limit::keys_for;
+use crate::call::{self, Call};
+use crate::caller::{Caller, Transport, UserId};
 use crate::limiter::{RateLimiter, Settings};
+use crate::quota::Quota;
 
 use super::answer::{add_admitted_fields, answer};
-use super::builder::{IGNORED_EXEMPTIONS_LOGGED, warn_ignored_exemptions};
 use super::grpc;
 use super::{LayerBody, Shared};
 
@@ -130,14 +126,6 @@ where
     }
 }
 
-pub(super) static MISSING_PEER_LOGGED: AtomicBool = AtomicBool::new(false);
-
-pub(super) const MISSING_PEER: &str = "rate limiting by IP needs the client address, which this request does not carry: \
-     serve an Axum router with `into_make_service_with_connect_info::<SocketAddr>()`, a tonic server with \
-     `Server::serve` or `serve_with_incoming` (ratelimit-runtime's `tonic` feature), or give the layer a `peer_addr` hook";
-
-pub(super) const STORE_DOWN: &str = "The rate-limit store is unavailable; please try again later.";
-
 impl Shared {
     async fn run<S, ReqB, ResB>(
         self: Arc<Self>,
@@ -160,57 +148,48 @@ impl Shared {
             },
         };
         let settings = limiter.settings();
-        // A limiter found at call time (extensions, `current`) is warned about as one given.
-        if self.limiter.is_none() {
-            warn_ignored_exemptions(&IGNORED_EXEMPTIONS_LOGGED, &settings.exemptions);
-        }
-        let keys = match self.keys(&request, settings) {
-            Ok(keys) => keys,
-            Err(missing) => return Ok(Self::missing(missing, grpc.as_ref())),
+        // Steps 1–3 of the pipeline read the request; its borrow ends with them.
+        let prepared = call::prepare(
+            &limiter,
+            Call::fixed(&self.limits, &[]),
+            &self.caller(&request, settings),
+        );
+        let admitted = match prepared {
+            Ok(prepared) => prepared.run(&limiter).await,
+            Err(refused) => Err(refused),
         };
-        // Shadow mode and the metrics apply as for handlers (`RateLimiter::decide`); with a
-        // limit in shadow mode, responses carry no rate-limit headers.
-        let verdict = limiter.decide(&self.limits, &keys).await;
-        match verdict {
-            Ok(v) if v.is_admitted() && limiter.any_shadow(&self.limits) => {
-                let response = inner.call(request).await?;
-                Ok(response.map(LayerBody::new))
-            }
-            Ok(v) if v.is_admitted() => {
-                let fields = rate_fields(&self.limits, &v, settings.http.header_style);
+        match admitted {
+            Ok(admitted) => {
+                let fields = admitted
+                    .fields(settings.http.header_style, None)
+                    .into_fields();
                 let mut response = inner.call(request).await?;
-                add_admitted_fields(response.headers_mut(), fields, &self.limits);
+                if !fields.is_empty() {
+                    add_admitted_fields(response.headers_mut(), fields, admitted.limits());
+                }
                 Ok(response.map(LayerBody::new))
             }
-            Ok(v) => Ok(answer(
-                Refusal::too_many_requests(&self.limits, &v, &settings.http),
-                grpc.as_ref(),
-                &settings.http.message,
-            )),
-            Err(_) => Ok(answer(
-                Refusal::store_unavailable(),
-                grpc.as_ref(),
-                STORE_DOWN,
-            )),
+            Err(refused) => Ok(answer(refused.refusal(&settings.http), grpc.as_ref())),
         }
     }
 
-    /// The store keys of the limits for `request`.
-    fn keys<B>(&self, request: &Request<B>, settings: &Settings) -> Result<Vec<String>, Missing> {
+    /// What `request` offers the limiter. The peer address is looked up only when a limit or
+    /// the deny and exempt lists read it.
+    fn caller<'r, B>(&self, request: &'r Request<B>, settings: &Settings) -> Caller<'r> {
         let extensions = request.extensions();
-        let parts = RequestParts {
-            peer: if self.needs_peer {
+        let wants_peer = self.needs_peer || !settings.exemptions.is_empty();
+        Caller {
+            peer: if wants_peer {
                 self.peer(extensions)
             } else {
                 None
             },
-            path: path_of(request),
+            path: Some(path_of(request)),
             headers: request.headers(),
             user: extensions.get::<UserId>(),
-        };
-        keys_for(&settings.prefix, &self.limits, &[], |by| {
-            parts.by_value(by, &settings.http)
-        })
+            quota: extensions.get::<Quota>().copied(),
+            transport: Transport::Layer,
+        }
     }
 
     /// The peer address the server recorded in the request extensions.
@@ -232,18 +211,6 @@ impl Shared {
             return Some(addr.ip());
         }
         None
-    }
-
-    /// The answer to a request that lacks what a limit is `by`.
-    fn missing<B>(missing: Missing, grpc: Option<&HeaderValue>) -> Response<LayerBody<B>> {
-        let refusal = missing.refusal(|| {
-            if !MISSING_PEER_LOGGED.swap(true, Ordering::Relaxed) {
-                tracing::error!(target: crate::observe::log::CALLER, "{MISSING_PEER}");
-            }
-            Refusal::new(500, "internal_error", MISSING_PEER)
-        });
-        let message = missing.message().unwrap_or(Cow::Borrowed(MISSING_PEER));
-        answer(refusal, grpc, &message)
     }
 }
 

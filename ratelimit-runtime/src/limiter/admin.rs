@@ -109,7 +109,7 @@ impl Target {
                 (Value::Ip(ip), By::Ip) => Cow::Owned(ip_bucket(*ip, limiter).into_bytes()),
                 (Value::Ip(ip), _) => Cow::Owned(ip.to_string().into_bytes()),
                 (Value::Path(p), By::Url) => {
-                    Cow::Owned(crate::http::normalized_path(p.as_bytes()).into_owned())
+                    Cow::Owned(crate::caller::path::normalized_path(p.as_bytes()).into_owned())
                 }
                 (Value::Path(p), _) => Cow::Borrowed(p.as_bytes()),
                 // An address written as text, for an ip limit: grouped as `by = "ip"` groups it.
@@ -132,26 +132,8 @@ impl Target {
 }
 
 /// The address as `by = "ip"` keys it (handlers, the layer, gRPC methods: grouped alike).
-#[cfg(any(
-    feature = "axum",
-    feature = "actix",
-    feature = "tower",
-    feature = "tonic"
-))]
 fn ip_bucket(ip: IpAddr, limiter: &RateLimiter) -> String {
-    crate::http::ip_bucket(ip, &limiter.settings().http)
-}
-
-/// Without an integration that reads addresses no limit can be `by = "ip"`: the address as
-/// written.
-#[cfg(not(any(
-    feature = "axum",
-    feature = "actix",
-    feature = "tower",
-    feature = "tonic"
-)))]
-fn ip_bucket(ip: IpAddr, _limiter: &RateLimiter) -> String {
-    ip.to_string()
+    crate::caller::ip::bucket(ip, &limiter.settings().http)
 }
 
 impl RateLimiter {
@@ -364,7 +346,6 @@ mod tests {
     }
 
     #[test]
-    #[cfg(any(feature = "axum", feature = "actix"))]
     fn targets_key_callers_as_the_attribute_does() {
         let limiter = RateLimiter::builder().build_lazy().unwrap();
         let ip = |t: &Target| t.keys(&limiter, &limits(By::Ip)).unwrap().remove(0);

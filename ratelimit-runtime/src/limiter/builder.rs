@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{FailurePolicy, RateLimiter, Settings};
+use crate::caller::settings::{ForwardedHeader, HeaderStyle};
 use crate::error::ConfigError;
-use crate::http::{ForwardedHeader, HeaderStyle};
 use crate::key;
 use crate::net::{IntoNetwork, IpNet};
 use crate::store::{MemoryStore, RedisStore, Store};

@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::http::user::UserId;
+use crate::caller::UserId;
 use crate::net::IpNet;
 
 /// What an exemption predicate ([`crate::Builder::exempt_when`]) sees of a request: the

@@ -11,7 +11,7 @@ pub trait Greeter: Send + Sync + 'static {
     async fn by_url(&self, request: Request<String>) -> Result<Response<String>, Status>;
     async fn unnamed(&self, _: Request<String>) -> Result<Response<String>, Status>;
     async fn wrong_error(&self, request: Request<String>) -> Result<Response<String>, String>;
-    async fn by_cost(&self, request: Request<Vec<u8>>) -> Result<Response<String>, Status>;
+    async fn by_status(&self, request: Request<Vec<u8>>) -> Result<Response<String>, Status>;
 }
 
 pub struct MyGreeter;
@@ -38,9 +38,10 @@ impl Greeter for MyGreeter {
         Ok(Response::new(request.into_inner()))
     }
 
-    #[rate_limit(num = 5, time = 60, by = "ip", cost = request.get_ref().len())]
-    async fn by_cost(&self, request: Request<Vec<u8>>) -> Result<Response<String>, Status> {
-        Ok(Response::new(String::new()))
+    // A gRPC method counts its results, not status classes.
+    #[rate_limit(num = 5, time = 60, by = "ip", count = "5xx")]
+    async fn by_status(&self, request: Request<Vec<u8>>) -> Result<Response<String>, Status> {
+        Ok(Response::new(format!("{}", request.get_ref().len())))
     }
 }
 

@@ -96,7 +96,7 @@ async fn main() {
 
     // No transport, so no peer address: a clear status, not an admission.
     let no_peer = g.by_ip(with(&[])).await.unwrap_err();
-    assert_eq!(no_peer.code(), Code::FailedPrecondition);
+    assert_eq!(no_peer.code(), Code::Internal);
 
     let mut alice = with(&[]);
     alice.extensions_mut().insert(UserId::new("alice"));

@@ -26,6 +26,18 @@ pub(crate) enum FieldSet {
 }
 
 impl FieldSet {
+    /// The fields, in the order they are added to a response.
+    pub(crate) fn into_fields(self) -> Fields {
+        match self {
+            Self::Empty => Vec::new(),
+            Self::Ietf { policy, state } => vec![
+                ("ratelimit-policy", policy.to_owned()),
+                ("ratelimit", state),
+            ],
+            Self::List(fields) => fields,
+        }
+    }
+
     /// The fields, in the order they are added to the response.
     #[cfg(test)]
     pub(crate) fn to_list(&self) -> Fields {
@@ -95,12 +107,17 @@ impl PolicyField {
     }
 }
 
-/// A response that replaces the handler's: status, fields and a JSON body.
+/// The answer that replaces a refused call's: an HTTP status, fields and a JSON body, the
+/// message the body carries (a gRPC status's message), and for a spent quota the exact wait.
+/// Every transport renders this one value: HTTP as it is, gRPC by [`Refusal::grpc_code`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Refusal {
     pub(crate) status: u16,
     pub(crate) fields: Fields,
     pub(crate) body: String,
+    pub(crate) message: String,
+    /// The exact wait of a spent quota (a gRPC `RetryInfo`); `None` for other refusals.
+    pub(crate) retry_after: Option<Duration>,
 }
 
 impl Refusal {
@@ -116,6 +133,25 @@ impl Refusal {
             status,
             fields: Vec::new(),
             body,
+            message: message.to_owned(),
+            retry_after: None,
+        }
+    }
+
+    /// The gRPC status code of this refusal: the one table every gRPC answer uses (methods
+    /// and the layer). `RESOURCE_EXHAUSTED` (8) for a spent quota, `UNAVAILABLE` (14) for a
+    /// store down, `PERMISSION_DENIED` (7) for a denied network, `INVALID_ARGUMENT` (3) for a
+    /// blank header or a cost refused, `UNAUTHENTICATED` (16) for no user or quota,
+    /// `INTERNAL` (13) for a server set up without what a limit reads.
+    pub(crate) fn grpc_code(&self) -> i32 {
+        match self.status {
+            429 => 8,
+            503 => 14,
+            403 => 7,
+            400 => 3,
+            401 => 16,
+            500 => 13,
+            _ => 2, // UNKNOWN
         }
     }
 
@@ -162,6 +198,8 @@ impl Refusal {
             status: 429,
             fields,
             body,
+            message: settings.message.clone(),
+            retry_after: Some(verdict.retry_after().unwrap_or_default()),
         }
     }
 
@@ -214,7 +252,7 @@ pub(crate) fn rate_fields(limits: &[Limit], verdict: &Verdict, style: HeaderStyl
 /// on them (and on the decisions' capacities, which are the limits' own), so it is formatted
 /// once per function (`policy`) and only `RateLimit` is formatted per response.
 pub(crate) fn static_rate_fields(
-    limits: &'static [Limit],
+    limits: &[Limit],
     policy: &'static PolicyField,
     verdict: &Verdict,
     style: HeaderStyle,
@@ -471,6 +509,21 @@ pub(crate) fn push_json_string(out: &mut String, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one table of gRPC codes, for every refusal the pipeline renders.
+    #[test]
+    fn every_refusal_has_its_grpc_code() {
+        let code = |status| Refusal::new(status, "e", "m").grpc_code();
+        assert_eq!(code(429), 8);
+        assert_eq!(code(503), 14);
+        assert_eq!(code(403), 7);
+        assert_eq!(code(400), 3);
+        assert_eq!(code(401), 16);
+        assert_eq!(code(500), 13);
+        assert_eq!(code(418), 2);
+        assert_eq!(Refusal::forbidden().grpc_code(), 7);
+        assert_eq!(Refusal::store_unavailable().grpc_code(), 14);
+    }
     use crate::limit::By;
     use crate::policy::{Algorithm, Decision, Policy};
     use std::sync::LazyLock;

@@ -22,6 +22,12 @@ pub(crate) trait ForwardingHeaders {
     }
 }
 
+#[cfg(any(
+    feature = "axum",
+    feature = "actix",
+    feature = "tower",
+    feature = "tonic"
+))]
 impl ForwardingHeaders for http::HeaderMap {
     fn values(&self, name: &str) -> Vec<&[u8]> {
         self.get_all(name)
@@ -40,6 +46,12 @@ impl ForwardingHeaders for http::HeaderMap {
     }
 }
 
+#[cfg(any(
+    feature = "axum",
+    feature = "actix",
+    feature = "tower",
+    feature = "tonic"
+))]
 /// The names of the three forwarding headers, as `http` header names: `X-Forwarded-For`,
 /// `Forwarded`, `X-Real-IP`.
 pub(crate) fn forwarding_names() -> [&'static http::HeaderName; 3] {
@@ -497,7 +509,15 @@ fn is_port(s: &str) -> bool {
     !s.is_empty() && s.len() <= 5 && s.bytes().all(|b| b.is_ascii_digit())
 }
 
-#[cfg(test)]
+#[cfg(all(
+    test,
+    any(
+        feature = "axum",
+        feature = "actix",
+        feature = "tower",
+        feature = "tonic"
+    )
+))]
 mod tests {
     use super::*;
 

@@ -13,16 +13,16 @@
 //!    units back ([`Taken::settle`]). Calls in flight hold their units, so concurrent calls
 //!    never get more than the quota of counted outcomes.
 //!
-//! The macro reaches these items through `crate::__private`.
+//! The macro reaches the data items (`Dynamic`, `Input`, `Count`, …) through
+//! `crate::__private`.
 
 use std::borrow::Cow;
-use std::time::Duration;
 
 use crate::cost::{IntoUnits, Units};
 use crate::error::RateLimitError;
 use crate::limit::{By, Limit, keys_for};
 use crate::limiter::RateLimiter;
-use crate::policy::{Decision, Policy, Verdict};
+use crate::policy::{Policy, Verdict};
 use crate::quota::{AsQuota, Quota};
 use crate::store::Check;
 
@@ -328,22 +328,7 @@ impl std::fmt::Debug for Taken {
 }
 
 impl Taken {
-    /// A call that took nothing (an exempt caller): nothing to settle.
-    #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
-    pub(crate) fn nothing() -> Self {
-        Self {
-            plan: Plan {
-                limits: Vec::new(),
-                keys: Vec::new(),
-                filtered: 0,
-                count: Count::All,
-            },
-            pending: None,
-        }
-    }
-
     /// The limits as they applied to this call (for the rate-limit fields).
-    #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
     pub(crate) fn limits(&self) -> &[Limit] {
         &self.plan.limits
     }
@@ -384,62 +369,6 @@ impl Drop for Taken {
                 .collect();
             limiter.forget(&checks, &call_id).await;
         });
-    }
-}
-
-/// A rejection as the plain-mode error.
-pub(crate) fn limited(verdict: &Verdict) -> RateLimitError {
-    let binding: Decision = verdict
-        .binding()
-        .copied()
-        .unwrap_or_else(|| Decision::new(false, 0, 0, Duration::ZERO, Duration::ZERO));
-    RateLimitError::Limited {
-        retry_after: binding.retry_after.unwrap_or_default(),
-        limit: binding.limit,
-        remaining: binding.remaining,
-        reset_after: binding.reset_after,
-    }
-}
-
-/// Plain mode with a dynamic limit (or an override): checks the call, `Ok(None)` when
-/// nothing is to settle after the body.
-pub async fn check_dyn(
-    limits: &'static [Limit],
-    dynamics: Option<&'static [Dynamic]>,
-    keys: &[Option<&str>],
-    inputs: &[Input],
-) -> Result<Hold, RateLimitError> {
-    let limiter = RateLimiter::current();
-    let plan = plan(
-        &limiter,
-        limits,
-        dynamics,
-        inputs,
-        None,
-        keys,
-        |_| Ok(None),
-        |e| e,
-    )?;
-    let (verdict, taken) = plan
-        .run(&limiter)
-        .await
-        .map_err(RateLimitError::StoreUnavailable)?;
-    if !verdict.is_admitted() {
-        return Err(limited(&verdict));
-    }
-    Ok(Hold { taken })
-}
-
-/// An admitted plain call, to settle after its body ([`Hold::settle`]).
-#[derive(Debug)]
-pub struct Hold {
-    taken: Taken,
-}
-
-impl Hold {
-    /// Gives back what the call took from the limits whose `count` excludes `outcome`.
-    pub async fn settle(self, outcome: Outcome) {
-        self.taken.settle(outcome).await;
     }
 }
 
