@@ -10,8 +10,8 @@ use redis::{ErrorKind, Script, ServerErrorKind, Value};
 use super::script::{COMPANION, SCRIPTS, script_sources};
 use super::server::{MemoryPolicy, info_memory_cmd, log_engine};
 use super::wire::{declared, keys_repeat, limit_args, parse_reply};
+use crate::decision::Verdict;
 use crate::error::StoreError;
-use crate::policy::Verdict;
 use crate::store::Check;
 
 /// Whether a store's server (every node of a cluster) runs the library with `FCALL`, or the
