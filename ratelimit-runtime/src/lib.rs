@@ -358,3 +358,6 @@ mod docs_tests {
 mod decision;
 pub use algorithm::Algorithm;
 pub use decision::{Decision, Verdict};
+
+#[cfg(test)]
+mod structure_tests;
