@@ -7,6 +7,8 @@
 //! `async_trait` recognises a method `#[async_trait]` rewrote; `pat` reads the names a pattern
 //! binds for both it and `valid` (`valid` reads `async_trait`, never the other way).
 
+#![warn(missing_docs)]
+
 mod async_trait;
 mod attr;
 mod expand;

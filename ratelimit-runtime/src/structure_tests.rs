@@ -211,15 +211,12 @@ fn code_only(src: &str) -> Vec<char> {
                 } else {
                     None
                 };
-                match end {
-                    Some(end) => {
-                        out.extend(c[i..=end].iter().map(|&ch| blank(ch)));
-                        i = end + 1;
-                    }
-                    None => {
-                        out.push('\'');
-                        i += 1;
-                    }
+                if let Some(end) = end {
+                    out.extend(c[i..=end].iter().map(|&ch| blank(ch)));
+                    i = end + 1;
+                } else {
+                    out.push('\'');
+                    i += 1;
                 }
             }
             ch => {
@@ -563,20 +560,24 @@ fn structure_modules_import_downward_without_cycles() {
 /// comments, strings and visibilities.
 #[test]
 fn structure_scanner_reads_paths_and_skips_comments_and_strings() {
-    let src = r##"
+    let src = concat!(
+        r#"
 use crate::{a::X, b::{Y, Z}, c};
 use crate::d::E; // crate::commented
 /* crate::block /* nested crate::deeper */ still */
 pub(in crate::vis) fn f<'a>(s: &'a str) -> char {
     let _ = "crate::in_string";
-    let _ = r#"crate::"raw""#;
-    let _ = crate::e::call();
+"#,
+        // A raw string with a quote inside: `r#"crate::"raw""#`.
+        "    let _ = r#\"crate::\"raw\"\"#;\n",
+        r#"    let _ = crate::e::call();
     let _ = $crate::f::g;
     let _ = ratelimit_crate::no;
     '"'
 }
 fn h() { let _ = crate::G; }
-"##;
+"#
+    );
     let names: Vec<String> = crate_paths(&code_only(src))
         .into_iter()
         .map(|(n, _)| n)
