@@ -59,7 +59,7 @@ pub(crate) fn recognise(func: &ItemFn) -> Option<AsyncTrait> {
             match &local.pat {
                 Pat::Ident(p) if p.ident == "__self" => self_alias = Some(p.ident.clone()),
                 Pat::Type(t) if matches!(&*t.pat, Pat::Ident(p) if p.ident == "__ret") => break,
-                pat => crate::valid::bound_names(pat, &mut bound),
+                pat => crate::pat::bound_names(pat, &mut bound),
             }
         }
     }

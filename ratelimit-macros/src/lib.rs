@@ -4,10 +4,15 @@
 //! The crate is split by phase: `attr` reads one attribute's arguments, `valid`
 //! cross-checks them against each other and the function, `expand` generates the code. The
 //! numeric rules of a policy are the runtime's own file (`rules`), compiled here too.
+//! `async_trait` recognises a method `#[async_trait]` rewrote; `pat` reads the names a pattern
+//! binds for both it and `valid` (`valid` reads `async_trait`, never the other way).
+
+#![warn(missing_docs)]
 
 mod async_trait;
 mod attr;
 mod expand;
+mod pat;
 // The runtime's policy rules: this file is a link to `ratelimit-runtime/src/policy/rules.rs`.
 #[allow(dead_code, unreachable_pub)]
 mod rules;

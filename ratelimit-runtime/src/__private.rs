@@ -17,14 +17,15 @@
 //! A leaf: it only re-exports, and nothing in the crate imports from it. The items live where
 //! they belong (`call`, the pipeline; `limit`, `http`, `grpc`, `policy`).
 
+pub use crate::algorithm::Algorithm;
 pub use crate::call::{Hold, check, check_dyn};
 pub use crate::http::{
     HttpCaller, Limited, PolicyField, RequireActix, RequireAxum, RequireHttp, RequireOneFramework,
     check_http, check_http_dyn, counted,
 };
+pub use crate::limit::FailurePolicy;
 pub use crate::limit::{By, Limit, Piece, period_ms, policy, render};
-pub use crate::limiter::FailurePolicy;
-pub use crate::policy::{Algorithm, Policy};
+pub use crate::policy::Policy;
 
 /// gRPC mode (a method of an `#[async_trait]` impl taking a `tonic::Request<T>`, with an
 /// HTTP-like `by`): `RequireTonic::<()>::OK`, then

@@ -43,7 +43,7 @@ pub enum RateLimitError {
     MissingQuota,
     /// The quota chosen at run time (a caller's [`crate::Quota`] or a scope's override) breaks
     /// a rule of the limit's algorithm (HTTP: 500); nothing was taken.
-    InvalidQuota(crate::PolicyError),
+    InvalidQuota(crate::policy::PolicyError),
     /// The call's cost (`cost = <expression>`) is larger than the limit's capacity: it could
     /// never be admitted, so it is refused at once instead of being retried for ever (HTTP:
     /// 400); nothing was taken.
@@ -319,6 +319,22 @@ impl std::error::Error for StoreError {
     }
 }
 
+/// The server is at its `maxmemory` and refuses writes (`noeviction`): the one test of that
+/// answer, for the Redis and the Redis Cluster stores alike (it is how
+/// [`StoreError::OutOfMemory`] is told apart). Redis 7 refuses a whole `FCALL` (functions
+/// without flags may write) with `OOM`, and fails a script at its first write with the same
+/// code; before 7.0 that write's error comes back inside a script error (`ERR Error running
+/// script … -OOM command not allowed …`). A script still answers the calls it rejects (they
+/// write nothing), so the Redis stores' `invoke` sends an `FCALL` refused this way again as
+/// `EVALSHA`: a flood of keys that fills the server cannot switch the rejections of over-quota
+/// callers off. Here, beside the conversion that reads it, so `error` never reads `store`.
+pub(crate) fn out_of_memory(e: &redis::RedisError) -> bool {
+    e.code() == Some("OOM")
+        || (e.code() == Some("ERR")
+            && e.detail()
+                .is_some_and(|d| d.contains("OOM command not allowed")))
+}
+
 impl From<redis::RedisError> for StoreError {
     /// An error reply to the script itself (`ERR …` raised by the script, a wrong type under a
     /// key) is about this call: [`StoreError::Backend`]; a reply of an unexpected type is
@@ -331,7 +347,7 @@ impl From<redis::RedisError> for StoreError {
         if matches!(e.kind(), ErrorKind::UnexpectedReturnType) {
             return Self::BadReply(e.to_string());
         }
-        if crate::store::redis::invoke::out_of_memory(&e) {
+        if out_of_memory(&e) {
             return Self::OutOfMemory {
                 source: Arc::new(e),
             };

@@ -52,7 +52,9 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::policy::{Algorithm, Policy};
+use crate::algorithm::Algorithm;
+
+use crate::policy::Policy;
 
 /// The longest caller value written as itself; longer ones are hashed.
 pub const MAX_PLAIN_LEN: usize = 64;

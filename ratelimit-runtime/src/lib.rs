@@ -1,3 +1,4 @@
+#![warn(missing_docs)] // every public item is documented (issue 22); keep it so
 //! Rate limits on async functions with one attribute, kept in memory, Redis or Redis Cluster.
 //!
 //! ```
@@ -233,21 +234,17 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))] // docs.rs: each item shows the features it needs
 pub mod algorithm;
-#[doc(hidden)] // its items are re-exported at the root
-pub mod error;
+mod error;
 pub mod grpc;
 pub mod http;
 pub mod key;
 #[cfg(feature = "tower")]
 pub mod layer;
 mod limit;
-#[doc(hidden)] // its items are re-exported at the root
-pub mod limiter;
-#[doc(hidden)] // its items are re-exported at the root
-pub mod net;
+mod limiter;
+mod net;
 pub mod observe;
-#[doc(hidden)] // its items are re-exported at the root
-pub mod policy;
+mod policy;
 pub mod store;
 // Run-time quotas: callers' plans and scope overrides.
 mod quota;
@@ -257,6 +254,8 @@ mod caller;
 mod call;
 // The arithmetic of `cost = <expression>`: checked, never wrapping.
 mod cost;
+// What a check answers: one decision per limit, the verdict of a call.
+mod decision;
 
 #[doc(hidden)]
 pub mod __private;
@@ -300,19 +299,20 @@ pub mod guide {
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
 
+pub use algorithm::Algorithm;
 pub use caller::UserId;
 pub use caller::settings::{ForwardedHeader, HeaderStyle};
+pub use decision::{Decision, Verdict};
 pub use error::{ConfigError, RateLimitError, StoreError};
 #[cfg(feature = "tower")]
 pub use layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
+pub use limit::FailurePolicy;
 pub use limit::{By, Limit};
 pub use limiter::admin::Target;
 pub use limiter::exempt::{CallerView, Exemptions};
-pub use limiter::{Builder, FailurePolicy, RateLimiter, Settings};
+pub use limiter::{Builder, RateLimiter, Settings};
 pub use net::{IntoNetwork, IpNet, IpNetParseError};
-pub use policy::{
-    Algorithm, Decision, MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS, Policy, PolicyError, Verdict,
-};
+pub use policy::{MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS, Policy, PolicyError};
 pub use quota::{AsQuota, Quota};
 pub use ratelimit_macros::rate_limit;
 #[cfg(feature = "cluster")]
@@ -346,10 +346,16 @@ mod docs_tests {
                 .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
                 .filter(|name| *name != "algo")
                 .collect();
-            let mut all: Vec<&str> = crate::Algorithm::ALL.iter().map(|a| a.as_str()).collect();
+            let mut all: Vec<&str> = crate::algorithm::Algorithm::ALL
+                .iter()
+                .map(|a| a.as_str())
+                .collect();
             listed.sort_unstable();
             all.sort_unstable();
             assert_eq!(listed, all, "{path}");
         }
     }
 }
+
+#[cfg(test)]
+mod structure_tests;

@@ -15,12 +15,12 @@
 //! the blocked-caller cache in `blocked.rs` and the warning throttle in `log_throttle.rs`. The
 //! events stay here, so their target is `ratelimit_runtime::limiter`.
 
-pub mod admin;
+pub(crate) mod admin;
 mod blocked;
 mod breaker;
 mod builder;
 mod env;
-pub mod exempt;
+pub(crate) mod exempt;
 mod failure;
 mod log_throttle;
 mod overrides;
@@ -32,35 +32,23 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::caller::settings::HttpSettings;
+use crate::decision::{Decision, Verdict};
 use crate::error::{ConfigError, RateLimitError, StoreError};
 use crate::key;
-use crate::policy::{Decision, Verdict};
 use crate::store::{Check, MemoryStore, RedisStore, Store};
 
 use self::blocked::BlockedCache;
 use self::breaker::{Breaker, Gate};
 pub use self::builder::Builder;
 use self::env::{TIMEOUT_ENV, env_store, parse_timeout_ms};
-pub use self::failure::FailurePolicy;
 use self::failure::refund_when_answered;
 use self::log_throttle::{LOG_INTERVAL, LogThrottle};
+use crate::limit::FailurePolicy;
 
 /// Milliseconds since `origin`, saturating.
 fn millis_since(origin: Instant, now: Instant) -> u64 {
     u64::try_from(now.saturating_duration_since(origin).as_millis()).unwrap_or(u64::MAX)
 }
-
-/// The old path of [`Settings::DEFAULT_TIMEOUT`].
-#[doc(hidden)]
-pub const DEFAULT_TIMEOUT: Duration = Settings::DEFAULT_TIMEOUT;
-
-/// The old path of [`Settings::DEFAULT_BLOCKED_CACHE`].
-#[doc(hidden)]
-pub const DEFAULT_BLOCKED_CACHE: usize = Settings::DEFAULT_BLOCKED_CACHE;
-
-/// The old path of [`HttpSettings::DEFAULT_MESSAGE`].
-#[doc(hidden)]
-pub const DEFAULT_MESSAGE: &str = HttpSettings::DEFAULT_MESSAGE;
 
 /// Settings shared by every check, read back with [`RateLimiter::settings`] and set through
 /// the [`Builder`].
@@ -481,7 +469,8 @@ pub(crate) mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::policy::{Algorithm, Policy};
+    use crate::algorithm::Algorithm;
+    use crate::policy::Policy;
     use crate::store::StoreFuture;
 
     /// A store that fails (or rejects) every call and counts them.

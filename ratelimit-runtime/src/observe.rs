@@ -58,8 +58,9 @@
 
 use std::time::Duration;
 
+use crate::algorithm::Algorithm;
+use crate::decision::Verdict;
 use crate::error::StoreError;
-use crate::policy::{Algorithm, Verdict};
 
 /// What happened to one limit of one call (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::policy::{Algorithm, Policy, PolicyError, rules};
+use crate::algorithm::Algorithm;
+
+use crate::policy::{Policy, PolicyError, rules};
 
 /// How many calls a caller may make per period, chosen at run time: the caller's plan (put in
 /// the request extensions by the auth layer, or passed as an argument, for limits written

@@ -24,8 +24,81 @@ pub mod gcra;
 pub mod sliding;
 pub mod sliding_counter;
 
-use crate::policy::{Algorithm, Decision, Policy};
+use crate::decision::Decision;
+use std::fmt;
 use std::time::Duration;
+
+/// The six rate-limiting algorithms (`burst` is the capacity of the buckets, `leaky` and
+/// `token`, and of `gcra`; the windows' capacity is `num`).
+///
+/// ```
+/// use ratelimit_runtime::Algorithm;
+/// assert_eq!("sliding".parse::<Algorithm>(), Ok(Algorithm::Sliding));
+/// assert_eq!(Algorithm::Token.as_str(), "token");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// At most `num` admissions per window; the window starts at the first admitted call and
+    /// lasts `period`. One counter with a TTL.
+    Fixed,
+    /// At most `num` admissions in any trailing interval of length `period` (no boundary burst).
+    Sliding,
+    /// A bucket of capacity `burst` that drains continuously at `num / period`; a call adds
+    /// `cost` if it fits.
+    Leaky,
+    /// A bucket of capacity `burst`, full at start, refilled continuously at `num / period`; a
+    /// call takes `cost` tokens if there are enough.
+    Token,
+    /// The generic cell rate algorithm: the token bucket (capacity `burst`, one unit per
+    /// `period / num`) kept as one integer, the theoretical arrival time.
+    Gcra,
+    /// The current and previous fixed windows' counts, the previous weighted by its share of
+    /// the trailing interval: O(1) state, approximate (see [`sliding_counter`]).
+    SlidingCounter,
+}
+
+impl Algorithm {
+    /// Every algorithm, in the order of their wire codes.
+    pub const ALL: [Algorithm; 6] = [
+        Self::Fixed,
+        Self::Sliding,
+        Self::Leaky,
+        Self::Token,
+        Self::Gcra,
+        Self::SlidingCounter,
+    ];
+
+    /// The name used in the attribute (`algo = "…"`) and in store keys.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Fixed => "fixed",
+            Self::Sliding => "sliding",
+            Self::Leaky => "leaky",
+            Self::Token => "token",
+            Self::Gcra => "gcra",
+            Self::SlidingCounter => "sliding_counter",
+        }
+    }
+
+    /// The number the Lua scripts know this algorithm by.
+    pub(crate) const fn code(self) -> u8 {
+        match self {
+            Self::Fixed => 1,
+            Self::Sliding => 2,
+            Self::Leaky => 3,
+            Self::Token => 4,
+            Self::Gcra => 5,
+            Self::SlidingCounter => 6,
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// A limit's parameters in the rules' units (the same numbers the Redis scripts receive), and
 /// what the rules derive from them once per policy instead of once per check (the bucket's
@@ -66,11 +139,6 @@ impl Params {
             unit: period_us / g,
             interval: gcra::interval_of(limit, period_us),
         }
-    }
-
-    /// The parameters of `policy` (computed when the policy was built).
-    pub const fn of(policy: &Policy) -> Self {
-        policy.params()
     }
 }
 

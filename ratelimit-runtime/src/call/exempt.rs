@@ -89,6 +89,6 @@ fn exemption(caller: &Caller<'_>, settings: &Settings, limits: &[Limit]) -> Opti
 /// The metric labels of `limits`.
 pub(super) fn labels(
     limits: &[Limit],
-) -> impl Iterator<Item = (&'static str, crate::policy::Algorithm)> + '_ {
+) -> impl Iterator<Item = (&'static str, crate::algorithm::Algorithm)> + '_ {
     limits.iter().map(|l| (l.scope, l.policy.algorithm()))
 }

@@ -40,10 +40,10 @@ use std::time::Duration;
 use crate::caller::answer::{FieldSet, PolicyField, Refusal, rate_fields, static_rate_fields};
 use crate::caller::settings::{HeaderStyle, HttpSettings};
 use crate::caller::{ByValue, Caller, Missing};
+use crate::decision::{Decision, Verdict};
 use crate::error::{RateLimitError, StoreError};
 use crate::limit::{Limit, key_of, keys_for};
 use crate::limiter::RateLimiter;
-use crate::policy::{Decision, Verdict};
 
 mod exempt;
 pub(crate) mod plan;

@@ -19,10 +19,11 @@
 use std::borrow::Cow;
 
 use crate::cost::{IntoUnits, Units};
+use crate::decision::Verdict;
 use crate::error::RateLimitError;
 use crate::limit::{By, Limit, keys_for};
 use crate::limiter::RateLimiter;
-use crate::policy::{Policy, Verdict};
+use crate::policy::Policy;
 use crate::quota::{AsQuota, Quota};
 use crate::store::Check;
 

@@ -6,9 +6,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::settings::{HeaderStyle, HttpSettings};
+use crate::decision::{Decision, Verdict};
 use crate::key::{decimal, push_decimal};
 use crate::limit::Limit;
-use crate::policy::{Decision, Verdict};
 
 /// Header fields to add to a response: lower-case static names, ASCII values.
 pub(crate) type Fields = Vec<(&'static str, String)>;
@@ -54,7 +54,7 @@ impl FieldSet {
 
 /// A function's `RateLimit-Policy` value, formatted on first use and kept for the process:
 /// `#[rate_limit]` writes one `static` of it beside the function's limits and hands it to
-/// [`check_http`](super::check_http), so that a response gets the value without formatting,
+/// [`check_http`](crate::http::check_http), so that a response gets the value without formatting,
 /// copying or validating it again (and the `RateLimit` value its members' names).
 #[derive(Debug)]
 #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(unreachable_pub))]
@@ -524,8 +524,10 @@ mod tests {
         assert_eq!(Refusal::forbidden().grpc_code(), 7);
         assert_eq!(Refusal::store_unavailable().grpc_code(), 14);
     }
+    use crate::algorithm::Algorithm;
+    use crate::decision::Decision;
     use crate::limit::By;
-    use crate::policy::{Algorithm, Decision, Policy};
+    use crate::policy::Policy;
     use std::sync::LazyLock;
 
     fn limit(scope: &'static str, algo: Algorithm, num: u64, ms: u64, burst: u64) -> Limit {
@@ -581,7 +583,7 @@ mod tests {
     /// up to 1 ms after its period); it reads `t=60`, as `w`. `Retry-After` stays rounded up.
     #[test]
     fn a_fresh_window_reads_t_equal_to_w() {
-        let store = crate::MemoryStore::new();
+        let store = crate::store::MemoryStore::new();
         for (algorithm, num, period_ms) in [
             (Algorithm::Fixed, 5, 60_000),
             (Algorithm::Fixed, 3, 10_000),
@@ -589,7 +591,7 @@ mod tests {
         ] {
             let limits = [limit("search", algorithm, num, period_ms, num)];
             let key = format!("{algorithm}:{num}:{period_ms}");
-            let checks = [crate::Check::new(&key, &limits[0].policy)];
+            let checks = [crate::store::Check::new(&key, &limits[0].policy)];
             let v = store.check_now(&checks).unwrap();
             let fields = rate_fields(&limits, &v, HeaderStyle::Ietf);
             let w = period_ms / 1000;

@@ -569,28 +569,20 @@ mod tests {
             assert!(list.has(header));
         }
     }
-    use crate::RateLimiter;
-
     fn settings_for(proxies: &[&str], header: ForwardedHeader) -> HttpSettings {
-        RateLimiter::builder()
-            .trusted_proxies(proxies.iter().copied())
-            .forwarded_header(header)
-            .build_lazy()
-            .unwrap()
-            .settings()
-            .http
-            .clone()
+        HttpSettings {
+            trusted_proxies: proxies.iter().map(|p| p.parse().unwrap()).collect(),
+            forwarded_header: header,
+            ..HttpSettings::default()
+        }
     }
 
     fn settings(proxies: &[&str], v6: u8) -> HttpSettings {
-        RateLimiter::builder()
-            .trusted_proxies(proxies.iter().copied())
-            .ipv6_prefix(v6)
-            .build_lazy()
-            .unwrap()
-            .settings()
-            .http
-            .clone()
+        HttpSettings {
+            trusted_proxies: proxies.iter().map(|p| p.parse().unwrap()).collect(),
+            ipv6_prefix: v6,
+            ..HttpSettings::default()
+        }
     }
 
     fn ip(s: &str) -> IpAddr {

@@ -218,8 +218,10 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::decision::{Decision, Verdict};
     use crate::limit::{By, keys_for};
-    use crate::policy::{Algorithm, Decision, Policy, Verdict};
+    use crate::policy::Policy;
 
     /// What `by` reads from `request`, or the status a request lacking it gets.
     fn by_value<T>(
@@ -393,7 +395,7 @@ mod tests {
     #[test]
     fn a_store_failure_is_unavailable() {
         let status = Status::from(RateLimitError::StoreUnavailable(
-            crate::StoreError::connection("refused"),
+            crate::error::StoreError::connection("refused"),
         ));
         assert_eq!(status.code(), Code::Unavailable);
     }

@@ -35,7 +35,7 @@ impl<const H: bool> FromRequest for HttpCaller<H> {
             },
             user: req.extensions().get::<UserId>().cloned(),
             limiter,
-            quota: req.extensions().get::<crate::Quota>().copied(),
+            quota: req.extensions().get::<crate::quota::Quota>().copied(),
             framework: Framework::Actix,
         }))
     }

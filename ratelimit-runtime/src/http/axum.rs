@@ -36,7 +36,7 @@ impl<S: Send + Sync, const H: bool> FromRequestParts<S> for HttpCaller<H> {
             },
             user: parts.extensions.get::<UserId>().cloned(),
             limiter,
-            quota: parts.extensions.get::<crate::Quota>().copied(),
+            quota: parts.extensions.get::<crate::quota::Quota>().copied(),
             framework: Framework::Axum,
         })
     }

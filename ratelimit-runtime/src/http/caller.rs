@@ -134,7 +134,7 @@ pub struct HttpCaller<const HEADERS: bool = true> {
     pub(crate) limiter: Option<RateLimiter>,
     pub(crate) framework: Framework,
     /// The caller's [`crate::Quota`] from the request extensions (for `quota = "request"`).
-    pub(crate) quota: Option<crate::Quota>,
+    pub(crate) quota: Option<crate::quota::Quota>,
 }
 
 impl<const H: bool> fmt::Debug for HttpCaller<H> {
@@ -328,10 +328,11 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Algorithm;
     use crate::caller::settings::HttpSettings;
     use crate::limit::By;
     use crate::limiter::Settings;
-    use crate::policy::{Algorithm, Policy};
+    use crate::policy::Policy;
 
     fn caller(headers: &[(&str, &[u8])]) -> HttpCaller {
         let mut map = http::HeaderMap::new();

@@ -5,10 +5,12 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::algorithm::Algorithm;
 use crate::key;
+use crate::limit::FailurePolicy;
 use crate::limit::{By, Limit};
-use crate::limiter::{FailurePolicy, RateLimiter};
-use crate::policy::{Algorithm, Policy, PolicyError};
+use crate::limiter::RateLimiter;
+use crate::policy::{Policy, PolicyError};
 
 use super::{PeerAddrFn, RateLimitLayer, Shared};
 

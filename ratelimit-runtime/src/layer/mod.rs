@@ -227,9 +227,10 @@ mod tests {
     use super::answer::*;
     use super::builder::*;
     use super::*;
+    use crate::algorithm::Algorithm;
     use crate::caller::answer::Refusal;
     use crate::limit::By;
-    use crate::policy::{Algorithm, Policy, PolicyError};
+    use crate::policy::{Policy, PolicyError};
     use proptest::prelude::*;
 
     fn secs(s: u64) -> Duration {
@@ -453,7 +454,7 @@ mod tests {
             shadow: false,
             failure_policy: None,
         }];
-        let verdict = crate::Verdict::new(vec![crate::Decision::new(
+        let verdict = crate::decision::Verdict::new(vec![crate::decision::Decision::new(
             false,
             2,
             0,
@@ -523,7 +524,7 @@ mod tests {
     async fn the_service_polled_ready_is_the_one_called_and_refusals_never_call_it() {
         let clock = crate::store::ManualClock::new();
         let limiter = RateLimiter::builder()
-            .store(crate::MemoryStore::with_clock(clock))
+            .store(crate::store::MemoryStore::with_clock(clock))
             .build()
             .await
             .unwrap();

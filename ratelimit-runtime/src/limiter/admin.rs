@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::decision::Verdict;
 use crate::error::StoreError;
 use crate::limit::{By, Limit, keys_for};
-use crate::policy::Verdict;
 use crate::store::Check;
 
 use super::RateLimiter;
@@ -295,7 +295,8 @@ impl RateLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Algorithm, Policy};
+    use crate::algorithm::Algorithm;
+    use crate::policy::Policy;
 
     fn limits(by: By) -> [Limit; 1] {
         [Limit::new(
@@ -328,7 +329,7 @@ mod tests {
         assert!(limiter.take(&checks).await.unwrap().0.is_admitted());
 
         limiter
-            .set_quota("login", crate::Quota::per_minute(3).unwrap())
+            .set_quota("login", crate::quota::Quota::per_minute(3).unwrap())
             .unwrap();
         let in_force = limiter.in_force(&login);
         assert_eq!(in_force[0].policy.limit(), 3);

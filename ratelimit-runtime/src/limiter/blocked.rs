@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::policy::{Decision, Verdict};
+use crate::decision::{Decision, Verdict};
 use crate::store::Check;
 
 #[derive(Debug, Clone, Copy)]
@@ -230,7 +230,8 @@ impl BlockedCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Algorithm, Policy};
+    use crate::algorithm::Algorithm;
+    use crate::policy::Policy;
 
     fn rejected(retry_ms: u64) -> Decision {
         Decision::new(

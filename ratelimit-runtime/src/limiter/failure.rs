@@ -1,79 +1,9 @@
-//! What a call gets when the store fails or does not answer in time: the [`FailurePolicy`],
-//! the strictest of a call's limits, and the refund of a take the store ran too late.
+//! What a call gets when the store fails or does not answer in time: the strictest
+//! [`FailurePolicy`] of a call's limits, its answer, and the refund of a take the store ran too
+//! late.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
-
-/// What a check does when the store fails or does not answer in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FailurePolicy {
-    /// Fail open: admit the call and log the failure (throttled). The default: a rate limiter
-    /// that is down does not take the application down with it. One exception, under every
-    /// policy: a store that answered but cannot record the call
-    /// ([`StoreError::cannot_record`]: a memory store whose every entry is a live caller, a
-    /// Redis at its `maxmemory`; someone minting keys) refuses it as under
-    /// [`FailurePolicy::Deny`] — a flood of keys never switches other callers' limits off.
-    #[default]
-    Allow,
-    /// Fail closed: reject the call (503 for handlers, [`RateLimitError::StoreUnavailable`] for
-    /// plain functions). For limits that protect something costly or abusable (logins, SMS,
-    /// payments), where letting everything through is worse than refusing for a while.
-    Deny,
-    /// Check the same limits against an in-process memory store until the store answers again
-    /// (every limit of the call, when one of them asks for it; the memory store is made by the
-    /// first call that needs it): the limits still hold, per process (N instances admit up to N times the quota). A store
-    /// that cannot record the call ([`StoreError::cannot_record`]) is not failing: its calls
-    /// are refused, not checked here (a caller at 2 of 5 in Redis would get 5 more). When that
-    /// local store is full of live entries ([`StoreError::Full`]), a call that needs a new key
-    /// there is rejected as with [`FailurePolicy::Deny`]: no other caller's local state is
-    /// dropped to make room.
-    Local,
-}
-
-impl FailurePolicy {
-    /// The policy as the attribute's `on_store_error` spells it: `"allow"`, `"deny"` or
-    /// `"local"` (also the `policy` field of the limiter's warnings).
-    ///
-    /// ```
-    /// use ratelimit_runtime::FailurePolicy;
-    /// assert_eq!(FailurePolicy::Deny.as_str(), "deny");
-    /// ```
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Allow => "allow",
-            Self::Deny => "deny",
-            Self::Local => "local",
-        }
-    }
-
-    /// The stricter of two policies: [`FailurePolicy::Deny`], then [`FailurePolicy::Local`],
-    /// then [`FailurePolicy::Allow`]. A call whose store call fails is answered by the
-    /// strictest policy among its limits ([`crate::Limit::failure_policy`]; the limiter's for
-    /// a limit that names none), so a limit that must hold is never loosened by a lenient one
-    /// stacked with it.
-    ///
-    /// ```
-    /// use ratelimit_runtime::FailurePolicy;
-    /// assert_eq!(FailurePolicy::Allow.stricter(FailurePolicy::Local), FailurePolicy::Local);
-    /// assert_eq!(FailurePolicy::Deny.stricter(FailurePolicy::Local), FailurePolicy::Deny);
-    /// ```
-    #[must_use]
-    pub const fn stricter(self, other: Self) -> Self {
-        const fn rank(p: FailurePolicy) -> u8 {
-            match p {
-                FailurePolicy::Allow => 0,
-                FailurePolicy::Local => 1,
-                FailurePolicy::Deny => 2,
-            }
-        }
-        if rank(other) > rank(self) {
-            other
-        } else {
-            self
-        }
-    }
-}
 
 impl RateLimiter {
     /// The failure policy of one call: the strictest of its checks' own, the limiter's for a
@@ -188,7 +118,7 @@ pub(super) const REFUND_WAIT: Duration = Duration::from_secs(10);
 /// that never ran, or was rejected, left no receipt and nothing is given back.
 pub(super) fn refund_when_answered(store: &Arc<dyn Store>, checks: &[Check<'_>], call_id: &str) {
     let store = Arc::clone(store);
-    let owned: Vec<(String, String, crate::Policy)> = checks
+    let owned: Vec<(String, String, crate::policy::Policy)> = checks
         .iter()
         .map(|c| (c.key.to_owned(), c.scope.to_owned(), *c.policy))
         .collect();

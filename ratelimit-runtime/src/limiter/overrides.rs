@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 
 use super::{Inner, RateLimiter};
+use crate::decision::Verdict;
 use crate::error::{ConfigError, StoreError};
 use crate::key;
-use crate::policy::Verdict;
 use crate::quota::Quota;
 use crate::store::Check;
 

@@ -15,10 +15,10 @@
 
 use std::time::Duration;
 
+use crate::decision::{Decision, Verdict};
 use crate::error::StoreError;
 use crate::limit::Limit;
 use crate::observe;
-use crate::policy::{Decision, Verdict};
 use crate::store::Check;
 
 use super::RateLimiter;

@@ -16,9 +16,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use crate::decision::Verdict;
 use crate::error::StoreError;
-use crate::limiter::FailurePolicy;
-use crate::policy::{Policy, Verdict};
+use crate::limit::FailurePolicy;
+use crate::policy::Policy;
 
 // The stores' modules are hidden: their types are re-exported here and at the crate root.
 #[cfg(feature = "cluster")]

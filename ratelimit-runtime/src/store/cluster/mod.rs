@@ -92,8 +92,9 @@ use super::redis::invoke::{Calls, Mode, compensate, eval_checks};
 use super::redis::server::MemoryPolicy;
 use super::redis::wire::{block_cmd, forget_cmd, reset_cmd};
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
+use crate::decision::{Decision, Verdict};
 use crate::error::{ConfigError, StoreError};
-use crate::policy::{Decision, Policy, Verdict};
+use crate::policy::Policy;
 
 mod connect;
 mod slots;

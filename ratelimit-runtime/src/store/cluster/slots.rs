@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 
+use crate::decision::{Decision, Verdict};
 use crate::error::StoreError;
-use crate::policy::{Decision, Verdict};
 use crate::store::Check;
 use crate::store::redis::invoke::{Calls, Mode, compensate, eval_checks};
 use crate::store::redis::wire::forget_cmd;
@@ -157,7 +157,8 @@ pub(super) fn group_by_slot(checks: &[Check<'_>]) -> Vec<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Algorithm, Policy};
+    use crate::algorithm::Algorithm;
+    use crate::policy::Policy;
 
     #[test]
     fn limits_of_one_scope_share_a_group_and_other_scopes_split() {

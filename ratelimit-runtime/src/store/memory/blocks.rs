@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Inner, MemoryStore, read, write};
-use crate::policy::{Decision, Verdict};
+use crate::decision::{Decision, Verdict};
 use crate::store::Check;
 
 impl MemoryStore {

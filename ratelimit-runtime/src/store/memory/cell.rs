@@ -4,8 +4,8 @@
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
+use crate::algorithm::Algorithm;
 use crate::algorithm::{self, Params, State};
-use crate::policy::Algorithm;
 
 /// One key's state and when it becomes idle (equal to no state at all), in µs: what the rules
 /// read and write. A [`Cell`] holds it.

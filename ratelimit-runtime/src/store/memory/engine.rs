@@ -9,9 +9,10 @@ use super::cell::{Cell, Entry, Form, Packed};
 use super::map::{Map, SHARDS, Shard, lower};
 use super::receipts::sliding_first;
 use super::{Inner, read, write};
+use crate::algorithm::Algorithm;
 use crate::algorithm::{self, Evaluation, Params, Receipt, State};
+use crate::decision::{Decision, Verdict};
 use crate::error::StoreError;
-use crate::policy::{Algorithm, Decision, Verdict};
 use crate::store::Check;
 
 impl Inner {
@@ -280,8 +281,9 @@ mod tests {
 
     use super::super::cell::Entry;
     use super::super::testing::{HOUR, MS, entry, one, policy, snapshot};
+    use crate::algorithm::Algorithm;
     use crate::algorithm::State;
-    use crate::policy::{Algorithm, Policy};
+    use crate::policy::Policy;
     use crate::store::{Check, Clock, ManualClock, MemoryStore};
 
     /// 3 units per 10 ms is 3,333.3 µs per unit: the integer state neither loses nor gains a

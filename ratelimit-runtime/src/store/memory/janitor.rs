@@ -87,7 +87,7 @@ async fn janitor(running: JanitorRunning) {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{MS, one, policy};
-    use crate::policy::Algorithm;
+    use crate::algorithm::Algorithm;
     use crate::store::{ManualClock, MemoryStore, TokioClock};
 
     /// Under tokio's paused time the janitor sweeps on its own, and it ends with the store.

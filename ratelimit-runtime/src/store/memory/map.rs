@@ -250,8 +250,10 @@ mod tests {
     use super::super::cell::Entry;
     use super::super::testing::{HOUR, MS, entry, keys_in_shard, one, policy, snapshot, try_one};
     use super::SHARDS;
+    use crate::algorithm::Algorithm;
+    use crate::decision::Verdict;
     use crate::error::StoreError;
-    use crate::policy::{Algorithm, Policy, Verdict};
+    use crate::policy::Policy;
     use crate::store::{Check, ManualClock, MemoryStore};
 
     /// Each entry becomes idle exactly when its state is back to none, and not a microsecond

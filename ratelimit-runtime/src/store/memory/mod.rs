@@ -20,8 +20,8 @@ use std::time::Duration;
 use self::map::{Padded, SHARDS, key_hasher};
 use self::receipts::Receipts;
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
+use crate::decision::Verdict;
 use crate::error::StoreError;
-use crate::policy::Verdict;
 
 mod blocks;
 mod cell;
@@ -424,8 +424,10 @@ mod testing {
 
     use super::cell::{Cell, Entry};
     use super::{Inner, MemoryStore, read};
+    use crate::algorithm::Algorithm;
+    use crate::decision::Decision;
     use crate::error::StoreError;
-    use crate::policy::{Algorithm, Decision, Policy};
+    use crate::policy::Policy;
     use crate::store::Check;
 
     pub(super) const MS: Duration = Duration::from_millis(1);

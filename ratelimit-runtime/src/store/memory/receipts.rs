@@ -4,8 +4,8 @@
 use super::cell::Entry;
 use super::{Inner, MemoryStore, lock, write};
 use crate::algorithm::{self, Params, Receipt, State};
+use crate::decision::Verdict;
 use crate::error::StoreError;
-use crate::policy::Verdict;
 use crate::store::Check;
 
 /// Receipts by call id: when they expire (µs) and one per limit of the call; and when the map
@@ -175,8 +175,8 @@ mod tests {
     use std::time::Duration;
 
     use super::super::testing::{MS, entry, policy};
+    use crate::algorithm::Algorithm;
     use crate::algorithm::{self, Params};
-    use crate::policy::Algorithm;
     use crate::store::{Check, ManualClock, MemoryStore};
 
     /// A refund gives back what the take held, of the limits named, once, and only while the

@@ -10,8 +10,8 @@ use redis::{ErrorKind, Script, ServerErrorKind, Value};
 use super::script::{COMPANION, SCRIPTS, script_sources};
 use super::server::{MemoryPolicy, info_memory_cmd, log_engine};
 use super::wire::{declared, keys_repeat, limit_args, parse_reply};
-use crate::error::StoreError;
-use crate::policy::Verdict;
+use crate::decision::Verdict;
+use crate::error::{StoreError, out_of_memory};
 use crate::store::Check;
 
 /// Whether a store's server (every node of a cluster) runs the library with `FCALL`, or the
@@ -73,21 +73,6 @@ fn no_functions(e: &redis::RedisError) -> bool {
         Some("NOPERM") => true,
         _ => false,
     }
-}
-
-/// The server is at its `maxmemory` and refuses writes (`noeviction`): the one test of that
-/// answer, for the Redis and the Redis Cluster stores alike (it is how
-/// [`StoreError::OutOfMemory`] is told apart). Redis 7 refuses a whole `FCALL` (functions
-/// without flags may write) with `OOM`, and fails a script at its first write with the same
-/// code; before 7.0 that write's error comes back inside a script error (`ERR Error running
-/// script … -OOM command not allowed …`). A script still answers the calls it rejects (they
-/// write nothing), so [`invoke`] sends an `FCALL` refused this way again as `EVALSHA`: a flood
-/// of keys that fills the server cannot switch the rejections of over-quota callers off.
-pub(crate) fn out_of_memory(e: &redis::RedisError) -> bool {
-    e.code() == Some("OOM")
-        || (e.code() == Some("ERR")
-            && e.detail()
-                .is_some_and(|d| d.contains("OOM command not allowed")))
 }
 
 /// A connection the checks run on, which can send the Functions library to the server that

@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use crate::policy::Algorithm;
+use crate::algorithm::Algorithm;
 use crate::store::Check;
 
 const PRELUDE: &str = include_str!("../../scripts/prelude.lua");

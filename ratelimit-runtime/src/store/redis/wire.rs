@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use redis::Value;
 
+use crate::decision::{Decision, Verdict};
 use crate::error::StoreError;
-use crate::policy::{Decision, Verdict};
 use crate::store::Check;
 
 /// A key a script touches, declared in the call's KEYS (the scripts build no key: see the
@@ -201,7 +201,8 @@ pub fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict, Store
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Algorithm, Policy};
+    use crate::algorithm::Algorithm;
+    use crate::policy::Policy;
 
     fn policy(a: Algorithm) -> Policy {
         Policy::new(a, 5, Duration::from_secs(1)).unwrap()
