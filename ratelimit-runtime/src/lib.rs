@@ -301,7 +301,7 @@ struct ReadmeDoctests;
 
 pub use algorithm::Algorithm;
 pub use caller::UserId;
-pub use caller::settings::{ForwardedHeader, HeaderStyle};
+pub use caller::settings::{ForwardedHeader, HeaderStyle, IetfDraft};
 pub use decision::{Decision, Verdict};
 pub use error::{ConfigError, RateLimitError, StoreError};
 #[cfg(feature = "tower")]

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use super::settings::{HeaderStyle, HttpSettings};
+use super::settings::{HeaderStyle, HttpSettings, IetfDraft};
 use crate::decision::{Decision, Verdict};
 use crate::key::{decimal, push_decimal};
 use crate::limit::Limit;
@@ -257,7 +257,7 @@ pub(crate) fn static_rate_fields(
     verdict: &Verdict,
     style: HeaderStyle,
 ) -> FieldSet {
-    if !matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+    if style.ietf().is_none() {
         return FieldSet::List(fields_with(limits, verdict, style, None));
     }
     let decisions = verdict.decisions();
@@ -269,7 +269,7 @@ pub(crate) fn static_rate_fields(
     let Some(formatted) = policy.get(limits).filter(|_| usual) else {
         return FieldSet::List(fields_with(limits, verdict, style, None));
     };
-    if style == HeaderStyle::Ietf {
+    if !style.legacy() {
         FieldSet::Ietf {
             policy: &formatted.policy,
             state: state_value(Names::Formatted(&formatted.names), decisions),
@@ -383,7 +383,8 @@ fn fields_with(
 ) -> Fields {
     let mut fields = Vec::with_capacity(3);
     let decisions = verdict.decisions();
-    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+    // The one place the IETF fields are written, per draft.
+    if let Some(IetfDraft::Draft11) = style.ietf() {
         let policy = if let Some(policy) = policy {
             policy.to_owned()
         } else {
@@ -396,7 +397,7 @@ fn fields_with(
         fields.push(("ratelimit-policy", policy));
         fields.push(("ratelimit", state_value(Names::Of(limits), decisions)));
     }
-    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both)
+    if style.legacy()
         && let Some(d) = verdict.binding()
     {
         fields.push(("x-ratelimit-limit", decimal_string(d.limit)));
@@ -553,7 +554,7 @@ mod tests {
             Decision::new(true, 10, 9, ms(100), ms(0)),
             Decision::new(true, 100, 99, ms(1_500), ms(0)),
         ]);
-        let f = rate_fields(&limits, &v, HeaderStyle::Ietf);
+        let f = rate_fields(&limits, &v, HeaderStyle::default());
         assert_eq!(
             f,
             vec![
@@ -576,7 +577,10 @@ mod tests {
                 ("x-ratelimit-reset", "10".to_owned()),
             ]
         );
-        assert_eq!(rate_fields(&limits, &v, HeaderStyle::Both).len(), 5);
+        assert_eq!(
+            rate_fields(&limits, &v, HeaderStyle::Both(IetfDraft::Draft11)).len(),
+            5
+        );
     }
 
     /// Issue 28, bug 3: a fresh fixed window of 60 s answered `t=61` (the stores end a window
@@ -593,7 +597,7 @@ mod tests {
             let key = format!("{algorithm}:{num}:{period_ms}");
             let checks = [crate::store::Check::new(&key, &limits[0].policy)];
             let v = store.check_now(&checks).unwrap();
-            let fields = rate_fields(&limits, &v, HeaderStyle::Ietf);
+            let fields = rate_fields(&limits, &v, HeaderStyle::default());
             let w = period_ms / 1000;
             assert_eq!(
                 fields[0].1,
@@ -670,11 +674,15 @@ mod tests {
             (&DAILY[..], &DAILY_POLICY, &daily),
         ];
         for _ in 0..2 {
-            for style in [HeaderStyle::Ietf, HeaderStyle::Both, HeaderStyle::Legacy] {
+            for style in [
+                HeaderStyle::default(),
+                HeaderStyle::Both(IetfDraft::Draft11),
+                HeaderStyle::Legacy,
+            ] {
                 for (limits, policy, v) in cases {
                     let fields = static_rate_fields(limits, policy, v, style);
                     assert_eq!(fields.to_list(), rate_fields(limits, v, style));
-                    if style == HeaderStyle::Ietf {
+                    if style == HeaderStyle::default() {
                         // The usual set, without a list, and a value of exactly its length.
                         let FieldSet::Ietf { state, .. } = fields else {
                             panic!("{fields:?}");
@@ -685,7 +693,7 @@ mod tests {
             }
         }
         assert_eq!(
-            static_rate_fields(&DAILY[..], &DAILY_POLICY, &daily, HeaderStyle::Ietf),
+            static_rate_fields(&DAILY[..], &DAILY_POLICY, &daily, HeaderStyle::default()),
             FieldSet::Ietf {
                 policy: "\"daily\";q=100",
                 state: "\"daily\";r=99;t=2".to_owned()
@@ -694,12 +702,13 @@ mod tests {
         // A verdict that does not match the limits one to one is formatted from its decisions.
         let other = Verdict::new(vec![Decision::new(true, 7, 6, ms(1_000), ms(0))]);
         assert_eq!(
-            static_rate_fields(&DAILY[..], &DAILY_POLICY, &other, HeaderStyle::Ietf).to_list()[0],
+            static_rate_fields(&DAILY[..], &DAILY_POLICY, &other, HeaderStyle::default()).to_list()
+                [0],
             ("ratelimit-policy", "\"daily\";q=7".to_owned())
         );
         assert_eq!(
-            static_rate_fields(&LOGIN[..], &LOGIN_POLICY, &daily, HeaderStyle::Ietf).to_list(),
-            rate_fields(&LOGIN[..], &daily, HeaderStyle::Ietf)
+            static_rate_fields(&LOGIN[..], &LOGIN_POLICY, &daily, HeaderStyle::default()).to_list(),
+            rate_fields(&LOGIN[..], &daily, HeaderStyle::default())
         );
     }
 

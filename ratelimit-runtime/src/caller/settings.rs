@@ -6,17 +6,78 @@ use std::net::IpAddr;
 
 use crate::net::IpNet;
 
-/// Which rate-limit headers HTTP responses carry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Which rate-limit header fields responses carry (HTTP fields, gRPC metadata).
+///
+/// The IETF fields are named by the draft they follow, so that an upgrade of this crate never
+/// changes the format clients parse: a later draft is one more [`IetfDraft`], chosen here.
+///
+/// ```
+/// use ratelimit_runtime::{HeaderStyle, IetfDraft, RateLimiter};
+///
+/// assert_eq!(HeaderStyle::default(), HeaderStyle::Ietf(IetfDraft::Draft11));
+/// let limiter = RateLimiter::builder()
+///     .header_style(HeaderStyle::Both(IetfDraft::Draft11))
+///     .build_lazy()?;
+/// assert_eq!(limiter.settings().http.header_style.ietf(), Some(IetfDraft::Draft11));
+/// assert!(limiter.settings().http.header_style.legacy());
+/// # Ok::<(), ratelimit_runtime::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum HeaderStyle {
-    /// The IETF `RateLimit-Policy` and `RateLimit` fields. The default.
-    #[default]
-    Ietf,
-    /// The legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    /// The IETF `RateLimit-Policy` and `RateLimit` fields, as the draft writes them. The
+    /// default, with [`IetfDraft::Draft11`].
+    Ietf(IetfDraft),
+    /// The legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` only.
     Legacy,
-    /// Both.
-    Both,
+    /// The IETF fields of the draft and the legacy ones.
+    Both(IetfDraft),
+}
+
+impl Default for HeaderStyle {
+    fn default() -> Self {
+        Self::Ietf(IetfDraft::Draft11)
+    }
+}
+
+impl HeaderStyle {
+    /// The IETF draft whose fields this style writes, if any.
+    pub const fn ietf(self) -> Option<IetfDraft> {
+        match self {
+            Self::Ietf(draft) | Self::Both(draft) => Some(draft),
+            Self::Legacy => None,
+        }
+    }
+
+    /// Whether this style writes the legacy `X-RateLimit-*` fields.
+    pub const fn legacy(self) -> bool {
+        matches!(self, Self::Legacy | Self::Both(_))
+    }
+}
+
+/// A version of the IETF rate-limit fields (`draft-ietf-httpapi-ratelimit-headers`): how
+/// [`HeaderStyle::Ietf`] spells `RateLimit-Policy` and `RateLimit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum IetfDraft {
+    /// draft-ietf-httpapi-ratelimit-headers-11 (2026): `RateLimit-Policy: "name";q=5;w=60` and
+    /// `RateLimit: "name";r=4;t=60`, one list member per limit. The default.
+    #[default]
+    Draft11,
+}
+
+impl IetfDraft {
+    /// The draft's name.
+    ///
+    /// ```
+    /// use ratelimit_runtime::IetfDraft;
+    /// assert_eq!(IetfDraft::Draft11.name(), "draft-ietf-httpapi-ratelimit-headers-11");
+    /// ```
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Draft11 => "draft-ietf-httpapi-ratelimit-headers-11",
+        }
+    }
 }
 
 /// The one forwarding header that the application's trusted proxies set, and the only one `by =
@@ -103,7 +164,7 @@ impl Default for HttpSettings {
             trusted_proxies: Vec::new(),
             forwarded_header: ForwardedHeader::XForwardedFor,
             ipv6_prefix: 64,
-            header_style: HeaderStyle::Ietf,
+            header_style: HeaderStyle::Ietf(IetfDraft::Draft11),
             message: Self::DEFAULT_MESSAGE.to_owned(),
         }
     }

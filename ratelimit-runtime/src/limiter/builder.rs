@@ -214,7 +214,8 @@ impl Builder {
         self
     }
 
-    /// Which rate-limit headers HTTP responses carry (default [`HeaderStyle::Ietf`]).
+    /// Which rate-limit fields responses carry (default `HeaderStyle::Ietf(IetfDraft::Draft11)`:
+    /// [`HeaderStyle`]).
     pub fn header_style(mut self, style: HeaderStyle) -> Self {
         self.settings.http.header_style = style;
         self

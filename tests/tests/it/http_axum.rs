@@ -264,7 +264,12 @@ async fn axum_without_connect_info_is_a_500_naming_the_fix() {
 #[tokio::test]
 async fn axum_legacy_header_style() {
     let b = Backend::memory();
-    let limiter = b.limiter_with(&[], HeaderStyle::Both).await;
+    let limiter = b
+        .limiter_with(
+            &[],
+            HeaderStyle::Both(ratelimit_runtime::IetfDraft::Draft11),
+        )
+        .await;
     let addr = serve_axum(app(limiter), "127.0.0.1").await;
     let c = client();
     let a = Answer::from(c.get(format!("http://{addr}/ip")).send().await.unwrap()).await;

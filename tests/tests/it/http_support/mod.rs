@@ -29,7 +29,7 @@ impl Backend {
 
     /// A limiter on this backend; `proxies` are its trusted proxies.
     pub async fn limiter(&self, proxies: &[&str]) -> RateLimiter {
-        self.limiter_with(proxies, HeaderStyle::Ietf).await
+        self.limiter_with(proxies, HeaderStyle::default()).await
     }
 
     pub async fn limiter_with(&self, proxies: &[&str], style: HeaderStyle) -> RateLimiter {
