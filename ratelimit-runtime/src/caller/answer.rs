@@ -269,13 +269,13 @@ pub(crate) fn static_rate_fields(
     let Some(formatted) = policy.get(limits).filter(|_| usual) else {
         return FieldSet::List(fields_with(limits, verdict, style, None));
     };
-    if !style.legacy() {
+    if style.legacy() {
+        FieldSet::List(fields_with(limits, verdict, style, Some(&formatted.policy)))
+    } else {
         FieldSet::Ietf {
             policy: &formatted.policy,
             state: state_value(Names::Formatted(&formatted.names), decisions),
         }
-    } else {
-        FieldSet::List(fields_with(limits, verdict, style, Some(&formatted.policy)))
     }
 }
 
