@@ -210,7 +210,6 @@ pub(crate) fn store_latency(store: &'static str, took: Duration) {
 /// | | `DEBUG` | `INFO memory` refused or unanswered; receipts that could not be dropped (they expire) |
 /// | [`CALLER`](log::CALLER) | `WARN` | a forwarding header from a proxy nobody configured, or a hop that cannot be read (once per process each) |
 /// | | `ERROR` | a handler, gRPC method or layer without the peer address (`ConnectInfo`) (once) |
-/// | | `WARN` | a layer's limiter has exemptions or a deny list, which the layer does not apply |
 /// | [`ADMIN`](log::ADMIN) | `INFO` | a caller reset or blocked by [`RateLimiter::reset`](crate::RateLimiter::reset) or [`RateLimiter::block`](crate::RateLimiter::block) |
 ///
 /// ```

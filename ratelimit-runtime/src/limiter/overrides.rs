@@ -139,10 +139,10 @@ impl RateLimiter {
     /// # Ok(()) }
     /// ```
     ///
-    /// Overrides apply to the limits of `#[rate_limit]` on handlers and plain functions (and
-    /// to the admin calls, [`RateLimiter::peek`] and the others). They do not apply yet to a
-    /// [`crate::RateLimitLayer`] (configured in code: build it with the new numbers) nor to
-    /// gRPC methods, which keep their attribute's numbers.
+    /// Overrides apply to every limit of `scope` on every transport — `#[rate_limit]` on plain
+    /// functions, handlers and gRPC methods, a [`crate::RateLimitLayer`]'s limits — and to the
+    /// admin calls ([`RateLimiter::peek`] and the others): they are a step of the one call
+    /// pipeline.
     ///
     /// # Errors
     ///
