@@ -86,10 +86,12 @@ pub(crate) type Predicate = Arc<dyn Fn(&CallerView<'_>) -> bool + Send + Sync>;
 /// [`crate::Builder::exempt_networks`], [`crate::Builder::exempt_when`] and
 /// [`crate::Builder::deny_networks`]; read back from [`crate::Settings::exemptions`]).
 ///
-/// They apply to Axum and Actix-web handlers (where a client address exists); plain functions
-/// and methods are always limited, and the Tower layer and gRPC methods do not read them yet. In order, per request:
+/// They apply to Axum and Actix-web handlers, gRPC methods and the Tower layer (where a client
+/// address exists); plain functions and plain methods are always limited. In order, per
+/// request:
 /// 1. the client's address (the one `by = "ip"` uses, trusted proxies honoured) in a **deny**
-///    network: 403 `{"error":"forbidden",…}`, no store call, the handler does not run;
+///    network: 403 `{"error":"forbidden",…}` (`PERMISSION_DENIED` for gRPC), no store call,
+///    the handler does not run;
 /// 2. in an **exempt** network, or the **predicate** answers `true`: the handler runs, no store
 ///    call, no rate-limit headers;
 /// 3. otherwise the limits are checked as usual.

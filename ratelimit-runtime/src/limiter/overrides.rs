@@ -139,10 +139,9 @@ impl RateLimiter {
     /// # Ok(()) }
     /// ```
     ///
-    /// Overrides apply to the limits of `#[rate_limit]` on handlers and plain functions (and
-    /// to the admin calls, [`RateLimiter::peek`] and the others). They do not apply yet to a
-    /// [`crate::RateLimitLayer`] (configured in code: build it with the new numbers) nor to
-    /// gRPC methods, which keep their attribute's numbers.
+    /// Overrides apply to the limits of `#[rate_limit]` on handlers, gRPC methods and plain
+    /// functions, to a [`crate::RateLimitLayer`]'s limits of that scope, and to the admin
+    /// calls ([`RateLimiter::peek`] and the others).
     ///
     /// # Errors
     ///
