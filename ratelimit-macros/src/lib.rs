@@ -44,8 +44,8 @@ use proc_macro::TokenStream;
 /// | `cost` | units one call takes (at most the capacity) | `1` |
 /// | `scope` | the bucket's name: functions with the same scope share quota; 1–200 of `A-Z a-z 0-9 _ : . - /` | the module path and function name |
 /// | `framework` | `"axum"` or `"actix"`: makes the function a handler of that framework (checked against the enabled features) | none |
-/// | `quota` | the limit's `num`, period and `burst` per caller, at run time: `"request"` (handlers: the `Quota` the auth layer put in the request extensions) or `"{arg}"` (an argument of type `Quota`, `&Quota` or `Option<Quota>`); replaces `num`/`time`/`burst` | none |
-/// | `count` | which outcomes count: `"err"` or `"ok"` (plain functions: the result); `"errors"` (4xx and 5xx), `"4xx"`, `"5xx"`, `"4xx,5xx"` (handlers: the status) | every call |
+/// | `quota` | the limit's `num`, period and `burst` per caller, at run time: `"request"` (handlers and gRPC methods: the `Quota` the auth layer put in the request extensions) or `"{arg}"` (an argument of type `Quota`, `&Quota` or `Option<Quota>`); replaces `num`/`time`/`burst` | none |
+/// | `count` | which outcomes count: `"err"` or `"ok"` (plain functions and gRPC methods: the result; `"errors"` is `"err"` on a gRPC method); `"errors"` (4xx and 5xx), `"4xx"`, `"5xx"`, `"4xx,5xx"` (handlers: the status) | every call |
 /// | `shadow` | `true`: shadow mode — checked and counted as usual, a rejection is only logged and counted (`shadow_rejected`), never enforced; the function runs, and a handler's responses carry no rate-limit headers | `false` |
 /// | `export` | `"NAME"`: a `const NAME: &'static [Limit]` beside the function holding the limits it checks, for the admin calls (see [Exported limits](#exported-limits)) | none |
 /// | `on_store_error` | what a call gets when the store fails or does not answer within the limiter's timeout: `"deny"` (refused: 503 for handlers, `UNAVAILABLE` for gRPC, `RateLimitError::StoreUnavailable` for plain functions), `"local"` (this process's memory store checks the call) or `"allow"` (admitted). Stacked limits are checked in one store call, so the strictest policy among them answers it (deny, then local, then allow) | the limiter's `FailurePolicy` |
@@ -80,9 +80,11 @@ use proc_macro::TokenStream;
 ///   tonic service's, that takes a `request: Request<T>`): the caller is read from that
 ///   request (peer address, metadata, extensions) before the body runs, and a refused call
 ///   returns `Err(E::from(tonic::Status))` (`RESOURCE_EXHAUSTED` with the retry metadata,
-///   `UNAVAILABLE`, or `INVALID_ARGUMENT` naming a missing metadata entry). Needs the `tonic`
-///   feature of `ratelimit-runtime`; `by = "url"` is not available there. The signature is
-///   unchanged.
+///   `UNAVAILABLE`, `PERMISSION_DENIED` for a denied network, `INVALID_ARGUMENT` naming a
+///   missing metadata entry or refusing a cost, `UNAUTHENTICATED` without a user or quota); an
+///   admitted call's `Ok` response carries the rate-limit metadata. `quota`, `cost =
+///   <expression>` (over the request) and `count` work there. Needs the `tonic` feature of
+///   `ratelimit-runtime`; `by = "url"` is not available there. The signature is unchanged.
 ///
 /// # Limits that follow the caller
 ///

@@ -28,13 +28,17 @@
 //! # }
 //! ```
 //!
+//! A gRPC method goes through the same call pipeline as a handler: what follows works there as
+//! on Axum and Actix-web (the guide's integrations chapter has an example).
+//!
 //! # Sources (`by`)
 //!
 //! * `ip` — the peer address of the connection (`Request::remote_addr`, set by tonic's
 //!   transport server), with trusted proxies honoured exactly as for HTTP: a forwarding header
 //!   in the request metadata (`x-forwarded-for` by default) is read only when the peer is one of
 //!   [`crate::Builder::trusted_proxies`] ([`crate::http::client_ip`] has the rules). Without a
-//!   peer address (a custom transport that records none): `FAILED_PRECONDITION`, saying so.
+//!   peer address (a custom transport that records none, a method called directly): `INTERNAL`,
+//!   saying so (logged once), never an admission.
 //! * `header:<name>` — the metadata entry `<name>`; missing or blank: `INVALID_ARGUMENT`
 //!   naming it.
 //! * `app_id` — the metadata entry `appid`; missing or blank: `INVALID_ARGUMENT`.
@@ -43,14 +47,43 @@
 //! * `url` is not available (a `tonic::Request` carries no path; every call of a method has
 //!   the same one): the macro says so. `global` and `key` templates work as everywhere.
 //!
-//! # Refusals
+//! # Limits that follow the caller
 //!
-//! * quota spent: `RESOURCE_EXHAUSTED` with the limiter's message
-//!   ([`crate::Builder::message`]), the metadata `retry-after` (whole seconds, rounded up),
-//!   `ratelimit-policy` and `ratelimit` (or the legacy `x-ratelimit-*`, per
-//!   [`crate::HeaderStyle`]) exactly as the HTTP integrations write them, and the standard
-//!   `google.rpc.RetryInfo` detail (`grpc-status-details-bin`) with the exact delay;
-//! * store failed under [`crate::FailurePolicy::Deny`]: `UNAVAILABLE`.
+//! * `quota = "request"` — the [`crate::Quota`] an interceptor (or a tower layer) put in the
+//!   request extensions, per caller; none: `UNAUTHENTICATED`.
+//! * `cost = <expression>` over the request, e.g. `cost = request.get_ref().items.len()`,
+//!   evaluated before the body; beyond the capacity (or negative): `INVALID_ARGUMENT`.
+//! * `count = "errors"` (or `"err"`: every `Err` the method returns) or `count = "ok"`: a call
+//!   takes its units before the body, and gives them back when its result does not count.
+//! * The limiter's run-time overrides ([`crate::RateLimiter::set_quota`]), exemptions
+//!   ([`crate::Builder::exempt_networks`], [`crate::Builder::exempt_when`]: the predicate sees
+//!   the metadata as headers, the extensions' `UserId`, and `/` as the path) and deny list
+//!   ([`crate::Builder::deny_networks`]) apply as to handlers.
+//!
+//! # Answers
+//!
+//! An admitted call's `Ok` response carries the rate-limit metadata as an HTTP response carries
+//! the fields: `ratelimit-policy` and `ratelimit` (or the legacy `x-ratelimit-limit`,
+//! `x-ratelimit-remaining`, `x-ratelimit-reset`, or both, per [`crate::HeaderStyle`]); none for
+//! a method with a limit in shadow mode, an exempt caller or an unlimited quota. A client's own
+//! entries of those names in its request change nothing.
+//!
+//! A refused call returns `Err(Status)` without running the body. The codes are the HTTP
+//! integrations' answers, in one table:
+//!
+//! | refusal | HTTP | gRPC |
+//! | --- | --- | --- |
+//! | quota spent | 429 | `RESOURCE_EXHAUSTED` (8) |
+//! | store failed under [`crate::FailurePolicy::Deny`] | 503 | `UNAVAILABLE` (14) |
+//! | the client's network denied | 403 | `PERMISSION_DENIED` (7) |
+//! | a header missing or blank, a cost refused | 400 | `INVALID_ARGUMENT` (3) |
+//! | no user, no quota | 401 | `UNAUTHENTICATED` (16) |
+//! | no peer address, an invalid quota | 500 | `INTERNAL` (13) |
+//!
+//! A spent quota's status has the limiter's message ([`crate::Builder::message`]), the metadata
+//! `retry-after` (whole seconds, rounded up), `ratelimit-policy` and `ratelimit` (or the legacy
+//! ones) exactly as the HTTP integrations write them, and the standard `google.rpc.RetryInfo`
+//! detail (`grpc-status-details-bin`) with the exact delay.
 //!
 //! # Which limiter
 //!

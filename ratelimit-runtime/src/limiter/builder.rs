@@ -262,8 +262,8 @@ impl Builder {
         self
     }
 
-    /// Networks whose clients bypass every limit of the HTTP handlers (no store call, no
-    /// rate-limit headers). The client's address is the one `by = "ip"` uses: the peer, or
+    /// Networks whose clients bypass every limit of the HTTP handlers and gRPC methods (no
+    /// store call, no rate-limit headers or metadata). The client's address is the one `by = "ip"` uses: the peer, or
     /// what a trusted proxy's header names; a forwarding header from any other peer is never
     /// believed. See [`crate::Exemptions`].
     ///
@@ -292,9 +292,9 @@ impl Builder {
     }
 
     /// A predicate over the caller ([`crate::CallerView`]: address, user, path, headers) that
-    /// exempts the HTTP requests it answers `true` for (health checks, internal users). It
-    /// runs on every limited request, before the store: keep it cheap. See
-    /// [`crate::Exemptions`].
+    /// exempts the HTTP requests and gRPC calls it answers `true` for (health checks, internal
+    /// users; a gRPC call's metadata are its headers, its path is `/`). It runs on every
+    /// limited request, before the store: keep it cheap. See [`crate::Exemptions`].
     ///
     /// ```
     /// use ratelimit_runtime::RateLimiter;
@@ -313,10 +313,11 @@ impl Builder {
     }
 
     /// Networks whose clients every limited HTTP handler answers with 403
-    /// (`{"error":"forbidden","message":…}`) before any store call. Denial wins over an
-    /// exemption. A request whose peer address is unknown (an Axum app served without
-    /// `into_make_service_with_connect_info`) is refused with a 500 that says so, never served
-    /// as if the list were empty. See [`crate::Exemptions`].
+    /// (`{"error":"forbidden","message":…}`), and every limited gRPC method with
+    /// `PERMISSION_DENIED`, before any store call. Denial wins over an exemption. A request
+    /// whose peer address is unknown (an Axum app served without
+    /// `into_make_service_with_connect_info`) is refused with a 500 (`INTERNAL`) that says so,
+    /// never served as if the list were empty. See [`crate::Exemptions`].
     ///
     /// Networks are spelled as for [`Builder::trusted_proxies`] (text, [`IpNet`] or
     /// `IpAddr`); one that is not a network fails the build.

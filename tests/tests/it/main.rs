@@ -17,6 +17,7 @@ pub mod dynamic_plain;
 pub mod engines;
 pub mod failure;
 pub mod grpc;
+pub mod grpc_pipeline;
 pub mod hostile_keys;
 pub mod http_actix;
 pub mod http_axum;
