@@ -126,7 +126,7 @@ impl<B: Body<Data = Bytes>> Body for LayerBody<B> {
 pub(crate) struct Settle {
     /// Until the trailers come.
     admitted: Option<Admitted<'static>>,
-    /// The refund under way (behind a lock only so that the body stays `Sync`).
+    /// The refund under way (in a `Mutex`, never locked, only so that the body stays `Sync`).
     running: Option<Mutex<Pin<Box<dyn Future<Output = ()> + Send>>>>,
     /// The trailers, passed on once the refund is done.
     trailers: Option<HeaderMap>,
@@ -149,11 +149,10 @@ impl Settle {
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         loop {
             if let Some(running) = &mut self.running {
-                let mut future = running.lock().unwrap_or_else(PoisonError::into_inner);
+                let future = running.get_mut().unwrap_or_else(PoisonError::into_inner);
                 if future.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                drop(future);
                 self.running = None;
                 return Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))));
             }

@@ -16,7 +16,7 @@ use crate::limiter::RateLimiter;
 use crate::policy::{Policy, PolicyError};
 
 use super::route::{Pattern, Route};
-use super::{PeerAddrFn, RateLimitLayer, Rule, Shared};
+use super::{PeerAddrFn, RateLimitLayer, Routing, Rule, Shared};
 
 /// Why a [`RateLimitLayer`] could not be built. `limit` is the 0-based index of the limit
 /// (the first, then one per [`RateLimitLayerBuilder::and`]).
@@ -549,8 +549,13 @@ impl RateLimitLayerBuilder {
         });
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
-                routed: rules.iter().any(|r| !r.route.is_any()),
-                reads_path: rules.iter().any(|r| r.route.reads_path()),
+                routing: if rules.iter().any(|r| r.route.reads_path()) {
+                    Routing::Paths
+                } else if rules.iter().any(|r| !r.route.is_any()) {
+                    Routing::Methods
+                } else {
+                    Routing::All
+                },
                 dynamics: dynamic.then(|| rules.iter().map(|r| r.dynamic).collect()),
                 inputs: rules
                     .iter()

@@ -215,10 +215,8 @@ struct Shared {
     limits: Box<[Limit]>,
     /// What applies to each limit beside its `Limit` (`rules[i]` for `limits[i]`).
     rules: Box<[Rule]>,
-    /// Some limit applies to some requests only (a path or a method).
-    routed: bool,
-    /// Some limit reads the path (`path`, `except_path`).
-    reads_path: bool,
+    /// Whether every limit applies to every request.
+    routing: Routing,
     /// Each limit's run-time part, when one has any (a quota from the request, a count
     /// filter, a cost per request).
     dynamics: Option<Box<[Dynamic]>>,
@@ -230,6 +228,17 @@ struct Shared {
     limiter: Option<RateLimiter>,
     peer_addr: Option<PeerAddrFn>,
     needs_peer: bool,
+}
+
+/// What picks the limits of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Routing {
+    /// Nothing: every limit applies to every request.
+    All,
+    /// Methods only.
+    Methods,
+    /// Paths (and perhaps methods): the path's forms are read.
+    Paths,
 }
 
 /// One limit's routing and run-time parts.
@@ -532,7 +541,7 @@ mod tests {
             .period(secs(1))
             .build()
             .unwrap();
-        assert!(!unrouted.shared.routed);
+        assert_eq!(unrouted.shared.routing, Routing::All);
         assert!(matches!(
             unrouted.shared.select(&request("/b")),
             service::Selected::All

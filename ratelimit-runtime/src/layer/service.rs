@@ -23,7 +23,7 @@ use crate::quota::Quota;
 
 use super::answer::{add_admitted_fields, answer};
 use super::grpc;
-use super::{LayerBody, Shared};
+use super::{LayerBody, Routing, Shared};
 
 /// The future of a [`RateLimitService`] call.
 pub type ResponseFuture<B, E> =
@@ -143,10 +143,10 @@ pub(super) enum Selected {
 impl Shared {
     /// Which limits apply to `request` (its method and every spelling of its path, read once).
     pub(super) fn select<B>(&self, request: &Request<B>) -> Selected {
-        if !self.routed {
+        if self.routing == Routing::All {
             return Selected::All;
         }
-        let forms = self.reads_path.then(|| RouteForms::of(path_of(request)));
+        let forms = (self.routing == Routing::Paths).then(|| RouteForms::of(path_of(request)));
         let method = request.method();
         let mut chosen: Option<Vec<usize>> = None;
         for (i, rule) in self.rules.iter().enumerate() {
@@ -256,16 +256,12 @@ impl Shared {
                     // in the trailers, after the body.
                     Some(_) => response.headers().get(grpc::STATUS).map(grpc::outcome),
                 };
-                match outcome {
-                    Some(outcome) => {
-                        admitted.settle(outcome).await;
-                        Ok(response.map(LayerBody::new))
-                    }
-                    None => {
-                        let admitted = admitted.detach();
-                        Ok(response.map(|body| LayerBody::settling(body, admitted)))
-                    }
+                if let Some(outcome) = outcome {
+                    admitted.settle(outcome).await;
+                    return Ok(response.map(LayerBody::new));
                 }
+                let admitted = admitted.detach();
+                Ok(response.map(|body| LayerBody::settling(body, admitted)))
             }
             Err(refused) => Ok(answer(refused.refusal(&settings.http), grpc.as_ref())),
         }

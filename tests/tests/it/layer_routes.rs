@@ -123,7 +123,7 @@ const HOSTILE_LOGINS: &[&str] = &[
     "/login%2f",
 ];
 
-/// `/login` 5 a minute, every other path 100, in one layer on the whole router (tower_governor
+/// `/login` 5 a minute, every other path 100, in one layer on the whole router (`tower_governor`
 /// issue #59's ask): exactly 5 logins, exactly 100 other requests; each admitted response names
 /// only the limit that applied; every hostile spelling of `/login` meets the spent login limit;
 /// a nested router matches the path the client sent.
@@ -685,7 +685,11 @@ async fn grpc_exemptions_deny_list_and_quotas(store: Store) {
     // The auth layer: `x-user: bob` gets 3 a minute, anyone else named 1.
     let auth = tower::ServiceBuilder::new()
         .map_request(|mut req: axum::http::Request<tonic::body::Body>| {
-            let quota = match req.headers().get("x-user").map(|v| v.as_bytes()) {
+            let quota = match req
+                .headers()
+                .get("x-user")
+                .map(axum::http::HeaderValue::as_bytes)
+            {
                 Some(b"bob") => Some(3),
                 Some(_) => Some(1),
                 None => None,
@@ -708,16 +712,16 @@ async fn grpc_exemptions_deny_list_and_quotas(store: Store) {
     }
     // Exempt from every limit of the layer, the quota's too: no quota needed.
     assert_eq!(grpc_check(&exempt, "", &[]).await, (Code::Ok, None));
-    let limited = grpc_client(addr, "127.0.0.1").await;
-    let (code, policy) = grpc_check(&limited, "", &user("bob")).await;
+    let counted = grpc_client(addr, "127.0.0.1").await;
+    let (code, policy) = grpc_check(&counted, "", &user("bob")).await;
     assert_eq!(code, Code::Ok);
     let policy = policy.expect("policy");
     assert!(policy.ends_with("\"grpc_plans\";q=3;w=60"), "{policy}");
     assert_eq!(
-        codes(1, &limited, "", &user("bob")).await,
+        codes(1, &counted, "", &user("bob")).await,
         [Code::ResourceExhausted]
     );
-    assert_eq!(codes(1, &limited, "", &[]).await, [Code::Unauthenticated]);
+    assert_eq!(codes(1, &counted, "", &[]).await, [Code::Unauthenticated]);
     let denied = grpc_client(addr, "127.0.0.3").await;
     assert_eq!(
         codes(1, &denied, "", &user("bob")).await,
