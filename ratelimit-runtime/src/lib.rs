@@ -300,6 +300,7 @@ pub mod guide {
 struct ReadmeDoctests;
 
 pub use algorithm::Algorithm;
+pub use call::plan::Count;
 pub use caller::UserId;
 pub use caller::settings::{ForwardedHeader, HeaderStyle, IetfDraft};
 pub use decision::{Decision, Verdict};

@@ -405,7 +405,7 @@ pub async fn check_dyn(
 
 impl Admitted<'_> {
     /// The call with its limits owned (the fields are not needed after this).
-    fn detach(self) -> Admitted<'static> {
+    pub(crate) fn detach(self) -> Admitted<'static> {
         Admitted {
             verdict: self.verdict,
             shadow: self.shadow,

@@ -38,7 +38,21 @@ pub enum QuotaFrom {
     Argument,
 }
 
-/// Which outcomes of a call count against a limit (`count = …`).
+/// Which outcomes of a call count against a limit: the attribute's `count = …`, and
+/// [`crate::RateLimitLayerBuilder::count`] for a layer's limit. A call takes its units before
+/// it runs; when its outcome does not count, it gets them back after.
+///
+/// ```
+/// use ratelimit_runtime::Count;
+///
+/// // Only failed requests (status 4xx and 5xx) count: a brute-force limit on a login.
+/// let errors = Count::ERRORS;
+/// assert_eq!(errors, Count::Status((1 << 4) | (1 << 5)));
+/// // Only server errors: bit `n` of the mask for status class `nxx`.
+/// let five_xx = Count::Status(1 << 5);
+/// assert_ne!(five_xx, errors);
+/// assert_ne!(Count::All, Count::Err);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Count {
     /// Every admitted call (the default).

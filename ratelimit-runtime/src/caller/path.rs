@@ -76,6 +76,144 @@ pub fn normalized_path(path: &[u8]) -> Cow<'_, [u8]> {
     }
 }
 
+/// The forms of one request path that a route ([`crate::RateLimitLayer`]'s `.path(…)`) is
+/// matched against: every spelling that some server, proxy or router on the way may take for
+/// the same resource. A limit's `.path(…)` applies when **any** form matches (an odd spelling
+/// is limited, perhaps twice, never skipped); its `.except_path(…)` leaves a request out only
+/// when **every** form matches, so that an exception is never wider than the path it names.
+#[derive(Debug)]
+pub(crate) struct RouteForms<'p> {
+    /// The path as the client sent it (no query).
+    pub(crate) raw: &'p str,
+    /// The path as `by = "url"` keys it ([`normalized_path`]).
+    pub(crate) decoded: Cow<'p, str>,
+    /// The path reduced as far as any common stack reduces it ([`route_path`]).
+    pub(crate) canonical: Cow<'p, str>,
+}
+
+impl<'p> RouteForms<'p> {
+    /// The forms of `raw`, the path without its query (nothing allocated for a path that is
+    /// already canonical: lower-case, no escape, no empty or dot segment, no trailing `/`).
+    pub(crate) fn of(raw: &'p str) -> Self {
+        let decoded = match normalized_path(raw.as_bytes()) {
+            Cow::Borrowed(_) => Cow::Borrowed(raw),
+            Cow::Owned(bytes) => Cow::Owned(
+                String::from_utf8(bytes)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+            ),
+        };
+        let canonical = match &decoded {
+            Cow::Borrowed(text) => route_path(text),
+            Cow::Owned(text) => Cow::Owned(route_path(text).into_owned()),
+        };
+        Self {
+            raw,
+            decoded,
+            canonical,
+        }
+    }
+
+    /// The three forms.
+    pub(crate) fn all(&self) -> [&str; 3] {
+        [self.raw, &self.decoded, &self.canonical]
+    }
+}
+
+/// Whether `path` is already as [`route_path`] writes it.
+fn is_canonical_route(path: &str) -> bool {
+    let bytes = path.as_bytes();
+    if bytes.first() != Some(&b'/') {
+        return false;
+    }
+    if bytes
+        .iter()
+        .any(|b| matches!(b, b'%' | b'\\' | b';') || b.is_ascii_uppercase())
+    {
+        return false;
+    }
+    if path.len() > 1 && path.ends_with('/') {
+        return false;
+    }
+    path.len() == 1
+        || path[1..]
+            .split('/')
+            .all(|segment| !matches!(segment, "" | "." | ".."))
+}
+
+/// Decodes every valid escape of `bytes` once (`%2F` and `%25` too); `None` when it has none.
+fn decode_once(bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut decoded = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let (Some(&h), Some(&l)) = (bytes.get(i + 1), bytes.get(i + 2))
+            && let (Some(h), Some(l)) = (hex(h), hex(l))
+        {
+            out.push(h * 16 + l);
+            decoded = true;
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    decoded.then_some(out)
+}
+
+/// `path` (as [`normalized_path`] wrote it) reduced to one spelling per route, for matching
+/// the layer's `.path(…)` patterns, never for keys. Every step is one that some server,
+/// proxy or framework takes, so that no spelling of a limited route escapes its limit:
+///
+/// 1. every escape decoded, `%2F` and `%25` included, and again while escapes remain (a
+///    double-encoded `%2569` is `i`), up to eight rounds (no stack decodes more);
+/// 2. `\` read as `/` (as IIS does);
+/// 3. each segment cut at its first `;` (path parameters, `/login;jsessionid=…`; `..;` is
+///    `..`, as Tomcat reads it);
+/// 4. empty and `.` segments dropped (`//login`, `/./login`, `/login/`), `..` removing the
+///    segment before it (RFC 3986 dot-segment removal; never above the root);
+/// 5. ASCII letters lower-cased (`/LOGIN`).
+///
+/// Borrowed when `path` is already in that form (the common case: no allocation).
+///
+/// ```text
+/// /LOGIN, //login, /login/, /log%69n, /log%2569n, /login;x, /x/../login, /%2E/login → /login
+/// ```
+pub(crate) fn route_path(path: &str) -> Cow<'_, str> {
+    if is_canonical_route(path) {
+        return Cow::Borrowed(path);
+    }
+    let mut bytes = path.as_bytes().to_vec();
+    for _ in 0..8 {
+        match decode_once(&bytes) {
+            Some(next) => bytes = next,
+            None => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in text.split(['/', '\\']) {
+        let segment = segment.split(';').next().unwrap_or_default();
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(text.len() + 1);
+    for segment in segments {
+        out.push('/');
+        out.push_str(segment);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out.make_ascii_lowercase();
+    Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +280,49 @@ mod tests {
         assert_eq!(&*normalized_path(b"/%FF"), "/\u{fffd}".as_bytes());
     }
 
+    #[test]
+    fn route_paths_reduce_every_spelling_of_one_route() {
+        for spelling in [
+            "/login",
+            "/LOGIN",
+            "/Login",
+            "//login",
+            "/login/",
+            "/login//",
+            "/log%69n",
+            "/log%2569n",
+            "/%6c%6F%67%69%6E",
+            "/login;x",
+            "/login;jsessionid=1/",
+            "/x/../login",
+            "/x/..;/login",
+            "/%2E/login",
+            "/./login",
+            "/a/b/%2e%2e/%2E%2E/login",
+            "/../login",
+            "\\login",
+            "/x%2F..%2Flogin",
+            "/x%252F..%252Flogin",
+        ] {
+            let decoded = normalized_path(spelling.as_bytes());
+            let decoded = std::str::from_utf8(&decoded).unwrap();
+            assert_eq!(route_path(decoded), "/login", "{spelling}");
+        }
+        assert!(matches!(route_path("/login"), Cow::Borrowed(_)));
+        assert!(matches!(route_path("/"), Cow::Borrowed(_)));
+        assert!(matches!(route_path("/api/v1/users"), Cow::Borrowed(_)));
+        assert_eq!(route_path(""), "/");
+        assert_eq!(route_path("*"), "/*");
+        assert_eq!(route_path("/.."), "/");
+        assert_eq!(route_path("/login.json"), "/login.json");
+        assert_eq!(route_path("/caf\u{e9}"), "/caf\u{e9}");
+        let forms = RouteForms::of("/log%69n/");
+        assert_eq!(forms.all(), ["/log%69n/", "/login/", "/login"]);
+        let forms = RouteForms::of("/login");
+        assert!(matches!(forms.decoded, Cow::Borrowed(_)));
+        assert!(matches!(forms.canonical, Cow::Borrowed(_)));
+    }
+
     proptest! {
         /// Any bytes: never a panic; the key is UTF-8 and holds no `%` that is not `%2F` or
         /// `%25`; normalizing twice changes nothing.
@@ -156,6 +337,20 @@ mod tests {
                     prop_assert!(matches!(&text[i..], t if t.starts_with("%2F") || t.starts_with("%25")), "{text}");
                 }
                 prop_assert_eq!(&*normalized_path(&key), &*key);
+            }
+        }
+
+        /// Any path: never a panic; the route form starts with `/` and has no empty or dot
+        /// segment; reducing it again changes nothing (unless escapes nested past eight
+        /// rounds remain).
+        #[test]
+        fn any_path_reduces_to_a_stable_route(path in "[/a-zA-Z.;%2-5F\\\\]{0,24}") {
+            let forms = RouteForms::of(&path);
+            let route = &*forms.canonical;
+            prop_assert!(route.starts_with('/'));
+            prop_assert!(route.len() == 1 || route[1..].split('/').all(|s| !matches!(s, "" | "." | "..")));
+            if !route.contains('%') {
+                prop_assert_eq!(&*route_path(route), route);
             }
         }
 

@@ -5,14 +5,18 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use http::Method;
+
 use crate::algorithm::Algorithm;
+use crate::call::plan::{Count, Dynamic, QuotaFrom};
 use crate::key;
 use crate::limit::FailurePolicy;
 use crate::limit::{By, Limit};
 use crate::limiter::RateLimiter;
 use crate::policy::{Policy, PolicyError};
 
-use super::{PeerAddrFn, RateLimitLayer, Shared};
+use super::route::{Pattern, Route};
+use super::{PeerAddrFn, RateLimitLayer, Routing, Rule, Shared};
 
 /// Why a [`RateLimitLayer`] could not be built. `limit` is the 0-based index of the limit
 /// (the first, then one per [`RateLimitLayerBuilder::and`]).
@@ -56,6 +60,22 @@ pub enum LayerError {
         /// The value given.
         by: String,
     },
+    /// A [`RateLimitLayerBuilder::path`] or [`RateLimitLayerBuilder::except_path`] pattern
+    /// that is not a path pattern (`/login`, `/api/*`).
+    InvalidPath {
+        /// Which limit.
+        limit: usize,
+        /// The pattern given.
+        path: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Two limits count different outcomes ([`RateLimitLayerBuilder::count`]): the limits of
+    /// one layer that count only some outcomes must count the same ones.
+    MixedCounts {
+        /// The limit whose `count` differs from an earlier one's.
+        limit: usize,
+    },
 }
 
 pub(super) const BYS: &str =
@@ -72,6 +92,17 @@ impl fmt::Display for LayerError {
             Self::InvalidScope { scope } => write!(
                 f,
                 "invalid scope {scope:?}: use 1 to 200 of A-Z a-z 0-9 _ : . - /"
+            ),
+            Self::InvalidPath {
+                limit,
+                path,
+                reason,
+            } => write!(f, "limit #{}: invalid path {path:?}: {reason}", limit + 1),
+            Self::MixedCounts { limit } => write!(
+                f,
+                "limit #{}: counts other outcomes than an earlier limit of the layer; the limits \
+                 of one layer that count only some outcomes must count the same ones",
+                limit + 1
             ),
             Self::InvalidBy { by } => {
                 if let Some(name) = by.strip_prefix("header:") {
@@ -108,6 +139,22 @@ pub(super) struct Draft {
     by: Cow<'static, str>,
     scope: Option<String>,
     failure_policy: Option<FailurePolicy>,
+    paths: Vec<String>,
+    except_paths: Vec<String>,
+    methods: Vec<Method>,
+    quota_from_request: bool,
+    count: Count,
+    cost_fn: Option<CostFn>,
+}
+
+/// A request's cost ([`RateLimitLayerBuilder::cost_fn`]).
+#[derive(Clone)]
+pub(super) struct CostFn(pub(super) Arc<dyn Fn(&http::request::Parts) -> u64 + Send + Sync>);
+
+impl fmt::Debug for CostFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CostFn")
+    }
 }
 
 impl Draft {
@@ -121,7 +168,34 @@ impl Draft {
             by: Cow::Borrowed("global"),
             scope: None,
             failure_policy: None,
+            paths: Vec::new(),
+            except_paths: Vec::new(),
+            methods: Vec::new(),
+            quota_from_request: false,
+            count: Count::All,
+            cost_fn: None,
         }
+    }
+
+    /// Which requests the limit applies to.
+    fn route(&self, limit: usize) -> Result<Route, LayerError> {
+        let parse = |paths: &[String]| {
+            paths
+                .iter()
+                .map(|path| {
+                    Pattern::parse(path).map_err(|reason| LayerError::InvalidPath {
+                        limit,
+                        path: path.clone(),
+                        reason,
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(Route {
+            paths: parse(&self.paths)?,
+            except: parse(&self.except_paths)?,
+            methods: self.methods.clone(),
+        })
     }
 
     fn policy(&self, limit: usize) -> Result<Policy, LayerError> {
@@ -249,6 +323,148 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Limits only the requests to `pattern` (call it again for more paths: any of them):
+    /// `"/login"` is that path, `"/api/*"` is `/api` and every path below it, `"/*"` every
+    /// path. Without `path`, the limit applies to every path (but its
+    /// [`except_path`](Self::except_path)s). A request that no limit of the layer applies to
+    /// passes through unlimited, without rate-limit fields.
+    ///
+    /// The pattern is matched against every spelling a server, proxy or router may take for
+    /// the same path — case folded (`/LOGIN`), escapes decoded (`/log%69n`, `%2F`), empty
+    /// and dot segments removed (`//login`, `/login/`, `/x/../login`), path parameters cut
+    /// (`/login;x`); the query is never part of the path — so an odd spelling of a limited
+    /// path is limited (perhaps by two limits), never skipped. Patterns are checked by
+    /// [`build`](Self::build) ([`LayerError::InvalidPath`]): a path starting with `/`, written
+    /// decoded, without empty or dot segments, a trailing `/` (but the root), `?`, `#`, `;` or
+    /// `%`, and `*` only as a final `/*`. See the [module docs](crate::layer#per-route-limits).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::RateLimitLayer;
+    /// // `/login`: 5 a minute per client; every other path: 100 a minute.
+    /// let layer = RateLimitLayer::builder()
+    ///     .scope("login").num(5).period(Duration::from_secs(60)).by("ip")
+    ///     .path("/login")
+    ///     .and()
+    ///     .scope("api").num(100).period(Duration::from_secs(60)).by("ip")
+    ///     .except_path("/login")
+    ///     .build()?;
+    /// assert!(RateLimitLayer::builder().num(1).period(Duration::from_secs(1)).path("login").build().is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn path(mut self, pattern: impl Into<String>) -> Self {
+        self.current.paths.push(pattern.into());
+        self
+    }
+
+    /// Leaves the requests to `pattern` (a [`path`](Self::path) pattern) out of the current
+    /// limit; call it again for more. A request is left out only when every spelling of its
+    /// path is that pattern: `/login` leaves out `/login`, but `/LOGIN` or `/login/` stay
+    /// limited (and a `.path("/login")` limit limits them too).
+    pub fn except_path(mut self, pattern: impl Into<String>) -> Self {
+        self.current.except_paths.push(pattern.into());
+        self
+    }
+
+    /// Limits only the requests of `method` (call it again for more: any of them). Matched in
+    /// any case; [`http::Method::GET`] covers `HEAD` too (routers answer `HEAD` with the
+    /// `GET` handler).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::RateLimitLayer;
+    /// // Sign-ups (POST /users): 10 an hour per client; reading users is not limited here.
+    /// let layer = RateLimitLayer::builder()
+    ///     .num(10).period(Duration::from_secs(3600)).by("ip")
+    ///     .path("/users").method(http::Method::POST)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn method(mut self, method: Method) -> Self {
+        self.current.methods.push(method);
+        self
+    }
+
+    /// The current limit's quota is the [`crate::Quota`] an earlier layer (authentication)
+    /// put in the request extensions, as `#[rate_limit(quota = "request")]` reads it: a plan
+    /// per user or tenant. The limit's `num`, `period` and `burst` are then not needed (and
+    /// not used; its algorithm, cost, `by` and scope are); a request without a `Quota` is refused with 401
+    /// (`{"error":"unauthorized",…}`; gRPC: `UNAUTHENTICATED`); [`crate::Quota::unlimited`]
+    /// lets it through that limit without a store call. Each quota counts in its own bucket.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::RateLimitLayer;
+    /// let per_plan = RateLimitLayer::builder()
+    ///     .scope("plans")
+    ///     .by("user")
+    ///     .quota_from_request()
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn quota_from_request(mut self) -> Self {
+        self.current.quota_from_request = true;
+        self
+    }
+
+    /// What one request costs against the current limit, read from its method, URI, headers
+    /// and extensions (the body is not read): the attribute's `cost = <expression>`. 0 counts
+    /// as 1; a cost beyond the limit's capacity is refused with 400
+    /// (`{"error":"cost_exceeds_capacity",…}`; gRPC: `INVALID_ARGUMENT`) without taking
+    /// anything. Replaces [`cost`](Self::cost) for the limit.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::RateLimitLayer;
+    /// // 1,000 units a minute; a request costs its `x-batch-size` (default 1).
+    /// let layer = RateLimitLayer::builder()
+    ///     .num(1_000).period(Duration::from_secs(60)).by("header:x-api-key")
+    ///     .cost_fn(|request| {
+    ///         request.headers.get("x-batch-size")
+    ///             .and_then(|v| v.to_str().ok()?.parse().ok())
+    ///             .unwrap_or(1)
+    ///     })
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cost_fn(
+        mut self,
+        cost: impl Fn(&http::request::Parts) -> u64 + Send + Sync + 'static,
+    ) -> Self {
+        self.current.cost_fn = Some(CostFn(Arc::new(cost)));
+        self
+    }
+
+    /// Which outcomes count against the current limit (the attribute's `count = …`; default
+    /// [`Count::All`]): a request takes its units before the inner service runs, and gets
+    /// them back when its response's outcome does not count — for HTTP, by the response's
+    /// status ([`Count::ERRORS`]: only 4xx and 5xx count); for gRPC, by its `grpc-status`
+    /// (`0` is `Ok`, others `Err`, which [`Count::ERRORS`] counts), read from the headers or,
+    /// after the body, the trailers. Requests in flight hold their units, so concurrent
+    /// requests never get more than the quota of counted outcomes. The limits of one layer
+    /// that count only some outcomes must count the same ones ([`LayerError::MixedCounts`]).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Count, RateLimitLayer};
+    /// // 5 failed logins a minute per client; successful ones are not counted.
+    /// let layer = RateLimitLayer::builder()
+    ///     .num(5).period(Duration::from_secs(60)).by("ip")
+    ///     .path("/login")
+    ///     .count(Count::ERRORS)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn count(mut self, count: Count) -> Self {
+        self.current.count = count;
+        self
+    }
+
     /// Ends the current limit and starts another, checked with it (all or nothing). In the
     /// rate-limit fields, a limit whose scope an earlier one has is named with its position:
     /// `.scope("api")…and()…` answers `"api";…, "api-2";…` (see the [module docs](crate::layer)).
@@ -274,19 +490,35 @@ impl RateLimitLayerBuilder {
 
     /// The layer, or what is wrong with it.
     pub fn build(self) -> Result<RateLimitLayer, LayerError> {
-        let mut limits = Vec::with_capacity(self.done.len() + 1);
+        let drafts: Vec<&Draft> = self.done.iter().chain([&self.current]).collect();
+        let mut limits = Vec::with_capacity(drafts.len());
+        let mut rules = Vec::with_capacity(drafts.len());
         let mut scope = RateLimitLayer::DEFAULT_SCOPE;
-        for (i, draft) in self.done.iter().chain([&self.current]).enumerate() {
+        let mut filter: Option<Count> = None;
+        for (i, draft) in drafts.iter().enumerate() {
             if let Some(s) = &draft.scope {
                 if !key::valid_scope(s) {
                     return Err(LayerError::InvalidScope { scope: s.clone() });
                 }
                 scope = intern(s);
             }
-            let policy = draft.policy(i)?;
+            // A quota from the request gives num, period and burst per request; the policy
+            // here is a placeholder (as the attribute's), its cost given per request.
+            let policy = if draft.quota_from_request {
+                Policy::from_parts(draft.algorithm, 1, 1000, 1, 1)
+                    .map_err(|error| LayerError::Policy { limit: i, error })?
+            } else {
+                draft.policy(i)?
+            };
             let by = parse_by(&draft.by).ok_or_else(|| LayerError::InvalidBy {
                 by: draft.by.clone().into_owned(),
             })?;
+            if draft.count != Count::All {
+                if filter.is_some_and(|f| f != draft.count) {
+                    return Err(LayerError::MixedCounts { limit: i });
+                }
+                filter = Some(draft.count);
+            }
             limits.push(Limit {
                 policy,
                 scope,
@@ -294,11 +526,43 @@ impl RateLimitLayerBuilder {
                 shadow: false,
                 failure_policy: draft.failure_policy,
             });
+            rules.push(Rule {
+                route: draft.route(i)?,
+                dynamic: Dynamic {
+                    quota: if draft.quota_from_request {
+                        QuotaFrom::Request
+                    } else {
+                        QuotaFrom::Attribute
+                    },
+                    count: draft.count,
+                },
+                cost: draft.cost_fn.clone(),
+                fixed_cost: (draft.quota_from_request && draft.cost != 1).then_some(draft.cost),
+            });
         }
         let needs_peer = limits.iter().any(|l| l.by == By::Ip);
+        let dynamic = rules.iter().any(|r| {
+            r.dynamic.quota != QuotaFrom::Attribute
+                || r.dynamic.count != Count::All
+                || r.cost.is_some()
+                || r.fixed_cost.is_some()
+        });
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
+                routing: if rules.iter().any(|r| r.route.reads_path()) {
+                    Routing::Paths
+                } else if rules.iter().any(|r| !r.route.is_any()) {
+                    Routing::Methods
+                } else {
+                    Routing::All
+                },
+                dynamics: dynamic.then(|| rules.iter().map(|r| r.dynamic).collect()),
+                inputs: rules
+                    .iter()
+                    .any(|r| r.cost.is_some() || r.fixed_cost.is_some()),
+                counts: filter.is_some(),
                 limits: limits.into_boxed_slice(),
+                rules: rules.into_boxed_slice(),
                 limiter: self.limiter,
                 peer_addr: self.peer_addr,
                 needs_peer,

@@ -7,6 +7,21 @@ use std::fmt::Write as _;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, Method};
 
+use crate::call::plan::Outcome;
+
+/// The header (or trailer) of a gRPC call's status code.
+pub(crate) const STATUS: &str = "grpc-status";
+
+/// What a gRPC call's `grpc-status` means to a count filter: `0` (`OK`) is `Ok`, any other
+/// code `Err` (as a gRPC method's `Result`).
+pub(crate) fn outcome(status: &http::HeaderValue) -> Outcome {
+    if status.as_bytes().trim_ascii() == b"0" {
+        Outcome::Ok
+    } else {
+        Outcome::Err
+    }
+}
+
 /// Whether a request is gRPC: a `POST` whose content type is `application/grpc`, alone or
 /// followed by `+<codec>`, `-web…` or parameters (any case). gRPC always posts; requiring it
 /// keeps a client that merely sends a gRPC content type on a `GET` from getting a cacheable

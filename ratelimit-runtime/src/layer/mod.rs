@@ -75,9 +75,71 @@
 //! `Router::nest` sees the prefix stripped from `uri()`, and reads Axum's `OriginalUri` instead
 //! (feature `axum`).
 //!
-//! The limiter's exemptions and deny list ([`crate::Exemptions`]) are not applied by the layer
-//! yet: every request is checked against its limits. Building a layer from a limiter that has
-//! them (or calling one that finds such a limiter) logs one warning per process saying so.
+//! # Per-route limits
+//!
+//! One layer can hold a limit per route: [`RateLimitLayerBuilder::path`] (`"/login"` that path,
+//! `"/api/*"` a prefix), [`RateLimitLayerBuilder::except_path`] and
+//! [`RateLimitLayerBuilder::method`] restrict the current limit to the requests they match.
+//! Per request, only the limits that apply are checked (in one round trip, all or nothing) and
+//! named in the fields; a request that no limit applies to passes through unlimited, with no
+//! rate-limit fields (and no exemption or deny-list check: as a route without the attribute).
+//!
+//! ```
+//! # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+//! use std::time::Duration;
+//! use ratelimit_runtime::RateLimitLayer;
+//!
+//! // `/login`: 5 a minute per client; every other path: 100 a minute per client.
+//! let layer = RateLimitLayer::builder()
+//!     .scope("login").num(5).period(Duration::from_secs(60)).by("ip")
+//!     .path("/login")
+//!     .and()
+//!     .scope("api").num(100).period(Duration::from_secs(60)).by("ip")
+//!     .except_path("/login")
+//!     .build()?;
+//! assert_eq!(layer.limits(), 2);
+//! # Ok(()) }
+//! ```
+//!
+//! **What counts as the same route.** The path matched is the one `by = "url"` keys (Axum's
+//! `OriginalUri` under `Router::nest`), never its query. A client (or a proxy on the way) can
+//! spell one route many ways, and the server behind may read them as one; a limit must not be
+//! skipped by a spelling, so each path is matched in three forms — as sent, as `by = "url"`
+//! decodes it, and reduced as far as common servers reduce it: every escape decoded (`%69`,
+//! double-encoded `%2569`, `%2F`), `\` as `/`, path parameters cut (`/login;x`), empty and
+//! dot segments removed (`//login`, `/login/`, `/x/../login`), ASCII case folded (`/LOGIN`).
+//! `.path(p)` applies when **any** form is `p` (in any case); `.except_path(p)` leaves a request
+//! out only when **every** form is `p` (the first two in `p`'s case). So `/login` is limited by
+//! the `/login` limit alone, while `/LOGIN`, `//login`, `/log%69n`, `/login/`, `/login;x` are
+//! limited by it *and* by the catch-all: an odd spelling may be limited twice, never not at
+//! all. (`/login.json`, `/login/x` and `/logins` are other routes.) `.method(GET)` covers
+//! `HEAD`, which routers answer with the `GET` handler. Patterns are checked by `build`
+//! ([`LayerError::InvalidPath`]).
+//!
+//! # Quotas, costs and counts per request
+//!
+//! As the attribute's `quota = "request"`, `cost = <expression>` and `count = …`, on the
+//! current limit:
+//!
+//! * [`RateLimitLayerBuilder::quota_from_request`]: the [`crate::Quota`] an auth layer put in
+//!   the request extensions (a plan per user); none is a 401;
+//! * [`RateLimitLayerBuilder::cost_fn`]: a request's units from its method, URI and headers;
+//!   beyond the capacity, a 400;
+//! * [`RateLimitLayerBuilder::count`] ([`crate::Count`]): the units are taken before the inner
+//!   service runs and given back after when the response's status (gRPC: its `grpc-status`)
+//!   does not count; `Count::ERRORS` counts only 4xx and 5xx.
+//!
+//! # Overrides, exemptions and the deny list
+//!
+//! The layer's requests go through the pipeline every limited call takes, so the limiter's
+//! run-time settings apply to them as to the attribute's:
+//!
+//! * [`RateLimiter::set_quota`] on a layer limit's scope replaces its quota from the next
+//!   request on ([`RateLimiter::clear_quota`] restores it);
+//! * a client in [`crate::Builder::exempt_networks`] or for whom
+//!   [`crate::Builder::exempt_when`] answers `true` passes unlimited, with no fields;
+//! * a client in [`crate::Builder::deny_networks`] gets a 403 (gRPC: `PERMISSION_DENIED`,
+//!   trailers-only) before any store call.
 //!
 //! # Scope, keys and limiter
 //!
@@ -99,18 +161,21 @@
 //! * Any other `Service<http::Request<B>, Response = http::Response<R>>` that is `Clone`; the
 //!   response body becomes [`LayerBody<R>`].
 //!
-//! # Cost
+//! # Overhead
 //!
 //! Per request, the layer allocates what the attribute does — each limit's store key (and the
 //! client address's text for `ip`), the rate-limit field values, the check's small vectors —
 //! plus one boxed future, since the check is an `async fn` whose future cannot be named. It
 //! clones no headers: the sources read the request in place. The service polled ready is the
-//! one called (the inner service is cloned and swapped in `call`).
+//! one called (the inner service is cloned and swapped in `call`). Per-route limits add
+//! nothing for a path already in its reduced form when every limit (or none) applies; the list
+//! of the limits that apply is allocated only when some, not all, do.
 
 mod answer;
 mod body;
 mod builder;
 mod grpc;
+mod route;
 mod service;
 
 use std::fmt;
@@ -120,9 +185,11 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 pub use self::body::LayerBody;
-use self::builder::Draft;
+use self::builder::{CostFn, Draft};
 pub use self::builder::{LayerError, RateLimitLayerBuilder};
+use self::route::Route;
 pub use self::service::{RateLimitService, ResponseFuture};
+use crate::call::plan::Dynamic;
 use crate::limit::Limit;
 use crate::limiter::RateLimiter;
 use crate::policy::Policy;
@@ -145,10 +212,43 @@ use crate::policy::Policy;
 pub type PeerAddrFn = fn(&http::Extensions) -> Option<IpAddr>;
 
 struct Shared {
-    pub(super) limits: Box<[Limit]>,
-    pub(super) limiter: Option<RateLimiter>,
-    pub(super) peer_addr: Option<PeerAddrFn>,
-    pub(super) needs_peer: bool,
+    limits: Box<[Limit]>,
+    /// What applies to each limit beside its `Limit` (`rules[i]` for `limits[i]`).
+    rules: Box<[Rule]>,
+    /// Whether every limit applies to every request.
+    routing: Routing,
+    /// Each limit's run-time part, when one has any (a quota from the request, a count
+    /// filter, a cost per request).
+    dynamics: Option<Box<[Dynamic]>>,
+    /// Some limit has a cost per request (a cost function, or a cost beside a quota from the
+    /// request).
+    inputs: bool,
+    /// Some limit counts only some outcomes.
+    counts: bool,
+    limiter: Option<RateLimiter>,
+    peer_addr: Option<PeerAddrFn>,
+    needs_peer: bool,
+}
+
+/// What picks the limits of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Routing {
+    /// Nothing: every limit applies to every request.
+    All,
+    /// Methods only.
+    Methods,
+    /// Paths (and perhaps methods): the path's forms are read.
+    Paths,
+}
+
+/// One limit's routing and run-time parts.
+#[derive(Debug)]
+struct Rule {
+    route: Route,
+    dynamic: Dynamic,
+    cost: Option<CostFn>,
+    /// A fixed cost beside a quota from the request (whose policy comes per request).
+    fixed_cost: Option<u64>,
 }
 
 /// A Tower [`Layer`] that rate-limits every request to the service it wraps; see the
@@ -316,6 +416,136 @@ mod tests {
             .build()
             .unwrap_err();
         assert!(err.to_string().starts_with("limit #1: "), "{err}");
+    }
+
+    #[test]
+    fn routes_and_counts_are_checked_when_built() {
+        use crate::call::plan::Count;
+        let ok = || RateLimitLayer::builder().num(3).period(secs(10));
+        let err = ok().path("login").build().unwrap_err();
+        assert!(
+            matches!(&err, LayerError::InvalidPath { limit: 0, path, .. } if path == "login"),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("limit #1: invalid path \"login\": "),
+            "{err}"
+        );
+        let err = ok()
+            .and()
+            .num(1)
+            .period(secs(1))
+            .except_path("/a/")
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(err, LayerError::InvalidPath { limit: 1, .. }),
+            "{err:?}"
+        );
+        assert!(ok().path("/a%2Fb").build().is_err());
+        assert!(
+            ok().path("/api/*")
+                .except_path("/api/health")
+                .method(http::Method::GET)
+                .build()
+                .is_ok()
+        );
+        let err = ok()
+            .count(Count::ERRORS)
+            .and()
+            .num(1)
+            .period(secs(1))
+            .count(Count::Ok)
+            .build()
+            .unwrap_err();
+        assert_eq!(err, LayerError::MixedCounts { limit: 1 });
+        assert!(
+            err.to_string().contains("must count the same ones"),
+            "{err}"
+        );
+        // The same filter twice, or one filter beside counting everything, is fine.
+        assert!(
+            ok().count(Count::ERRORS)
+                .and()
+                .num(1)
+                .period(secs(1))
+                .count(Count::ERRORS)
+                .build()
+                .is_ok()
+        );
+        // A quota from the request needs no numbers; a static cost beside it is per request.
+        let layer = RateLimitLayer::builder()
+            .quota_from_request()
+            .cost(5)
+            .build()
+            .unwrap();
+        assert!(layer.shared.dynamics.is_some() && layer.shared.inputs);
+        assert_eq!(layer.shared.rules[0].fixed_cost, Some(5));
+        assert!(ok().build().unwrap().shared.dynamics.is_none());
+    }
+
+    #[test]
+    fn only_the_limits_that_apply_are_selected_and_all_of_them_without_a_list() {
+        let layer = RateLimitLayer::builder()
+            .scope("login")
+            .num(5)
+            .period(secs(60))
+            .path("/login")
+            .and()
+            .scope("rest")
+            .num(100)
+            .period(secs(60))
+            .except_path("/login")
+            .and()
+            .scope("posts")
+            .num(10)
+            .period(secs(60))
+            .method(http::Method::POST)
+            .build()
+            .unwrap();
+        let select = |method: http::Method, path: &str| {
+            let request = Request::builder()
+                .method(method)
+                .uri(path)
+                .body(())
+                .unwrap();
+            match layer.shared.select(&request) {
+                service::Selected::All => vec![0, 1, 2],
+                service::Selected::None => vec![],
+                service::Selected::Some(chosen) => chosen,
+            }
+        };
+        assert_eq!(select(http::Method::GET, "/login"), [0]);
+        assert_eq!(select(http::Method::POST, "/login?next=/x"), [0, 2]);
+        assert_eq!(select(http::Method::GET, "/LOGIN"), [0, 1]);
+        assert_eq!(select(http::Method::GET, "/other"), [1]);
+        assert_eq!(select(http::Method::POST, "/other"), [1, 2]);
+        let one = RateLimitLayer::builder()
+            .num(1)
+            .period(secs(1))
+            .path("/a/*")
+            .build()
+            .unwrap();
+        let request = |path: &str| Request::builder().uri(path).body(()).unwrap();
+        assert!(matches!(
+            one.shared.select(&request("/a/b")),
+            service::Selected::All
+        ));
+        assert!(matches!(
+            one.shared.select(&request("/b")),
+            service::Selected::None
+        ));
+        let unrouted = RateLimitLayer::builder()
+            .num(1)
+            .period(secs(1))
+            .build()
+            .unwrap();
+        assert_eq!(unrouted.shared.routing, Routing::All);
+        assert!(matches!(
+            unrouted.shared.select(&request("/b")),
+            service::Selected::All
+        ));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The service a [`RateLimitLayer`](crate::RateLimitLayer) wraps around another: each request checked, then the inner
 //! service called or answered for.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::net::IpAddr;
@@ -12,14 +13,17 @@ use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use tower_service::Service;
 
+use crate::call::plan::{Dynamic, Input, Outcome, cost_of};
 use crate::call::{self, Call};
+use crate::caller::path::RouteForms;
 use crate::caller::{Caller, Transport, UserId};
+use crate::limit::Limit;
 use crate::limiter::{RateLimiter, Settings};
 use crate::quota::Quota;
 
 use super::answer::{add_admitted_fields, answer};
 use super::grpc;
-use super::{LayerBody, Shared};
+use super::{LayerBody, Routing, Shared};
 
 /// The future of a [`RateLimitService`] call.
 pub type ResponseFuture<B, E> =
@@ -126,7 +130,41 @@ where
     }
 }
 
+/// The limits of a layer that apply to one request.
+pub(super) enum Selected {
+    /// Every limit (no allocation).
+    All,
+    /// None: the request passes through unlimited.
+    None,
+    /// These (their indices), fewer than all.
+    Some(Vec<usize>),
+}
+
 impl Shared {
+    /// Which limits apply to `request` (its method and every spelling of its path, read once).
+    pub(super) fn select<B>(&self, request: &Request<B>) -> Selected {
+        if self.routing == Routing::All {
+            return Selected::All;
+        }
+        let forms = (self.routing == Routing::Paths).then(|| RouteForms::of(path_of(request)));
+        let method = request.method();
+        let mut chosen: Option<Vec<usize>> = None;
+        for (i, rule) in self.rules.iter().enumerate() {
+            let applies = rule.route.applies(method, forms.as_ref());
+            match (&mut chosen, applies) {
+                (None, true) | (Some(_), false) => {}
+                // The first limit that does not apply: the ones before it do.
+                (None, false) => chosen = Some((0..i).collect()),
+                (Some(chosen), true) => chosen.push(i),
+            }
+        }
+        match chosen {
+            None => Selected::All,
+            Some(chosen) if chosen.is_empty() => Selected::None,
+            Some(chosen) => Selected::Some(chosen),
+        }
+    }
+
     async fn run<S, ReqB, ResB>(
         self: Arc<Self>,
         mut inner: S,
@@ -135,6 +173,45 @@ impl Shared {
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
     {
+        let selected = self.select(&request);
+        let (limits, dynamics, indices): (Cow<'_, [Limit]>, Option<Cow<'_, [Dynamic]>>, _) =
+            match &selected {
+                Selected::None => {
+                    return Ok(inner.call(request).await?.map(LayerBody::new));
+                }
+                Selected::All => (
+                    Cow::Borrowed(&*self.limits),
+                    self.dynamics.as_deref().map(Cow::Borrowed),
+                    Indices::All(0..self.limits.len()),
+                ),
+                Selected::Some(chosen) => (
+                    Cow::Owned(chosen.iter().map(|&i| self.limits[i]).collect()),
+                    self.dynamics
+                        .as_deref()
+                        .map(|d| Cow::Owned(chosen.iter().map(|&i| d[i]).collect())),
+                    Indices::Some(chosen.iter()),
+                ),
+            };
+        // What each limit's cost is for this request (read before the body is handed on).
+        let (request, inputs) = if self.inputs {
+            let (parts, body) = request.into_parts();
+            let inputs: Vec<Input> = indices
+                .map(|i| {
+                    let rule = &self.rules[i];
+                    let cost = match &rule.cost {
+                        Some(cost) => Some((cost.0)(&parts)),
+                        None => rule.fixed_cost,
+                    };
+                    Input {
+                        quota: None,
+                        cost: cost.map(cost_of),
+                    }
+                })
+                .collect();
+            (Request::from_parts(parts, body), inputs)
+        } else {
+            (request, Vec::new())
+        };
         // For gRPC, the request's content type (reference-counted), answered back: a
         // gRPC-Web client expects its own.
         let grpc = grpc::is_grpc(request.method(), request.headers())
@@ -149,11 +226,13 @@ impl Shared {
         };
         let settings = limiter.settings();
         // Steps 1–3 of the pipeline read the request; its borrow ends with them.
-        let prepared = call::prepare(
-            &limiter,
-            Call::fixed(&self.limits, &[]),
-            &self.caller(&request, settings),
-        );
+        let call = Call {
+            limits: &limits,
+            dynamics: dynamics.as_deref(),
+            inputs: &inputs,
+            templates: &[],
+        };
+        let prepared = call::prepare(&limiter, call, &self.caller(&request, settings));
         let admitted = match prepared {
             Ok(prepared) => prepared.run(&limiter).await,
             Err(refused) => Err(refused),
@@ -167,7 +246,22 @@ impl Shared {
                 if !fields.is_empty() {
                     add_admitted_fields(response.headers_mut(), fields, admitted.limits());
                 }
-                Ok(response.map(LayerBody::new))
+                if !self.counts {
+                    return Ok(response.map(LayerBody::new));
+                }
+                // A count filter: the outcome gives back what an uncounted request took.
+                let outcome = match &grpc {
+                    None => Some(Outcome::Status(response.status().as_u16())),
+                    // A trailers-only gRPC answer has its status in the headers; else it comes
+                    // in the trailers, after the body.
+                    Some(_) => response.headers().get(grpc::STATUS).map(grpc::outcome),
+                };
+                if let Some(outcome) = outcome {
+                    admitted.settle(outcome).await;
+                    return Ok(response.map(LayerBody::new));
+                }
+                let admitted = admitted.detach();
+                Ok(response.map(|body| LayerBody::settling(body, admitted)))
             }
             Err(refused) => Ok(answer(refused.refusal(&settings.http), grpc.as_ref())),
         }
@@ -223,4 +317,21 @@ pub(super) fn path_of<B>(request: &Request<B>) -> &str {
         return uri.path();
     }
     request.uri().path()
+}
+
+/// The indices of the selected limits.
+enum Indices<'a> {
+    All(std::ops::Range<usize>),
+    Some(std::slice::Iter<'a, usize>),
+}
+
+impl Iterator for Indices<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        match self {
+            Self::All(range) => range.next(),
+            Self::Some(iter) => iter.next().copied(),
+        }
+    }
 }

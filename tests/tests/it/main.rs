@@ -24,6 +24,7 @@ pub mod http_axum;
 pub mod http_axum_only;
 mod http_support;
 pub mod layer_axum;
+pub mod layer_routes;
 pub mod layer_tonic;
 pub mod macro_async_trait;
 pub mod macro_attr_order;
