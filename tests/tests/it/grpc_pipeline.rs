@@ -970,7 +970,10 @@ async fn admitted_responses_carry_the_legacy_metadata(backend: Backend) {
 }
 
 async fn limiter_both(backend: Backend) -> (RateLimiter, Option<RedisServer>) {
-    limiter(backend, |b| b.header_style(HeaderStyle::Both(ratelimit_runtime::IetfDraft::Draft11))).await
+    limiter(backend, |b| {
+        b.header_style(HeaderStyle::Both(ratelimit_runtime::IetfDraft::Draft11))
+    })
+    .await
 }
 
 on_both!(admitted_responses_carry_the_legacy_metadata:
