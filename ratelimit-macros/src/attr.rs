@@ -729,7 +729,10 @@ fn parse_duration_arg(name: &str, value: &Expr) -> syn::Result<(u64, Span)> {
                 )
             })?;
             let ms = secs.checked_mul(1000).ok_or_else(|| {
-                syn::Error::new(int.span(), format!("`{name}` is too large: at most 100 years"))
+                syn::Error::new(
+                    int.span(),
+                    format!("`{name}` is too large: at most 100 years"),
+                )
             })?;
             Ok((ms, int.span()))
         }

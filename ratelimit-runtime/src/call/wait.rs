@@ -219,7 +219,10 @@ impl Lines {
             Prepared::Planned { plan, .. } => &plan.keys,
         };
         let mut h = self.hasher.build_hasher();
-        Arc::as_ptr(limiter.store()).cast::<()>().addr().hash(&mut h);
+        Arc::as_ptr(limiter.store())
+            .cast::<()>()
+            .addr()
+            .hash(&mut h);
         keys.hash(&mut h);
         Some(LineKey(h.finish()))
     }
@@ -352,7 +355,9 @@ mod tests {
     async fn waiters_are_admitted_first_come_first_served_one_slot_apart() {
         let (lines, limiter, limits) = (lines(MAX_LINES), limiter().await, one_per_100ms());
         let start = Instant::now();
-        call(lines, &limiter, &limits, "k", Duration::ZERO).await.unwrap();
+        call(lines, &limiter, &limits, "k", Duration::ZERO)
+            .await
+            .unwrap();
         let order = Arc::new(StdMutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for i in 0..10 {
@@ -377,7 +382,10 @@ mod tests {
             // One slot after the one before, within the jitter (a tenth of the slot).
             let after = *at - before;
             let slot = Duration::from_millis(100);
-            assert!(after >= slot && after <= slot + Duration::from_millis(11), "{order:?}");
+            assert!(
+                after >= slot && after <= slot + Duration::from_millis(11),
+                "{order:?}"
+            );
             before = *at;
         }
         assert_eq!(lines.len(), 0, "the line left with its last call");
@@ -386,11 +394,20 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_slot_beyond_the_budget_fails_at_once_and_one_within_it_is_waited_for() {
         let (lines, limiter, limits) = (lines(MAX_LINES), limiter().await, one_per_100ms());
-        call(lines, &limiter, &limits, "k", Duration::ZERO).await.unwrap();
+        call(lines, &limiter, &limits, "k", Duration::ZERO)
+            .await
+            .unwrap();
         let start = Instant::now();
         let refused = call(lines, &limiter, &limits, "k", Duration::from_millis(50)).await;
-        assert!(matches!(refused, Err(Refused::Limited { .. })), "{refused:?}");
-        assert_eq!(start.elapsed(), Duration::ZERO, "no sleep for a slot it cannot reach");
+        assert!(
+            matches!(refused, Err(Refused::Limited { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "no sleep for a slot it cannot reach"
+        );
         call(lines, &limiter, &limits, "k", Duration::from_millis(150))
             .await
             .unwrap();
@@ -402,7 +419,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiter_whose_budget_ends_in_the_line_answers_the_line_s_latest_refusal() {
         let (lines, limiter, limits) = (lines(MAX_LINES), limiter().await, one_per_100ms());
-        call(lines, &limiter, &limits, "k", Duration::ZERO).await.unwrap();
+        call(lines, &limiter, &limits, "k", Duration::ZERO)
+            .await
+            .unwrap();
         let first = {
             let limiter = limiter.clone();
             tokio::spawn(async move {
@@ -429,7 +448,9 @@ mod tests {
             .unwrap();
         let limits = [Limit::new(policy, "wait_tests", By::Global)];
         let (lines, limiter) = (lines(MAX_LINES), limiter().await);
-        call(lines, &limiter, &limits, "k", Duration::ZERO).await.unwrap();
+        call(lines, &limiter, &limits, "k", Duration::ZERO)
+            .await
+            .unwrap();
         // 20 waiters for the slot at 10 s, each dropped 450 ms into its wait; the last ones
         // just before the slot.
         for _ in 0..20 {
@@ -441,7 +462,9 @@ mod tests {
         assert_eq!(lines.waiting.load(Ordering::Relaxed), 0);
         // The slot after the spent one is there, whole: none of the 20 took it.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        call(lines, &limiter, &limits, "k", Duration::ZERO).await.unwrap();
+        call(lines, &limiter, &limits, "k", Duration::ZERO)
+            .await
+            .unwrap();
         assert!(
             call(lines, &limiter, &limits, "k", Duration::ZERO)
                 .await
@@ -457,7 +480,9 @@ mod tests {
         let (lines, limiter, limits) = (lines(64), limiter().await, one_per_100ms());
         let keys: Vec<String> = (0..1000).map(|i| format!("user-{i}")).collect();
         for key in &keys {
-            call(lines, &limiter, &limits, key, Duration::ZERO).await.unwrap();
+            call(lines, &limiter, &limits, key, Duration::ZERO)
+                .await
+                .unwrap();
         }
         let peak = Arc::new(AtomicUsize::new(0));
         let mut tasks = Vec::new();
@@ -470,7 +495,11 @@ mod tests {
             }));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(lines.len(), 64, "as many lines as allowed while 1000 keys wait");
+        assert_eq!(
+            lines.len(),
+            64,
+            "as many lines as allowed while 1000 keys wait"
+        );
         for t in tasks {
             t.await.unwrap().unwrap();
         }
