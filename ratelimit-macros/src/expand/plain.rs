@@ -42,10 +42,10 @@ pub(super) fn plain(
         let hold = local("__ratelimit_hold");
         let result = local("__ratelimit_result");
         let (ins, dy) = (&d.inputs, quote!(::core::option::Option::Some(&#dyns)));
-        let wait = match &wait {
-            Some(w) => quote!(::core::option::Option::Some(#w)),
-            None => quote!(::core::option::Option::None),
-        };
+        let wait = wait.as_ref().map_or_else(
+            || quote!(::core::option::Option::None),
+            |w| quote!(::core::option::Option::Some(#w)),
+        );
         let checked_call = quote! {
             #p::check_dyn(&#limits, #dy, &[#(#key_refs),*], &#inputs, #wait).await
         };
@@ -95,9 +95,10 @@ pub(super) fn plain(
             }
         };
     }
-    let checked_call = match &wait {
-        Some(w) => quote!(#p::check_wait(&#limits, &[#(#key_refs),*], #w).await),
-        None => quote!(#p::check(&#limits, &[#(#key_refs),*]).await),
+    let checked_call = if let Some(w) = &wait {
+        quote!(#p::check_wait(&#limits, &[#(#key_refs),*], #w).await)
+    } else {
+        quote!(#p::check(&#limits, &[#(#key_refs),*]).await)
     };
     let check = quote! {
         #[allow(unused_braces, clippy::all, clippy::pedantic)]

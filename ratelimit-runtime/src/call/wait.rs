@@ -76,23 +76,26 @@ async fn admit_in<'l>(
     if !lines.has_line(key) {
         match prepared.run(limiter).await {
             Err(Refused::Limited { limits, verdict }) => {
-                let limited = Limited::new(limits, verdict);
-                if !limited.fits(deadline) {
-                    return Err(limited.refused());
+                let spent = Limited::new(limits, verdict);
+                if !spent.fits(deadline) {
+                    return Err(spent.refused());
                 }
-                last = Some(limited);
+                last = Some(spent);
             }
             answered => return answered,
         }
     }
     let place = lines.join(key);
+    if let (Some(place), Some(spent)) = (&place, &last) {
+        place.line.record(spent);
+    }
     let _turn = match &place {
         Some(place) => match tokio::time::timeout_at(deadline, place.line.turn.lock()).await {
             Ok(turn) => Some(turn),
             // The budget ran out in the line: the latest refusal this call or its line saw.
             Err(_) => {
                 return match last.or_else(|| place.line.latest()) {
-                    Some(limited) => Err(limited.refused()),
+                    Some(spent) => Err(spent.refused()),
                     None => prepare()?.run(limiter).await,
                 };
             }
@@ -101,19 +104,19 @@ async fn admit_in<'l>(
     };
     // The head of the line: sleep until the slot, check, again until admitted or out of time.
     loop {
-        if let Some(limited) = &last {
-            tokio::time::sleep_until(limited.next_try().min(deadline)).await;
+        if let Some(spent) = &last {
+            tokio::time::sleep_until(spent.next_try().min(deadline)).await;
         }
         match prepare()?.run(limiter).await {
             Err(Refused::Limited { limits, verdict }) => {
-                let limited = Limited::new(limits, verdict);
+                let spent = Limited::new(limits, verdict);
                 if let Some(place) = &place {
-                    place.line.record(&limited);
+                    place.line.record(&spent);
                 }
-                if !limited.fits(deadline) {
-                    return Err(limited.refused());
+                if !spent.fits(deadline) {
+                    return Err(spent.refused());
                 }
-                last = Some(limited);
+                last = Some(spent);
             }
             answered => return answered,
         }
@@ -380,7 +383,7 @@ mod tests {
         let mut before = Duration::ZERO;
         for (_, at) in &order {
             // One slot after the one before, within the jitter (a tenth of the slot).
-            let after = *at - before;
+            let after = at.checked_sub(before).unwrap();
             let slot = Duration::from_millis(100);
             assert!(
                 after >= slot && after <= slot + Duration::from_millis(11),
