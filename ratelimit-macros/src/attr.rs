@@ -1077,6 +1077,32 @@ mod tests {
     }
 
     #[test]
+    fn wait_takes_the_forms_of_time_up_to_an_hour() {
+        let wait = |tokens| args(tokens).wait.map(|w| w.value);
+        assert_eq!(
+            wait(quote::quote!(num = 1, time = 1, wait = 5)),
+            Some(5_000)
+        );
+        assert_eq!(
+            wait(quote::quote!(num = 1, time = 1, wait = "250ms")),
+            Some(250)
+        );
+        assert_eq!(
+            wait(quote::quote!(num = 1, time = 1, wait = "1h")),
+            Some(MAX_WAIT_MS)
+        );
+        for bad in [
+            quote::quote!(num = 1, time = 1, wait = 0),
+            quote::quote!(num = 1, time = 1, wait = "61m"),
+            quote::quote!(num = 1, time = 1, wait = "soon"),
+            quote::quote!(num = 1, time = 1, wait = true),
+        ] {
+            let a = args(bad);
+            assert!(a.wait.is_none() && a.errors.len() == 1, "{:?}", a.errors);
+        }
+    }
+
+    #[test]
     fn durations() {
         let s = Span::call_site();
         assert_eq!(parse_duration("time", "500ms", s).unwrap(), 500);
