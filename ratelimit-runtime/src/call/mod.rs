@@ -398,7 +398,7 @@ pub async fn check(limits: &'static [Limit], keys: &[Option<&str>]) -> Result<()
 }
 
 /// Plain mode with `wait`: [`check`], where a limited call waits up to `wait` for a slot
-/// (see the [`wait`] step).
+/// (the pipeline's `wait` step).
 pub async fn check_wait(
     limits: &'static [Limit],
     keys: &[Option<&str>],
