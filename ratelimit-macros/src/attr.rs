@@ -26,6 +26,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "shadow",
     "export",
     "on_store_error",
+    "wait",
 ];
 
 /// Names people write for an argument by habit (other libraries' words), and the right one.
@@ -72,6 +73,10 @@ const ALIASES: &[(&str, &str)] = &[
     ("fail_open", "on_store_error"),
     ("fail_closed", "on_store_error"),
     ("on_store_failure", "on_store_error"),
+    ("max_wait", "wait"),
+    ("wait_for", "wait"),
+    ("wait_up_to", "wait"),
+    ("block_for", "wait"),
 ];
 
 /// The algorithms `algo` accepts.
@@ -221,6 +226,8 @@ pub(crate) struct Args {
     pub(crate) export: Option<Ident>,
     /// `on_store_error = "deny"`: this limit's failure policy.
     pub(crate) on_store_error: Option<Spanned<OnStoreError>>,
+    /// `wait = "5s"`: the longest a limited call waits for a slot, in milliseconds.
+    pub(crate) wait: Option<Spanned<u64>>,
     /// Every mistake found while reading the values.
     pub(crate) errors: Vec<syn::Error>,
     /// The names written, right or wrong (an alias counts as the name it stands for), so that
@@ -307,6 +314,7 @@ impl Args {
             shadow: None,
             export: None,
             on_store_error: None,
+            wait: None,
             errors: Vec::new(),
             written: Vec::new(),
             broken: false,
@@ -358,6 +366,7 @@ impl Args {
             "shadow" => parse_shadow(value).map(|v| self.shadow = Some(v)),
             "export" => parse_export(value).map(|v| self.export = Some(v)),
             "on_store_error" => parse_on_store_error(value).map(|v| self.on_store_error = Some(v)),
+            "wait" => parse_wait(value).map(|v| self.wait = Some(v)),
             _ => unreachable!("every known name has a parser"),
         };
         if let Err(e) = result {
@@ -665,32 +674,16 @@ fn positive(name: &str, value: &Expr) -> syn::Result<Spanned<u64>> {
     })
 }
 
-const TIME_FORMS: &str = "integer seconds (`time = 10`) or a duration string: \"500ms\", \"10s\", \"1m\", \"1h\", \"1d\"";
+/// The forms a duration argument (`time`, `wait`) takes.
+fn duration_forms(name: &str) -> String {
+    format!(
+        "integer seconds (`{name} = 10`) or a duration string: \"500ms\", \"10s\", \"1m\", \"1h\", \"1d\""
+    )
+}
 
 /// `time`: integer seconds, or `"<n>ms|s|m|h|d"`; the result is in milliseconds.
 fn parse_time(value: &Expr) -> syn::Result<Spanned<u64>> {
-    let (ms, span) = match value {
-        Expr::Lit(ExprLit {
-            lit: Lit::Int(int), ..
-        }) => {
-            let secs: u64 = int.base10_parse().map_err(|_| {
-                syn::Error::new(int.span(), format!("`time` is too large; use {TIME_FORMS}"))
-            })?;
-            let ms = secs.checked_mul(1000).ok_or_else(|| {
-                syn::Error::new(int.span(), "`time` is too large: at most 100 years")
-            })?;
-            (ms, int.span())
-        }
-        Expr::Lit(ExprLit {
-            lit: Lit::Str(s), ..
-        }) => (parse_duration(&s.value(), s.span())?, s.span()),
-        other => {
-            return Err(syn::Error::new(
-                other.span(),
-                format!("`time` takes {TIME_FORMS}"),
-            ));
-        }
-    };
+    let (ms, span) = parse_duration_arg("time", value)?;
     if ms == 0 {
         return Err(syn::Error::new(
             span,
@@ -700,11 +693,67 @@ fn parse_time(value: &Expr) -> syn::Result<Spanned<u64>> {
     Ok(Spanned { value: ms, span })
 }
 
-fn parse_duration(text: &str, span: Span) -> syn::Result<u64> {
+/// The longest `wait`: an hour.
+pub(crate) const MAX_WAIT_MS: u64 = 3_600_000;
+
+/// `wait`: the longest a limited call waits for a slot, in the forms of `time`; positive and
+/// at most [`MAX_WAIT_MS`]. The result is in milliseconds.
+fn parse_wait(value: &Expr) -> syn::Result<Spanned<u64>> {
+    let (ms, span) = parse_duration_arg("wait", value)?;
+    if ms == 0 {
+        return Err(syn::Error::new(
+            span,
+            "`wait` must be positive: it is the longest a limited call waits for a slot before it fails (remove `wait` for a call that fails at once)",
+        ));
+    }
+    if ms > MAX_WAIT_MS {
+        return Err(syn::Error::new(
+            span,
+            "`wait` is at most \"1h\": a call waiting longer holds its task, its caller and its place in line for that long, and hides a spent quota or an outage behind a hang; queue such work in a job scheduler instead",
+        ));
+    }
+    Ok(Spanned { value: ms, span })
+}
+
+/// A duration argument `name`: integer seconds or a duration string, in milliseconds, and
+/// the span of its literal.
+fn parse_duration_arg(name: &str, value: &Expr) -> syn::Result<(u64, Span)> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(int), ..
+        }) => {
+            let secs: u64 = int.base10_parse().map_err(|_| {
+                syn::Error::new(
+                    int.span(),
+                    format!("`{name}` is too large; use {}", duration_forms(name)),
+                )
+            })?;
+            let ms = secs.checked_mul(1000).ok_or_else(|| {
+                syn::Error::new(
+                    int.span(),
+                    format!("`{name}` is too large: at most 100 years"),
+                )
+            })?;
+            Ok((ms, int.span()))
+        }
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Ok((parse_duration(name, &s.value(), s.span())?, s.span())),
+        other => Err(syn::Error::new(
+            other.span(),
+            format!("`{name}` takes {}", duration_forms(name)),
+        )),
+    }
+}
+
+fn parse_duration(name: &str, text: &str, span: Span) -> syn::Result<u64> {
     let bad = || {
         syn::Error::new(
             span,
-            format!("cannot read the duration \"{text}\": `time` takes {TIME_FORMS}"),
+            format!(
+                "cannot read the duration \"{text}\": `{name}` takes {}",
+                duration_forms(name)
+            ),
         )
     };
     let digits = text.bytes().take_while(u8::is_ascii_digit).count();
@@ -722,7 +771,7 @@ fn parse_duration(text: &str, span: Span) -> syn::Result<u64> {
         _ => return Err(bad()),
     };
     n.checked_mul(factor)
-        .ok_or_else(|| syn::Error::new(span, "`time` is too large: at most 100 years"))
+        .ok_or_else(|| syn::Error::new(span, format!("`{name}` is too large: at most 100 years")))
 }
 
 const BYS: &str =
@@ -1028,14 +1077,40 @@ mod tests {
     }
 
     #[test]
+    fn wait_takes_the_forms_of_time_up_to_an_hour() {
+        let wait = |tokens| args(tokens).wait.map(|w| w.value);
+        assert_eq!(
+            wait(quote::quote!(num = 1, time = 1, wait = 5)),
+            Some(5_000)
+        );
+        assert_eq!(
+            wait(quote::quote!(num = 1, time = 1, wait = "250ms")),
+            Some(250)
+        );
+        assert_eq!(
+            wait(quote::quote!(num = 1, time = 1, wait = "1h")),
+            Some(MAX_WAIT_MS)
+        );
+        for bad in [
+            quote::quote!(num = 1, time = 1, wait = 0),
+            quote::quote!(num = 1, time = 1, wait = "61m"),
+            quote::quote!(num = 1, time = 1, wait = "soon"),
+            quote::quote!(num = 1, time = 1, wait = true),
+        ] {
+            let a = args(bad);
+            assert!(a.wait.is_none() && a.errors.len() == 1, "{:?}", a.errors);
+        }
+    }
+
+    #[test]
     fn durations() {
         let s = Span::call_site();
-        assert_eq!(parse_duration("500ms", s).unwrap(), 500);
-        assert_eq!(parse_duration("10s", s).unwrap(), 10_000);
-        assert_eq!(parse_duration("1m", s).unwrap(), 60_000);
-        assert_eq!(parse_duration("1h", s).unwrap(), 3_600_000);
-        assert_eq!(parse_duration("1d", s).unwrap(), 86_400_000);
-        assert_eq!(parse_duration("7", s).unwrap(), 7_000);
+        assert_eq!(parse_duration("time", "500ms", s).unwrap(), 500);
+        assert_eq!(parse_duration("time", "10s", s).unwrap(), 10_000);
+        assert_eq!(parse_duration("time", "1m", s).unwrap(), 60_000);
+        assert_eq!(parse_duration("time", "1h", s).unwrap(), 3_600_000);
+        assert_eq!(parse_duration("time", "1d", s).unwrap(), 86_400_000);
+        assert_eq!(parse_duration("time", "7", s).unwrap(), 7_000);
         for bad in [
             "",
             "ms",
@@ -1045,7 +1120,7 @@ mod tests {
             "10 s",
             "99999999999999999999s",
         ] {
-            assert!(parse_duration(bad, s).is_err(), "{bad}");
+            assert!(parse_duration("time", bad, s).is_err(), "{bad}");
         }
     }
 

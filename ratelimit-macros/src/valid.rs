@@ -99,6 +99,9 @@ pub(crate) struct Checked {
     /// `export = "NAME"` (on any one of the stacked attributes): the const beside the function
     /// that holds every limit above.
     pub(crate) export: Option<Ident>,
+    /// `wait = "5s"` (on any one of the stacked attributes), in milliseconds: the longest a
+    /// limited call waits for a slot.
+    pub(crate) wait: Option<Spanned<u64>>,
 }
 
 /// Checks every attribute's arguments (errors found while parsing them included) and the
@@ -150,6 +153,7 @@ pub(crate) fn check(
     // The `by = "url"`s, which a gRPC method cannot have.
     let mut urls: Vec<Span> = Vec::new();
     let mut export: Option<Ident> = None;
+    let mut wait: Option<Spanned<u64>> = None;
 
     for mut args in attrs {
         errors.append(&mut args.errors);
@@ -167,6 +171,7 @@ pub(crate) fn check(
             }
         }
         take_export(&mut args, &mut export, &mut errors);
+        take_wait(&mut args, &mut wait, &mut errors);
         if let Some(key) = &args.key {
             check_template(key, receiver.is_some(), &readable, &mut errors);
         }
@@ -188,6 +193,7 @@ pub(crate) fn check(
     }
     check_dynamic_mode(&limits, &mode, boxed.is_some(), &mut errors);
     check_export(export.as_ref(), boxed.is_some(), &limits, &mut errors);
+    check_wait(wait.as_ref(), &mode, &mut errors);
 
     let name = sig.ident.to_string();
     let name = name.strip_prefix("r#").unwrap_or(&name);
@@ -208,6 +214,7 @@ pub(crate) fn check(
             mode,
             params,
             export,
+            wait,
         }),
     }
 }
@@ -254,6 +261,44 @@ fn take_export(args: &mut Args, export: &mut Option<Ident>, errors: &mut Vec<syn
         }
         None => *export = Some(name),
     }
+}
+
+/// The one `wait` of a stack (it bounds the whole call, every limit of it): a second one is
+/// an error.
+fn take_wait(args: &mut Args, wait: &mut Option<Spanned<u64>>, errors: &mut Vec<syn::Error>) {
+    let Some(this) = args.wait.take() else {
+        return;
+    };
+    match wait {
+        Some(first) => {
+            let mut e = syn::Error::new(
+                this.span,
+                "one `wait` bounds the whole call (every stacked #[rate_limit] of this function): remove this one",
+            );
+            e.combine(syn::Error::new(first.span, "the wait is given here"));
+            errors.push(e);
+        }
+        None => *wait = Some(this),
+    }
+}
+
+/// `wait` is for plain functions (and the plain methods of `#[async_trait]` impls): a handler
+/// or a gRPC method answers its client when to come back (`Retry-After`, `RetryInfo`) instead
+/// of holding the request open on the server.
+fn check_wait(wait: Option<&Spanned<u64>>, mode: &Mode, errors: &mut Vec<syn::Error>) {
+    let Some(wait) = wait else {
+        return;
+    };
+    let message = match mode {
+        Mode::Plain { .. } => return,
+        Mode::Http { .. } => {
+            "`wait` works on plain functions and the plain methods of #[async_trait] impls, not on HTTP handlers: a limited handler answers 429 with `Retry-After`, so its client waits without holding a connection and a worker here; put `wait` on the plain function that calls the limited API"
+        }
+        Mode::Grpc { .. } => {
+            "`wait` works on plain functions and the plain methods of #[async_trait] impls, not on gRPC methods: a limited method answers RESOURCE_EXHAUSTED with a `RetryInfo` detail, so its client waits without holding a stream here; put `wait` on the plain function that calls the limited API"
+        }
+    };
+    errors.push(syn::Error::new(wait.span, message));
 }
 
 /// Where `export` cannot name the limits: on an `#[async_trait]` method (the const would be an

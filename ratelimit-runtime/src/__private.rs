@@ -4,7 +4,9 @@
 //! For each function, the macro emits one `static` array of [`Limit`]s (one per attribute, in
 //! the order written) and, before the body, one call:
 //!
-//! * plain mode: `check(&LIMITS, &[key0, key1, …]).await` → `Result<(), RateLimitError>`;
+//! * plain mode: `check(&LIMITS, &[key0, key1, …]).await` → `Result<(), RateLimitError>`
+//!   (with `wait = "…"`: `check_wait(&LIMITS, &[…], Duration::from_millis(ms)).await`; a
+//!   dynamic limit: `check_dyn(&LIMITS, dynamics, &[…], &inputs, wait).await` → a `Hold`);
 //! * HTTP mode: a hidden first parameter of type `HttpCaller`, the user's function moved into
 //!   an inner `async fn`, and `check_http(&LIMITS, &POLICY, caller, &[keys…], || inner(args…))
 //!   .await`, whose `Limited<T>` return type is both an Axum `IntoResponse` and an Actix
@@ -18,7 +20,7 @@
 //! they belong (`call`, the pipeline; `limit`, `http`, `grpc`, `policy`).
 
 pub use crate::algorithm::Algorithm;
-pub use crate::call::{Hold, check, check_dyn};
+pub use crate::call::{Hold, check, check_dyn, check_wait};
 pub use crate::http::{
     HttpCaller, Limited, PolicyField, RequireActix, RequireAxum, RequireHttp, RequireOneFramework,
     check_http, check_http_dyn, counted,

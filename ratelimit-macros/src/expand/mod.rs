@@ -164,8 +164,11 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
     let item = match &checked.mode {
         Mode::Plain { ret } => plain(
             func,
-            *ret,
-            boxed.is_some(),
+            &Site {
+                ret: *ret,
+                boxed: boxed.is_some(),
+                wait: checked.wait.as_ref().map(|w| w.value),
+            },
             &statics,
             &key_lets,
             &key_refs,

@@ -4,18 +4,32 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
+/// Where a plain function's check goes and how it answers.
+pub(super) struct Site {
+    /// The return type's span (a missing `From<RateLimitError>` is reported there).
+    pub(super) ret: Span,
+    /// An `#[async_trait]` method: the check goes into its boxed future.
+    pub(super) boxed: bool,
+    /// `wait`, in milliseconds.
+    pub(super) wait: Option<u64>,
+}
+
 /// Plain mode: the signature untouched, the check prepended to the body (for an
 /// `#[async_trait]` method, to the user's body inside its boxed future).
 pub(super) fn plain(
     func: &ItemFn,
-    ret: Span,
-    boxed: bool,
+    site: &Site,
     statics: &TokenStream,
     key_lets: &[TokenStream],
     key_refs: &[TokenStream],
     dynamic: Option<&Dyn>,
 ) -> TokenStream {
     let p = private();
+    let (ret, boxed) = (site.ret, site.boxed);
+    let wait = site.wait.map(|ms| {
+        let ms = Literal::u64_suffixed(ms);
+        quote!(::core::time::Duration::from_millis(#ms))
+    });
     let (outer, inner) = split_attrs(&func.attrs);
     let (vis, sig, stmts) = (&func.vis, &func.sig, &func.block.stmts);
     let limits = local("__RATELIMIT_LIMITS");
@@ -28,8 +42,12 @@ pub(super) fn plain(
         let hold = local("__ratelimit_hold");
         let result = local("__ratelimit_result");
         let (ins, dy) = (&d.inputs, quote!(::core::option::Option::Some(&#dyns)));
+        let wait = wait.as_ref().map_or_else(
+            || quote!(::core::option::Option::None),
+            |w| quote!(::core::option::Option::Some(#w)),
+        );
         let checked_call = quote! {
-            #p::check_dyn(&#limits, #dy, &[#(#key_refs),*], &#inputs).await
+            #p::check_dyn(&#limits, #dy, &[#(#key_refs),*], &#inputs, #wait).await
         };
         if d.count.is_none() {
             let check = quote! {
@@ -77,13 +95,17 @@ pub(super) fn plain(
             }
         };
     }
+    let checked_call = if let Some(w) = &wait {
+        quote!(#p::check_wait(&#limits, &[#(#key_refs),*], #w).await)
+    } else {
+        quote!(#p::check(&#limits, &[#(#key_refs),*]).await)
+    };
     let check = quote! {
         #[allow(unused_braces, clippy::all, clippy::pedantic)]
         {
             #statics
             #(#key_lets)*
-            if let ::core::result::Result::Err(#err) =
-                #p::check(&#limits, &[#(#key_refs),*]).await
+            if let ::core::result::Result::Err(#err) = #checked_call
             {
                 return ::core::result::Result::Err(#from);
             }

@@ -18,6 +18,9 @@
 //!    429/403/400/401/500/503 for HTTP, a `tonic::Status` for gRPC (one table of codes:
 //!    [`Refusal::grpc_code`]), a trailers-only answer for gRPC through the layer.
 //!
+//! Around steps 1–4, a call may **wait** for a slot instead of failing ([`wait`]): a limited
+//! call sleeps until its `retry_after` and runs them again, within a budget (`wait = "5s"`).
+//!
 //! Steps 1–3 read the request and end its borrow ([`prepare`]); step 4 is the only await
 //! ([`Prepared::run`]), so a transport whose request is neither `Send` nor `Sync` (a tonic
 //! `Streaming`) holds nothing of it across the store call. A transport is an adapter: it
@@ -47,6 +50,7 @@ use crate::limiter::RateLimiter;
 
 mod exempt;
 pub(crate) mod plan;
+mod wait;
 
 use self::plan::{Dynamic, Input, Outcome, Taken};
 
@@ -369,35 +373,57 @@ impl Admitted<'_> {
     }
 }
 
-/// Plain functions: a call with no request.
-pub(crate) async fn plain<'l>(call: Call<'l, '_>) -> Result<Admitted<'l>, RateLimitError> {
+/// Plain functions: a call with no request; with `wait`, limited calls wait for a slot
+/// within that budget.
+pub(crate) async fn plain<'l>(
+    call: Call<'l, '_>,
+    wait: Option<Duration>,
+) -> Result<Admitted<'l>, RateLimitError> {
     let limiter = RateLimiter::current();
-    match prepare(&limiter, call, &Caller::PLAIN) {
-        Ok(prepared) => prepared.run(&limiter).await.map_err(Refused::into_error),
-        Err(refused) => Err(refused.into_error()),
-    }
+    let answer = match wait {
+        None => match prepare(&limiter, call, &Caller::PLAIN) {
+            Ok(prepared) => prepared.run(&limiter).await,
+            Err(refused) => Err(refused),
+        },
+        Some(budget) => {
+            wait::admit(&limiter, budget, || prepare(&limiter, call, &Caller::PLAIN)).await
+        }
+    };
+    answer.map_err(Refused::into_error)
 }
 
 /// Plain mode: checks every limit for one call against the process's limiter.
 pub async fn check(limits: &'static [Limit], keys: &[Option<&str>]) -> Result<(), RateLimitError> {
-    plain(Call::fixed(limits, keys)).await.map(drop)
+    plain(Call::fixed(limits, keys), None).await.map(drop)
+}
+
+/// Plain mode with `wait`: [`check`], where a limited call waits up to `wait` for a slot
+/// (the pipeline's `wait` step).
+pub async fn check_wait(
+    limits: &'static [Limit],
+    keys: &[Option<&str>],
+    wait: Duration,
+) -> Result<(), RateLimitError> {
+    plain(Call::fixed(limits, keys), Some(wait)).await.map(drop)
 }
 
 /// Plain mode with a dynamic limit (`quota`, `cost = <expression>`, `count`): checks the
-/// call; the [`Hold`] settles it after the body.
+/// call; the [`Hold`] settles it after the body. With `wait`, a limited call waits up to that
+/// long for a slot.
 pub async fn check_dyn(
     limits: &'static [Limit],
     dynamics: Option<&'static [Dynamic]>,
     keys: &[Option<&str>],
     inputs: &[Input],
+    wait: Option<Duration>,
 ) -> Result<Hold, RateLimitError> {
-    let admitted = plain(Call {
+    let call = Call {
         limits,
         dynamics,
         inputs,
         templates: keys,
-    })
-    .await?;
+    };
+    let admitted = plain(call, wait).await?;
     Ok(Hold {
         admitted: admitted.detach(),
     })

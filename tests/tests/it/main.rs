@@ -35,3 +35,4 @@ pub mod o1_algorithms;
 pub mod ops;
 pub mod redis_faults;
 pub mod redis_store;
+pub mod wait;
