@@ -318,6 +318,16 @@ async fn deny_handler() -> &'static str {
     "ran"
 }
 
+#[rate_limit(num = 1, time = 60, by = "ip", scope = "ops_exempt_memory")]
+async fn exempt_handler_memory() -> &'static str {
+    "ran"
+}
+
+#[rate_limit(num = 1, time = 60, by = "ip", scope = "ops_deny_memory")]
+async fn deny_handler_memory() -> &'static str {
+    "ran"
+}
+
 async fn fake_auth(mut req: Request, next: Next) -> Response {
     if let Some(user) = req.headers().get("x-user").and_then(|v| v.to_str().ok()) {
         let user = UserId::new(user);
@@ -336,10 +346,36 @@ fn net(s: &str) -> IpNet {
 /// an untrusted peer changes nothing, while a trusted proxy's header is believed.
 #[tokio::test]
 async fn exemptions_bypass_and_the_deny_list_refuses_without_a_store_call() {
-    snapshotter();
     let server = RedisServer::start();
-    let limiter = RateLimiter::builder()
-        .redis_url(server.url())
+    let handlers = (exempt_handler, deny_handler);
+    exemptions_scenario(Some(&server), handlers, ("ops_exempt", "ops_deny")).await;
+}
+
+/// The same on the memory store (no store to count commands of: the answers and the metrics).
+#[tokio::test]
+async fn exemptions_bypass_and_the_deny_list_refuses_memory() {
+    let handlers = (exempt_handler_memory, deny_handler_memory);
+    let scopes = ("ops_exempt_memory", "ops_deny_memory");
+    exemptions_scenario(None, handlers, scopes).await;
+}
+
+async fn exemptions_scenario<E, D, TE, TD>(
+    server: Option<&RedisServer>,
+    (exempt_handler, deny_handler): (E, D),
+    (exempt_scope, deny_scope): (&str, &str),
+) where
+    E: axum::handler::Handler<TE, ()>,
+    D: axum::handler::Handler<TD, ()>,
+    TE: 'static,
+    TD: 'static,
+{
+    snapshotter();
+    let builder = RateLimiter::builder();
+    let builder = match server {
+        Some(server) => builder.redis_url(server.url()),
+        None => builder.memory(),
+    };
+    let limiter = builder
         .timeout(Duration::from_secs(5))
         .trusted_proxies(["127.0.0.9"])
         .exempt_networks([net("127.0.0.2/32")])
@@ -351,7 +387,7 @@ async fn exemptions_bypass_and_the_deny_list_refuses_without_a_store_call() {
         .await
         .unwrap();
     let app = Router::new()
-        .route("/exempt", get(exempt_handler))
+        .route("/exempt", get(exempt_handler.clone()))
         .route("/healthz", get(exempt_handler))
         .route("/deny", get(deny_handler))
         .layer(middleware::from_fn(fake_auth))
@@ -382,7 +418,7 @@ async fn exemptions_bypass_and_the_deny_list_refuses_without_a_store_call() {
             200
         );
     }
-    assert_eq!(calls("ops_exempt", "exempted"), 10);
+    assert_eq!(calls(exempt_scope, "exempted"), 10);
     // Not exempt: limited as usual.
     assert_eq!(
         get("127.0.0.6", "/exempt", &[("x-user", "eve")])
@@ -410,8 +446,14 @@ async fn exemptions_bypass_and_the_deny_list_refuses_without_a_store_call() {
     }
 
     // The deny list: 403 with a JSON body, and not one command reaches Redis.
-    let mut conn = server.connection().await;
-    let before = commands(&mut conn).await;
+    let mut conn = match server {
+        Some(server) => Some(server.connection().await),
+        None => None,
+    };
+    let before = match conn.as_mut() {
+        Some(conn) => commands(conn).await,
+        None => 0,
+    };
     for (from, headers) in [
         ("127.0.0.3", &[][..]),
         ("127.0.0.9", &[("x-forwarded-for", "127.0.0.66")][..]),
@@ -423,17 +465,22 @@ async fn exemptions_bypass_and_the_deny_list_refuses_without_a_store_call() {
             assert_eq!(a.json()["error"], "forbidden", "{a:?}");
         }
     }
-    let after = commands(&mut conn).await;
+    let after = match conn.as_mut() {
+        Some(conn) => commands(conn).await,
+        None => 0,
+    };
     assert_eq!(before, after, "the deny list made store calls");
-    assert_eq!(calls("ops_deny", "denied"), 6);
+    assert_eq!(calls(deny_scope, "denied"), 6);
     // Hostile: an untrusted peer cannot get a denied answer for someone else either way (its
     // header is not read): it is limited as itself.
     let a = get("127.0.0.8", "/deny", &[("x-forwarded-for", "127.0.0.3")]).await;
     assert_eq!(a.status, 200, "{a:?}");
-    assert!(
-        commands(&mut conn).await > after,
-        "a normal check calls the store"
-    );
+    if let Some(conn) = conn.as_mut() {
+        assert!(
+            commands(conn).await > after,
+            "a normal check calls the store"
+        );
+    }
 }
 
 /// The commands Redis ran, `INFO commandstats` itself left out: `cmd -> calls`.
@@ -1075,23 +1122,36 @@ async fn actix_handler() -> &'static str {
     "ran"
 }
 
+#[rate_limit(num = 1, time = 60, by = "ip", scope = "ops_actix_redis")]
+async fn actix_handler_redis() -> &'static str {
+    "ran"
+}
+
 /// The same exemptions and deny list on Actix-web: the exempt network through, the denied one
 /// 403 with the JSON body, an untrusted peer naming the exempt network in `X-Forwarded-For`
-/// limited as itself.
-#[actix_web::test]
-async fn actix_exemptions_and_deny_list() {
+/// limited as itself. On the memory store and on Redis (`scope` is the handler's).
+async fn actix_exemptions_scenario<H, Args>(redis: Option<&RedisServer>, handler: H, scope: &str)
+where
+    H: actix_web::Handler<Args> + Clone + Send + 'static,
+    Args: actix_web::FromRequest + 'static,
+    H::Output: actix_web::Responder + 'static,
+{
     use actix_web::{App, HttpServer, web};
     snapshotter();
-    let limiter = RateLimiter::builder()
+    let builder = RateLimiter::builder()
         .exempt_networks([net("127.0.0.2/32")])
-        .deny_networks([net("127.0.0.3/32")])
-        .build()
-        .await
-        .unwrap();
+        .deny_networks([net("127.0.0.3/32")]);
+    let builder = match redis {
+        Some(server) => builder
+            .redis_url(server.url())
+            .timeout(Duration::from_secs(5)),
+        None => builder,
+    };
+    let limiter = builder.build().await.unwrap();
     let server = HttpServer::new(move || {
         App::new()
             .app_data(limiter.clone())
-            .route("/", web::get().to(actix_handler))
+            .route("/", web::get().to(handler.clone()))
     })
     .workers(1)
     .disable_signals()
@@ -1117,8 +1177,19 @@ async fn actix_exemptions_and_deny_list() {
     assert_eq!(denied.json()["error"], "forbidden");
     assert_eq!(get("127.0.0.4", Some("127.0.0.2")).await.status, 200);
     get("127.0.0.4", Some("127.0.0.2")).await.assert_too_many();
-    assert_eq!(calls("ops_actix", "exempted"), 3);
-    assert_eq!(calls("ops_actix", "denied"), 1);
+    assert_eq!(calls(scope, "exempted"), 3);
+    assert_eq!(calls(scope, "denied"), 1);
+}
+
+#[actix_web::test]
+async fn actix_exemptions_and_deny_list() {
+    actix_exemptions_scenario(None, actix_handler, "ops_actix").await;
+}
+
+#[actix_web::test]
+async fn actix_exemptions_and_deny_list_redis() {
+    let server = RedisServer::start();
+    actix_exemptions_scenario(Some(&server), actix_handler_redis, "ops_actix_redis").await;
 }
 
 #[rate_limit(num = 100, time = 60, by = "user", scope = "ops_deny_no_peer")]
