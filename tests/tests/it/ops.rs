@@ -359,6 +359,7 @@ async fn exemptions_bypass_and_the_deny_list_refuses_memory() {
     exemptions_scenario(None, handlers, scopes).await;
 }
 
+#[allow(clippy::too_many_lines)] // one scenario, told in order
 async fn exemptions_scenario<E, D, TE, TD>(
     server: Option<&RedisServer>,
     (exempt_handler, deny_handler): (E, D),
