@@ -294,12 +294,36 @@ pub enum FailurePolicy {
     Deny,
     /// Check the same limits against an in-process memory store until the store answers again
     /// (every limit of the call, when one of them asks for it; the memory store is made by the
-    /// first call that needs it): the limits still hold, per process (N instances admit up to N times the quota). A store
+    /// first call that needs it): the limits still hold, per process (see the bound below). A store
     /// that cannot record the call ([`StoreError::cannot_record`](crate::StoreError::cannot_record)) is not failing: its calls
     /// are refused, not checked here (a caller at 2 of 5 in Redis would get 5 more). When that
     /// local store is full of live entries ([`StoreError::Full`](crate::StoreError::Full)), a call that needs a new key
     /// there is rejected as with [`FailurePolicy::Deny`]: no other caller's local state is
     /// dropped to make room.
+    ///
+    /// **With N processes, each keeping its own count, the fleet admits up to N × `num`**
+    /// during an outage, unless the limiter knows N: with
+    /// [`Builder::local_share(N)`](crate::Builder::local_share) each process checks every limit
+    /// against its share ([`Policy::share`]: `num` and `burst` divided by N, rounded down, at
+    /// least 1; the keys are the same). The fleet then admits at most
+    /// `N × max(1, ⌊num / N⌋) ≤ max(num, N)` per window: at most `num` when `num ≥ N` (100 a
+    /// minute over 4 processes: 25 each, 100 in all; 10 over 3: 3 each, 9 in all), and one
+    /// call per process when `num < N` (10 over 20: 20 in all). The buckets scale `burst` the
+    /// same way. A call whose cost is more than its share's capacity is refused as under
+    /// [`FailurePolicy::Deny`]: admitting it would give this process more than its share.
+    /// The decisions (and the rate-limit headers) report the share's numbers.
+    ///
+    /// ```
+    /// use ratelimit_runtime::{FailurePolicy, RateLimiter};
+    /// // One of 4 replicas: while Redis is down, 100 a minute becomes 25 a minute here.
+    /// let limiter = RateLimiter::builder()
+    ///     .redis_url("redis://127.0.0.1:6379")
+    ///     .failure_policy(FailurePolicy::Local)
+    ///     .local_share(4)
+    ///     .build_lazy()?;
+    /// # let _ = limiter;
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
     Local,
 }
 

@@ -26,6 +26,7 @@ mod log_throttle;
 mod overrides;
 mod shadow;
 
+use std::num::NonZeroU32;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -76,6 +77,11 @@ pub struct Settings {
     /// Exempt and denied callers of the HTTP integrations ([`Builder::exempt_networks`],
     /// [`Builder::exempt_when`], [`Builder::deny_networks`]).
     pub exemptions: exempt::Exemptions,
+    /// How many processes share each limit's quota when [`FailurePolicy::Local`] answers
+    /// ([`Builder::local_share`]; default 1): during an outage each process checks every
+    /// limit scaled to its share ([`crate::Policy::share`]), so that the fleet stays near the
+    /// global quota rather than at `instances ×` it.
+    pub local_share: NonZeroU32,
 }
 
 impl Settings {
@@ -96,6 +102,7 @@ impl Default for Settings {
             http: HttpSettings::default(),
             shadow: false,
             exemptions: exempt::Exemptions::default(),
+            local_share: NonZeroU32::MIN,
         }
     }
 }
@@ -787,6 +794,93 @@ pub(crate) mod tests {
                 == 2,
             "search was never checked locally"
         );
+    }
+
+    /// Calls admitted by a limiter with `share` under [`FailurePolicy::Local`] on a store that
+    /// always fails, out of `calls`, each with `policy` on one key.
+    async fn admitted_with_share(share: u32, policy: Policy, calls: usize) -> usize {
+        let store = Arc::new(FakeStore::default());
+        let limiter = RateLimiter::builder()
+            .shared_store(store.clone())
+            .failure_policy(FailurePolicy::Local)
+            .local_share(share)
+            .build_lazy()
+            .unwrap();
+        let check = Check::new("k", &policy);
+        let mut admitted = 0;
+        for _ in 0..calls {
+            admitted += usize::from(limiter.check(&[check]).await.unwrap().is_admitted());
+        }
+        admitted
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_local_share_checks_each_limit_scaled_to_the_process_s_part() {
+        let minute = Duration::from_secs(60);
+        let fixed = Policy::new(Algorithm::Fixed, 10, minute).unwrap();
+        assert_eq!(admitted_with_share(3, fixed, 50).await, 3, "floor(10 / 3)");
+        assert_eq!(
+            admitted_with_share(20, fixed, 50).await,
+            1,
+            "num < instances: one each"
+        );
+        assert_eq!(
+            admitted_with_share(1, fixed, 50).await,
+            10,
+            "one share: the whole quota"
+        );
+        for algo in [Algorithm::Token, Algorithm::Gcra, Algorithm::Leaky] {
+            let bucket = Policy::new(algo, 10, minute)
+                .unwrap()
+                .with_burst(40)
+                .unwrap();
+            assert_eq!(
+                admitted_with_share(4, bucket, 50).await,
+                10,
+                "{algo}: burst 40 / 4"
+            );
+            assert_eq!(admitted_with_share(1, bucket, 50).await, 40, "{algo}");
+        }
+        // The decisions report the share.
+        let store = Arc::new(FakeStore::default());
+        let limiter = RateLimiter::builder()
+            .shared_store(store)
+            .failure_policy(FailurePolicy::Local)
+            .local_share(4)
+            .build_lazy()
+            .unwrap();
+        let hundred = Policy::new(Algorithm::Sliding, 100, minute).unwrap();
+        let v = limiter.check(&[Check::new("k", &hundred)]).await.unwrap();
+        assert_eq!(
+            (v.decisions()[0].limit, v.decisions()[0].remaining),
+            (25, 24)
+        );
+        // A cost above the share is refused as under `deny`, never admitted.
+        let costly = hundred.with_cost(30).unwrap();
+        assert!(limiter.check(&[Check::new("c", &costly)]).await.is_err());
+        let fits = hundred.with_cost(25).unwrap();
+        assert!(
+            limiter
+                .check(&[Check::new("c", &fits)])
+                .await
+                .unwrap()
+                .is_admitted()
+        );
+    }
+
+    #[test]
+    fn a_local_share_of_zero_is_a_config_error() {
+        let err = RateLimiter::builder()
+            .local_share(0)
+            .build_lazy()
+            .unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid(m) if m.contains("local_share")),
+            "{err}"
+        );
+        let ok = RateLimiter::builder().local_share(1).build_lazy().unwrap();
+        assert_eq!(ok.settings().local_share.get(), 1);
+        assert_eq!(Settings::default().local_share.get(), 1);
     }
 
     #[tokio::test(start_paused = true)]

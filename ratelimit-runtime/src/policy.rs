@@ -237,6 +237,67 @@ impl Policy {
     pub const fn capacity(&self) -> u64 {
         rules::capacity(self.algorithm.kind(), self.limit, self.burst)
     }
+
+    /// This policy's share on one of `instances` processes that each count alone (what
+    /// [`FailurePolicy::Local`](crate::FailurePolicy::Local) checks during an outage when the
+    /// limiter was built with [`Builder::local_share`](crate::Builder::local_share)): the same
+    /// algorithm, period and cost, with `num` and `burst` each divided by `instances`, rounded
+    /// down, and at least 1. One share is the policy itself.
+    ///
+    /// `instances` shares of `num` admit at most `instances × max(1, ⌊num / instances⌋) ≤
+    /// max(num, instances)` in a window: the quota itself when `num ≥ instances`, one call per
+    /// process when `num < instances` (a process can admit no less than one call and still be a
+    /// limit). The same holds for `burst`; a bucket (token, leaky, GCRA) thus admits at most
+    /// `max(burst, instances) + max(num, instances)` in a period across the fleet, as the
+    /// policy itself admits `burst + num` from full.
+    ///
+    /// A bucket so large that its scaled rate could no longer be kept exact
+    /// ([`PolicyError::BucketTooFine`], [`PolicyError::GcraTooFine`]: a `num` that no longer
+    /// divides the period) gets the largest burst that is: less, never more.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::CostExceedsCapacity`] when one call's `cost` is more than the share's
+    /// capacity: no call could be admitted without giving this process more than its share.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Policy, PolicyError};
+    ///
+    /// let four = NonZeroU32::new(4).unwrap();
+    /// let p = Policy::new(Algorithm::Fixed, 100, Duration::from_secs(60))?;
+    /// assert_eq!(p.share(four)?.limit(), 25);
+    /// let bucket = Policy::new(Algorithm::Token, 10, Duration::from_secs(1))?.with_burst(30)?;
+    /// let shared = bucket.share(four)?;
+    /// assert_eq!((shared.limit(), shared.burst()), (2, 7));
+    /// // Fewer units than processes: one each.
+    /// let tiny = Policy::new(Algorithm::Sliding, 3, Duration::from_secs(60))?;
+    /// assert_eq!(tiny.share(four)?.limit(), 1);
+    /// // A call costing more than the share can never be admitted within it.
+    /// assert_eq!(p.with_cost(30)?.share(four), Err(PolicyError::CostExceedsCapacity));
+    /// # Ok::<(), PolicyError>(())
+    /// ```
+    pub fn share(&self, instances: std::num::NonZeroU32) -> Result<Self, PolicyError> {
+        let n = u64::from(instances.get());
+        if n == 1 {
+            return Ok(*self);
+        }
+        let part = |units: u64| (units / n).max(1);
+        let limit = part(self.limit);
+        let mut burst = part(self.burst);
+        // A smaller `num` may share fewer factors with the period: the bucket's scale (or GCRA's
+        // interval) gets finer, and the largest exact burst smaller. Both divisors are at most
+        // the longest period in µs (< 2^52), so that burst is at least 1.
+        let micros = self.period_ms.saturating_mul(1000);
+        let step = match self.algorithm.kind() {
+            rules::Kind::Bucket => micros / rules::gcd(limit, micros).max(1),
+            rules::Kind::Gcra => micros.div_ceil(limit),
+            _ => 1,
+        };
+        burst = burst.min(MAX_BUCKET_SCALE / step.max(1));
+        Self::from_parts(self.algorithm, limit, self.period_ms, burst, self.cost)
+    }
 }
 
 // What the numeric rules and the parse error say about an algorithm are the policy's own
@@ -429,5 +490,148 @@ mod tests {
                 .capacity(),
             5
         );
+    }
+}
+
+#[cfg(test)]
+mod share_tests {
+    use std::num::NonZeroU32;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::algorithm::{self, State};
+
+    fn n(instances: u32) -> NonZeroU32 {
+        NonZeroU32::new(instances).unwrap()
+    }
+
+    #[test]
+    fn a_share_is_the_floor_of_num_and_burst_at_least_one() {
+        let minute = Duration::from_secs(60);
+        let fixed = Policy::new(Algorithm::Fixed, 10, minute).unwrap();
+        assert_eq!(fixed.share(n(3)).unwrap().limit(), 3, "floor(10 / 3)");
+        assert_eq!(
+            fixed.share(n(20)).unwrap().limit(),
+            1,
+            "num < instances: one each"
+        );
+        assert_eq!(fixed.share(n(1)).unwrap(), fixed, "one share is the policy");
+        let hundred = Policy::new(Algorithm::Sliding, 100, minute).unwrap();
+        assert_eq!(hundred.share(n(4)).unwrap().capacity(), 25);
+        for algo in [Algorithm::Token, Algorithm::Leaky, Algorithm::Gcra] {
+            let p = Policy::new(algo, 10, minute)
+                .unwrap()
+                .with_burst(30)
+                .unwrap();
+            let s = p.share(n(4)).unwrap();
+            assert_eq!(
+                (
+                    s.algorithm(),
+                    s.limit(),
+                    s.burst(),
+                    s.capacity(),
+                    s.period_ms()
+                ),
+                (algo, 2, 7, 7, 60_000),
+                "{algo}"
+            );
+            assert_eq!(p.share(n(50)).unwrap().capacity(), 1, "{algo}");
+        }
+        let counter = Policy::new(Algorithm::SlidingCounter, 9, minute).unwrap();
+        assert_eq!(counter.share(n(2)).unwrap().capacity(), 4);
+    }
+
+    #[test]
+    fn a_cost_above_the_share_is_refused_never_admitted() {
+        let p = Policy::new(Algorithm::Fixed, 100, Duration::from_secs(60))
+            .unwrap()
+            .with_cost(30)
+            .unwrap();
+        assert_eq!(p.share(n(4)), Err(PolicyError::CostExceedsCapacity));
+        assert_eq!(p.share(n(3)).unwrap().capacity(), 33);
+        assert_eq!(p.share(n(3)).unwrap().cost(), 30);
+    }
+
+    #[test]
+    fn a_bucket_whose_scaled_rate_is_finer_keeps_the_largest_exact_burst() {
+        // 10^6 per second divides the period: a coarse scale, room for a burst of 2^50. A
+        // third of it does not: the burst shrinks to what stays exact.
+        let p = Policy::from_parts(Algorithm::Leaky, 1_000_000, 1000, MAX_UNITS, 1).unwrap();
+        let s = p.share(n(3)).unwrap();
+        assert_eq!(s.limit(), 333_333);
+        assert_eq!(s.burst(), MAX_BUCKET_SCALE / 1_000_000);
+        // GCRA: 7 a second has an interval of ⌈10^6 / 7⌉ µs, one a second of 10^6 µs.
+        let burst = MAX_BUCKET_SCALE / 142_858;
+        let g = Policy::from_parts(Algorithm::Gcra, 7, 1000, burst, 1).unwrap();
+        let s = g.share(n(4)).unwrap();
+        assert_eq!((s.limit(), s.burst()), (1, MAX_BUCKET_SCALE / 1_000_000));
+        assert!(s.burst() < burst / 4);
+    }
+
+    /// Units the policy admits to calls at `times` (µs, sorted), from no state.
+    fn admitted(p: &Policy, times: &[u64]) -> u64 {
+        let params = p.params();
+        let mut state: Option<State> = None;
+        let mut units = 0;
+        for &now in times {
+            let (e, next) = algorithm::evaluate(p.algorithm(), state.as_ref(), &params, now);
+            if e.admitted {
+                units += p.cost();
+                state = next;
+            }
+        }
+        units
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Every algorithm: within one period, a share admits at most its `num` (windows) or
+        /// its `burst + num` (buckets, from full), and `instances` shares at most
+        /// `max(num, instances)` (and `max(burst, instances)`), what the fleet is promised.
+        #[test]
+        fn a_share_never_admits_more_than_its_part_of_a_window(
+            algo in proptest::sample::select(Algorithm::ALL.to_vec()),
+            num in 1u64..=400,
+            burst in 1u64..=400,
+            cost in 1u64..=3,
+            period_ms in 1u64..=10_000,
+            instances in 1u32..=16,
+            offsets in proptest::collection::vec(0u64..1_000_000_000, 0..300),
+        ) {
+            let burst = if algo.kind().has_burst() { burst } else { num };
+            let Ok(p) = Policy::from_parts(algo, num, period_ms, burst, cost) else {
+                return Ok(());
+            };
+            let share = match p.share(n(instances)) {
+                Ok(s) => s,
+                Err(e) => {
+                    prop_assert_eq!(e, PolicyError::CostExceedsCapacity);
+                    let part = if algo.kind().has_burst() { burst } else { num };
+                    prop_assert!(cost > (part / u64::from(instances)).max(1));
+                    return Ok(());
+                }
+            };
+            let k = u64::from(instances);
+            prop_assert_eq!((share.algorithm(), share.period_ms(), share.cost()), (algo, period_ms, cost));
+            prop_assert!(share.limit() <= (num / k).max(1));
+            prop_assert!(share.burst() <= (burst / k).max(1));
+            prop_assert!(k * share.limit() <= num.max(k));
+            prop_assert!(k * share.burst() <= burst.max(k));
+            // One period, starting on a window's edge (the sliding counter's windows are
+            // aligned to the period), from no state.
+            let period_us = period_ms * 1000;
+            let start = 7 * period_us;
+            let mut times: Vec<u64> = offsets.iter().map(|o| start + o % period_us).collect();
+            times.sort_unstable();
+            let units = admitted(&share, &times);
+            let bound = if algo.kind().has_burst() {
+                share.burst() + share.limit()
+            } else {
+                share.limit()
+            };
+            prop_assert!(units <= bound, "{:?} admitted {} > {}", share, units, bound);
+        }
     }
 }

@@ -22,6 +22,7 @@ impl RateLimiter {
             deny: Vec::new(),
             require_noeviction: false,
             overrides: Vec::new(),
+            local_share: 1,
         }
     }
 }
@@ -107,6 +108,8 @@ pub struct Builder {
     require_noeviction: bool,
     /// Scope quotas set from the start ([`Builder::override_quota`]).
     pub(super) overrides: Vec<(String, crate::quota::Quota)>,
+    /// [`Builder::local_share`], as given (0 fails the build).
+    local_share: u32,
 }
 
 impl std::fmt::Debug for Builder {
@@ -211,6 +214,37 @@ impl Builder {
     /// What to do when the store fails (default [`FailurePolicy::Allow`]).
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.settings.failure_policy = policy;
+        self
+    }
+
+    /// How many processes share each limit when [`FailurePolicy::Local`] answers (default 1:
+    /// each process keeps the whole quota). With `instances` processes, each checks every
+    /// limit during an outage against its share ([`Policy::share`](crate::Policy::share)):
+    /// `num` and `burst` divided by `instances`, rounded down, at least 1. The fleet then
+    /// admits at most `instances × max(1, ⌊num / instances⌋) ≤ max(num, instances)` per
+    /// window instead of `instances × num`: the quota itself when `num ≥ instances`, one call
+    /// per process for the limits with fewer units than processes.
+    ///
+    /// A call whose `cost` is more than its share's capacity cannot be admitted within the
+    /// share: it is refused as under [`FailurePolicy::Deny`] while the store is down. The
+    /// healthy path is untouched: the store keeps the whole quota. Count the processes that
+    /// serve the limits (replicas); more than there are only makes each share smaller. `0`
+    /// fails the build ([`ConfigError::Invalid`]).
+    ///
+    /// ```
+    /// use ratelimit_runtime::{FailurePolicy, RateLimiter};
+    /// // Four replicas: during an outage, each admits a quarter of every limit.
+    /// let limiter = RateLimiter::builder()
+    ///     .redis_url("redis://127.0.0.1:6379")
+    ///     .failure_policy(FailurePolicy::Local)
+    ///     .local_share(4)
+    ///     .build_lazy()?;
+    /// assert_eq!(limiter.settings().local_share.get(), 4);
+    /// assert!(RateLimiter::builder().local_share(0).build_lazy().is_err());
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
+    pub fn local_share(mut self, instances: u32) -> Self {
+        self.local_share = instances;
         self
     }
 
@@ -388,6 +422,12 @@ impl Builder {
                 self.settings.http.ipv6_prefix
             )));
         }
+        self.settings.local_share = std::num::NonZeroU32::new(self.local_share).ok_or_else(|| {
+            ConfigError::Invalid(
+                "local_share must be at least 1: the number of processes that share each limit during an outage"
+                    .to_owned(),
+            )
+        })?;
         if self.settings.timeout.is_zero() {
             return Err(ConfigError::Invalid(
                 "the timeout must be positive".to_owned(),

@@ -94,6 +94,28 @@ impl RateLimiter {
             )),
             FailurePolicy::Deny => Err(error.unwrap_or_else(|| inner.breaker.last_error())),
             FailurePolicy::Local => {
+                // Each limit scaled to this process's share of the fleet (the keys stay as
+                // they are): a call costing more than its share is refused as under `deny`.
+                let share = inner.settings.local_share;
+                let (policies, shared);
+                let checks = if share.get() == 1 {
+                    checks
+                } else {
+                    let Ok(scaled) = checks
+                        .iter()
+                        .map(|c| c.policy.share(share))
+                        .collect::<Result<Vec<_>, _>>()
+                    else {
+                        return Err(error.unwrap_or_else(|| inner.breaker.last_error()));
+                    };
+                    policies = scaled;
+                    shared = checks
+                        .iter()
+                        .zip(&policies)
+                        .map(|(c, policy)| Check { policy, ..*c })
+                        .collect::<Vec<_>>();
+                    &shared[..]
+                };
                 let verdict = inner
                     .local
                     .get_or_init(MemoryStore::new)
