@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
@@ -15,6 +15,7 @@ use crate::limit::{By, Limit};
 use crate::limiter::RateLimiter;
 use crate::policy::{Policy, PolicyError};
 
+use super::by::{intern, parse_by};
 use super::route::{Pattern, Route};
 use super::{PeerAddrFn, RateLimitLayer, Routing, Rule, Shared};
 
@@ -569,41 +570,4 @@ impl RateLimitLayerBuilder {
             }),
         })
     }
-}
-
-/// Whether `b` may be in a header name (an RFC 9110 token).
-pub(super) fn is_header_name_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
-/// A `by` value, as the attribute spells it.
-pub(super) fn parse_by(text: &str) -> Option<By> {
-    Some(match text {
-        "global" => By::Global,
-        "ip" => By::Ip,
-        "url" => By::Url,
-        "user" => By::User,
-        "app_id" => By::AppId,
-        other => {
-            let name = other.strip_prefix("header:")?.trim();
-            if name.is_empty() || !name.bytes().all(is_header_name_byte) {
-                return None;
-            }
-            By::Header(intern(&name.to_ascii_lowercase()))
-        }
-    })
-}
-
-/// `s` for as long as the process lives, once per distinct value: the limits' scopes and
-/// header names are `&'static str` (the attribute's are literals). Only validated names of
-/// configured layers come here, so the memory this keeps is bounded by the configuration.
-pub(super) fn intern(s: &str) -> &'static str {
-    static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(name) = names.iter().find(|n| **n == s) {
-        return name;
-    }
-    let name: &'static str = Box::leak(s.into());
-    names.push(name);
-    name
 }

@@ -174,6 +174,7 @@
 mod answer;
 mod body;
 mod builder;
+mod by;
 mod grpc;
 mod route;
 mod service;
@@ -326,6 +327,7 @@ mod tests {
 
     use super::answer::*;
     use super::builder::*;
+    use super::by::*;
     use super::*;
     use crate::algorithm::Algorithm;
     use crate::caller::answer::Refusal;

@@ -1,152 +1,17 @@
-//! The crate's structure, checked from its sources (issue 22): the macro crate is pinned exactly,
-//! and the top-level modules import one another downward only, without a cycle and without the
-//! crate root's re-exports.
-//!
-//! Run them with `cargo test -p ratelimit-runtime --lib structure` (add `-- --include-ignored`
-//! while the import check is ignored).
+//! The source scanner of the structure tests: code without comments and strings, the
+//! `crate::` paths it names, and the graph of top-level modules with its cycles and violations.
+
+#![allow(clippy::wildcard_imports)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// The top-level modules by floor, lowest first. A module may import a module on its own floor
-/// or below, never one above; names of modules that do not exist (yet) are fine here, a module
-/// that exists and is missing here is not.
-const FLOORS: &[&[&str]] = &[
-    // Vocabulary: data and pure functions, no I/O, no limiter.
-    &[
-        "error",
-        "net",
-        "cost",
-        "decision",
-        "algorithm",
-        "policy",
-        "quota",
-        "key",
-        "limit",
-        "observe",
-    ],
-    // Where counts live.
-    &["store"],
-    // What a request offers the limiter (peer, forwarding headers, path, user; issue 22).
-    &["caller"],
-    // The limiter: stores, failure policy, overrides, exemptions, shadow mode, admin calls.
-    &["limiter"],
-    // The one pipeline every transport calls (issue 22), and today's copies of it.
-    &["call", "dynamic"],
-    // The transports.
-    &["http", "grpc", "layer"],
-    // What the macro's generated code names; the tests of the whole crate.
-    &["__private", "structure_tests"],
-];
-
-// ---------------------------------------------------------------------------------------------
-// The macro crate, pinned.
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn manifest_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The lines of `[name]` in a manifest (up to the next table header), trimmed.
-fn table<'a>(manifest: &'a str, name: &str) -> Vec<&'a str> {
-    let header = format!("[{name}]");
-    let mut lines = manifest.lines().map(str::trim);
-    let _ = lines.by_ref().find(|l| *l == header);
-    lines
-        .take_while(|l| !l.starts_with('['))
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .collect()
-}
-
-/// The value of `key` in `key = value` (a bare line, or an entry of an inline table), unquoted.
-fn value_of(entries: &str, key: &str) -> Option<String> {
-    let entries = entries.trim().trim_start_matches('{').trim_end_matches('}');
-    entries.split(',').find_map(|entry| {
-        let (k, v) = entry.split_once('=')?;
-        (k.trim() == key).then(|| v.trim().trim_matches('"').to_owned())
-    })
-}
-
-/// What `table` says of `dep`: the inline value of `dep = …`, `dep.workspace = true` as
-/// `{ workspace = true }`, or the lines of a `[<table>.dep]` table joined as one inline table.
-fn dependency(manifest: &str, table_name: &str, dep: &str) -> Option<String> {
-    for line in table(manifest, table_name) {
-        let Some((k, v)) = line.split_once('=') else {
-            continue;
-        };
-        let k = k.trim();
-        if k == dep {
-            return Some(v.trim().to_owned());
-        }
-        if let Some(field) = k.strip_prefix(dep).and_then(|r| r.strip_prefix('.')) {
-            return Some(format!("{{ {field} = {} }}", v.trim()));
-        }
-    }
-    let own = table(manifest, &format!("{table_name}.{dep}"));
-    (!own.is_empty()).then(|| format!("{{ {} }}", own.join(", ")))
-}
-
-/// The version requirement of the runtime's dependency on the macro crate, and the macro
-/// crate's own version, following `workspace = true` to the workspace manifest.
-fn macro_versions() -> (String, String) {
-    let dir = manifest_dir();
-    let workspace = read(&dir.join("../Cargo.toml"));
-    let runtime = read(&dir.join("Cargo.toml"));
-    let macros = read(&dir.join("../ratelimit-macros/Cargo.toml"));
-
-    let spec = dependency(&runtime, "dependencies", "ratelimit-macros")
-        .expect("ratelimit-runtime depends on ratelimit-macros");
-    let spec = if value_of(&spec, "workspace").as_deref() == Some("true") {
-        dependency(&workspace, "workspace.dependencies", "ratelimit-macros")
-            .expect("[workspace.dependencies] declares ratelimit-macros")
-    } else {
-        spec
-    };
-    let required = if spec.starts_with('"') {
-        spec.trim_matches('"').to_owned()
-    } else {
-        value_of(&spec, "version").unwrap_or_else(|| panic!("no version in {spec}"))
-    };
-
-    let package = table(&macros, "package");
-    let version = package
-        .iter()
-        .find_map(|l| value_of(l, "version"))
-        .or_else(|| {
-            package
-                .iter()
-                .any(|l| value_of(l, "version.workspace").as_deref() == Some("true"))
-                .then(|| {
-                    table(&workspace, "workspace.package")
-                        .iter()
-                        .find_map(|l| value_of(l, "version"))
-                })?
-        })
-        .expect("ratelimit-macros has a version");
-    (required, version)
-}
-
-/// The generated code calls `__private`, which has no semver promise: the runtime takes exactly
-/// the macro crate of its own release (as thiserror and serde pin their derive crates).
-#[test]
-fn structure_the_runtime_pins_the_macro_crate_exactly() {
-    let (required, version) = macro_versions();
-    let pinned = required
-        .strip_prefix('=')
-        .unwrap_or_else(|| panic!("ratelimit-macros = {required:?}: expected \"={version}\""));
-    assert_eq!(pinned.trim(), version, "ratelimit-macros = {required:?}");
-}
-
-// ---------------------------------------------------------------------------------------------
-// The import graph.
+use super::*;
 
 /// `src` with comments, string and character literals blanked out (newlines kept, so lines
 /// still count), ready to search for paths.
-fn code_only(src: &str) -> Vec<char> {
+pub(super) fn code_only(src: &str) -> Vec<char> {
     let c: Vec<char> = src.chars().collect();
     let blank = |ch: char| if ch == '\n' { '\n' } else { ' ' };
     let ident = |ch: char| ch.is_alphanumeric() || ch == '_';
@@ -229,7 +94,7 @@ fn code_only(src: &str) -> Vec<char> {
 }
 
 /// The length of the raw string literal at the start of `c`, if one starts there.
-fn raw_string_len(c: &[char]) -> Option<usize> {
+pub(super) fn raw_string_len(c: &[char]) -> Option<usize> {
     let mut i = usize::from(c.first() == Some(&'b'));
     if c.get(i) != Some(&'r') {
         return None;
@@ -248,18 +113,18 @@ fn raw_string_len(c: &[char]) -> Option<usize> {
         .map(|j| j + close.len())
 }
 
-fn is_ident(ch: char) -> bool {
+pub(super) fn is_ident(ch: char) -> bool {
     ch.is_alphanumeric() || ch == '_'
 }
 
-fn skip_ws(c: &[char], mut i: usize) -> usize {
+pub(super) fn skip_ws(c: &[char], mut i: usize) -> usize {
     while i < c.len() && c[i].is_whitespace() {
         i += 1;
     }
     i
 }
 
-fn ident_at(c: &[char], i: usize) -> (String, usize) {
+pub(super) fn ident_at(c: &[char], i: usize) -> (String, usize) {
     let end = (i..c.len()).find(|&j| !is_ident(c[j])).unwrap_or(c.len());
     (c[i..end].iter().collect(), end)
 }
@@ -267,7 +132,7 @@ fn ident_at(c: &[char], i: usize) -> (String, usize) {
 /// Every `crate::<first segment>` in `code` (`$crate::` too), with its line: `use` statements,
 /// expressions, types, and each item of a grouped `crate::{a::X, b::{Y, Z}}`. Visibilities
 /// (`pub(in crate::m)`) are not imports and are left out.
-fn crate_paths(code: &[char]) -> Vec<(String, usize)> {
+pub(super) fn crate_paths(code: &[char]) -> Vec<(String, usize)> {
     let mut found = Vec::new();
     let line_of = |i: usize| 1 + code[..i].iter().filter(|&&ch| ch == '\n').count();
     let mut i = 0;
@@ -317,7 +182,7 @@ fn crate_paths(code: &[char]) -> Vec<(String, usize)> {
 }
 
 /// Whether the `crate` at `at` follows `(in`: a visibility, `pub(in crate::m)`.
-fn visibility_path(code: &[char], at: usize) -> bool {
+pub(super) fn visibility_path(code: &[char], at: usize) -> bool {
     let before: String = code[..at].iter().collect();
     let before = before.trim_end();
     before
@@ -326,7 +191,7 @@ fn visibility_path(code: &[char], at: usize) -> bool {
 }
 
 /// The names the crate root re-exports (`pub use a::{B, c as d};` → `B`, `d`).
-fn root_reexports(lib: &[char]) -> BTreeSet<String> {
+pub(super) fn root_reexports(lib: &[char]) -> BTreeSet<String> {
     let text: String = lib.iter().collect();
     let mut names = BTreeSet::new();
     for stmt in text.split(';') {
@@ -356,7 +221,7 @@ fn root_reexports(lib: &[char]) -> BTreeSet<String> {
     names
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+pub(super) fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.expect("a directory entry").path())
@@ -373,10 +238,10 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// An import of one top-level module by another: where it is written.
 #[derive(Debug, Clone)]
-struct Site {
-    file: String,
-    line: usize,
-    path: String,
+pub(super) struct Site {
+    pub(super) file: String,
+    pub(super) line: usize,
+    pub(super) path: String,
 }
 
 impl std::fmt::Display for Site {
@@ -387,13 +252,13 @@ impl std::fmt::Display for Site {
 
 /// The import graph of the top-level modules: each edge with its first site, and the uses of
 /// the crate root's items (re-exports or not) inside the crate.
-struct Graph {
-    modules: BTreeSet<String>,
-    edges: BTreeMap<(String, String), Vec<Site>>,
-    root_uses: Vec<Site>,
+pub(super) struct Graph {
+    pub(super) modules: BTreeSet<String>,
+    pub(super) edges: BTreeMap<(String, String), Vec<Site>>,
+    pub(super) root_uses: Vec<Site>,
 }
 
-fn graph() -> Graph {
+pub(super) fn graph() -> Graph {
     let src = manifest_dir().join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
@@ -442,7 +307,7 @@ fn graph() -> Graph {
 
 /// The cycles of the graph: one per strongly connected component of more than one module, as
 /// a path that comes back to its start.
-fn cycles(g: &Graph) -> Vec<Vec<String>> {
+pub(super) fn cycles(g: &Graph) -> Vec<Vec<String>> {
     let next = |m: &str| -> Vec<String> {
         g.edges
             .keys()
@@ -506,7 +371,7 @@ fn cycles(g: &Graph) -> Vec<Vec<String>> {
 }
 
 /// Every way the import graph breaks the rules, one line each (empty: none).
-fn violations(g: &Graph) -> Vec<String> {
+pub(super) fn violations(g: &Graph) -> Vec<String> {
     let mut out = Vec::new();
     let site = |a: &str, b: &str| g.edges[&(a.to_owned(), b.to_owned())][0].to_string();
     for cycle in cycles(g) {
@@ -539,69 +404,4 @@ fn violations(g: &Graph) -> Vec<String> {
         }
     }
     out
-}
-
-/// No import cycle between top-level modules, no use of the crate root's items inside the
-/// crate, no import of a module on a higher floor (`FLOORS`). Every violation is listed.
-#[test]
-fn structure_modules_import_downward_without_cycles() {
-    let g = graph();
-    let found = violations(&g);
-    assert!(
-        found.is_empty(),
-        "{} structure violation(s):\n{}",
-        found.len(),
-        found.join("\n")
-    );
-}
-
-/// The scanner finds paths in `use` and in expressions, reads grouped imports, and skips
-/// comments, strings and visibilities.
-#[test]
-fn structure_scanner_reads_paths_and_skips_comments_and_strings() {
-    let src = concat!(
-        r#"
-use crate::{a::X, b::{Y, Z}, c};
-use crate::d::E; // crate::commented
-/* crate::block /* nested crate::deeper */ still */
-pub(in crate::vis) fn f<'a>(s: &'a str) -> char {
-    let _ = "crate::in_string";
-"#,
-        // A raw string with a quote inside: `r#"crate::"raw""#`.
-        "    let _ = r#\"crate::\"raw\"\"#;\n",
-        r#"    let _ = crate::e::call();
-    let _ = $crate::f::g;
-    let _ = ratelimit_crate::no;
-    '"'
-}
-fn h() { let _ = crate::G; }
-"#
-    );
-    let names: Vec<String> = crate_paths(&code_only(src))
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
-    assert_eq!(names, ["a", "b", "c", "d", "e", "f", "G"]);
-    let lines: Vec<usize> = crate_paths(&code_only(src))
-        .into_iter()
-        .map(|(_, l)| l)
-        .collect();
-    assert_eq!(lines, [2, 2, 2, 3, 8, 9, 13]);
-
-    let lib = code_only("pub use a::{B, c as d};\npub use e::F;\nmod g;\n");
-    let names: Vec<String> = root_reexports(&lib).into_iter().collect();
-    assert_eq!(names, ["B", "F", "d"]);
-}
-
-/// The crate's graph as it is, for a reader (`--nocapture`): every edge and its first site.
-#[test]
-#[ignore = "prints the import graph; run with --ignored --nocapture"]
-fn structure_print_the_import_graph() {
-    let g = graph();
-    for ((a, b), sites) in &g.edges {
-        println!("{a} -> {b}  ({} sites, first {})", sites.len(), sites[0]);
-    }
-    for v in violations(&g) {
-        println!("! {v}");
-    }
 }
