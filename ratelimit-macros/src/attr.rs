@@ -27,6 +27,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "export",
     "on_store_error",
     "wait",
+    "settle",
 ];
 
 /// Names people write for an argument by habit (other libraries' words), and the right one.
@@ -77,6 +78,9 @@ const ALIASES: &[(&str, &str)] = &[
     ("wait_for", "wait"),
     ("wait_up_to", "wait"),
     ("block_for", "wait"),
+    ("actual", "settle"),
+    ("actual_cost", "settle"),
+    ("settle_with", "settle"),
 ];
 
 /// The algorithms `algo` accepts.
@@ -354,6 +358,7 @@ impl Args {
             }
             "quota" => parse_quota(value).map(|v| self.dynamic.quota = Some(v)),
             "count" => parse_count(value).map(|v| self.dynamic.count = Some(v)),
+            "settle" => parse_settle(value).map(|v| self.dynamic.settle = Some(v)),
             "algo" => parse_algo(value).map(|v| self.algo = Some(v)),
             "num" => positive("num", value).map(|v| self.num = Some(v)),
             "time" => parse_time(value).map(|v| self.time = Some(v)),
@@ -390,6 +395,48 @@ pub(crate) struct DynamicArgs {
     pub(crate) quota: Option<Spanned<QuotaArg>>,
     /// `count = "err"`, `"ok"`, `"errors"`, `"4xx"`, `"5xx"`, `"4xx,5xx"`…
     pub(crate) count: Option<Spanned<CountArg>>,
+    /// `settle = |output| …` or `settle = "later"`.
+    pub(crate) settle: Option<Spanned<SettleArg>>,
+}
+
+/// How a call's cost is settled after its body.
+#[derive(Debug, Clone)]
+pub(crate) enum SettleArg {
+    /// A closure (or a function path) reading the units used from the body's output.
+    After(Expr),
+    /// `"later"`: the body takes its `Reservation` and settles it.
+    Later,
+}
+
+const SETTLES: &str = "a closure over the function's output, `settle = |reply| reply.usage.total_tokens` (a function path works too), or \"later\" (the body takes its `Reservation` and settles it, as a streaming body must)";
+
+/// `settle`: a closure or a function path, or `"later"`.
+fn parse_settle(value: &Expr) -> syn::Result<Spanned<SettleArg>> {
+    let span = value.span();
+    let settle = match value {
+        Expr::Closure(_) | Expr::Path(_) => SettleArg::After(value.clone()),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) if s.value() == "later" => SettleArg::Later,
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => {
+            return Err(syn::Error::new(
+                s.span(),
+                format!(
+                    "unknown settle \"{}\": expected {SETTLES}",
+                    s.value().escape_default()
+                ),
+            ));
+        }
+        _ => {
+            return Err(syn::Error::new(span, format!("`settle` takes {SETTLES}")));
+        }
+    };
+    Ok(Spanned {
+        value: settle,
+        span,
+    })
 }
 
 /// A `cost` that is not a literal.

@@ -43,7 +43,10 @@ impl Limit {
     /// Whether the check is worked out per call (`quota`, a cost from the arguments, `count`).
     pub(crate) fn is_dynamic(&self) -> bool {
         let d = &self.dynamic;
-        d.quota.is_some() || d.count.is_some() || matches!(d.cost, Some(Cost::Expr(_)))
+        d.quota.is_some()
+            || d.count.is_some()
+            || d.settle.is_some()
+            || matches!(d.cost, Some(Cost::Expr(_)))
     }
 
     /// Whether `other` would share this limit's store key for every call: the runtime's key is
@@ -174,6 +177,15 @@ pub(crate) fn check(
         take_wait(&mut args, &mut wait, &mut errors);
         if let Some(key) = &args.key {
             check_template(key, receiver.is_some(), &readable, &mut errors);
+        }
+        if let Some(settle) = &args.dynamic.settle
+            && args.cost.is_none()
+            && args.dynamic.cost.is_none()
+        {
+            errors.push(syn::Error::new(
+                settle.span,
+                "`settle` settles a call's cost to what it used: give the estimate it is charged before the body with `cost = …` (an argument such as `cost = req.max_tokens`, or a number)",
+            ));
         }
         if let Some(mut limit) = limit_of(&args, &mut errors) {
             errors.extend(shared_bucket(&limits, &limit, args.span));
@@ -735,7 +747,12 @@ fn check_dynamic_mode(limits: &[Limit], mode: &Mode, boxed: bool, errors: &mut V
     let http = matches!(mode, Mode::Http { .. });
     let grpc = matches!(mode, Mode::Grpc { .. });
     let mut first_count: Option<&Spanned<CountArg>> = None;
+    let mut first_settle: Option<Span> = None;
     for limit in limits {
+        if let Some(settle) = &limit.dynamic.settle {
+            check_settle(settle.span, limit, mode, boxed, first_settle, errors);
+            first_settle.get_or_insert(settle.span);
+        }
         if let Some(Spanned {
             value: QuotaArg::Request,
             span,
@@ -783,6 +800,43 @@ fn check_dynamic_mode(limits: &[Limit], mode: &Mode, boxed: bool, errors: &mut V
             Some(_) => {}
             None => first_count = Some(count),
         }
+    }
+}
+
+/// `settle`: one per stack (it reads the one output of the call); not beside `count` on a
+/// handler (the response it reads a status from is not the value `settle` reads); not on the
+/// plain methods of `#[async_trait]` impls (as `count`).
+fn check_settle(
+    span: Span,
+    limit: &Limit,
+    mode: &Mode,
+    boxed: bool,
+    first: Option<Span>,
+    errors: &mut Vec<syn::Error>,
+) {
+    if let Some(first) = first {
+        let mut e = syn::Error::new(
+            span,
+            "one `settle` reads what the call used, for the one limit it is given on: remove this one (stacked limits that charge the same units are one limit with one `settle`)",
+        );
+        e.combine(syn::Error::new(first, "the settle is given here"));
+        errors.push(e);
+    }
+    if boxed && !matches!(mode, Mode::Grpc { .. }) {
+        errors.push(syn::Error::new(
+            span,
+            "`settle` is not available on the plain methods of #[async_trait] impls (gRPC methods have it): put the limit on an `async fn` the method calls",
+        ));
+    }
+    if matches!(mode, Mode::Http { .. })
+        && let Some(count) = &limit.dynamic.count
+    {
+        let mut e = syn::Error::new(
+            span,
+            "`settle` and `count` do not combine on a handler yet: `count` reads the response's status after the handler's value became a response, `settle` reads that value; settle to 0 for the outcomes that should not count",
+        );
+        e.combine(syn::Error::new(count.span, "the count is given here"));
+        errors.push(e);
     }
 }
 

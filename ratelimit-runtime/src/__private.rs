@@ -20,10 +20,11 @@
 //! they belong (`call`, the pipeline; `limit`, `http`, `grpc`, `policy`).
 
 pub use crate::algorithm::Algorithm;
+pub use crate::call::settle::measure;
 pub use crate::call::{Hold, check, check_dyn, check_wait};
 pub use crate::http::{
     HttpCaller, Limited, PolicyField, RequireActix, RequireAxum, RequireHttp, RequireOneFramework,
-    check_http, check_http_dyn, counted,
+    check_http, check_http_dyn, check_http_settle, counted,
 };
 pub use crate::limit::FailurePolicy;
 pub use crate::limit::{By, Limit, Piece, period_ms, policy, render};

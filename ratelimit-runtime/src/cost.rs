@@ -41,6 +41,18 @@ impl Units {
         }
     }
 
+    /// The units a call used, as a settle charges them (`settle = …`): `Ok(units)` (0 is 0:
+    /// a call that used nothing gives its whole estimate back; beyond 2^52, or unbounded, is
+    /// 2^52, more than any capacity), or `Err(value)` when negative.
+    pub fn to_used(self) -> Result<u64, i128> {
+        const MOST: u64 = crate::algorithm::WAIVED_CAPACITY;
+        match self.0 {
+            Some(n) if n < 0 => Err(n),
+            Some(n) => Ok(u64::try_from(n).unwrap_or(MOST).min(MOST)),
+            None => Ok(MOST),
+        }
+    }
+
     fn map2(a: Self, b: Self, op: impl FnOnce(i128, i128) -> Option<i128>) -> Self {
         Self(a.0.zip(b.0).and_then(|(a, b)| op(a, b)))
     }

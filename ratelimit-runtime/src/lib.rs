@@ -301,6 +301,7 @@ struct ReadmeDoctests;
 
 pub use algorithm::Algorithm;
 pub use call::plan::Count;
+pub use call::settle::Reservation;
 pub use caller::UserId;
 pub use caller::settings::{ForwardedHeader, HeaderStyle, IetfDraft};
 pub use decision::{Decision, Verdict};

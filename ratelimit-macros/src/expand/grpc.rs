@@ -81,16 +81,32 @@ pub(super) fn grpc(
     let stmts = std::mem::take(&mut site.stmts);
     // The body's `return`s and `?`s end the inner block, whose result is the method's.
     let ty = output.map_or_else(|| quote!(_), ToTokens::to_token_stream);
+    let run = quote! {
+        async {
+            let #result: #ty = { #(#stmts)* };
+            #result
+        }
+    };
+    let finish = match dynamic.and_then(|d| d.settle.as_ref()) {
+        None => quote! {
+            let #result: #ty = #run.await;
+            #admission.finish(#result).await
+        },
+        Some(SettleArg::After(used)) => {
+            let used_units = local("__ratelimit_used");
+            quote! {
+                let #result: #ty = #run.await;
+                let #used_units = #p::measure(&#result, #used);
+                #admission.finish_settled(#result, #used_units).await
+            }
+        }
+        Some(SettleArg::Later) => quote!(#admission.run_later(#run).await),
+    };
     let body = quote! {
         {
             #check
             #[allow(clippy::all, clippy::pedantic)]
-            let #result: #ty = async {
-                let #result: #ty = { #(#stmts)* };
-                #result
-            }
-            .await;
-            #admission.finish(#result).await
+            #finish
         }
     };
     site.stmts = vec![Stmt::Expr(Expr::Verbatim(body), None)];

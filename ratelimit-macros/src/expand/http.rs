@@ -35,6 +35,44 @@ pub(super) fn http_call(
                 ).await
             }
         }),
+        Some(d) if d.settle.is_some() => {
+            // `settle`: the handler's future yields its output and what `settle` reads from it
+            // (with `"later"`, nothing: its reservation settles).
+            let dyns = local("__RATELIMIT_DYN");
+            let inputs = local("__ratelimit_inputs");
+            let out = local("__ratelimit_output");
+            let units = local("__ratelimit_used");
+            let ins = &d.inputs;
+            let (later, handler) = match &d.settle {
+                Some(SettleArg::After(used)) => (
+                    false,
+                    quote! {
+                        move || async move {
+                            let #out = #inner(#(#args),*).await;
+                            let #units = #p::measure(&#out, #used);
+                            (#out, #units)
+                        }
+                    },
+                ),
+                _ => (
+                    true,
+                    quote!(move || async move { (#inner(#(#args),*).await, ::core::option::Option::None) }),
+                ),
+            };
+            let call = quote! {
+                #ins
+                #p::check_http_settle(
+                    &#limits,
+                    ::core::option::Option::Some(&#dyns),
+                    #caller,
+                    &[#(#key_refs),*],
+                    &#inputs,
+                    #later,
+                    #handler,
+                ).await
+            };
+            (quote!(#p::HttpCaller), output, call)
+        }
         Some(d) => {
             let dyns = local("__RATELIMIT_DYN");
             let inputs = local("__ratelimit_inputs");

@@ -143,7 +143,8 @@ pub(super) fn dynamic_static(checked: &Checked) -> TokenStream {
                 quote!(#p::Count::Status(#mask))
             }
         };
-        quote!(#p::Dynamic { quota: #quota, count: #count })
+        let settle = l.dynamic.settle.is_some();
+        quote!(#p::Dynamic { quota: #quota, count: #count, settle: #settle })
     });
     quote!(static #dyn_ident: [#p::Dynamic; #n] = [#(#entries),*];)
 }
@@ -182,6 +183,8 @@ pub(super) fn operand(e: &Expr, p: &TokenStream) -> TokenStream {
 pub(super) struct Dyn {
     pub(super) inputs: TokenStream,
     pub(super) count: Option<Span>,
+    /// `settle = …`, when a limit has one.
+    pub(super) settle: Option<SettleArg>,
 }
 
 /// `let __ratelimit_inputs = [Input { quota, cost }, …];`: each limit's quota argument and

@@ -12,7 +12,9 @@ use syn::spanned::Spanned as _;
 use syn::{AttrStyle, Attribute, BinOp, Expr, FnArg, ItemFn, Meta, Pat, ReturnType, Stmt};
 
 use crate::async_trait::{self, AsyncTrait};
-use crate::attr::{Args, By, Cost, CountArg, Framework, KeyTemplate, Piece, QuotaArg, Spanned};
+use crate::attr::{
+    Args, By, Cost, CountArg, Framework, KeyTemplate, Piece, QuotaArg, SettleArg, Spanned,
+};
 use crate::valid::{self, Checked, Mode};
 
 mod grpc;
@@ -160,6 +162,10 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
             .limits
             .iter()
             .find_map(|l| l.dynamic.count.as_ref().map(|c| c.span)),
+        settle: checked
+            .limits
+            .iter()
+            .find_map(|l| l.dynamic.settle.as_ref().map(|s| s.value.clone())),
     });
     let item = match &checked.mode {
         Mode::Plain { ret } => plain(

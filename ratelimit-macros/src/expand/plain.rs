@@ -49,7 +49,7 @@ pub(super) fn plain(
         let checked_call = quote! {
             #p::check_dyn(&#limits, #dy, &[#(#key_refs),*], &#inputs, #wait).await
         };
-        if d.count.is_none() {
+        if d.count.is_none() && d.settle.is_none() {
             let check = quote! {
                 #[allow(unused_braces, clippy::all, clippy::pedantic)]
                 {
@@ -63,10 +63,39 @@ pub(super) fn plain(
             };
             return finish_plain(func, boxed, ret, check, &outer, &inner);
         }
-        // `count`: taken before the body, settled after it by its result. The body runs in an
-        // async block, so that its `return`s and `?`s end the block, not the function.
+        // `count` and `settle`: taken before the body, settled after it by its result. The
+        // body runs in an async block, so that its `return`s and `?`s end the block, not the
+        // function.
         let ReturnType::Type(_, ty) = &sig.output else {
             return quote!(#func);
+        };
+        let used_units = local("__ratelimit_used");
+        let run_and_settle = match &d.settle {
+            None => quote! {
+                let #result: #ty = async {
+                    let #result: #ty = { #(#stmts)* };
+                    #result
+                }
+                .await;
+                #hold.settle(#p::Outcome::of(&#result)).await;
+            },
+            Some(SettleArg::After(used)) => quote! {
+                let #result: #ty = async {
+                    let #result: #ty = { #(#stmts)* };
+                    #result
+                }
+                .await;
+                let #used_units = #p::measure(&#result, #used);
+                #hold.settle_to(#p::Outcome::of(&#result), #used_units).await;
+            },
+            Some(SettleArg::Later) => quote! {
+                let #result: #ty = #hold
+                    .run_later(async {
+                        let #result: #ty = { #(#stmts)* };
+                        #result
+                    })
+                    .await;
+            },
         };
         return quote! {
             #(#outer)*
@@ -85,12 +114,7 @@ pub(super) fn plain(
                     }
                 };
                 #[allow(clippy::all, clippy::pedantic)]
-                let #result: #ty = async {
-                    let #result: #ty = { #(#stmts)* };
-                    #result
-                }
-                .await;
-                #hold.settle(#p::Outcome::of(&#result)).await;
+                #run_and_settle
                 #result
             }
         };

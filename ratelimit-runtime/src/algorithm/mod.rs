@@ -297,6 +297,73 @@ pub fn refund(state: Option<State>, receipt: &Receipt, p: &Params, now: u64) -> 
     }
 }
 
+/// The capacity a charge runs under (2^52, the most the scripts' doubles hold exactly): far
+/// above any real one, so the rule of [`evaluate`] admits the charge.
+pub const WAIVED_CAPACITY: u64 = 1 << 52;
+
+/// Settles one limit of a call taken at `p.cost` units (its estimate) to the `actual` units it
+/// used (`settle = …`): the new state (`None`: no state, the key is deleted), the state
+/// unchanged when there is nothing to settle.
+///
+/// * **Less than the estimate**: the difference is given back by the call's `receipt`, by the
+///   algorithm's own [`refund`] rule for that many units (so never more than the call still
+///   holds, and nothing without a receipt: a late settle fails closed).
+/// * **More**: the excess is charged whatever the state holds: the rule of [`evaluate`] with
+///   the capacity waived ([`WAIVED_CAPACITY`]), after the state is normalized as a check
+///   normalizes it. The state may then hold more than the capacity, a debt the next calls see
+///   as a rejection until it is worked off: a fixed window until its end, a sliding log until
+///   the charged entries leave the trailing interval, a sliding counter as its weighted
+///   windows decay, the buckets (token, leaky) until their level drains below the capacity.
+///   GCRA's state cannot tell a debt from a clock ahead of the store's, which it brings back to
+///   a full backlog, so its debt is at most one full burst.
+///
+/// `state` is the live state (none when idle); `now` the store's time.
+pub fn settle(
+    algorithm: Algorithm,
+    state: Option<State>,
+    receipt: Option<&Receipt>,
+    p: &Params,
+    actual: u64,
+    now: u64,
+) -> Option<State> {
+    use std::cmp::Ordering;
+    match actual.cmp(&p.cost) {
+        Ordering::Equal => state,
+        Ordering::Less => match receipt {
+            Some(r) => refund(
+                state,
+                r,
+                &Params {
+                    cost: p.cost - actual,
+                    ..*p
+                },
+                now,
+            ),
+            None => state,
+        },
+        Ordering::Greater => {
+            let mut state = state;
+            if let Some(s) = &mut state {
+                normalize(s, p, now);
+            }
+            let waived = match algorithm {
+                Algorithm::Fixed | Algorithm::Sliding | Algorithm::SlidingCounter => Params {
+                    limit: WAIVED_CAPACITY,
+                    cost: actual - p.cost,
+                    ..*p
+                },
+                Algorithm::Leaky | Algorithm::Token | Algorithm::Gcra => Params {
+                    burst: WAIVED_CAPACITY,
+                    cost: actual - p.cost,
+                    ..*p
+                },
+            };
+            let (_, next) = evaluate(algorithm, state.as_ref(), &waived, now);
+            next.or(state)
+        }
+    }
+}
+
 /// When `state` becomes idle (equal to no state at all), µs: a fixed window when it ends, a
 /// sliding log one period after its newest entry, a bucket when its level is back to 0, GCRA at
 /// its theoretical arrival time, a sliding counter when its current window stops weighing.

@@ -38,6 +38,7 @@
     allow(dead_code)
 )]
 
+use std::future::Future;
 use std::time::Duration;
 
 use crate::caller::answer::{FieldSet, PolicyField, Refusal, rate_fields, static_rate_fields};
@@ -50,6 +51,7 @@ use crate::limiter::RateLimiter;
 
 mod exempt;
 pub(crate) mod plan;
+pub(crate) mod settle;
 mod wait;
 
 use self::plan::{Dynamic, Input, Outcome, Taken};
@@ -367,8 +369,14 @@ impl Admitted<'_> {
     /// drops the call's receipts whatever the outcome. Dropped instead (the call was
     /// cancelled or panicked), the call counts.
     pub(crate) async fn settle(self, outcome: Outcome) {
+        self.settle_to(outcome, None).await;
+    }
+
+    /// [`Admitted::settle`], and the limits with `settle = …` settled to the units the call
+    /// used (`actual`; `None`: they stay counted at their estimate).
+    pub(crate) async fn settle_to(self, outcome: Outcome, actual: Option<crate::cost::Units>) {
         if let Applied::Planned(taken) = self.applied {
-            taken.settle(outcome).await;
+            taken.settle(outcome, settle::used(actual)).await;
         }
     }
 }
@@ -453,5 +461,22 @@ impl Hold {
     /// Gives back what the call took from the limits whose `count` excludes `outcome`.
     pub async fn settle(self, outcome: Outcome) {
         self.admitted.settle(outcome).await;
+    }
+
+    /// [`Hold::settle`], and the limits with `settle = |output| …` settled to what the
+    /// closure read from the output ([`settle::measure`]).
+    pub async fn settle_to(self, outcome: Outcome, actual: Option<crate::cost::Units>) {
+        self.admitted.settle_to(outcome, actual).await;
+    }
+
+    /// `settle = "later"`: runs the body with the call's [`settle::Reservation`] available to
+    /// it; when the body did not take it, the call settles by its result as
+    /// [`Hold::settle`] does (its estimate stays counted).
+    pub async fn run_later<T, E>(self, body: impl Future<Output = Result<T, E>>) -> Result<T, E> {
+        let (result, left) = settle::with_reservation(self.admitted, body).await;
+        if let Some(admitted) = left {
+            admitted.settle(Outcome::of(&result)).await;
+        }
+        result
     }
 }

@@ -119,6 +119,8 @@ pub struct Dynamic {
     pub quota: QuotaFrom,
     /// Which outcomes count.
     pub count: Count,
+    /// `settle = …`: the call's cost is an estimate, settled after the body to what it used.
+    pub settle: bool,
 }
 
 impl Dynamic {
@@ -126,6 +128,7 @@ impl Dynamic {
     pub const STATIC: Self = Self {
         quota: QuotaFrom::Attribute,
         count: Count::All,
+        settle: false,
     };
 }
 
@@ -169,6 +172,8 @@ pub(crate) struct Plan {
     filtered: usize,
     /// Their filter (one for the whole call: the macro checks they agree).
     count: Count,
+    /// Which limits settle their cost after the call (`settle = …`), by position.
+    settled: Vec<bool>,
 }
 
 /// Works out the limits of one call: policies from quotas, overrides and costs; unlimited
@@ -184,7 +189,7 @@ pub(crate) fn plan<'c, E>(
     by_value: impl FnMut(By) -> Result<Option<Cow<'c, [u8]>>, E>,
     error: impl Fn(RateLimitError) -> E,
 ) -> Result<Plan, E> {
-    let mut effective: Vec<(Limit, Option<&str>, Count, bool)> = Vec::with_capacity(limits.len());
+    let mut effective: Vec<(Limit, Option<&str>, Dynamic, bool)> = Vec::with_capacity(limits.len());
     for (i, limit) in limits.iter().enumerate() {
         let dynamic = dynamics.and_then(|d| d.get(i)).copied();
         let dynamic = dynamic.unwrap_or(Dynamic::STATIC);
@@ -220,43 +225,46 @@ pub(crate) fn plan<'c, E>(
         effective.push((
             Limit { policy, ..*limit },
             template,
-            dynamic.count,
+            dynamic,
             chosen_at_run_time,
         ));
     }
     let (limits, templates): (Vec<Limit>, Vec<Option<&str>>) =
         effective.iter().map(|(l, t, _, _)| (*l, *t)).unzip();
     let keys = keys_for(&limiter.settings().prefix, &limits, &templates, by_value)?;
-    let mut merged: Vec<(Limit, String, Count, bool)> = Vec::with_capacity(keys.len());
-    for ((limit, _, count, run_time), key) in effective.into_iter().zip(keys) {
+    let mut merged: Vec<(Limit, String, Dynamic, bool)> = Vec::with_capacity(keys.len());
+    for ((limit, _, dynamic, run_time), key) in effective.into_iter().zip(keys) {
         // Two limits that a run-time quota made one bucket (an override or a caller's quota
         // equal to a stacked limit) are one limit: counted once, never twice per call. The
         // stricter parts win: the larger cost, enforced over shadow, every outcome counted
-        // over some.
+        // over some; the cost of the limit it keeps settles if that limit's did.
         if let Some(m) = merged.iter_mut().find(|m| m.1 == key && (m.3 || run_time)) {
             if limit.policy.cost() > m.0.policy.cost() {
                 m.0.policy = limit.policy;
+                m.2.settle = dynamic.settle;
             }
             m.0.shadow &= limit.shadow;
-            if count == Count::All {
-                m.2 = Count::All;
+            if dynamic.count == Count::All {
+                m.2.count = Count::All;
             }
             m.3 = true;
             continue;
         }
-        merged.push((limit, key, count, run_time));
+        merged.push((limit, key, dynamic, run_time));
     }
     // Filtered limits first: a refund gives back a prefix of the take (the receipts are
     // numbered by position).
-    merged.sort_by_key(|(_, _, count, _)| *count == Count::All);
-    let filtered = merged.iter().filter(|m| m.2 != Count::All).count();
-    let count = merged.first().map_or(Count::All, |m| m.2);
+    merged.sort_by_key(|(_, _, dynamic, _)| dynamic.count == Count::All);
+    let filtered = merged.iter().filter(|m| m.2.count != Count::All).count();
+    let count = merged.first().map_or(Count::All, |m| m.2.count);
+    let settled = merged.iter().map(|m| m.2.settle).collect();
     let (limits, keys) = merged.into_iter().map(|(l, k, _, _)| (l, k)).unzip();
     Ok(Plan {
         limits,
         keys,
         filtered,
         count,
+        settled,
     })
 }
 
@@ -297,8 +305,10 @@ impl Plan {
                 },
             ));
         }
-        // Shadow mode and the metrics apply as to static limits.
-        let call_id = (self.filtered > 0).then(crate::store::new_call_id);
+        // Shadow mode and the metrics apply as to static limits. A call that gives back or
+        // settles after its body is taken with receipts.
+        let receipts = self.filtered > 0 || self.settled.contains(&true);
+        let call_id = receipts.then(crate::store::new_call_id);
         let verdict = limiter
             .decide_as(&self.limits, &self.keys, call_id.as_deref())
             .await?;
@@ -348,14 +358,41 @@ impl Taken {
         &self.plan.limits
     }
 
+    /// Whether some limit settles its cost after the call (`settle = …`).
+    pub(crate) fn settles(&self) -> bool {
+        self.plan.settled.contains(&true)
+    }
+
     /// After the body: gives back the filtered limits' units when `outcome` does not count,
-    /// and drops the call's receipts whatever the outcome.
-    pub(crate) async fn settle(mut self, outcome: Outcome) {
+    /// settles the limits with `settle = …` to `actual` units (when given), and drops the
+    /// call's receipts whatever the outcome.
+    pub(crate) async fn settle(mut self, outcome: Outcome, actual: Option<u64>) {
         let Some(Pending { limiter, call_id }) = self.pending.take() else {
             return;
         };
         let checks = self.plan.checks();
         let filtered = self.plan.filtered;
+        if let Some(actual) = actual.filter(|_| self.settles()) {
+            // One settle for the whole call: a limit whose outcome does not count gives back
+            // everything (settled to 0), one with `settle` is settled to what the call used,
+            // the others stay counted.
+            let counts = self.plan.count.counts(outcome);
+            let units: Vec<u64> = checks
+                .iter()
+                .enumerate()
+                .map(|(i, check)| {
+                    if i < filtered && !counts {
+                        0
+                    } else if self.plan.settled[i] {
+                        actual
+                    } else {
+                        check.policy.cost()
+                    }
+                })
+                .collect();
+            limiter.settle(&checks, &call_id, &units).await;
+            return;
+        }
         if !self.plan.count.counts(outcome) {
             limiter.refund(&checks[..filtered], &call_id).await;
             if filtered == checks.len() {

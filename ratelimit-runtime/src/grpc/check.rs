@@ -105,16 +105,43 @@ impl Admission {
     /// After the body: settles the call by its result (`count = …`: an uncounted outcome gives
     /// its units back) and adds the rate-limit fields to an `Ok` response as metadata
     /// (`ratelimit-policy`, `ratelimit`, or the legacy ones), as HTTP responses carry them.
-    pub async fn finish<R: GrpcReply>(self, mut reply: R) -> R {
-        self.admitted.settle(reply.outcome()).await;
-        if let Some(metadata) = reply.metadata_mut() {
-            for (name, value) in self.fields.into_fields() {
-                if let Ok(value) = MetadataValue::try_from(value.as_str()) {
-                    metadata.insert(MetadataKey::from_static(name), value);
-                }
+    pub async fn finish<R: GrpcReply>(self, reply: R) -> R {
+        self.finish_settled(reply, None).await
+    }
+
+    /// [`Admission::finish`] for a method with `settle = |result| …`: the limits with
+    /// `settle` settled to `used`, what the closure read from the result.
+    pub async fn finish_settled<R: GrpcReply>(
+        self,
+        mut reply: R,
+        used: Option<crate::cost::Units>,
+    ) -> R {
+        self.admitted.settle_to(reply.outcome(), used).await;
+        add_metadata(&mut reply, self.fields);
+        reply
+    }
+
+    /// `settle = "later"`: runs the method's body with its
+    /// [`Reservation`](crate::Reservation) available to it; when the body did not take it, the
+    /// call settles by its result as [`Admission::finish`] does (its estimate stays counted).
+    pub async fn run_later<R: GrpcReply>(self, body: impl Future<Output = R>) -> R {
+        let (mut reply, left) = crate::call::settle::with_reservation(self.admitted, body).await;
+        if let Some(admitted) = left {
+            admitted.settle(reply.outcome()).await;
+        }
+        add_metadata(&mut reply, self.fields);
+        reply
+    }
+}
+
+/// The rate-limit fields of an admitted call, added to an `Ok` reply as metadata.
+fn add_metadata<R: GrpcReply>(reply: &mut R, fields: FieldSet) {
+    if let Some(metadata) = reply.metadata_mut() {
+        for (name, value) in fields.into_fields() {
+            if let Ok(value) = MetadataValue::try_from(value.as_str()) {
+                metadata.insert(MetadataKey::from_static(name), value);
             }
         }
-        reply
     }
 }
 

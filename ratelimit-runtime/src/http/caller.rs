@@ -325,6 +325,52 @@ where
     }
 }
 
+/// [`check_http_dyn`] for handlers with `settle = …`: the handler's future yields its output
+/// and the units it used (read by the macro's `settle = |output| …`), or with `later`
+/// (`settle = "later"`) its output alone matters and the handler's
+/// [`Reservation`](crate::Reservation) settles.
+#[allow(clippy::too_many_arguments)] // the call's parts, as `check_http_dyn` takes them
+pub async fn check_http_settle<F, Fut, T, const H: bool>(
+    limits: &'static [Limit],
+    dynamics: Option<&'static [Dynamic]>,
+    mut caller: HttpCaller<H>,
+    templates: &[Option<&str>],
+    inputs: &[Input],
+    later: bool,
+    handler: F,
+) -> Limited<T>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = (T, Option<crate::cost::Units>)>,
+{
+    let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
+    let call = Call {
+        limits,
+        dynamics,
+        inputs,
+        templates,
+    };
+    match admit(&limiter, call, caller).await {
+        Ok(admitted) => {
+            let fields = admitted.fields(limiter.settings().http.header_style, None);
+            let admitted = admitted.detach();
+            let output = if later {
+                let ((output, _), left) = call::settle::with_reservation(admitted, handler()).await;
+                if let Some(admitted) = left {
+                    admitted.settle(plan::Outcome::Ok).await;
+                }
+                output
+            } else {
+                let (output, used) = handler().await;
+                admitted.settle_to(plan::Outcome::Ok, used).await;
+                output
+            };
+            Limited(Outcome::Admitted(output, fields))
+        }
+        Err(refusal) => Limited(Outcome::Refused(refusal)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

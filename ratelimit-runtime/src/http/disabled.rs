@@ -68,6 +68,25 @@ where
     match caller.never {}
 }
 
+/// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
+#[allow(clippy::unused_async, clippy::too_many_arguments)]
+pub async fn check_http_settle<F, Fut, T>(
+    limits: &'static [Limit],
+    dynamics: Option<&'static [crate::call::plan::Dynamic]>,
+    caller: HttpCaller,
+    templates: &[Option<&str>],
+    inputs: &[crate::call::plan::Input],
+    later: bool,
+    handler: F,
+) -> Limited<T>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = (T, Option<crate::cost::Units>)>,
+{
+    let _ = (limits, dynamics, templates, inputs, later, handler);
+    match caller.never {}
+}
+
 /// Stand-ins of the `count = …` handlers' items.
 pub mod counted {
     pub use super::{HttpCaller as Caller, check_http_dyn as check_http_counted};

@@ -72,7 +72,7 @@ pub use crate::caller::settings::HttpSettings;
 #[cfg(any(feature = "axum", feature = "actix"))]
 mod caller;
 #[cfg(any(feature = "axum", feature = "actix"))]
-pub use caller::{HttpCaller, Limited, check_http, check_http_dyn};
+pub use caller::{HttpCaller, Limited, check_http, check_http_dyn, check_http_settle};
 
 #[cfg(feature = "actix")]
 pub(crate) mod actix;
@@ -124,7 +124,7 @@ impl<T> RequireOneFramework<T> {
 #[cfg(not(any(feature = "axum", feature = "actix")))]
 mod disabled;
 #[cfg(not(any(feature = "axum", feature = "actix")))]
-pub use disabled::{HttpCaller, Limited, check_http, check_http_dyn};
+pub use disabled::{HttpCaller, Limited, check_http, check_http_dyn, check_http_settle};
 
 /// The client of a request, as `by = "ip"` computes it before grouping: `peer` itself unless
 /// it is a trusted proxy, else the right-most hop that is not a trusted proxy in the one header

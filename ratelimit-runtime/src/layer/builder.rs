@@ -536,6 +536,7 @@ impl RateLimitLayerBuilder {
                         QuotaFrom::Attribute
                     },
                     count: draft.count,
+                    settle: false,
                 },
                 cost: draft.cost_fn.clone(),
                 fixed_cost: (draft.quota_from_request && draft.cost != 1).then_some(draft.cost),

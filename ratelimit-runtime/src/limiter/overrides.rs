@@ -243,6 +243,64 @@ impl RateLimiter {
         }
     }
 
+    /// Settles the call taken under `call_id` ([`RateLimiter::take`]; `checks` are that take's
+    /// checks, their cost the call's estimate) to the units it used, `actual[i]` for limit
+    /// `i`: the difference back when it used less, the excess charged when it used more
+    /// ([`crate::algorithm::settle`] is the rule). This is what `settle = …` on
+    /// `#[rate_limit]` does after the body, for code that checks by hand. Bounded by the
+    /// timeout; a settle that fails leaves the call counted at its estimate (logged), so a
+    /// store fault never gives back what the call used.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::builder().build().await?;
+    /// // 10,000 tokens a minute; this completion may use up to 1,000.
+    /// let estimate = Policy::new(Algorithm::Fixed, 10_000, Duration::from_secs(60))?.with_cost(1_000)?;
+    /// let checks = [Check::new("tokens:alice", &estimate)];
+    /// let (verdict, call_id) = limiter.take(&checks).await?;
+    /// assert!(verdict.is_admitted());
+    /// limiter.settle(&checks, &call_id, &[3_000]).await; // it used 3,000
+    /// assert_eq!(limiter.check(&checks).await?.decisions()[0].remaining, 6_000);
+    /// # Ok(()) }
+    /// ```
+    pub async fn settle(&self, checks: &[Check<'_>], call_id: &str, actual: &[u64]) {
+        if checks.is_empty() || self.store_failing() {
+            if !checks.is_empty() {
+                self.settle_failed(checks, &StoreError::connection("the store is failing"));
+            }
+            return;
+        }
+        let timeout = self.inner.settings.timeout;
+        let result =
+            match tokio::time::timeout(timeout, self.inner.store.settle(checks, call_id, actual))
+                .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout(timeout)),
+            };
+        if let Err(error) = result {
+            self.settle_failed(checks, &error);
+        }
+    }
+
+    /// Logs a settle that failed: the call stays counted at its estimate.
+    fn settle_failed(&self, checks: &[Check<'_>], error: &StoreError) {
+        if let Some(held_back) = self.inner.warnings.permit() {
+            let scope = checks.first().map_or("", |c| c.scope);
+            tracing::warn!(target: crate::observe::log::LIMITER,
+                store = self.inner.store.name(),
+                scope,
+                %error,
+                held_back,
+                "rate-limit settle failed; the call stays counted at its estimate"
+            );
+        }
+    }
+
     /// Drops the receipts the call taken under `call_id` ([`RateLimiter::take`]; `checks` are
     /// that take's checks) left, giving nothing back: the call stays counted. Call it when a
     /// taken call's outcome counts, so that receipts live only while their call runs. Bounded

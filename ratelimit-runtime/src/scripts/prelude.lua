@@ -237,6 +237,10 @@ end
 -- `first`), with a TTL of that reset_after, at most RECEIPT_TTL_US.
 local RECEIPT_TTL_US = 10000000
 
+-- The capacity a settle charges its excess under (algorithm::WAIVED_CAPACITY,
+-- 2^52: the most a double holds exactly), so that evaluate admits the charge.
+local WAIVED_CAPACITY = 4503599627370496
+
 local function receipt_key(key, call_id, i)
   return key .. ':r:' .. call_id .. ':' .. i
 end

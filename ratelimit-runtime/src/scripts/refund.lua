@@ -13,6 +13,19 @@
 --           arguments per key, in the order of the take. Gives back what the
 --           take of this call still holds, then reads the state as peek does.
 --
+--   settle  KEYS as refund. ARGV: 'settle', the call id, the 5 arguments per key of
+--           the take (cost: the call's estimate), then one whole number per key, the
+--           units the call used. Settles each limit to what the call used (the
+--           rule's home is algorithm::settle in Rust, `settle_one` below): less
+--           than the estimate gives the difference back by the receipt (the
+--           algorithm's refund of that many units; nothing without a receipt), more
+--           charges the excess whatever the state holds (the algorithm's evaluate
+--           and commit with the capacity waived: a debt the next calls wait out).
+--           The receipt is then replaced by the marker "settled" for RECEIPT_TTL_US, so a
+--           settle sent twice (a cluster client's retry) settles once; a settle
+--           whose receipt expired still charges its excess (never admitting more
+--           than was used, failing closed).
+--
 -- The reply is the driver's rejected-call reply: per key {admitted (0/1),
 -- remaining, reset_after µs, retry_after µs}.
 --
@@ -32,18 +45,40 @@
 -- One function, `compensate(KEYS, ARGV)`, as the driver's `check` is: an `EVAL`
 -- script ends by calling it, a Functions library registers it. (Its body is
 -- left unindented, as it was when it was the whole script.)
+-- Settles limit `l` of a call under `key` to `actual` units (see `settle` above),
+-- `r` its receipt (nil when gone).
+local function settle_one(key, l, r, actual)
+  local p = l.p
+  if actual < p.cost then
+    if r and r.at <= now then
+      l.algo.refund(key, { limit = p.limit, period = p.period, burst = p.burst, cost = p.cost - actual }, r)
+    end
+  elseif actual > p.cost then
+    -- Normalized as a check normalizes (a read with the limit's own parameters), then the
+    -- excess taken with the capacity waived.
+    l.algo.evaluate(key, p)
+    local waived = { limit = p.limit, period = p.period, burst = p.burst, cost = actual - p.cost }
+    waived[l.algo.capacity] = WAIVED_CAPACITY
+    l.algo.commit(key, waived, l.algo.evaluate(key, waived))
+  end
+end
+
 local function compensate(KEYS, ARGV)
 read_clock()
 local mode = ARGV[1]
 local call_id = nil
 local offset = 1
-if mode == 'refund' then
+local per_key = 5
+if mode == 'refund' or mode == 'settle' then
   call_id = ARGV[2]
   offset = 2
 end
-local nkeys = (#ARGV - offset) / 5
-if (mode ~= 'peek' and mode ~= 'refund') or nkeys < 1 or nkeys ~= math.floor(nkeys) then
-  return redis.error_reply('ERR ratelimit: expected peek with n keys and 1 + 5n arguments, or refund with n keys, n receipts and 2 + 5n arguments; got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+if mode == 'settle' then
+  per_key = 6
+end
+local nkeys = (#ARGV - offset) / per_key
+if (mode ~= 'peek' and mode ~= 'refund' and mode ~= 'settle') or nkeys < 1 or nkeys ~= math.floor(nkeys) then
+  return redis.error_reply('ERR ratelimit: expected peek with n keys and 1 + 5n arguments, or refund with n keys, n receipts and 2 + 5n arguments, or settle with n keys, n receipts and 2 + 6n arguments; got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
 if call_id ~= nil and not valid_call_id(call_id) then
   return redis.error_reply(BAD_CALL_ID)
@@ -59,9 +94,28 @@ if not limits then
   return refused
 end
 
+-- A settle: each limit in order, then every reading.
+if mode == 'settle' then
+  local actuals = {}
+  for i = 1, nkeys do
+    local actual = tonumber(ARGV[offset + 5 * nkeys + i])
+    if not actual or actual < 0 or actual ~= math.floor(actual) or actual > WAIVED_CAPACITY then
+      return redis.error_reply('ERR ratelimit: invalid actual units for key ' .. i)
+    end
+    actuals[i] = actual
+  end
+  for i = 1, nkeys do
+    local receipt = KEYS[receipts + i]
+    local value = redis.call('GET', receipt)
+    if value ~= 'settled' then
+      local r = value and read_receipt(value)
+      settle_one(KEYS[i], limits[i], r, actuals[i])
+      redis.call('SET', receipt, 'settled', 'PX', ttl_ms(RECEIPT_TTL_US))
+    end
+  end
 -- Every refund first, then every reading: a key named twice in the group is
 -- read once both of its limits gave back.
-if call_id ~= nil then
+elseif call_id ~= nil then
   for i = 1, nkeys do
     local receipt = KEYS[receipts + i]
     local value = redis.call('GET', receipt)

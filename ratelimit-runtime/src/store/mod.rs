@@ -218,6 +218,28 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         Box::pin(async { Ok(()) })
     }
 
+    /// Settles the admitted call taken under `call_id` ([`Store::take`]; `checks` are that
+    /// take's checks, in order, their cost the call's estimate) to the units it used:
+    /// `actual[i]` for limit `i`. Less than the estimate gives the difference back by the
+    /// call's receipt (never more than the call still holds; nothing once the receipt
+    /// expired); more charges the excess whatever the limit's state (a debt the next calls
+    /// wait out); the same leaves it counted. The receipts are dropped. The rule is
+    /// [`crate::algorithm::settle`]. A settle sent twice (a client's retry after a timeout)
+    /// settles once on the Redis stores, which mark the receipts settled; the pipeline sends
+    /// one settle per call.
+    ///
+    /// The default answers [`StoreError::Unsupported`]: the call stays counted at its
+    /// estimate, and the limiter logs that its excess was not charged.
+    fn settle<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        call_id: &'a str,
+        actual: &'a [u64],
+    ) -> RefundFuture<'a> {
+        let _ = (checks, call_id, actual);
+        unsupported("settle")
+    }
+
     // The operations below are for operators (the admin calls of
     // [`crate::RateLimiter::peek`], [`crate::RateLimiter::reset`] and
     // [`crate::RateLimiter::block`]); a store of your own that does not implement them

@@ -279,6 +279,35 @@ impl Store for RedisClusterStore {
         })
     }
 
+    /// One settle per slot of the call: a call within one slot (the usual case) settles by
+    /// its receipts; a call across slots left none, so its limits get their excess charged
+    /// and give nothing back (it fails closed).
+    fn settle<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        call_id: &'a str,
+        actual: &'a [u64],
+    ) -> RefundFuture<'a> {
+        Box::pin(async move {
+            if checks.is_empty() || checks.len() != actual.len() {
+                return Ok(());
+            }
+            let mut conn = self.connection().await?;
+            for group in group_by_slot(checks) {
+                let group_checks: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
+                let group_actual: Vec<u64> = group.iter().map(|&i| actual[i]).collect();
+                compensate(
+                    &mut conn,
+                    &self.calls,
+                    Mode::Settle(call_id, &group_actual),
+                    &group_checks,
+                )
+                .await?;
+            }
+            Ok(())
+        })
+    }
+
     fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
         Box::pin(async move {
             // A take across slots left no receipts (see `take`).

@@ -42,12 +42,12 @@ impl Inner {
         Verdict::new(decisions)
     }
 
-    fn max_per_shard(&self) -> usize {
+    pub(super) fn max_per_shard(&self) -> usize {
         self.max_per_shard.load(Ordering::Relaxed)
     }
 
     /// The error of a call whose new key found its shard full of live entries.
-    fn full(&self) -> StoreError {
+    pub(super) fn full(&self) -> StoreError {
         StoreError::Full {
             max_keys: self.max_per_shard().saturating_mul(SHARDS),
         }

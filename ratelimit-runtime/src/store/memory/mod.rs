@@ -352,6 +352,15 @@ impl Store for MemoryStore {
         })
     }
 
+    fn settle<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        call_id: &'a str,
+        actual: &'a [u64],
+    ) -> RefundFuture<'a> {
+        Box::pin(async move { self.settle_now(checks, call_id, actual) })
+    }
+
     fn forget<'a>(&'a self, _checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
         Box::pin(async move {
             self.forget_now(call_id);

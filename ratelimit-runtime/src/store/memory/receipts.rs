@@ -127,7 +127,95 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// [`Store::settle`](crate::Store::settle) without a future: settles the call taken under
+    /// `call_id` to the units it used, `actual[i]` for limit `i` (less than the estimate: the
+    /// difference back by its receipt; more: the excess charged), and drops its receipts.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    ///
+    /// let store = MemoryStore::new();
+    /// let minute = Policy::new(Algorithm::Fixed, 10_000, Duration::from_secs(60))?;
+    /// let estimate = minute.with_cost(1_000)?;
+    /// let checks = [Check::new("tokens:alice", &estimate)];
+    /// assert!(store.take_now(&checks, "a1")?.is_admitted());
+    /// store.settle_now(&checks, "a1", &[250])?; // it used 250: 750 back
+    /// assert!(store.take_now(&checks, "a2")?.is_admitted());
+    /// store.settle_now(&checks, "a2", &[9_000])?; // it used 9,000: 8,000 more charged
+    /// let read = store.peek_now(&[Check::new("tokens:alice", &minute)]);
+    /// assert_eq!(read.decisions()[0].remaining, 750);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Full`] when an excess falls on a key that is gone and the store has no
+    /// room for it (the excess is then not charged).
+    pub fn settle_now(
+        &self,
+        checks: &[Check<'_>],
+        call_id: &str,
+        actual: &[u64],
+    ) -> Result<(), StoreError> {
+        let held = lock(&self.inner.receipts).by_call.remove(call_id);
+        let now = self.inner.now();
+        let receipts = held.filter(|(expires, _)| now < *expires).map(|(_, r)| r);
+        let mut result = Ok(());
+        for (i, (check, &actual)) in checks.iter().zip(actual).enumerate() {
+            let receipt = receipts.as_ref().and_then(|r| r.get(i));
+            if let Err(e) = self.inner.settle_one(check, receipt, actual, now) {
+                result = Err(e);
+            }
+        }
+        result
+    }
+}
+
 impl Inner {
+    /// Settles one limit of a call by the rule of [`algorithm::settle`].
+    fn settle_one(
+        &self,
+        check: &Check<'_>,
+        receipt: Option<&Receipt>,
+        actual: u64,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        let p = Params::of(check.policy);
+        if actual == p.cost {
+            return Ok(());
+        }
+        let algorithm = check.policy.algorithm();
+        let hash = self.hash(check.key);
+        let mut guard = write(&self.shards[Self::shard_of(hash)]);
+        let shard = &mut *guard;
+        if let Some(cell) = shard.map.get_mut(hash, check.key) {
+            let state = cell.live(now).then(|| cell.state().into_owned());
+            let had = state.is_some();
+            let entry = match algorithm::settle(algorithm, state, receipt, &p, actual, now) {
+                Some(state) => Entry::new(state, &p),
+                None if had => Entry {
+                    idle_at: now,
+                    state: cell.state().into_owned(),
+                },
+                None => return Ok(()),
+            };
+            let idle_at = entry.idle_at;
+            cell.set(entry);
+            shard.note_idle(idle_at);
+            return Ok(());
+        }
+        let Some(state) = algorithm::settle(algorithm, None, receipt, &p, actual, now) else {
+            return Ok(());
+        };
+        if !shard.make_room(now, self.max_per_shard(), |_| 1) {
+            return Err(self.full());
+        }
+        shard.insert(hash, check.key, Entry::new(state, &p));
+        Ok(())
+    }
+
     /// Gives back what one limit of a call still holds, by its receipt: the rule is
     /// [`algorithm::refund`] (the scripts' `refund`).
     fn refund_one(&self, check: &Check<'_>, receipt: &Receipt, now: u64) {

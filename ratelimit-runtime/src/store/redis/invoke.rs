@@ -291,6 +291,9 @@ pub(crate) enum Mode<'a> {
     /// Give back what the take under this call id still holds (its receipts), then read: the
     /// refunds of outcome-filtered calls (`count = …`) and of the cluster's cross-slot calls.
     Refund(&'a str),
+    /// Settle the take under this call id to the units it used, one per limit
+    /// ([`Store::settle`](crate::store::Store::settle)), then read.
+    Settle(&'a str, &'a [u64]),
 }
 
 /// Runs the companion script on `checks` (all on one node, in one slot on a cluster; loaded on
@@ -311,7 +314,7 @@ where
     };
     let receipts = match mode {
         Mode::Peek => None,
-        Mode::Refund(id) => Some(id),
+        Mode::Refund(id) | Mode::Settle(id, _) => Some(id),
     };
     let args = |cmd: &mut redis::Cmd| {
         let keys = declared(checks, false, receipts);
@@ -322,8 +325,14 @@ where
         match mode {
             Mode::Peek => cmd.arg("peek"),
             Mode::Refund(id) => cmd.arg("refund").arg(id),
+            Mode::Settle(id, _) => cmd.arg("settle").arg(id),
         };
         limit_args(cmd, checks);
+        if let Mode::Settle(_, actual) = mode {
+            for units in actual {
+                cmd.arg(*units);
+            }
+        }
     };
     let function = script_sources().compensate_function;
     let reply = invoke(conn, calls, function, &COMPANION, first.key, args).await?;

@@ -295,6 +295,28 @@ impl Store for RedisStore {
         })
     }
 
+    fn settle<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        call_id: &'a str,
+        actual: &'a [u64],
+    ) -> RefundFuture<'a> {
+        Box::pin(async move {
+            if checks.is_empty() || checks.len() != actual.len() {
+                return Ok(());
+            }
+            let mut conn = self.manager().await?;
+            compensate(
+                &mut conn,
+                &self.calls,
+                Mode::Settle(call_id, actual),
+                checks,
+            )
+            .await
+            .map(drop)
+        })
+    }
+
     fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
         Box::pin(async move {
             if checks.is_empty() {
