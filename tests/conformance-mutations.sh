@@ -27,6 +27,10 @@ mutations=(
   "prelude.lua|local left = expiry_left(pttl)|local left = pttl * 1000"
   "prelude.lua|return pttl * 1000 + 1000 - math.fmod(now, 1000)|return pttl * 1000"
   "prelude.lua|local pttl = redis.call('PTTL', marker)|local pttl = -2"
+  # Settles (refund.lua's settle mode): the difference given back, the excess charged, once.
+  "refund.lua|cost = p.cost - actual }, r)|cost = p.cost }, r)"
+  "refund.lua|cost = actual - p.cost }|cost = actual }"
+  "refund.lua|if value ~= 'settled' then|if true then"
   # Keys built in Lua instead of read from KEYS (the declared-keys check, static and in the
   # stand-in).
   "driver.lua|redis.call('EXISTS', KEYS[receipts + 1])|redis.call('EXISTS', receipt_key(KEYS[1], call_id, 1))"

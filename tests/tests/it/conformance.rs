@@ -399,7 +399,8 @@ fn sliding_calls_of_many_units_decide_alike() {
 }
 
 /// The Redis Cluster store's compensation: takes that leave receipts (the driver with a call
-/// id), refunds by receipt (`refund.lua`: at once, late, twice, after the clock went back) and
+/// id), refunds by receipt (`refund.lua`: at once, late, twice, after the clock went back),
+/// settles to what a call used (nothing, less, as much or more than its estimate: a debt) and
 /// peeks, through the companion script on the stand-in and through the pure rules
 /// (`algorithm::refund`) on a state map.
 #[test]
@@ -410,6 +411,7 @@ fn sliding_calls_of_many_units_decide_alike() {
 fn cluster_takes_with_receipts_and_refunds_decide_alike() {
     let mut counts = Counts::default();
     let mut refunds = 0;
+    let mut settles = 0;
     for t in 0..60_u64 {
         let seed = 0xC1_0000 + t;
         let mut rng = Rng::new(seed ^ 0x5EED);
@@ -450,6 +452,26 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
                 let id = format!("{seed:x}{step:x}");
                 taken.push((id.clone(), policies.clone()));
                 (Op::Take(Some(id)), policies)
+            } else if op < 65 && rng.chance(40) {
+                settles += 1;
+                let i = usize::try_from(rng.below(taken.len() as u64)).unwrap_or(0);
+                let (id, policies) = taken[i].clone();
+                // Sometimes settled again (a retry): the marker keeps it from settling twice.
+                if rng.chance(70) {
+                    taken.remove(i);
+                }
+                // What the call used: nothing, less, the same or more than its estimate (up to
+                // several capacities: a debt).
+                let actual = policies
+                    .iter()
+                    .map(|p| match rng.below(4) {
+                        0 => 0,
+                        1 => rng.between(0, p.cost()),
+                        2 => p.cost(),
+                        _ => p.cost() + rng.between(1, 3 * p.capacity()),
+                    })
+                    .collect();
+                (Op::Settle(id, actual), policies)
             } else if op < 65 {
                 refunds += 1;
                 let i = if rng.chance(70) {
@@ -491,6 +513,10 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
                     Ok(model.compensate(&checks, Some(id))),
                     lua.compensate(&checks, Some(id)),
                 ),
+                Op::Settle(id, actual) => (
+                    Ok(model.settle(&checks, id, actual)),
+                    lua.settle(&checks, id, actual),
+                ),
                 Op::Peek => (
                     Ok(model.compensate(&checks, None)),
                     lua.compensate(&checks, None),
@@ -517,8 +543,12 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
             history.push(line);
         }
     }
-    assert!(refunds > 2000, "only {refunds} refunds");
-    println!("steps compared: {:?}, refunds: {refunds}", counts.0);
+    assert!(refunds > 1000, "only {refunds} refunds");
+    assert!(settles > 1000, "only {settles} settles");
+    println!(
+        "steps compared: {:?}, refunds: {refunds}, settles: {settles}",
+        counts.0
+    );
 }
 
 /// Redis 7.0 counts a relative expiry (`PX`, `PEXPIRE`) from its live clock, which runs on
@@ -612,6 +642,7 @@ fn a_limit_read_while_the_server_paused_decides_alike() {
 enum Op {
     Take(Option<String>),
     Refund(String),
+    Settle(String, Vec<u64>),
     Peek,
 }
 

@@ -521,6 +521,73 @@ on_both!(costs_come_from_the_request:
     redis_cost_from_the_request_message_exact_and_beyond_capacity);
 
 // ---------------------------------------------------------------------------------------------
+// 3b. `settle = …`: an estimate charged before the body, settled to what the call used.
+
+#[derive(Debug)]
+struct Settled;
+
+#[tonic::async_trait]
+impl Greeter for Settled {
+    /// Charged the name's length, settled to the reply's.
+    #[rate_limit(
+        num = 100,
+        time = 60,
+        by = "ip",
+        cost = request.get_ref().name.len(),
+        settle = |reply| reply.as_ref().map_or(0, |r| r.get_ref().message.len()),
+        scope = "it/grpc_pipeline/settled"
+    )]
+    async fn say_hello(
+        &self,
+        request: Request<HelloRequest>,
+    ) -> Result<Response<HelloReply>, Status> {
+        Ok(Response::new(HelloReply {
+            message: format!("hello {}", request.into_inner().name),
+        }))
+    }
+
+    /// Charged the name's length, settled by the body's reservation to ten times it.
+    #[rate_limit(
+        num = 100,
+        time = 60,
+        by = "ip",
+        cost = request.get_ref().name.len(),
+        settle = "later",
+        scope = "it/grpc_pipeline/settled_later"
+    )]
+    async fn say_hello_with_key(
+        &self,
+        request: Request<HelloRequest>,
+    ) -> Result<Response<HelloReply>, Status> {
+        let name = request.into_inner().name;
+        let reservation = ratelimit_runtime::Reservation::take().expect("a reservation");
+        reservation.settle(10 * name.len()).await;
+        Ok(Response::new(HelloReply {
+            message: format!("hello {name}"),
+        }))
+    }
+}
+
+/// 100 units: calls charged 3 ("abc") that use 9 ("hello abc") are admitted while 9k + 3 fits,
+/// 11 of them; calls that settle their reservation to 30, 4 of them.
+async fn costs_are_settled_after_the_call(backend: Backend) {
+    let (limiter, _redis) = limiter(backend, |b| b).await;
+    let mut s = serve(Settled, limiter).await;
+    for (method, admitted) in [(Method::Hello, 11), (Method::WithKey, 4)] {
+        let mut n = 0;
+        while call(&mut s.client, method, "abc", &[]).await.is_ok() {
+            n += 1;
+            assert!(n <= admitted, "{method:?}: more than {admitted} admitted");
+        }
+        assert_eq!(n, admitted, "{method:?}");
+    }
+}
+
+on_both!(costs_are_settled_after_the_call:
+    memory_costs_are_settled_after_the_call_by_the_reply_and_by_a_reservation,
+    redis_costs_are_settled_after_the_call_by_the_reply_and_by_a_reservation);
+
+// ---------------------------------------------------------------------------------------------
 // 4. `count = "errors"` / `count = "ok"`.
 
 /// Answers `name == "bad"` with `Err(INVALID_ARGUMENT)`, counting the body's runs.

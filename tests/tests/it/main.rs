@@ -36,4 +36,5 @@ pub mod o1_algorithms;
 pub mod ops;
 pub mod redis_faults;
 pub mod redis_store;
+pub mod settle;
 pub mod wait;

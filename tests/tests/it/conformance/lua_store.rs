@@ -76,6 +76,23 @@ pub(crate) fn compensate_call(
     (keys, argv)
 }
 
+/// The companion script's KEYS and ARGV for a settle under `call_id` to `actual` units per
+/// limit, as `compensate` builds them.
+pub(crate) fn settle_call(
+    checks: &[Check<'_>],
+    call_id: &str,
+    actual: &[u64],
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let keys = compensate_keys(checks, Some(call_id))
+        .into_iter()
+        .map(String::into_bytes)
+        .collect();
+    let mut argv = vec![b"settle".to_vec(), call_id.as_bytes().to_vec()];
+    argv.extend(checks.iter().flat_map(limit_args));
+    argv.extend(actual.iter().map(|a| a.to_string().into_bytes()));
+    (keys, argv)
+}
+
 /// The reply as the Redis client hands it over (`redis::Value`).
 fn value(reply: &Reply) -> redis::Value {
     match reply {
@@ -169,6 +186,20 @@ impl LuaStore {
         refund: Option<&str>,
     ) -> Result<Verdict, StoreError> {
         let (keys, argv) = compensate_call(checks, refund);
+        let reply = self.run_companion(&keys, &argv);
+        parse(&reply, checks)
+    }
+}
+
+impl LuaStore {
+    /// The companion script's settle under `call_id` to `actual` units per limit.
+    pub(crate) fn settle(
+        &self,
+        checks: &[Check<'_>],
+        call_id: &str,
+        actual: &[u64],
+    ) -> Result<Verdict, StoreError> {
+        let (keys, argv) = settle_call(checks, call_id, actual);
         let reply = self.run_companion(&keys, &argv);
         parse(&reply, checks)
     }

@@ -36,6 +36,8 @@ pub(crate) struct Model {
     keys: HashMap<String, Entry>,
     /// Receipt name → (receipt, the last ms it exists).
     receipts: HashMap<String, (Receipt, u64)>,
+    /// Settled receipts' markers → the last ms they exist.
+    settled: HashMap<String, u64>,
     pub(crate) now: u64,
 }
 
@@ -122,6 +124,51 @@ impl Model {
             })
             .collect();
         Verdict::new(decisions)
+    }
+
+    /// The companion script's settle (`settle` in refund.lua): each limit settled to
+    /// `actual[i]` by `algorithm::settle` with its receipt (none once expired), the receipt
+    /// then marked settled (a second settle of the call does nothing); then the state of each
+    /// limit as it is.
+    pub(crate) fn settle(&mut self, checks: &[Check<'_>], id: &str, actual: &[u64]) -> Verdict {
+        let now = self.now;
+        for (i, (c, &actual)) in checks.iter().zip(actual).enumerate() {
+            let name = format!("{}:r:{id}:{}", c.key, i + 1);
+            if self
+                .settled
+                .get(&name)
+                .is_some_and(|end| now / 1000 <= *end)
+            {
+                continue;
+            }
+            let receipt = self
+                .receipts
+                .remove(&name)
+                .filter(|(_, expires)| now / 1000 <= *expires)
+                .map(|(r, _)| r);
+            let p = Params::of(c.policy);
+            let state = self.live(c.key).cloned();
+            let had = state.is_some();
+            match algorithm::settle(
+                c.policy.algorithm(),
+                state,
+                receipt.as_ref(),
+                &p,
+                actual,
+                now,
+            ) {
+                Some(state) => {
+                    self.keys.insert(c.key.to_owned(), Entry::new(state, &p));
+                }
+                None if had => {
+                    self.keys.remove(c.key);
+                }
+                None => {}
+            }
+            self.settled
+                .insert(name, now / 1000 + ttl_ms(RECEIPT_TTL_US));
+        }
+        self.compensate(checks, None)
     }
 
     /// The companion script: every refund under `call_id` first (each receipt read once and

@@ -1,0 +1,455 @@
+//! Settled costs (`settle = …`, `RateLimiter::settle`, `Reservation`): calls charged an
+//! estimate of 1,000 before their body and settled to what they used (100 to 3,000) after it,
+//! against 10,000 a minute, on the memory store, a private Redis and a Redis Cluster (keys in
+//! one slot, and a stack whose keys span slots).
+//!
+//! Exactness is read from a meter: a second limit of the same call (2^40 a minute, settled to
+//! the same units) whose remaining units say exactly what was charged, debts included (the
+//! quota's own `remaining` stops at 0).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ratelimit_runtime::{
+    Algorithm, Check, MemoryStore, Policy, RateLimitError, RateLimiter, RedisClusterStore,
+    Reservation, rate_limit,
+};
+use ratelimit_tests::redis_cluster::RedisCluster;
+use ratelimit_tests::redis_server::RedisServer;
+
+const QUOTA: u64 = 10_000;
+const ESTIMATE: u64 = 1_000;
+const METER: u64 = 1 << 40;
+
+/// What the calls of a test used, in order: 100 to 3,000 units, from a fixed seed.
+fn usage(seed: u64, n: usize) -> Vec<u64> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            // splitmix64
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            100 + (z ^ (z >> 31)) % 2_901
+        })
+        .collect()
+}
+
+fn policies() -> (Policy, Policy) {
+    let minute = Duration::from_secs(60);
+    let quota = Policy::new(Algorithm::Fixed, QUOTA, minute)
+        .and_then(|p| p.with_cost(ESTIMATE))
+        .expect("quota");
+    let meter = Policy::new(Algorithm::Fixed, METER, minute)
+        .and_then(|p| p.with_cost(ESTIMATE))
+        .expect("meter");
+    (quota, meter)
+}
+
+/// Units the meter under `key` counts now.
+async fn metered(limiter: &RateLimiter, key: &str) -> u64 {
+    let meter = Policy::new(Algorithm::Fixed, METER, Duration::from_secs(60)).expect("meter");
+    let verdict = limiter
+        .store()
+        .peek(&[Check::new(key, &meter)])
+        .await
+        .expect("peek");
+    METER - verdict.decisions()[0].remaining
+}
+
+/// 20 tasks call until refused; each admitted call holds its estimate while it runs (a yield),
+/// then settles to its usage. Returns the admitted calls' usage.
+async fn twenty_tasks(limiter: &RateLimiter, quota_key: &str, meter_key: &str) -> Vec<u64> {
+    let (quota, meter) = policies();
+    let admitted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let next = Arc::new(AtomicU64::new(0));
+    let uses = Arc::new(usage(0x5E771E, 400));
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (limiter, admitted, next, uses) = (
+            limiter.clone(),
+            Arc::clone(&admitted),
+            Arc::clone(&next),
+            Arc::clone(&uses),
+        );
+        let (quota_key, meter_key) = (quota_key.to_owned(), meter_key.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let checks = [
+                Check::new(&quota_key, &quota),
+                Check::new(&meter_key, &meter),
+            ];
+            loop {
+                let (verdict, id) = limiter.take(&checks).await.expect("take");
+                if !verdict.is_admitted() {
+                    return;
+                }
+                tokio::task::yield_now().await;
+                let i = usize::try_from(next.fetch_add(1, Ordering::SeqCst)).unwrap_or(0);
+                let used = uses[i % uses.len()];
+                limiter.settle(&checks, &id, &[used, used]).await;
+                admitted.lock().unwrap().push(used);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    Arc::try_unwrap(admitted).unwrap().into_inner().unwrap()
+}
+
+/// The bound and the exactness of one run: every unit used was charged (the meter), and the
+/// quota was passed by no more than the excesses of the calls in flight when it was reached
+/// (at most `QUOTA / ESTIMATE` of them: each held its estimate).
+async fn concurrent_scenario(limiter: &RateLimiter, quota_key: &str, meter_key: &str) {
+    let admitted = twenty_tasks(limiter, quota_key, meter_key).await;
+    let used: u64 = admitted.iter().sum();
+    assert_eq!(
+        metered(limiter, meter_key).await,
+        used,
+        "refunds and excess charges are exact: the meter counts what the admitted calls used"
+    );
+    let mut excess: Vec<u64> = admitted
+        .iter()
+        .map(|u| u.saturating_sub(ESTIMATE))
+        .collect();
+    excess.sort_unstable_by(|a, b| b.cmp(a));
+    let in_flight = usize::try_from(QUOTA / ESTIMATE).unwrap_or(10);
+    let bound = QUOTA + excess.iter().take(in_flight).sum::<u64>();
+    assert!(
+        used <= bound,
+        "used {used} > {bound}: over the quota by more than the in-flight calls' excess"
+    );
+    assert!(
+        used > QUOTA - ESTIMATE,
+        "used {used}: refused while an estimate still fitted"
+    );
+    eprintln!(
+        "{} calls admitted, {used} units used of {QUOTA} (bound {bound})",
+        admitted.len()
+    );
+}
+
+/// One caller, one call at a time: the quota is passed by at most the last call's excess.
+async fn sequential_scenario(limiter: &RateLimiter, quota_key: &str, meter_key: &str) {
+    let (quota, meter) = policies();
+    let checks = [Check::new(quota_key, &quota), Check::new(meter_key, &meter)];
+    let mut used = 0;
+    let mut last = 0;
+    for u in usage(0xA11CE, 1_000) {
+        let (verdict, id) = limiter.take(&checks).await.expect("take");
+        if !verdict.is_admitted() {
+            break;
+        }
+        limiter.settle(&checks, &id, &[u, u]).await;
+        used += u;
+        last = u;
+    }
+    assert_eq!(metered(limiter, meter_key).await, used);
+    assert!(
+        used <= QUOTA + last.saturating_sub(ESTIMATE),
+        "used {used}: more than one call's excess ({last} - {ESTIMATE}) over {QUOTA}"
+    );
+    assert!(used > QUOTA - ESTIMATE, "used {used}");
+}
+
+async fn memory_limiter() -> RateLimiter {
+    RateLimiter::builder()
+        .store(MemoryStore::new())
+        .build()
+        .await
+        .expect("limiter")
+}
+
+async fn redis_limiter(server: &RedisServer) -> RateLimiter {
+    RateLimiter::builder()
+        .redis_url(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("limiter")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_concurrent_calls_settle_exactly_memory() {
+    let limiter = memory_limiter().await;
+    concurrent_scenario(&limiter, "{llm:a}:quota", "{llm:a}:meter").await;
+    sequential_scenario(&limiter, "{llm:b}:quota", "{llm:b}:meter").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_concurrent_calls_settle_exactly_redis() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server).await;
+    concurrent_scenario(&limiter, "{llm:a}:quota", "{llm:a}:meter").await;
+    sequential_scenario(&limiter, "{llm:b}:quota", "{llm:b}:meter").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_concurrent_calls_settle_exactly_cluster_in_one_slot_and_across_slots() {
+    let cluster = RedisCluster::start().await;
+    let store = RedisClusterStore::connect(cluster.urls())
+        .await
+        .expect("cluster store");
+    let limiter = RateLimiter::builder()
+        .store(store)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("limiter");
+    // One slot: settled by receipt.
+    concurrent_scenario(&limiter, "{llm:a}:quota", "{llm:a}:meter").await;
+    // Keys in two slots: taken slot by slot without receipts, so nothing is given back, but
+    // every excess is charged on both (the meter reads at least what was used).
+    assert_ne!(
+        cluster.keyslot("{llm:c}:quota").await,
+        cluster.keyslot("{llm:d}:meter").await
+    );
+    let (quota, meter) = policies();
+    let checks = [
+        Check::new("{llm:c}:quota", &quota),
+        Check::new("{llm:d}:meter", &meter),
+    ];
+    let (verdict, id) = limiter.take(&checks).await.expect("take");
+    assert!(verdict.is_admitted());
+    limiter.settle(&checks, &id, &[2_500, 2_500]).await;
+    assert_eq!(metered(&limiter, "{llm:d}:meter").await, 2_500);
+    let (verdict, id) = limiter.take(&checks).await.expect("take");
+    assert!(verdict.is_admitted());
+    limiter.settle(&checks, &id, &[300, 300]).await;
+    assert_eq!(
+        metered(&limiter, "{llm:d}:meter").await,
+        2_500 + ESTIMATE,
+        "across slots a call that used less stays counted at its estimate (fails closed)"
+    );
+}
+
+/// A settle that comes after the call's receipt expired (a stalled store, a call that outlived
+/// the receipt's 10 seconds) gives nothing back: the estimate stays counted. Its excess is
+/// still charged.
+#[tokio::test]
+async fn a_settle_after_the_receipt_is_gone_keeps_the_estimate_memory() {
+    let clock = ratelimit_runtime::store::ManualClock::new();
+    let limiter = RateLimiter::builder()
+        .store(MemoryStore::with_clock(clock.clone()))
+        .build()
+        .await
+        .expect("limiter");
+    let (quota, meter) = policies();
+    let checks = [Check::new("{s}:q", &quota), Check::new("{s}:m", &meter)];
+    let (_, id) = limiter.take(&checks).await.expect("take");
+    clock.advance(Duration::from_secs(11));
+    limiter.settle(&checks, &id, &[100, 100]).await;
+    assert_eq!(metered(&limiter, "{s}:m").await, ESTIMATE);
+    let (_, id) = limiter.take(&checks).await.expect("take");
+    clock.advance(Duration::from_secs(11));
+    limiter.settle(&checks, &id, &[1_700, 1_700]).await;
+    assert_eq!(metered(&limiter, "{s}:m").await, ESTIMATE + 1_700);
+}
+
+/// Redis stalled during the settle (`CLIENT PAUSE` longer than the limiter's timeout and the
+/// receipt's life): the settle fails, and the estimate stays counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failure_during_settle_leaves_the_estimate_counted_redis() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis_url(server.url())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("limiter");
+    let (quota, meter) = policies();
+    let checks = [Check::new("{f}:q", &quota), Check::new("{f}:m", &meter)];
+    let (verdict, id) = limiter.take(&checks).await.expect("take");
+    assert!(verdict.is_admitted());
+    server.pause(Duration::from_secs(11)).await;
+    let started = std::time::Instant::now();
+    limiter.settle(&checks, &id, &[100, 100]).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "bounded by the timeout"
+    );
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(
+        metered(&limiter, "{f}:m").await,
+        ESTIMATE,
+        "the failed settle gave nothing back"
+    );
+}
+
+// ---------------------------------------------------------------- the attribute
+
+static USED: AtomicU64 = AtomicU64::new(0);
+
+/// A completion charged its `max_tokens` and settled to what its reply says it used.
+#[rate_limit(num = 10_000, time = 60, key = "{user}", cost = max_tokens, settle = |reply| reply.as_ref().map_or(0, |r: &Reply| r.total_tokens))]
+async fn complete(user: &str, max_tokens: u64, used: u64) -> Result<Reply, RateLimitError> {
+    let _ = user;
+    USED.fetch_add(used, Ordering::SeqCst);
+    Ok(Reply { total_tokens: used })
+}
+
+#[derive(Debug)]
+struct Reply {
+    total_tokens: u64,
+}
+
+/// The same, where the body learns the cost late and settles its reservation itself.
+#[rate_limit(num = 10_000, time = 60, key = "{user}", cost = max_tokens, settle = "later", scope = "settle::streamed")]
+async fn streamed(user: &str, max_tokens: u64, used: u64) -> Result<(), RateLimitError> {
+    let _ = (user, max_tokens);
+    let reservation = Reservation::take().expect("a reservation");
+    // The body ends; the stream it started settles later, in another task.
+    tokio::spawn(async move {
+        tokio::task::yield_now().await;
+        reservation.settle(used).await;
+    })
+    .await
+    .expect("stream");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_attribute_settles_by_the_output_and_by_a_reservation() {
+    let limiter = memory_limiter().await;
+    limiter
+        .clone()
+        .scope(async move {
+            // 9 calls of 1,000 that used 1,100 each: 9,900 used.
+            for _ in 0..9 {
+                complete("ann", 1_000, 1_100).await.expect("admitted");
+            }
+            let err = complete("ann", 1_000, 1).await.expect_err("refused");
+            assert!(
+                matches!(err, RateLimitError::Limited { remaining: 100, .. }),
+                "{err:?}"
+            );
+            // Used less: 37 calls charged 1,000 settle to 250 each (9,250 used), and the
+            // estimate of the next no longer fits.
+            for _ in 0..37 {
+                complete("bob", 1_000, 250).await.expect("admitted");
+            }
+            let err = complete("bob", 1_000, 1).await.expect_err("refused");
+            assert!(
+                matches!(err, RateLimitError::Limited { remaining: 750, .. }),
+                "{err:?}"
+            );
+            // `later`: settled from another task after the body.
+            for _ in 0..76 {
+                streamed("cy", 1_000, 120).await.expect("admitted");
+            }
+            let err = streamed("cy", 1_000, 1).await.expect_err("refused");
+            assert!(
+                matches!(err, RateLimitError::Limited { remaining: 880, .. }),
+                "{err:?}"
+            );
+            // No reservation outside a call.
+            assert!(Reservation::take().is_none());
+        })
+        .await;
+}
+
+// ---------------------------------------------------------------- an Axum endpoint
+
+mod llm {
+    use axum::routing::post;
+    use axum::{Extension, Json, Router};
+    use ratelimit_runtime::{RateLimiter, rate_limit};
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Debug, Deserialize)]
+    pub(crate) struct Prompt {
+        pub(crate) max_tokens: u32,
+        /// What the model will use (the test's stand-in for the model).
+        pub(crate) uses: u32,
+    }
+
+    #[derive(Debug, Serialize)]
+    pub(crate) struct Usage {
+        pub(crate) total_tokens: u32,
+    }
+
+    #[derive(Debug, Serialize)]
+    pub(crate) struct Completion {
+        pub(crate) usage: Usage,
+    }
+
+    /// 10,000 tokens a minute per user: `max_tokens` charged up front, settled to what the
+    /// completion used.
+    #[rate_limit(
+        num = 10_000,
+        time = 60,
+        by = "header:x-user",
+        cost = prompt.max_tokens,
+        settle = |done| done.usage.total_tokens,
+        framework = "axum"
+    )]
+    async fn complete(Json(prompt): Json<Prompt>) -> Json<Completion> {
+        Json(Completion {
+            usage: Usage {
+                total_tokens: prompt.uses,
+            },
+        })
+    }
+
+    pub(crate) async fn start(limiter: RateLimiter) -> String {
+        let app = Router::new()
+            .route("/v1/completions", post(complete))
+            .layer(Extension(limiter));
+        let addr = crate::http_support::serve_axum(app, "127.0.0.1").await;
+        format!("http://{addr}")
+    }
+}
+
+async fn axum_scenario(backend: &crate::http_support::Backend) {
+    let limiter = backend.limiter(&[]).await;
+    let base = llm::start(limiter).await;
+    let client = crate::http_support::client();
+    let ask = |user: &'static str, max_tokens: u32, uses: u32| {
+        let client = client.clone();
+        let url = format!("{base}/v1/completions");
+        async move {
+            client
+                .post(url)
+                .header("x-user", user)
+                .json(&serde_json::json!({ "max_tokens": max_tokens, "uses": uses }))
+                .send()
+                .await
+                .expect("request")
+        }
+    };
+    // Ann's completions use more than they asked for: 9 × 1,100 = 9,900 tokens.
+    for _ in 0..9 {
+        assert_eq!(ask("ann", 1_000, 1_100).await.status(), 200);
+    }
+    let refused = ask("ann", 1_000, 1).await;
+    assert_eq!(refused.status(), 429);
+    // A smaller estimate still fits in the 100 left.
+    assert_eq!(ask("ann", 100, 100).await.status(), 200);
+    assert_eq!(ask("ann", 1, 1).await.status(), 429);
+    // Bob's use less: 37 × 250 = 9,250, then 1,000 no longer fits but 750 does.
+    for _ in 0..37 {
+        assert_eq!(ask("bob", 1_000, 250).await.status(), 200);
+    }
+    assert_eq!(ask("bob", 1_000, 1).await.status(), 429);
+    let last = ask("bob", 750, 750).await;
+    assert_eq!(last.status(), 200);
+    let fields = last
+        .headers()
+        .get("ratelimit")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(fields.contains("r=0"), "{fields}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_axum_endpoint_charges_max_tokens_and_settles_to_the_usage_memory() {
+    axum_scenario(&crate::http_support::Backend::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_axum_endpoint_charges_max_tokens_and_settles_to_the_usage_redis() {
+    axum_scenario(&crate::http_support::Backend::redis()).await;
+}
