@@ -178,15 +178,7 @@ pub(crate) fn check(
         if let Some(key) = &args.key {
             check_template(key, receiver.is_some(), &readable, &mut errors);
         }
-        if let Some(settle) = &args.dynamic.settle
-            && args.cost.is_none()
-            && args.dynamic.cost.is_none()
-        {
-            errors.push(syn::Error::new(
-                settle.span,
-                "`settle` settles a call's cost to what it used: give the estimate it is charged before the body with `cost = …` (an argument such as `cost = req.max_tokens`, or a number)",
-            ));
-        }
+        settle_needs_cost(&args, &mut errors);
         if let Some(mut limit) = limit_of(&args, &mut errors) {
             errors.extend(shared_bucket(&limits, &limit, args.span));
             check_dynamic(&mut limit, receiver.is_some(), &readable, &mut errors);
@@ -800,6 +792,19 @@ fn check_dynamic_mode(limits: &[Limit], mode: &Mode, boxed: bool, errors: &mut V
             Some(_) => {}
             None => first_count = Some(count),
         }
+    }
+}
+
+/// `settle` settles an estimate: the attribute gives one with `cost`.
+fn settle_needs_cost(args: &Args, errors: &mut Vec<syn::Error>) {
+    if let Some(settle) = &args.dynamic.settle
+        && args.cost.is_none()
+        && args.dynamic.cost.is_none()
+    {
+        errors.push(syn::Error::new(
+            settle.span,
+            "`settle` settles a call's cost to what it used: give the estimate it is charged before the body with `cost = …` (an argument such as `cost = req.max_tokens`, or a number)",
+        ));
     }
 }
 

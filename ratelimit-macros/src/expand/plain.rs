@@ -69,34 +69,7 @@ pub(super) fn plain(
         let ReturnType::Type(_, ty) = &sig.output else {
             return quote!(#func);
         };
-        let used_units = local("__ratelimit_used");
-        let run_and_settle = match &d.settle {
-            None => quote! {
-                let #result: #ty = async {
-                    let #result: #ty = { #(#stmts)* };
-                    #result
-                }
-                .await;
-                #hold.settle(#p::Outcome::of(&#result)).await;
-            },
-            Some(SettleArg::After(used)) => quote! {
-                let #result: #ty = async {
-                    let #result: #ty = { #(#stmts)* };
-                    #result
-                }
-                .await;
-                let #used_units = #p::measure(&#result, #used);
-                #hold.settle_to(#p::Outcome::of(&#result), #used_units).await;
-            },
-            Some(SettleArg::Later) => quote! {
-                let #result: #ty = #hold
-                    .run_later(async {
-                        let #result: #ty = { #(#stmts)* };
-                        #result
-                    })
-                    .await;
-            },
-        };
+        let run_and_settle = run_and_settle(d.settle.as_ref(), ty, stmts, &hold, &result);
         return quote! {
             #(#outer)*
             #vis #sig {
@@ -136,6 +109,47 @@ pub(super) fn plain(
         }
     };
     finish_plain(func, boxed, ret, check, &outer, &inner)
+}
+
+/// The body of a plain function with `count` or `settle`, run in an async block (its
+/// `return`s and `?`s end the block), then settled: by its result, by what `settle` reads from
+/// it, or (`"later"`) by the reservation the body took.
+fn run_and_settle(
+    settle: Option<&SettleArg>,
+    ty: &syn::Type,
+    stmts: &[Stmt],
+    hold: &Ident,
+    result: &Ident,
+) -> TokenStream {
+    let p = private();
+    let used_units = local("__ratelimit_used");
+    match settle {
+        None => quote! {
+            let #result: #ty = async {
+                let #result: #ty = { #(#stmts)* };
+                #result
+            }
+            .await;
+            #hold.settle(#p::Outcome::of(&#result)).await;
+        },
+        Some(SettleArg::After(used)) => quote! {
+            let #result: #ty = async {
+                let #result: #ty = { #(#stmts)* };
+                #result
+            }
+            .await;
+            let #used_units = #p::measure(&#result, #used);
+            #hold.settle_to(#p::Outcome::of(&#result), #used_units).await;
+        },
+        Some(SettleArg::Later) => quote! {
+            let #result: #ty = #hold
+                .run_later(async {
+                    let #result: #ty = { #(#stmts)* };
+                    #result
+                })
+                .await;
+        },
+    }
 }
 
 /// Plain mode: `check` first in the body (for an `#[async_trait]` method, in its future).

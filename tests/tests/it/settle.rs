@@ -6,6 +6,10 @@
 //! Exactness is read from a meter: a second limit of the same call (2^40 a minute, settled to
 //! the same units) whose remaining units say exactly what was charged, debts included (the
 //! quota's own `remaining` stops at 0).
+#![allow(
+    clippy::duration_suboptimal_units,
+    reason = "Duration::from_mins is newer than the workspace's rust-version"
+)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,7 +69,7 @@ async fn twenty_tasks(limiter: &RateLimiter, quota_key: &str, meter_key: &str) -
     let (quota, meter) = policies();
     let admitted = Arc::new(std::sync::Mutex::new(Vec::new()));
     let next = Arc::new(AtomicU64::new(0));
-    let uses = Arc::new(usage(0x5E771E, 400));
+    let uses = Arc::new(usage(0x005E_771E, 400));
     let mut tasks = Vec::new();
     for _ in 0..20 {
         let (limiter, admitted, next, uses) = (
@@ -87,9 +91,9 @@ async fn twenty_tasks(limiter: &RateLimiter, quota_key: &str, meter_key: &str) -
                 }
                 tokio::task::yield_now().await;
                 let i = usize::try_from(next.fetch_add(1, Ordering::SeqCst)).unwrap_or(0);
-                let used = uses[i % uses.len()];
-                limiter.settle(&checks, &id, &[used, used]).await;
-                admitted.lock().unwrap().push(used);
+                let units = uses[i % uses.len()];
+                limiter.settle(&checks, &id, &[units, units]).await;
+                admitted.lock().unwrap().push(units);
             }
         }));
     }
