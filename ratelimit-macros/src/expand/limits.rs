@@ -182,6 +182,8 @@ pub(super) fn operand(e: &Expr, p: &TokenStream) -> TokenStream {
 pub(super) struct Dyn {
     pub(super) inputs: TokenStream,
     pub(super) count: Option<Span>,
+    /// Some limit is a concurrency limit: the call's slot is released after the body.
+    pub(super) holds: bool,
 }
 
 /// `let __ratelimit_inputs = [Input { quota, cost }, …];`: each limit's quota argument and

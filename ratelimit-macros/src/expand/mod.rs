@@ -160,6 +160,7 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
             .limits
             .iter()
             .find_map(|l| l.dynamic.count.as_ref().map(|c| c.span)),
+        holds: checked.limits.iter().any(valid::Limit::holds_slot),
     });
     let item = match &checked.mode {
         Mode::Plain { ret } => plain(

@@ -217,10 +217,16 @@ pub(crate) fn plan<'c, E>(
         let policy = with_cost(policy, cost).map_err(&error)?;
         let template = templates.get(i).copied().flatten();
         let chosen_at_run_time = quota.is_some();
+        // A concurrency limit is released whatever the outcome: never outcome-filtered.
+        let count = if limit.holds_slot() {
+            Count::All
+        } else {
+            dynamic.count
+        };
         effective.push((
             Limit { policy, ..*limit },
             template,
-            dynamic.count,
+            count,
             chosen_at_run_time,
         ));
     }
@@ -298,7 +304,9 @@ impl Plan {
             ));
         }
         // Shadow mode and the metrics apply as to static limits.
-        let call_id = (self.filtered > 0).then(crate::store::new_call_id);
+        // A concurrency limit's lease is named by the call id, which its release removes.
+        let holds = self.limits.iter().any(Limit::holds_slot);
+        let call_id = (self.filtered > 0 || holds).then(crate::store::new_call_id);
         let verdict = limiter
             .decide_as(&self.limits, &self.keys, call_id.as_deref())
             .await?;

@@ -48,6 +48,7 @@ end
 if call_id ~= nil and not valid_call_id(call_id) then
   return redis.error_reply(BAD_CALL_ID)
 end
+holder = call_id
 -- The markers, and in a refund the receipts of key i under this call id.
 local markers, refused_keys, receipts = declared_keys(KEYS, nkeys, false, call_id)
 if not markers then
