@@ -12,38 +12,33 @@
 -- holder ends). Mirror of src/algorithm/concurrency.rs.
 local CONCURRENCY_RETRY_US = 20000
 
--- The end of the first live lease of `entries` (a WITHSCORES reply) that is
--- not this call's own, or nil.
-local function concurrency_other(entries)
-  for j = 1, #entries, 2 do
-    if entries[j] ~= holder then
-      return tonumber(entries[j + 1])
-    end
-  end
-  return nil
-end
-
 ALGOS[7] = {
   capacity = 'limit',
   evaluate = function(key, p)
     local latest = now + p.period
-    -- Leases ending more than a period from now were stamped by a clock ahead
-    -- of this one: they end a period from now.
-    local ahead = redis.call('ZRANGEBYSCORE', key, '(' .. int(latest), '+inf')
-    for _, member in ipairs(ahead) do
-      redis.call('ZADD', key, 'XX', int(latest), member)
-    end
-    local n = redis.call('ZCOUNT', key, '(' .. int(now), '+inf')
-    -- The same call taken again (a retried script) holds one slot: its own
-    -- lease is not counted, and its take renews it.
-    if holder ~= nil then
-      local own = redis.call('ZSCORE', key, holder)
-      if own and tonumber(own) > now then
-        n = n - 1
+    -- The live leases (at most `limit` after any take, so read whole): their
+    -- count, the earliest and the latest end, leaving out this call's own
+    -- lease (the same call taken again, a retried script, holds one slot: its
+    -- take renews it). Leases ending more than a period from now were stamped
+    -- by a clock ahead of this one: they end a period from now.
+    local live = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES')
+    local n, first, last = 0, nil, nil
+    for j = 1, #live, 2 do
+      local member, ends = live[j], tonumber(live[j + 1])
+      if ends > latest then
+        redis.call('ZADD', key, int(latest), member)
+        ends = latest
+      end
+      if member ~= holder then
+        n = n + 1
+        if first == nil or ends < first then
+          first = ends
+        end
+        if last == nil or ends > last then
+          last = ends
+        end
       end
     end
-    local first = concurrency_other(redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES', 'LIMIT', 0, 2))
-    local last = concurrency_other(redis.call('ZREVRANGEBYSCORE', key, '+inf', '(' .. int(now), 'WITHSCORES', 'LIMIT', 0, 2))
     local admitted = n < p.limit
     local d = {
       admitted = admitted,
@@ -52,7 +47,6 @@ ALGOS[7] = {
       after_remaining = p.limit - n - 1,
       after_reset = p.period,
       retry = 0,
-      write = n,
     }
     if not admitted then
       d.retry = first and math.min(first - now, CONCURRENCY_RETRY_US) or 0
@@ -62,13 +56,14 @@ ALGOS[7] = {
   commit = function(key, p, d)
     local member = holder
     if member == nil then
-      member = 'a' .. int(now) .. '.' .. int(redis.call('ZCARD', key))
+      member = 'a' .. int(now) .. '.' .. int(redis.call('ZCOUNT', key, '-inf', '+inf'))
     end
     -- ZADD before the trim (see sliding.lua: a server at its maxmemory refuses
-    -- a script's first write only if that write may grow memory).
+    -- a script's first write only if that write may grow memory). The key
+    -- outlives its last lease.
     redis.call('ZADD', key, int(now + p.period), member)
     redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
-    redis.call('PEXPIREAT', key, int(floor_div(now + p.period, 1000) + 1))
+    redis.call('PEXPIRE', key, ttl_ms(p.period + 1000))
   end,
   -- The release: the call's lease goes, whatever it held.
   refund = function(key, p, r)

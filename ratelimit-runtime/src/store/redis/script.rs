@@ -218,7 +218,7 @@ mod tests {
     #[test]
     #[allow(clippy::many_single_char_names)] // one policy per algorithm, by its initial
     fn one_script_per_algorithm_the_buckets_share_one_and_one_for_mixed_calls() {
-        let [f, s, l, t, g, c] = Algorithm::ALL.map(policy);
+        let [f, s, l, t, g, c, n] = Algorithm::BY_CODE.map(policy);
         let hash = |checks: &[Check<'_>]| SCRIPTS.for_checks(checks).get_hash().to_owned();
         let fixed = hash(&[Check::new("a", &f), Check::new("b", &f)]);
         let sliding = hash(&[Check::new("a", &s)]);
@@ -226,20 +226,27 @@ mod tests {
         let token = hash(&[Check::new("a", &t), Check::new("b", &t)]);
         let gcra = hash(&[Check::new("a", &g)]);
         let counter = hash(&[Check::new("a", &c)]);
+        let slots = hash(&[Check::new("a", &n)]);
         let mixed = hash(&[Check::new("a", &t), Check::new("b", &l)]);
         // The token and the leaky bucket are one rule (bucket.lua): one script serves both.
         assert_eq!(leaky, token);
         assert_eq!(mixed, SCRIPTS.combined.get_hash());
         let distinct: std::collections::HashSet<_> =
-            [&fixed, &sliding, &token, &gcra, &counter, &mixed]
+            [&fixed, &sliding, &token, &gcra, &counter, &slots, &mixed]
                 .into_iter()
                 .collect();
-        assert_eq!(distinct.len(), 6, "{distinct:?}");
+        assert_eq!(distinct.len(), 7, "{distinct:?}");
         // What is loaded is every script once, and each is the text `script_sources` gives.
         let loaded: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
-        assert_eq!(loaded, [&fixed, &sliding, &token, &gcra, &counter, &mixed]);
+        assert_eq!(
+            loaded,
+            [&fixed, &sliding, &token, &gcra, &counter, &slots, &mixed]
+        );
         let texts = script_sources();
-        for (a, p) in Algorithm::ALL.into_iter().zip([&f, &s, &l, &t, &g, &c]) {
+        for (a, p) in Algorithm::BY_CODE
+            .into_iter()
+            .zip([&f, &s, &l, &t, &g, &c, &n])
+        {
             assert_eq!(
                 Script::new(texts.for_algorithm(a)).get_hash(),
                 hash(&[Check::new("a", p)]),
