@@ -4,7 +4,8 @@
 -- its end is after now, so a slot that is never released (a killed process)
 -- comes back within `period`; the call's release removes its id (`refund`,
 -- and the stores' forget: `ZREM key id`). A check without a call id holds an
--- anonymous lease, released only by its end. Ended leases are trimmed only by
+-- anonymous lease (a name no live lease has), released only by its end. Each
+-- check reads the live leases whole (at most `limit`: O(num) per check). Ended leases are trimmed only by
 -- an admitted call (a rejected call writes nothing), so the set never holds
 -- more than `limit` entries after a take. The key expires after its last
 -- lease. A refused call's retry is the time until the earliest lease ends,
@@ -23,8 +24,10 @@ ALGOS[7] = {
     -- by a clock ahead of this one: they end a period from now.
     local live = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES')
     local n, first, last = 0, nil, nil
+    local members = {}
     for j = 1, #live, 2 do
       local member, ends = live[j], tonumber(live[j + 1])
+      members[member] = true
       if ends > latest then
         redis.call('ZADD', key, int(latest), member)
         ends = latest
@@ -47,6 +50,7 @@ ALGOS[7] = {
       after_remaining = p.limit - n - 1,
       after_reset = p.period,
       retry = 0,
+      write = members,
     }
     if not admitted then
       d.retry = first and math.min(first - now, CONCURRENCY_RETRY_US) or 0
@@ -54,9 +58,16 @@ ALGOS[7] = {
     return d
   end,
   commit = function(key, p, d)
+    -- An anonymous lease is named by its time and the first number no live
+    -- lease of that time has (a lease taken at `now` is live: it ends later).
     local member = holder
     if member == nil then
-      member = 'a' .. int(now) .. '.' .. int(redis.call('ZCOUNT', key, '-inf', '+inf'))
+      local j = 0
+      member = 'a' .. int(now) .. '.0'
+      while d.write[member] do
+        j = j + 1
+        member = 'a' .. int(now) .. '.' .. j
+      end
     end
     -- ZADD before the trim (see sliding.lua: a server at its maxmemory refuses
     -- a script's first write only if that write may grow memory). The key

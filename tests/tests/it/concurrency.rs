@@ -203,7 +203,10 @@ async fn cancelled_and_panicking_calls_release(limiter: &RateLimiter) {
         assert!(start.elapsed() < Duration::from_secs(10), "five admitted");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let refused = limiter.scope(five_until(Arc::clone(&gate), false)).await;
+    let refused = limiter
+        .clone()
+        .scope(five_until(Arc::clone(&gate), false))
+        .await;
     assert!(matches!(
         refused,
         Err(RateLimitError::Limited { remaining: 0, .. })
@@ -286,7 +289,7 @@ async fn stacks_all_or_nothing(limiter: &RateLimiter) {
     }
     // No slot: refused, and the rate limit keeps its 2.
     for _ in 0..3 {
-        let refused = limiter.scope(stacked(Arc::clone(&gate))).await;
+        let refused = limiter.clone().scope(stacked(Arc::clone(&gate))).await;
         assert!(matches!(refused, Err(RateLimitError::Limited { .. })));
     }
     assert_eq!(remaining(limiter, &pair).await, (0, 2));
@@ -296,11 +299,15 @@ async fn stacks_all_or_nothing(limiter: &RateLimiter) {
     // Two more, one at a time: the rate limit is spent.
     for _ in 0..2 {
         gate.notify_one();
-        limiter.scope(stacked(Arc::clone(&gate))).await.unwrap();
+        limiter
+            .clone()
+            .scope(stacked(Arc::clone(&gate)))
+            .await
+            .unwrap();
     }
     assert_eq!(remaining(limiter, &pair).await, (1, 0));
     // Refused by the rate limit: no slot held.
-    let refused = limiter.scope(stacked(Arc::clone(&gate))).await;
+    let refused = limiter.clone().scope(stacked(Arc::clone(&gate))).await;
     assert!(matches!(refused, Err(RateLimitError::Limited { .. })));
     assert_eq!(remaining(limiter, &pair).await, (1, 0));
 }

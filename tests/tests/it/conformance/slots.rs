@@ -52,7 +52,11 @@ fn concurrency_limits_decide_alike_in_rust_and_lua() {
         let mut retry = 0;
         for step in 0..250 {
             let mut now = pair.now + trace::step(&mut rng, pair.now, period, period, retry);
-            if rng.chance(2) {
+            // A fifth of the traces set the clock back now and then (and peek never: the
+            // companion's peek writes the restamp that the memory store's peek leaves alone,
+            // as for every algorithm).
+            let back = t % 5 == 0;
+            if back && rng.chance(3) {
                 now = now.saturating_sub(rng.between(1, 2 * period));
             }
             pair.set(now);
@@ -92,11 +96,12 @@ fn concurrency_limits_decide_alike_in_rust_and_lua() {
                         &scripts.unwrap(),
                     );
                 }
-                _ => {
+                _ if !back => {
                     let memory = pair.memory.peek_now(&checks);
                     let lua = pair.runtime.block_on(pair.lua.peek(&checks)).unwrap();
                     same(&format!("{at}: peek"), &memory, &lua, &lua);
                 }
+                _ => {}
             }
             steps += 1;
         }
