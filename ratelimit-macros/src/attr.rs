@@ -92,6 +92,7 @@ pub(crate) enum Algo {
     Token,
     Gcra,
     SlidingCounter,
+    Concurrency,
 }
 
 impl Algo {
@@ -104,6 +105,7 @@ impl Algo {
             Self::Token => "Token",
             Self::Gcra => "Gcra",
             Self::SlidingCounter => "SlidingCounter",
+            Self::Concurrency => "Concurrency",
         }
     }
 
@@ -116,6 +118,7 @@ impl Algo {
             Self::Leaky | Self::Token => Kind::Bucket,
             Self::Gcra => Kind::Gcra,
             Self::SlidingCounter => Kind::Counter,
+            Self::Concurrency => Kind::Slots,
         }
     }
 }
@@ -625,8 +628,7 @@ fn lit_str(name: &str, value: &Expr, accepted: &str) -> syn::Result<LitStr> {
     }
 }
 
-const ALGOS: &str =
-    "\"fixed\" (the default), \"sliding\", \"leaky\", \"token\", \"gcra\" or \"sliding_counter\"";
+const ALGOS: &str = "\"fixed\" (the default), \"sliding\", \"leaky\", \"token\", \"gcra\", \"sliding_counter\" or \"concurrency\" (calls in flight)";
 
 fn parse_algo(value: &Expr) -> syn::Result<Spanned<Algo>> {
     let lit = lit_str("algo", value, ALGOS)?;
@@ -637,6 +639,7 @@ fn parse_algo(value: &Expr) -> syn::Result<Spanned<Algo>> {
         "token" => Algo::Token,
         "gcra" => Algo::Gcra,
         "sliding_counter" => Algo::SlidingCounter,
+        "concurrency" => Algo::Concurrency,
         other => {
             return Err(syn::Error::new(
                 lit.span(),

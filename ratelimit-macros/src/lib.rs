@@ -35,7 +35,7 @@ use proc_macro::TokenStream;
 ///
 /// | argument | meaning | default |
 /// | --- | --- | --- |
-/// | `algo` | `"fixed"`, `"sliding"`, `"sliding_counter"`, `"leaky"`, `"token"` or `"gcra"` | `"fixed"` |
+/// | `algo` | `"fixed"`, `"sliding"`, `"sliding_counter"`, `"leaky"`, `"token"`, `"gcra"`, or `"concurrency"` (calls in flight, `time` is a slot's lease) | `"fixed"` |
 /// | `num` | calls allowed per `time` (a positive integer); for the buckets, the refill/drain amount per `time` and the capacity unless `burst` is given | required |
 /// | `time` | the period: integer seconds, or `"500ms"`, `"10s"`, `"1m"`, `"1h"`, `"1d"` | required |
 /// | `by` | what identifies a caller: `"global"`, `"ip"`, `"url"`, `"user"`, `"app_id"`, `"header:<name>"` | `"global"` |

@@ -47,6 +47,13 @@ impl Limit {
             || d.count.is_some()
             || d.settle.is_some()
             || matches!(d.cost, Some(Cost::Expr(_)))
+            || self.holds_slot()
+    }
+
+    /// Whether a call holds a slot of this limit until it ends (`algo = "concurrency"`): its
+    /// check is settled after the body, as a dynamic limit's is.
+    pub(crate) fn holds_slot(&self) -> bool {
+        self.algo == Algo::Concurrency
     }
 
     /// Whether `other` would share this limit's store key for every call: the runtime's key is
@@ -468,6 +475,9 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         ));
     }
     let algo = args.algo.as_ref().map_or(Algo::Fixed, |a| a.value);
+    if algo == Algo::Concurrency {
+        concurrency_args(args, errors);
+    }
     // `num`, `time`, `burst` and `cost` are positive: `attr` rejects 0 where it parses them.
     if let Some(time) = &args.time
         && let Err(v) = rules::check_period(time.value)
@@ -546,6 +556,32 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         shadow: args.shadow.as_ref().is_some_and(|s| s.value),
         on_store_error: args.on_store_error.as_ref().map(|p| p.value),
     })
+}
+
+/// `algo = "concurrency"` counts calls in flight: a call holds one slot whatever it costs, and
+/// releases it whatever its outcome, so `cost` and `count` do not apply.
+fn concurrency_args(args: &Args, errors: &mut Vec<syn::Error>) {
+    let cost = args
+        .cost
+        .as_ref()
+        .map(|c| c.span)
+        .or_else(|| match &args.dynamic.cost {
+            Some(Cost::Const(path)) => path_span(Some(path)),
+            Some(Cost::Expr(expr)) => Some(expr.span()),
+            None => None,
+        });
+    if let Some(span) = cost {
+        errors.push(syn::Error::new(
+            span,
+            "a concurrency limit holds one slot per call in flight: `cost` does not apply (leave it out, or stack a rate limit with a cost)",
+        ));
+    }
+    if let Some(count) = &args.dynamic.count {
+        errors.push(syn::Error::new(
+            count.span,
+            "a concurrency limit releases its slot whatever the call's outcome: `count` does not apply (put it on a stacked rate limit)",
+        ));
+    }
 }
 
 /// A limit whose quota comes at run time (`quota = …`): no `num`, `time` or `burst` may be

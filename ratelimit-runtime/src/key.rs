@@ -26,7 +26,7 @@
 //!
 //! * `num` and `burst` in decimal, without leading zeros (both are at least 1);
 //! * the algorithm as one letter: `f` fixed, `s` sliding, `l` leaky, `t` token, `g` gcra, `c`
-//!   sliding counter;
+//!   sliding counter, `n` concurrency;
 //! * the period as a count and a unit, the largest of `d` (day), `h`, `m` (minute), `s` and
 //!   `ms` that divides it exactly; the count in decimal, left out when it is 1.
 //!
@@ -214,6 +214,7 @@ const fn algorithm_letter(algorithm: Algorithm) -> char {
         Algorithm::Token => 't',
         Algorithm::Gcra => 'g',
         Algorithm::SlidingCounter => 'c',
+        Algorithm::Concurrency => 'n',
     }
 }
 
@@ -323,6 +324,7 @@ mod tests {
             "t" => Algorithm::Token,
             "g" => Algorithm::Gcra,
             "c" => Algorithm::SlidingCounter,
+            "n" => Algorithm::Concurrency,
             other => panic!("no algorithm {other} in {suffix}"),
         };
         let rest = &suffix[letter + 1..];

@@ -138,6 +138,7 @@
 //! | `leaky` | a bucket of `burst` (default `num`), empty at start, draining at `num / time` |
 //! | `token` | a bucket of `burst`, full at start, refilled at `num / time` |
 //! | `gcra` | the token bucket as one integer (the theoretical arrival time), one unit per `time / num` |
+//! | `concurrency` | not a rate: at most `num` calls in flight, each slot released when its call ends in any way; `time` is a slot's lease, after which a slot nobody released (a killed process) comes back |
 //!
 //! Every store is exact under any concurrency, reads time from its own clock (never the
 //! caller's), and answers each limit with a [`Decision`]: admitted or not, `remaining`,

@@ -88,6 +88,12 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// Whether a call holds a slot of this limit until it ends (a concurrency limit): its check
+    /// is a take under a call id, and the call's end releases it.
+    pub(crate) fn holds_slot(&self) -> bool {
+        self.policy.algorithm() == crate::algorithm::Algorithm::Concurrency
+    }
+
     /// A limit (enforced, not in shadow mode).
     ///
     /// ```

@@ -26,7 +26,7 @@ pub enum PolicyError {
     /// call could ever be admitted.
     CostExceedsCapacity,
     /// The algorithm name is not one of `fixed`, `sliding`, `leaky`, `token`, `gcra`,
-    /// `sliding_counter`.
+    /// `sliding_counter`, `concurrency`.
     UnknownAlgorithm,
     /// `num`, `burst` or `cost` is above [`MAX_UNITS`]: the Redis scripts count in doubles,
     /// exact only below 2^53, and every number they return must stay exact.
@@ -43,6 +43,10 @@ pub enum PolicyError {
     GcraTooFine,
     /// A sliding counter whose `num × period_ms` passes [`MAX_BUCKET_SCALE`].
     CounterTooLarge,
+    /// A concurrency limit above [`MAX_SLIDING_LOG`] slots (one lease per call in flight).
+    TooManySlots,
+    /// A concurrency limit whose `cost` is not 1 (a call holds one slot).
+    SlotCost,
 }
 
 impl fmt::Display for PolicyError {
@@ -74,6 +78,8 @@ impl PolicyError {
             Violation::GcraTooFast => Self::GcraTooFast,
             Violation::GcraTooFine => Self::GcraTooFine,
             Violation::CounterTooLarge => Self::CounterTooLarge,
+            Violation::TooManySlots => Self::TooManySlots,
+            Violation::SlotCost => Self::SlotCost,
         }
     }
 
@@ -92,6 +98,8 @@ impl PolicyError {
             Self::GcraTooFast => Violation::GcraTooFast,
             Self::GcraTooFine => Violation::GcraTooFine,
             Self::CounterTooLarge => Violation::CounterTooLarge,
+            Self::TooManySlots => Violation::TooManySlots,
+            Self::SlotCost => Violation::SlotCost,
             Self::UnknownAlgorithm => return None,
         })
     }
@@ -102,7 +110,7 @@ impl PolicyError {
         match self.violation() {
             Some(v) => v.message(),
             None => {
-                "unknown algorithm: expected one of \"fixed\", \"sliding\", \"leaky\", \"token\", \"gcra\", \"sliding_counter\""
+                "unknown algorithm: expected one of \"fixed\", \"sliding\", \"leaky\", \"token\", \"gcra\", \"sliding_counter\", \"concurrency\""
             }
         }
     }
@@ -312,6 +320,7 @@ impl Algorithm {
             Self::Leaky | Self::Token => rules::Kind::Bucket,
             Self::Gcra => rules::Kind::Gcra,
             Self::SlidingCounter => rules::Kind::Counter,
+            Self::Concurrency => rules::Kind::Slots,
         }
     }
 }
@@ -322,6 +331,7 @@ impl std::str::FromStr for Algorithm {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::ALL
             .into_iter()
+            .chain([Self::Concurrency])
             .find(|a| a.as_str() == s)
             .ok_or(PolicyError::UnknownAlgorithm)
     }

@@ -185,6 +185,8 @@ pub(super) struct Dyn {
     pub(super) count: Option<Span>,
     /// `settle = …`, when a limit has one.
     pub(super) settle: Option<SettleArg>,
+    /// Some limit is a concurrency limit: the call's slot is released after the body.
+    pub(super) holds: bool,
 }
 
 /// `let __ratelimit_inputs = [Input { quota, cost }, …];`: each limit's quota argument and

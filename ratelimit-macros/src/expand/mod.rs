@@ -166,6 +166,7 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
             .limits
             .iter()
             .find_map(|l| l.dynamic.settle.as_ref().map(|s| s.value.clone())),
+        holds: checked.limits.iter().any(valid::Limit::holds_slot),
     });
     let item = match &checked.mode {
         Mode::Plain { ret } => plain(

@@ -49,7 +49,26 @@ pub(super) fn plain(
         let checked_call = quote! {
             #p::check_dyn(&#limits, #dy, &[#(#key_refs),*], &#inputs, #wait).await
         };
-        if d.count.is_none() && d.settle.is_none() {
+        if d.holds && boxed && d.count.is_none() {
+            // An `#[async_trait]` method: the hold lives in its boxed future, first thing in
+            // the user's body, and releases the slot when that future ends or is dropped.
+            let check = quote! {
+                #[allow(unused_braces, clippy::all, clippy::pedantic)]
+                let #hold = {
+                    #statics
+                    #(#key_lets)*
+                    #ins
+                    match #checked_call {
+                        ::core::result::Result::Ok(hold) => hold,
+                        ::core::result::Result::Err(#err) => {
+                            return ::core::result::Result::Err(#from);
+                        }
+                    }
+                };
+            };
+            return into_boxed_body(func, check, ret);
+        }
+        if d.count.is_none() && d.settle.is_none() && !d.holds {
             let check = quote! {
                 #[allow(unused_braces, clippy::all, clippy::pedantic)]
                 {
@@ -63,9 +82,9 @@ pub(super) fn plain(
             };
             return finish_plain(func, boxed, ret, check, &outer, &inner);
         }
-        // `count` and `settle`: taken before the body, settled after it by its result. The
-        // body runs in an async block, so that its `return`s and `?`s end the block, not the
-        // function.
+        // `count`, `settle` (or a concurrency limit): taken before the body, settled after it
+        // by its result. The body runs in an async block, so that its `return`s and `?`s end
+        // the block, not the function.
         let ReturnType::Type(_, ty) = &sig.output else {
             return quote!(#func);
         };

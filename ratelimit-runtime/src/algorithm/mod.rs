@@ -13,12 +13,15 @@
 //!   bucket's level is the tokens missing from a full bucket);
 //! * [`gcra`] — the token bucket as one integer, the theoretical arrival time;
 //! * [`sliding_counter`] — two fixed windows' counts, the previous one weighted by its share of
-//!   the trailing interval: O(1) state, approximate within a documented bound.
+//!   the trailing interval: O(1) state, approximate within a documented bound;
+//! * [`concurrency`] — not a rate: the calls in flight, one lease each, released when the
+//!   call ends or when its lease does.
 //!
 //! Time is whole microseconds on the store's own clock. Every function is total: no input
 //! panics, arithmetic saturates (the policy bounds keep every real value far from the limits).
 
 pub mod bucket;
+pub mod concurrency;
 pub mod fixed;
 pub mod gcra;
 pub mod sliding;
@@ -29,12 +32,13 @@ use std::fmt;
 use std::time::Duration;
 
 /// The six rate-limiting algorithms (`burst` is the capacity of the buckets, `leaky` and
-/// `token`, and of `gcra`; the windows' capacity is `num`).
+/// `token`, and of `gcra`; the windows' capacity is `num`), and the concurrency limit.
 ///
 /// ```
 /// use ratelimit_runtime::Algorithm;
 /// assert_eq!("sliding".parse::<Algorithm>(), Ok(Algorithm::Sliding));
 /// assert_eq!(Algorithm::Token.as_str(), "token");
+/// assert_eq!("concurrency".parse::<Algorithm>(), Ok(Algorithm::Concurrency));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -56,10 +60,28 @@ pub enum Algorithm {
     /// The current and previous fixed windows' counts, the previous weighted by its share of
     /// the trailing interval: O(1) state, approximate (see [`sliding_counter`]).
     SlidingCounter,
+    /// Not a rate: at most `num` calls **in flight** per key. A call holds a slot from before
+    /// its body until it ends in any way (it returns, fails, panics or its future is dropped);
+    /// `period` is the slot's lease, the longest it is held when no one releases it (a killed
+    /// process). See [`concurrency`] for its numbers; a call always holds one slot (`cost` is
+    /// refused). Not in [`Algorithm::ALL`], the rate-limiting algorithms.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Policy, PolicyError};
+    ///
+    /// // At most 5 calls at once; a slot nobody releases comes back after 30 seconds.
+    /// let p = Policy::new(Algorithm::Concurrency, 5, Duration::from_secs(30))?;
+    /// assert_eq!(p.capacity(), 5);
+    /// assert_eq!(p.with_cost(2), Err(PolicyError::SlotCost));
+    /// # Ok::<(), PolicyError>(())
+    /// ```
+    Concurrency,
 }
 
 impl Algorithm {
-    /// Every algorithm, in the order of their wire codes.
+    /// Every rate-limiting algorithm, in the order of their wire codes ([`Algorithm::Concurrency`],
+    /// code 7, is a limit of another kind and is not listed).
     pub const ALL: [Algorithm; 6] = [
         Self::Fixed,
         Self::Sliding,
@@ -67,6 +89,19 @@ impl Algorithm {
         Self::Token,
         Self::Gcra,
         Self::SlidingCounter,
+    ];
+
+    /// Every algorithm by its wire code (`BY_CODE[code - 1]`): [`Algorithm::ALL`], then
+    /// [`Algorithm::Concurrency`].
+    #[doc(hidden)]
+    pub const BY_CODE: [Algorithm; 7] = [
+        Self::Fixed,
+        Self::Sliding,
+        Self::Leaky,
+        Self::Token,
+        Self::Gcra,
+        Self::SlidingCounter,
+        Self::Concurrency,
     ];
 
     /// The name used in the attribute (`algo = "…"`) and in store keys.
@@ -78,6 +113,7 @@ impl Algorithm {
             Self::Token => "token",
             Self::Gcra => "gcra",
             Self::SlidingCounter => "sliding_counter",
+            Self::Concurrency => "concurrency",
         }
     }
 
@@ -90,6 +126,7 @@ impl Algorithm {
             Self::Token => 4,
             Self::Gcra => 5,
             Self::SlidingCounter => 6,
+            Self::Concurrency => 7,
         }
     }
 }
@@ -200,6 +237,8 @@ pub enum State {
     Gcra(gcra::Tat),
     /// A sliding-window counter.
     SlidingCounter(sliding_counter::Counters),
+    /// The holders of a concurrency limit.
+    Concurrency(concurrency::Holders),
 }
 
 /// What a cross-slot take leaves beside its key, for its refund (the scripts' receipt).
@@ -221,6 +260,18 @@ pub fn evaluate(
     state: Option<&State>,
     p: &Params,
     now: u64,
+) -> (Evaluation, Option<State>) {
+    evaluate_for(algorithm, state, p, now, "")
+}
+
+/// [`evaluate`] for the call `holder` (its call id; empty: none): the holder a concurrency
+/// limit's lease names, so that the call's release finds it. The other algorithms ignore it.
+pub fn evaluate_for(
+    algorithm: Algorithm,
+    state: Option<&State>,
+    p: &Params,
+    now: u64,
+    holder: &str,
 ) -> (Evaluation, Option<State>) {
     match algorithm {
         Algorithm::Fixed => {
@@ -263,6 +314,14 @@ pub fn evaluate(
             let (e, next) = sliding_counter::evaluate(counters, p, now);
             (e, next.map(State::SlidingCounter))
         }
+        Algorithm::Concurrency => {
+            let holders = match state {
+                Some(State::Concurrency(h)) => Some(h),
+                _ => None,
+            };
+            let (e, next) = concurrency::evaluate(holders, p, now, holder);
+            (e, next.map(State::Concurrency))
+        }
     }
 }
 
@@ -276,11 +335,13 @@ pub fn normalize(state: &mut State, p: &Params, now: u64) -> bool {
         State::Bucket(b) => bucket::normalize(b, now),
         State::Gcra(t) => gcra::normalize(t, p, now),
         State::SlidingCounter(c) => sliding_counter::normalize(c, p, now),
+        State::Concurrency(h) => concurrency::normalize(h, p, now),
     }
 }
 
 /// Gives back what a call whose take left `receipt` still holds: the new state (`None`: the
-/// key is deleted), or the state unchanged.
+/// key is deleted), or the state unchanged. A concurrency limit gives back by its holder's
+/// name ([`concurrency::Holders::release`]), not by receipt: unchanged here.
 pub fn refund(state: Option<State>, receipt: &Receipt, p: &Params, now: u64) -> Option<State> {
     if receipt.at_us > now {
         return state;
@@ -293,6 +354,7 @@ pub fn refund(state: Option<State>, receipt: &Receipt, p: &Params, now: u64) -> 
         Some(State::SlidingCounter(c)) => {
             sliding_counter::refund(c, receipt, p).map(State::SlidingCounter)
         }
+        Some(State::Concurrency(h)) => Some(State::Concurrency(h)),
         None => None,
     }
 }
@@ -327,6 +389,9 @@ pub fn settle(
     now: u64,
 ) -> Option<State> {
     use std::cmp::Ordering;
+    if algorithm == Algorithm::Concurrency {
+        return state; // a slot is held, not spent: nothing to settle
+    }
     match actual.cmp(&p.cost) {
         Ordering::Equal => state,
         Ordering::Less => match receipt {
@@ -352,11 +417,13 @@ pub fn settle(
                     cost: actual - p.cost,
                     ..*p
                 },
-                Algorithm::Leaky | Algorithm::Token | Algorithm::Gcra => Params {
-                    burst: WAIVED_CAPACITY,
-                    cost: actual - p.cost,
-                    ..*p
-                },
+                Algorithm::Leaky | Algorithm::Token | Algorithm::Gcra | Algorithm::Concurrency => {
+                    Params {
+                        burst: WAIVED_CAPACITY,
+                        cost: actual - p.cost,
+                        ..*p
+                    }
+                }
             };
             let (_, next) = evaluate(algorithm, state.as_ref(), &waived, now);
             next.or(state)
@@ -374,6 +441,7 @@ pub fn idle_at(state: &State, p: &Params) -> u64 {
         State::Bucket(b) => b.idle_at(p),
         State::Gcra(t) => t.idle_at(),
         State::SlidingCounter(c) => c.idle_at(p),
+        State::Concurrency(h) => h.idle_at(),
     }
 }
 

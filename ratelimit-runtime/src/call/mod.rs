@@ -228,7 +228,11 @@ pub(crate) fn prepare<'l>(
         }
         caller.by_value(by, &settings.http)
     };
-    if call.dynamics.is_none() && !limiter.has_overrides() {
+    // A concurrency limit is released when the call ends: planned, so that it is settled.
+    if call.dynamics.is_none()
+        && !limiter.has_overrides()
+        && !call.limits.iter().any(Limit::holds_slot)
+    {
         let keys = if let [limit] = call.limits {
             let by = by_value(limit.by).map_err(Refused::Missing)?;
             let template = call.templates.first().copied().flatten();

@@ -222,10 +222,16 @@ pub(crate) fn plan<'c, E>(
         let policy = with_cost(policy, cost).map_err(&error)?;
         let template = templates.get(i).copied().flatten();
         let chosen_at_run_time = quota.is_some();
+        // A concurrency limit is released whatever the outcome: never outcome-filtered.
+        let count = if limit.holds_slot() {
+            Count::All
+        } else {
+            dynamic.count
+        };
         effective.push((
             Limit { policy, ..*limit },
             template,
-            dynamic,
+            Dynamic { count, ..dynamic },
             chosen_at_run_time,
         ));
     }
@@ -306,8 +312,10 @@ impl Plan {
             ));
         }
         // Shadow mode and the metrics apply as to static limits. A call that gives back or
-        // settles after its body is taken with receipts.
-        let receipts = self.filtered > 0 || self.settled.contains(&true);
+        // settles after its body is taken with receipts; a concurrency limit's lease is named
+        // by the call id, which its release removes.
+        let holds = self.limits.iter().any(Limit::holds_slot);
+        let receipts = self.filtered > 0 || holds || self.settled.contains(&true);
         let call_id = receipts.then(crate::store::new_call_id);
         let verdict = limiter
             .decide_as(&self.limits, &self.keys, call_id.as_deref())
@@ -391,6 +399,9 @@ impl Taken {
                 })
                 .collect();
             limiter.settle(&checks, &call_id, &units).await;
+            if self.plan.limits.iter().any(Limit::holds_slot) {
+                limiter.forget(&checks, &call_id).await; // releases the call's slots
+            }
             return;
         }
         if !self.plan.count.counts(outcome) {

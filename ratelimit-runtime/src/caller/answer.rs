@@ -243,7 +243,9 @@ pub(crate) fn reset_seconds(d: Duration) -> u64 {
 /// by default, never the module path): `"login";q=3;w=10` and `"login";r=2;t=10`. `q` is the
 /// limit's capacity, `w` the time it takes to grant that capacity (omitted when it is not a
 /// whole number of seconds), `r` the units left and `t` the seconds, rounded up, until the quota
-/// is whole again. The legacy fields describe the binding limit.
+/// is whole again. A concurrency limit's member says `qu="concurrent-requests"` (the draft's
+/// quota unit for calls in flight) and has no `w`: `q` is its slots, `r` the free ones. The
+/// legacy fields describe the binding limit.
 pub(crate) fn rate_fields(limits: &[Limit], verdict: &Verdict, style: HeaderStyle) -> Fields {
     fields_with(limits, verdict, style, None)
 }
@@ -365,6 +367,12 @@ fn push_policy(policy: &mut String, limits: &[Limit], i: usize, capacity: u64) {
     policy.push_str(";q=");
     push_decimal(policy, capacity);
     let p = &limits[i].policy;
+    if limits[i].holds_slot() {
+        // A concurrency limit: `q` slots at once, in the draft's quota unit for them; no
+        // window (a slot comes back when its call ends).
+        policy.push_str(";qu=\"concurrent-requests\"");
+        return;
+    }
     // Time to grant `capacity` units at `limit` per period.
     let window_ms = u128::from(p.period_ms()) * u128::from(p.capacity()) / u128::from(p.limit());
     if window_ms % 1000 == 0 {

@@ -319,7 +319,11 @@ where
     match admit(&limiter, call, caller).await {
         Ok(admitted) => {
             let fields = admitted.fields(limiter.settings().http.header_style, None);
-            Limited(Outcome::Admitted(handler().await, fields))
+            let output = handler().await;
+            // Every outcome counts here (`count` goes through `check_counted`): this releases
+            // a concurrency limit's slot, now rather than when `admitted` drops.
+            admitted.settle(plan::Outcome::Ok).await;
+            Limited(Outcome::Admitted(output, fields))
         }
         Err(refusal) => Limited(Outcome::Refused(refusal)),
     }

@@ -38,6 +38,8 @@ pub enum Kind {
     Gcra,
     /// The sliding counter: two counts weighed in milliseconds.
     Counter,
+    /// A concurrency limit: one lease per call in flight, one slot per call.
+    Slots,
 }
 
 impl Kind {
@@ -74,6 +76,10 @@ pub enum Violation {
     GcraTooFine,
     /// A sliding counter whose `num × period_ms` is above [`MAX_BUCKET_SCALE`].
     CounterTooLarge,
+    /// A concurrency limit of more than [`MAX_SLIDING_LOG`] slots.
+    TooManySlots,
+    /// A concurrency limit with a `cost` other than 1: a call holds one slot.
+    SlotCost,
 }
 
 impl Violation {
@@ -105,6 +111,12 @@ impl Violation {
             }
             Self::CounterTooLarge => {
                 "the sliding counter cannot be kept exact: num × period in ms must be at most 2^52"
+            }
+            Self::TooManySlots => {
+                "a concurrency limit keeps one lease per call in flight: `num` must be at most 10000"
+            }
+            Self::SlotCost => {
+                "a concurrency limit counts calls in flight, one slot each: `cost` must be 1 (leave it out)"
             }
         }
     }
@@ -196,6 +208,13 @@ pub const fn check_kind(kind: Kind, num: u64, period_ms: u64, burst: u64) -> Res
             Some(n) if n <= MAX_BUCKET_SCALE => Ok(()),
             _ => Err(Violation::CounterTooLarge),
         },
+        Kind::Slots => {
+            if num > MAX_SLIDING_LOG {
+                Err(Violation::TooManySlots)
+            } else {
+                Ok(())
+            }
+        }
     }
 }
 
@@ -234,6 +253,9 @@ pub const fn check(
     }
     if let Err(e) = check_kind(kind, num, period_ms, burst) {
         return Err(e);
+    }
+    if matches!(kind, Kind::Slots) && cost != 1 {
+        return Err(Violation::SlotCost);
     }
     check_cost(cost, capacity(kind, num, burst))
 }

@@ -42,6 +42,7 @@ local function check(KEYS, ARGV)
   elseif nkeys == 0 or #ARGV ~= 5 * nkeys then
     return redis.error_reply('ERR ratelimit: expected 5 arguments per key, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
   end
+  holder = call_id
   local markers, copies, receipts = declared_keys(KEYS, nkeys, true, call_id)
   if not markers then
     return copies

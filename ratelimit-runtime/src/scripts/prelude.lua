@@ -32,6 +32,11 @@ end
 -- as an upvalue set per call).
 local now = 0
 
+-- The call id of the call being checked or refunded (nil: none), set by each
+-- entry point after `read_clock()`: the holder a concurrency lease is named by
+-- (concurrency.lua).
+local holder = nil
+
 local function read_clock()
   -- Before Redis 5, a script that writes after a non-deterministic command such
   -- as TIME must switch to effects replication first; from Redis 5 on it is the

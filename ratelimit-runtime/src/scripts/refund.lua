@@ -49,6 +49,9 @@
 -- `r` its receipt (nil when gone).
 local function settle_one(key, l, r, actual)
   local p = l.p
+  if l.algo == ALGOS[7] then
+    return -- a concurrency slot is held, not spent: nothing to settle
+  end
   if actual < p.cost then
     if r and r.at <= now then
       l.algo.refund(key, { limit = p.limit, period = p.period, burst = p.burst, cost = p.cost - actual }, r)
@@ -83,6 +86,7 @@ end
 if call_id ~= nil and not valid_call_id(call_id) then
   return redis.error_reply(BAD_CALL_ID)
 end
+holder = call_id
 -- The markers, and in a refund the receipts of key i under this call id.
 local markers, refused_keys, receipts = declared_keys(KEYS, nkeys, false, call_id)
 if not markers then

@@ -17,6 +17,7 @@ mod declared;
 mod lua_store;
 mod model;
 mod scripts;
+mod slots;
 mod standin;
 mod trace;
 

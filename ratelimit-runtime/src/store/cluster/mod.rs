@@ -90,7 +90,7 @@ use self::slots::{check_across_slots, collect, fill, group_by_slot, one_slot};
 use super::lazy::LazyConnection;
 use super::redis::invoke::{Calls, Mode, compensate, eval_checks};
 use super::redis::server::MemoryPolicy;
-use super::redis::wire::{block_cmd, forget_cmd, reset_cmd};
+use super::redis::wire::{block_cmd, forget_pipe, reset_cmd};
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::decision::{Decision, Verdict};
 use crate::error::{ConfigError, StoreError};
@@ -225,6 +225,34 @@ impl RedisClusterStore {
     }
 }
 
+/// A check or take whose limits fall in several slots. A take in one slot and its refund in
+/// another are separate round trips: they run in a task of their own, so that the limiter's
+/// timeout (which drops this future) cannot stop a refund half way and leave a rejected call
+/// holding quota. `call_id` (a take's) names the call's concurrency leases.
+async fn across_slots(
+    mut conn: ClusterConnection,
+    calls: &Arc<Calls>,
+    checks: &[Check<'_>],
+    groups: Vec<Vec<usize>>,
+    call_id: Option<&str>,
+) -> Result<Verdict, StoreError> {
+    let owned: Vec<(String, Policy, String)> = checks
+        .iter()
+        .map(|c| (c.key.to_owned(), *c.policy, c.scope.to_owned()))
+        .collect();
+    let calls = Arc::clone(calls);
+    let call_id = call_id.map(str::to_owned);
+    let task = tokio::spawn(async move {
+        let checks: Vec<Check<'_>> = owned
+            .iter()
+            .map(|(key, policy, scope)| Check::new(key, policy).with_scope(scope))
+            .collect();
+        check_across_slots(&mut conn, &calls, &checks, &groups, call_id.as_deref()).await
+    });
+    task.await
+        .map_err(|e| StoreError::connection(format!("the cross-slot check task failed: {e}")))?
+}
+
 impl Store for RedisClusterStore {
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
         Box::pin(async move {
@@ -233,36 +261,21 @@ impl Store for RedisClusterStore {
             if groups.len() <= 1 {
                 return eval_checks(&mut conn, &self.calls, checks, None).await;
             }
-            // A take in one slot and its refund in another are separate round trips. Run them
-            // in a task of their own, so that the limiter's timeout (which drops this future)
-            // cannot stop a refund half way and leave a rejected call holding quota.
-            let owned: Vec<(String, Policy, String)> = checks
-                .iter()
-                .map(|c| (c.key.to_owned(), *c.policy, c.scope.to_owned()))
-                .collect();
-            let calls = Arc::clone(&self.calls);
-            let task = tokio::spawn(async move {
-                let checks: Vec<Check<'_>> = owned
-                    .iter()
-                    .map(|(key, policy, scope)| Check::new(key, policy).with_scope(scope))
-                    .collect();
-                check_across_slots(&mut conn, &calls, &checks, &groups).await
-            });
-            task.await.map_err(|e| {
-                StoreError::connection(format!("the cross-slot check task failed: {e}"))
-            })?
+            across_slots(conn, &self.calls, checks, groups, None).await
         })
     }
 
     /// Receipts are left only when every limit of the call is in one slot (the usual case:
     /// the limits of one scope share a hash tag); a call across slots is taken without them
-    /// and stays counted whatever its outcome.
+    /// and stays counted whatever its outcome. Its concurrency limits' leases are named by
+    /// `call_id` all the same, so that [`Store::forget`] releases them.
     fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
         Box::pin(async move {
-            if group_by_slot(checks).len() > 1 {
-                return self.check(checks).await;
-            }
             let mut conn = self.connection().await?;
+            let groups = group_by_slot(checks);
+            if groups.len() > 1 {
+                return across_slots(conn, &self.calls, checks, groups, Some(call_id)).await;
+            }
             eval_checks(&mut conn, &self.calls, checks, Some(call_id)).await
         })
     }
@@ -310,14 +323,21 @@ impl Store for RedisClusterStore {
 
     fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
         Box::pin(async move {
-            // A take across slots left no receipts (see `take`).
-            if checks.is_empty() || group_by_slot(checks).len() > 1 {
+            let holds = checks
+                .iter()
+                .any(|c| c.policy.algorithm() == crate::algorithm::Algorithm::Concurrency);
+            let groups = group_by_slot(checks);
+            // A take across slots left no receipts (see `take`), only leases to release.
+            if checks.is_empty() || (groups.len() > 1 && !holds) {
                 return Ok(());
             }
             let mut conn = self.connection().await?;
-            forget_cmd(checks, call_id)
-                .query_async::<()>(&mut conn)
-                .await?;
+            for group in &groups {
+                let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
+                forget_pipe(&sub, call_id)
+                    .query_async::<()>(&mut conn)
+                    .await?;
+            }
             Ok(())
         })
     }

@@ -42,22 +42,28 @@ fn next_call_id() -> String {
 }
 
 /// Checks limits whose keys fall in several slots: each slot's group in turn under one
-/// fresh call id, refunding the earlier groups and peeking at the later ones when a group
-/// rejects.
+/// call id (a take's, else a fresh one), refunding the earlier groups and peeking at the later
+/// ones when a group rejects. A group with a concurrency limit is sent the id even when last,
+/// so that its lease is named by it.
 pub(super) async fn check_across_slots(
     conn: &mut ClusterConnection,
     calls: &Calls,
     checks: &[Check<'_>],
     groups: &[Vec<usize>],
+    call_id: Option<&str>,
 ) -> Result<Verdict, StoreError> {
     let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
-    let id = next_call_id();
+    let id = call_id.map_or_else(next_call_id, str::to_owned);
+    let holds = |sub: &[Check<'_>]| {
+        sub.iter()
+            .any(|c| c.policy.algorithm() == crate::algorithm::Algorithm::Concurrency)
+    };
     // The admitted groups: each left receipts under `id`.
     let mut taken: Vec<(usize, Verdict)> = Vec::new();
     for (g, group) in groups.iter().enumerate() {
         let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
         // The last group is never refunded (when it admits, so did the call): no receipts.
-        let receipts = (g + 1 < groups.len()).then_some(id.as_str());
+        let receipts = (g + 1 < groups.len() || holds(&sub)).then_some(id.as_str());
         let verdict = eval_checks(conn, calls, &sub, receipts).await?;
         if verdict.is_admitted() {
             taken.push((g, verdict));
@@ -102,10 +108,10 @@ pub(super) async fn check_across_slots(
     // refunded); dropped now rather than left to their TTL.
     for (g, verdict) in &taken {
         fill(&mut decisions, &groups[*g], verdict.decisions());
-        if *g + 1 == groups.len() {
+        let sub: Vec<Check<'_>> = groups[*g].iter().map(|&i| checks[i]).collect();
+        if *g + 1 == groups.len() && !holds(&sub) {
             continue; // taken without receipts
         }
-        let sub: Vec<Check<'_>> = groups[*g].iter().map(|&i| checks[i]).collect();
         if let Err(error) = forget_cmd(&sub, &id).query_async::<()>(conn).await {
             tracing::debug!(target: crate::observe::log::STORE, %error, "redis cluster: could not drop the receipts of an admitted call; they expire by themselves");
         }

@@ -71,7 +71,7 @@ impl Packed {
             State::Bucket(b) => (Self::Bucket, [b.level, b.at, 0]),
             State::Gcra(t) => (Self::Gcra, [t.0, 0, 0]),
             State::SlidingCounter(c) => (Self::Counter, [c.window, c.cur, c.prev]),
-            State::Sliding(_) => return None,
+            State::Sliding(_) | State::Concurrency(_) => return None,
         })
     }
 

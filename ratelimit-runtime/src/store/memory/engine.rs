@@ -148,11 +148,13 @@ impl Inner {
     /// Several limits as one call: lock their shards in ascending order, apply the limits one
     /// after the other (a key named twice sees what the call's earlier limits took), and write
     /// only if all admit and every new key fits. With `receipts`, an admitted call's receipt
-    /// per limit is pushed there (for [`MemoryStore::take_now`]).
+    /// per limit is pushed there (for [`MemoryStore::take_now`]); `holder` is the call's id
+    /// (empty: none), which names its concurrency leases.
     pub(super) fn check_many(
         &self,
         checks: &[Check<'_>],
         receipts: Option<&mut Vec<Receipt>>,
+        holder: &str,
     ) -> Result<Vec<Decision>, StoreError> {
         let params: Vec<Params> = checks.iter().map(|c| Params::of(c.policy)).collect();
         // Distinct keys ("slots"), each with its shard and what this call would write to it.
@@ -197,7 +199,7 @@ impl Inner {
                 None => guards[guard_of(slot.shard)].base(slot.hash, c.key, now),
             };
             let base = slot.pending.as_ref().or(held.as_deref());
-            let (e, next) = algorithm::evaluate(c.policy.algorithm(), base, p, now);
+            let (e, next) = algorithm::evaluate_for(c.policy.algorithm(), base, p, now, holder);
             drop(held);
             if receipts.is_some() {
                 firsts.push(sliding_first(next.as_ref(), p));

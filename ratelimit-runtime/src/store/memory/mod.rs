@@ -10,6 +10,7 @@
 //! * `engine` — the checks: one limit, many limits as one call, and peeks;
 //! * `blocks` — the admin block table and resets;
 //! * `receipts` — take/refund receipts;
+//! * `slots` — concurrency limits' releases;
 //! * `janitor` — the background sweeping task.
 
 use std::fmt;
@@ -30,6 +31,7 @@ mod engine;
 mod janitor;
 mod map;
 mod receipts;
+mod slots;
 
 pub use self::clock::{Clock, ManualClock, MonotonicClock, TokioClock};
 
@@ -312,7 +314,7 @@ impl MemoryStore {
         match checks {
             [] => Ok(Verdict::new(Vec::new())),
             [one] => Ok(Verdict::one(self.inner.check_one(one)?)),
-            many => Ok(Verdict::new(self.inner.check_many(many, None)?)),
+            many => Ok(Verdict::new(self.inner.check_many(many, None, "")?)),
         }
     }
 
@@ -361,9 +363,10 @@ impl Store for MemoryStore {
         Box::pin(async move { self.settle_now(checks, call_id, actual) })
     }
 
-    fn forget<'a>(&'a self, _checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
         Box::pin(async move {
             self.forget_now(call_id);
+            self.release_now(checks, call_id);
             Ok(())
         })
     }

@@ -83,7 +83,10 @@ impl MemoryStore {
             return Ok(verdict);
         }
         let mut receipts = Vec::with_capacity(checks.len());
-        let verdict = Verdict::new(self.inner.check_many(checks, Some(&mut receipts))?);
+        let verdict = Verdict::new(
+            self.inner
+                .check_many(checks, Some(&mut receipts), call_id)?,
+        );
         if verdict.is_admitted() && receipts.len() == checks.len() {
             let now = self.inner.now();
             let ttl = receipts
@@ -114,6 +117,8 @@ impl MemoryStore {
     /// under `call_id` still holds of its first `checks.len()` limits, at most once (the receipts
     /// are removed).
     pub fn refund_now(&self, checks: &[Check<'_>], call_id: &str) {
+        // A concurrency limit gives back by its holder's name, receipt or not.
+        self.release_now(checks, call_id);
         let Some((expires, receipts)) = lock(&self.inner.receipts).by_call.remove(call_id) else {
             return;
         };

@@ -58,7 +58,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use self::invoke::{Calls, Mode, compensate, eval_checks, load_scripts_pipelined};
 use self::server::{MemoryPolicy, info_memory_cmd};
-use self::wire::{block_cmd, forget_cmd, reset_cmd};
+use self::wire::{block_cmd, forget_pipe, reset_cmd};
 use super::lazy::LazyConnection;
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
@@ -323,7 +323,7 @@ impl Store for RedisStore {
                 return Ok(());
             }
             let mut conn = self.manager().await?;
-            forget_cmd(checks, call_id)
+            forget_pipe(checks, call_id)
                 .query_async::<()>(&mut conn)
                 .await?;
             Ok(())

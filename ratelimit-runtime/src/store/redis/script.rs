@@ -15,6 +15,7 @@ const SLIDING: &str = include_str!("../../scripts/sliding.lua");
 const BUCKET: &str = include_str!("../../scripts/bucket.lua");
 const GCRA: &str = include_str!("../../scripts/gcra.lua");
 const SLIDING_COUNTER: &str = include_str!("../../scripts/sliding_counter.lua");
+const CONCURRENCY: &str = include_str!("../../scripts/concurrency.lua");
 const DRIVER: &str = include_str!("../../scripts/driver.lua");
 const REFUND: &str = include_str!("../../scripts/refund.lua");
 
@@ -26,7 +27,7 @@ const EVAL_COMPENSATE: &str = "return compensate(KEYS, ARGV)\n";
 
 /// The Lua file that holds `algorithm`'s rule (its evaluate, commit and refund).
 /// Every algorithm file, once each.
-const ALGORITHMS: [&str; 5] = [FIXED, SLIDING, BUCKET, GCRA, SLIDING_COUNTER];
+const ALGORITHMS: [&str; 6] = [FIXED, SLIDING, BUCKET, GCRA, SLIDING_COUNTER, CONCURRENCY];
 
 fn source(algorithm: Algorithm) -> &'static str {
     match algorithm {
@@ -35,6 +36,7 @@ fn source(algorithm: Algorithm) -> &'static str {
         Algorithm::Leaky | Algorithm::Token => BUCKET,
         Algorithm::Gcra => GCRA,
         Algorithm::SlidingCounter => SLIDING_COUNTER,
+        Algorithm::Concurrency => CONCURRENCY,
     }
 }
 
@@ -53,10 +55,12 @@ fn source(algorithm: Algorithm) -> &'static str {
 #[non_exhaustive]
 pub struct ScriptSources {
     /// The script [`RedisStore`](super::RedisStore) sends for a call whose limits all use one
-    /// algorithm, in the order of [`Algorithm::ALL`] (fixed, sliding, leaky, token, gcra, `sliding_counter`; a position plus one is the
-    /// algorithm's code in the scripts' arguments): the prelude, that algorithm's file and the
-    /// driver. Leaky and token are the same text (`bucket.lua` serves both codes).
-    pub single: [&'static str; 6],
+    /// algorithm, in the order of their codes (fixed, sliding, leaky, token, gcra,
+    /// `sliding_counter`, concurrency: [`Algorithm::ALL`] and then [`Algorithm::Concurrency`]; a
+    /// position plus one is the algorithm's code in the scripts' arguments): the prelude, that
+    /// algorithm's file and the driver. Leaky and token are the same text (`bucket.lua` serves
+    /// both codes).
+    pub single: [&'static str; 7],
     /// The script for calls that stack different algorithms: the prelude, every algorithm file
     /// and the driver.
     pub combined: &'static str,
@@ -89,7 +93,7 @@ impl ScriptSources {
 
 /// The texts, concatenated once.
 struct Texts {
-    single: [String; 6],
+    single: [String; 7],
     combined: String,
     companion: String,
     library: String,
@@ -111,7 +115,7 @@ static TEXTS: LazyLock<Texts> = LazyLock::new(|| {
          redis.register_function('{compensate_function}', compensate)\n"
     );
     Texts {
-        single: Algorithm::ALL.map(|a| [PRELUDE, source(a), DRIVER, EVAL_CHECK].concat()),
+        single: Algorithm::BY_CODE.map(|a| [PRELUDE, source(a), DRIVER, EVAL_CHECK].concat()),
         combined: [PRELUDE, algorithms.as_str(), DRIVER, EVAL_CHECK].concat(),
         companion: [PRELUDE, algorithms.as_str(), REFUND, EVAL_COMPENSATE].concat(),
         library,
@@ -140,7 +144,7 @@ pub fn script_sources() -> ScriptSources {
 /// text, so one script) and one with every algorithm, for calls that stack different ones.
 pub(super) struct Scripts {
     /// The script of each algorithm code, by `code() - 1`: an index into `distinct`.
-    single: [usize; 6],
+    single: [usize; 7],
     combined: Script,
     /// The per-algorithm scripts, each text once.
     distinct: Vec<Script>,
@@ -214,7 +218,7 @@ mod tests {
     #[test]
     #[allow(clippy::many_single_char_names)] // one policy per algorithm, by its initial
     fn one_script_per_algorithm_the_buckets_share_one_and_one_for_mixed_calls() {
-        let [f, s, l, t, g, c] = Algorithm::ALL.map(policy);
+        let [f, s, l, t, g, c, n] = Algorithm::BY_CODE.map(policy);
         let hash = |checks: &[Check<'_>]| SCRIPTS.for_checks(checks).get_hash().to_owned();
         let fixed = hash(&[Check::new("a", &f), Check::new("b", &f)]);
         let sliding = hash(&[Check::new("a", &s)]);
@@ -222,20 +226,27 @@ mod tests {
         let token = hash(&[Check::new("a", &t), Check::new("b", &t)]);
         let gcra = hash(&[Check::new("a", &g)]);
         let counter = hash(&[Check::new("a", &c)]);
+        let slots = hash(&[Check::new("a", &n)]);
         let mixed = hash(&[Check::new("a", &t), Check::new("b", &l)]);
         // The token and the leaky bucket are one rule (bucket.lua): one script serves both.
         assert_eq!(leaky, token);
         assert_eq!(mixed, SCRIPTS.combined.get_hash());
         let distinct: std::collections::HashSet<_> =
-            [&fixed, &sliding, &token, &gcra, &counter, &mixed]
+            [&fixed, &sliding, &token, &gcra, &counter, &slots, &mixed]
                 .into_iter()
                 .collect();
-        assert_eq!(distinct.len(), 6, "{distinct:?}");
+        assert_eq!(distinct.len(), 7, "{distinct:?}");
         // What is loaded is every script once, and each is the text `script_sources` gives.
         let loaded: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
-        assert_eq!(loaded, [&fixed, &sliding, &token, &gcra, &counter, &mixed]);
+        assert_eq!(
+            loaded,
+            [&fixed, &sliding, &token, &gcra, &counter, &slots, &mixed]
+        );
         let texts = script_sources();
-        for (a, p) in Algorithm::ALL.into_iter().zip([&f, &s, &l, &t, &g, &c]) {
+        for (a, p) in Algorithm::BY_CODE
+            .into_iter()
+            .zip([&f, &s, &l, &t, &g, &c, &n])
+        {
             assert_eq!(
                 Script::new(texts.for_algorithm(a)).get_hash(),
                 hash(&[Check::new("a", p)]),

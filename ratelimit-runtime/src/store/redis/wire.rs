@@ -121,6 +121,20 @@ pub(crate) fn forget_cmd(checks: &[Check<'_>], call_id: &str) -> redis::Cmd {
     cmd
 }
 
+/// [`forget_cmd`] and, for each concurrency limit among `checks`, `ZREM key call_id`: the
+/// call's release ([`Store::forget`](crate::store::Store::forget) releases the slots of
+/// concurrency limits). One slot's commands, so one pipeline on a cluster too.
+pub(crate) fn forget_pipe(checks: &[Check<'_>], call_id: &str) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.add_command(forget_cmd(checks, call_id)).ignore();
+    for check in checks {
+        if check.policy.algorithm() == crate::algorithm::Algorithm::Concurrency {
+            pipe.cmd("ZREM").arg(check.key).arg(call_id).ignore();
+        }
+    }
+    pipe
+}
+
 /// The block marker of a limit's key (`driver.lua` rejects every call on the key while it
 /// exists): the same hash tag, so the same cluster slot.
 fn block_key(key: &str) -> String {

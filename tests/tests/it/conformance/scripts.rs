@@ -35,9 +35,9 @@ impl Sources {
 }
 
 /// The wire code the scripts know an algorithm by (`Algorithm::code`, crate-private): its
-/// place in `Algorithm::ALL`, from 1.
+/// place in `Algorithm::BY_CODE`, from 1.
 pub(crate) fn code(algorithm: Algorithm) -> usize {
-    Algorithm::ALL
+    Algorithm::BY_CODE
         .iter()
         .position(|&a| a == algorithm)
         .map_or(0, |i| i + 1)
@@ -47,7 +47,7 @@ pub(crate) fn code(algorithm: Algorithm) -> usize {
 pub(crate) fn sources() -> Sources {
     let texts = script_sources();
     Sources {
-        single: Algorithm::ALL
+        single: Algorithm::BY_CODE
             .iter()
             .map(|&a| texts.for_algorithm(a).to_owned())
             .collect(),

@@ -539,6 +539,28 @@ impl Db {
                 }
                 Reply::Int(i64::try_from(members.len()).unwrap_or(i64::MAX))
             }
+            // The concurrency limit's release (concurrency.lua's refund).
+            "ZREM" if args.len() >= 2 => {
+                let zset = match self.keys.get_mut(&args[0]) {
+                    None => return Reply::Int(0),
+                    Some(Entry {
+                        data: Data::Zset(z),
+                        ..
+                    }) => z,
+                    Some(_) => return Reply::error(WRONGTYPE),
+                };
+                let mut removed = 0;
+                for member in &args[1..] {
+                    if zset.scores.contains_key(member) {
+                        zset.remove(member);
+                        removed += 1;
+                    }
+                }
+                if zset.scores.is_empty() {
+                    self.keys.remove(&args[0]);
+                }
+                Reply::Int(removed)
+            }
             "ZRANGE" if arity(3) || arity(4) => {
                 let with_scores = match args.get(3) {
                     None => false,
@@ -643,7 +665,7 @@ impl Db {
             }
             "TIME" | "GET" | "SET" | "PTTL" | "PEXPIRE" | "INCRBY" | "DECRBY" | "DEL"
             | "EXISTS" | "ZADD" | "ZCOUNT" | "ZREMRANGEBYSCORE" | "ZRANGE" | "ZRANGEBYSCORE"
-            | "COPY" | "RENAME" => Reply::Error(format!(
+            | "ZREM" | "COPY" | "RENAME" => Reply::Error(format!(
                 "ERR wrong number of arguments for '{}' command",
                 name.to_ascii_lowercase()
             )),
