@@ -588,6 +588,77 @@ on_both!(costs_are_settled_after_the_call:
     redis_costs_are_settled_after_the_call_by_the_reply_and_by_a_reservation);
 
 // ---------------------------------------------------------------------------------------------
+// 3c. `algo = "concurrency"`: two calls in flight per client.
+
+#[derive(Debug)]
+struct Slots {
+    gate: Arc<crate::concurrency_transports::Gate>,
+}
+
+#[tonic::async_trait]
+impl Greeter for Slots {
+    #[rate_limit(
+        algo = "concurrency",
+        num = 2,
+        time = 60,
+        by = "ip",
+        scope = "it/grpc_pipeline/slots"
+    )]
+    async fn say_hello(
+        &self,
+        request: Request<HelloRequest>,
+    ) -> Result<Response<HelloReply>, Status> {
+        self.gate.pass().await;
+        Ok(Response::new(HelloReply {
+            message: format!("hello {}", request.into_inner().name),
+        }))
+    }
+
+    async fn say_hello_with_key(
+        &self,
+        _request: Request<HelloRequest>,
+    ) -> Result<Response<HelloReply>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+}
+
+/// Two calls in flight; the third is `RESOURCE_EXHAUSTED` while they run; once they end, two
+/// more run.
+async fn two_calls_in_flight(backend: Backend) {
+    let (limiter, _redis) = limiter(backend, |b| b).await;
+    let gate = crate::concurrency_transports::Gate::new();
+    let s = serve(
+        Slots {
+            gate: Arc::clone(&gate),
+        },
+        limiter,
+    )
+    .await;
+    for _ in 0..2 {
+        let calls: Vec<_> = (0..2)
+            .map(|_| {
+                let mut client = s.client.clone();
+                tokio::spawn(async move { call(&mut client, Method::Hello, "a", &[]).await })
+            })
+            .collect();
+        gate.in_flight(2).await;
+        let refused = call(&mut s.client.clone(), Method::Hello, "a", &[])
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+        gate.open(2);
+        for c in calls {
+            c.await.expect("task").expect("admitted");
+        }
+        gate.in_flight(0).await;
+    }
+}
+
+on_both!(two_calls_in_flight:
+    memory_two_calls_in_flight_the_third_is_resource_exhausted,
+    redis_two_calls_in_flight_the_third_is_resource_exhausted);
+
+// ---------------------------------------------------------------------------------------------
 // 4. `count = "errors"` / `count = "ok"`.
 
 /// Answers `name == "bad"` with `Err(INVALID_ARGUMENT)`, counting the body's runs.

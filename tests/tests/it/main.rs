@@ -12,6 +12,7 @@ pub mod algorithm_properties;
 pub mod cluster;
 pub mod cold_start;
 pub mod concurrency;
+pub mod concurrency_transports;
 pub mod conformance;
 pub mod dynamic_http;
 pub mod dynamic_plain;
