@@ -29,7 +29,7 @@ mutations=(
   "prelude.lua|local pttl = redis.call('PTTL', marker)|local pttl = -2"
   # Settles (refund.lua's settle mode): the difference given back, the excess charged, once.
   "refund.lua|cost = p.cost - actual }, r)|cost = p.cost }, r)"
-  "refund.lua|cost = actual - p.cost }|cost = actual }"
+  "refund.lua|local excess = math.min(actual - p.cost, l.capacity)|local excess = actual - p.cost"
   "refund.lua|if value ~= 'settled' then|if true then"
   # Keys built in Lua instead of read from KEYS (the declared-keys check, static and in the
   # stand-in).

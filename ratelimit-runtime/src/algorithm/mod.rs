@@ -370,9 +370,12 @@ pub const WAIVED_CAPACITY: u64 = 1 << 52;
 /// * **Less than the estimate**: the difference is given back by the call's `receipt`, by the
 ///   algorithm's own [`refund`] rule for that many units (so never more than the call still
 ///   holds, and nothing without a receipt: a late settle fails closed).
-/// * **More**: the excess is charged whatever the state holds: the rule of [`evaluate`] with
-///   the capacity waived ([`WAIVED_CAPACITY`]), after the state is normalized as a check
-///   normalizes it. The state may then hold more than the capacity, a debt the next calls see
+/// * **More**: the excess, up to one full capacity (`num` for the windows, `burst` for the
+///   buckets), is charged whatever the state holds: the rule of [`evaluate`] with the capacity
+///   waived ([`WAIVED_CAPACITY`]), after the state is normalized as a check normalizes it. The
+///   cap keeps a value the caller influences from locking a shared limit for good: a call that
+///   used more than a whole capacity is charged the capacity. The state may then hold more
+///   than the capacity, a debt the next calls see
 ///   as a rejection until it is worked off: a fixed window until its end, a sliding log until
 ///   the charged entries leave the trailing interval, a sliding counter as its weighted
 ///   windows decay, the buckets (token, leaky) until their level drains below the capacity.
@@ -411,16 +414,18 @@ pub fn settle(
             if let Some(s) = &mut state {
                 normalize(s, p, now);
             }
+            // At most one full capacity: a value the caller influences (a reply's token
+            // count) can put its bucket one period in debt, never lock it for good.
             let waived = match algorithm {
                 Algorithm::Fixed | Algorithm::Sliding | Algorithm::SlidingCounter => Params {
                     limit: WAIVED_CAPACITY,
-                    cost: actual - p.cost,
+                    cost: (actual - p.cost).min(p.limit),
                     ..*p
                 },
                 Algorithm::Leaky | Algorithm::Token | Algorithm::Gcra | Algorithm::Concurrency => {
                     Params {
                         burst: WAIVED_CAPACITY,
-                        cost: actual - p.cost,
+                        cost: (actual - p.cost).min(p.burst),
                         ..*p
                     }
                 }

@@ -172,8 +172,9 @@ pub(crate) struct Plan {
     filtered: usize,
     /// Their filter (one for the whole call: the macro checks they agree).
     count: Count,
-    /// Which limits settle their cost after the call (`settle = …`), by position.
-    settled: Vec<bool>,
+    /// Which limits settle their cost after the call (`settle = …`), by position, each with
+    /// the least it settles to (a fixed cost merged into it).
+    settled: Vec<Option<u64>>,
 }
 
 /// Works out the limits of one call: policies from quotas, overrides and costs; unlimited
@@ -238,17 +239,25 @@ pub(crate) fn plan<'c, E>(
     let (limits, templates): (Vec<Limit>, Vec<Option<&str>>) =
         effective.iter().map(|(l, t, _, _)| (*l, *t)).unzip();
     let keys = keys_for(&limiter.settings().prefix, &limits, &templates, by_value)?;
-    let mut merged: Vec<(Limit, String, Dynamic, bool)> = Vec::with_capacity(keys.len());
+    // Each merged limit with the largest cost among its parts that do not settle (what a
+    // settle of the merged limit never goes below).
+    let mut merged: Vec<(Limit, String, Dynamic, bool, u64)> = Vec::with_capacity(keys.len());
     for ((limit, _, dynamic, run_time), key) in effective.into_iter().zip(keys) {
         // Two limits that a run-time quota made one bucket (an override or a caller's quota
         // equal to a stacked limit) are one limit: counted once, never twice per call. The
         // stricter parts win: the larger cost, enforced over shadow, every outcome counted
-        // over some; the cost of the limit it keeps settles if that limit's did.
+        // over some; it settles if a part settles, never below a fixed part's cost.
+        let floor = if dynamic.settle {
+            0
+        } else {
+            limit.policy.cost()
+        };
         if let Some(m) = merged.iter_mut().find(|m| m.1 == key && (m.3 || run_time)) {
             if limit.policy.cost() > m.0.policy.cost() {
                 m.0.policy = limit.policy;
-                m.2.settle = dynamic.settle;
             }
+            m.2.settle |= dynamic.settle;
+            m.4 = m.4.max(floor);
             m.0.shadow &= limit.shadow;
             if dynamic.count == Count::All {
                 m.2.count = Count::All;
@@ -256,15 +265,15 @@ pub(crate) fn plan<'c, E>(
             m.3 = true;
             continue;
         }
-        merged.push((limit, key, dynamic, run_time));
+        merged.push((limit, key, dynamic, run_time, floor));
     }
     // Filtered limits first: a refund gives back a prefix of the take (the receipts are
     // numbered by position).
-    merged.sort_by_key(|(_, _, dynamic, _)| dynamic.count == Count::All);
+    merged.sort_by_key(|(_, _, dynamic, _, _)| dynamic.count == Count::All);
     let filtered = merged.iter().filter(|m| m.2.count != Count::All).count();
     let count = merged.first().map_or(Count::All, |m| m.2.count);
-    let settled = merged.iter().map(|m| m.2.settle).collect();
-    let (limits, keys) = merged.into_iter().map(|(l, k, _, _)| (l, k)).unzip();
+    let settled = merged.iter().map(|m| m.2.settle.then_some(m.4)).collect();
+    let (limits, keys) = merged.into_iter().map(|(l, k, _, _, _)| (l, k)).unzip();
     Ok(Plan {
         limits,
         keys,
@@ -315,7 +324,7 @@ impl Plan {
         // settles after its body is taken with receipts; a concurrency limit's lease is named
         // by the call id, which its release removes.
         let holds = self.limits.iter().any(Limit::holds_slot);
-        let receipts = self.filtered > 0 || holds || self.settled.contains(&true);
+        let receipts = self.filtered > 0 || holds || self.settled.iter().any(Option::is_some);
         let call_id = receipts.then(crate::store::new_call_id);
         let verdict = limiter
             .decide_as(&self.limits, &self.keys, call_id.as_deref())
@@ -368,7 +377,7 @@ impl Taken {
 
     /// Whether some limit settles its cost after the call (`settle = …`).
     pub(crate) fn settles(&self) -> bool {
-        self.plan.settled.contains(&true)
+        self.plan.settled.iter().any(Option::is_some)
     }
 
     /// After the body: gives back the filtered limits' units when `outcome` does not count,
@@ -391,8 +400,8 @@ impl Taken {
                 .map(|(i, check)| {
                     if i < filtered && !counts {
                         0
-                    } else if self.plan.settled[i] {
-                        actual
+                    } else if let Some(floor) = self.plan.settled[i] {
+                        actual.max(floor)
                     } else {
                         check.policy.cost()
                     }

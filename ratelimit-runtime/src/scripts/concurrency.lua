@@ -4,8 +4,8 @@
 -- its end is after now, so a slot that is never released (a killed process)
 -- comes back within `period`; the call's release removes its id (`refund`,
 -- and the stores' forget: `ZREM key id`). A check without a call id holds an
--- anonymous lease (a name no live lease has), released only by its end. Each
--- check reads the live leases whole (at most `limit`: O(num) per check). Ended leases are trimmed only by
+-- anonymous lease (a name no lease has), released only by its end. Each
+-- check costs O(log num): a count and the two ends of the live range. Ended leases are trimmed only by
 -- an admitted call (a rejected call writes nothing), so the set never holds
 -- more than `limit` entries after a take. The key expires after its last
 -- lease. A refused call's retry is the time until the earliest lease ends,
@@ -17,28 +17,38 @@ ALGOS[7] = {
   capacity = 'limit',
   evaluate = function(key, p)
     local latest = now + p.period
-    -- The live leases (at most `limit` after any take, so read whole): their
-    -- count, the earliest and the latest end, leaving out this call's own
-    -- lease (the same call taken again, a retried script, holds one slot: its
-    -- take renews it). Leases ending more than a period from now were stamped
-    -- by a clock ahead of this one: they end a period from now.
-    local live = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES')
-    local n, first, last = 0, nil, nil
-    local members = {}
-    for j = 1, #live, 2 do
-      local member, ends = live[j], tonumber(live[j + 1])
-      members[member] = true
-      if ends > latest then
-        redis.call('ZADD', key, int(latest), member)
-        ends = latest
-      end
-      if member ~= holder then
-        n = n + 1
-        if first == nil or ends < first then
-          first = ends
+    -- O(log n) in the leases whatever their number: a full key is checked
+    -- as cheaply as an empty one (a flood of refused checks costs what it
+    -- costs on the other algorithms). Leases ending more than a period from
+    -- now were stamped by a clock ahead of this one: they end a period from
+    -- now (none, but after a failover).
+    local ahead = redis.call('ZRANGEBYSCORE', key, '(' .. int(latest), '+inf')
+    for j = 1, #ahead do
+      redis.call('ZADD', key, int(latest), ahead[j])
+    end
+    -- The live leases, leaving out this call's own (the same call taken
+    -- again, a retried script, holds one slot: its take renews it).
+    local n = redis.call('ZCOUNT', key, '(' .. int(now), '+inf')
+    local own = holder and redis.call('ZSCORE', key, holder)
+    if own and tonumber(own) > now then
+      n = n - 1
+    end
+    -- Their earliest and latest end: of the two lowest and the two highest
+    -- leases, the first that is not this call's.
+    local first, last = nil, nil
+    if n > 0 then
+      local low = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES', 'LIMIT', 0, 2)
+      for j = 1, #low, 2 do
+        if low[j] ~= holder then
+          first = tonumber(low[j + 1])
+          break
         end
-        if last == nil or ends > last then
-          last = ends
+      end
+      local high = redis.call('ZRANGE', key, -2, -1, 'WITHSCORES')
+      for j = #high - 1, 1, -2 do
+        if high[j] ~= holder then
+          last = tonumber(high[j + 1])
+          break
         end
       end
     end
@@ -50,7 +60,6 @@ ALGOS[7] = {
       after_remaining = p.limit - n - 1,
       after_reset = p.period,
       retry = 0,
-      write = members,
     }
     if not admitted then
       d.retry = first and math.min(first - now, CONCURRENCY_RETRY_US) or 0
@@ -58,13 +67,13 @@ ALGOS[7] = {
     return d
   end,
   commit = function(key, p, d)
-    -- An anonymous lease is named by its time and the first number no live
-    -- lease of that time has (a lease taken at `now` is live: it ends later).
+    -- An anonymous lease is named by its time and the first number no lease
+    -- of that time has (a lease taken at `now` is live: it ends later).
     local member = holder
     if member == nil then
       local j = 0
       member = 'a' .. int(now) .. '.0'
-      while d.write[member] do
+      while redis.call('ZSCORE', key, member) do
         j = j + 1
         member = 'a' .. int(now) .. '.' .. j
       end

@@ -21,6 +21,11 @@
 local INT_FORMAT = nil
 
 local function int(n)
+  -- Beyond 2^53 a double is no longer a whole number of units, and '%d' would wrap at 2^63:
+  -- an error (nothing written) rather than a value that reads as another state.
+  if n >= 9007199254740992 or n <= -9007199254740992 then
+    error('ratelimit: a number beyond 2^53 cannot be stored exactly')
+  end
   return string.format(INT_FORMAT, n)
 end
 

@@ -19,8 +19,9 @@
 --           rule's home is algorithm::settle in Rust, `settle_one` below): less
 --           than the estimate gives the difference back by the receipt (the
 --           algorithm's refund of that many units; nothing without a receipt), more
---           charges the excess whatever the state holds (the algorithm's evaluate
---           and commit with the capacity waived: a debt the next calls wait out).
+--           charges the excess, up to one full capacity, whatever the state holds
+--           (the algorithm's evaluate and commit with the capacity waived: a debt
+--           the next calls wait out, at most one period's worth).
 --           The receipt is then replaced by the marker "settled" for RECEIPT_TTL_US, so a
 --           settle sent twice (a cluster client's retry) settles once; a settle
 --           whose receipt expired still charges its excess (never admitting more
@@ -60,7 +61,9 @@ local function settle_one(key, l, r, actual)
     -- Normalized as a check normalizes (a read with the limit's own parameters), then the
     -- excess taken with the capacity waived.
     l.algo.evaluate(key, p)
-    local waived = { limit = p.limit, period = p.period, burst = p.burst, cost = actual - p.cost }
+    -- The excess, up to one full capacity (a debt of at most one period).
+    local excess = math.min(actual - p.cost, l.capacity)
+    local waived = { limit = p.limit, period = p.period, burst = p.burst, cost = excess }
     waived[l.algo.capacity] = WAIVED_CAPACITY
     l.algo.commit(key, waived, l.algo.evaluate(key, waived))
   end

@@ -753,3 +753,72 @@ proptest! {
         run_stacked(&limits, start, &steps, Stacked::EachKeepsItsQuota)?;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Settling (`settle = …`): at one instant, a call taken at an estimate and settled to what it
+// used leaves the limit as a take of what it used would: `remaining` drops by the units used,
+// the excess over the estimate counted up to one full capacity (and `remaining` never below 0).
+
+mod settling {
+    use super::*;
+
+    /// What a settle to `used` units of a call estimated at `estimate` counts, on a limit of
+    /// `capacity`.
+    fn counted(estimate: u64, used: u64, capacity: u64) -> u64 {
+        if used <= estimate {
+            used
+        } else {
+            estimate + (used - estimate).min(capacity)
+        }
+    }
+
+    fn remaining(store: &MemoryStore, key: &str, policy: &Policy) -> u64 {
+        let unit = policy.with_cost(1).expect("cost 1");
+        store.peek_now(&[Check::new(key, &unit)]).decisions()[0].remaining
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn a_settled_call_counts_what_it_used(
+            algorithm in prop::sample::select(Algorithm::ALL.to_vec()),
+            num in 1_u64..60,
+            extra_burst in 0_u64..40,
+            period_ms in 1_000_u64..100_000,
+            before in 0_u64..60,
+            estimate in 1_u64..60,
+            used in 0_u64..200,
+        ) {
+            let clock = ManualClock::new();
+            clock.advance(Duration::from_secs(1_000));
+            let store = MemoryStore::with_clock(clock);
+            let mut policy = Policy::new(algorithm, num, Duration::from_millis(period_ms))
+                .map_err(|e| TestCaseError::reject(e.to_string()))?;
+            if matches!(algorithm, Algorithm::Token | Algorithm::Leaky | Algorithm::Gcra) {
+                policy = policy
+                    .with_burst(num + extra_burst)
+                    .map_err(|e| TestCaseError::reject(e.to_string()))?;
+            }
+            let capacity = policy.capacity();
+            // An estimate that fits after the calls before it (at one instant nothing drains).
+            let estimate = 1 + estimate % capacity;
+            let before = before % (capacity - estimate + 1);
+            let unit = policy.with_cost(1).expect("cost 1");
+            for _ in 0..before {
+                store.check_now(&[Check::new("k", &unit)]).expect("check");
+            }
+            let estimated = policy.with_cost(estimate).expect("an estimate within the capacity");
+            let r0 = remaining(&store, "k", &policy);
+            let checks = [Check::new("k", &estimated)];
+            prop_assert!(store.take_now(&checks, "c0ffee").expect("take").is_admitted());
+            store.settle_now(&checks, "c0ffee", &[used]).expect("settle");
+            prop_assert_eq!(
+                remaining(&store, "k", &policy),
+                r0.saturating_sub(counted(estimate, used, capacity)),
+                "{} {}/{} ms burst {}: {} before, estimate {}, used {}",
+                algorithm, num, period_ms, capacity, before, estimate, used
+            );
+        }
+    }
+}

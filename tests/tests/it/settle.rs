@@ -457,3 +457,93 @@ async fn an_axum_endpoint_charges_max_tokens_and_settles_to_the_usage_memory() {
 async fn an_axum_endpoint_charges_max_tokens_and_settles_to_the_usage_redis() {
     axum_scenario(&crate::http_support::Backend::redis()).await;
 }
+
+// ---------------------------------------------------------------- merged limits
+
+/// Two stacked limits of one scope, one settled and one at a fixed cost of 5.
+#[rate_limit(num = 100, time = 60, scope = "settle_merge", cost = estimate, settle = |r| *r.as_ref().unwrap_or(&0))]
+#[rate_limit(num = 50, time = 60, scope = "settle_merge", cost = 5)]
+async fn merged(estimate: u64, used: u64) -> Result<u64, RateLimitError> {
+    let _ = estimate;
+    Ok(used)
+}
+
+/// An override that gives both the same quota makes them one bucket, charged once per call:
+/// it settles to what the call used, never below the fixed part's 5.
+#[tokio::test]
+async fn a_settled_limit_merged_with_a_fixed_cost_settles_no_lower_than_it() {
+    let limiter = memory_limiter().await;
+    limiter
+        .set_quota(
+            "settle_merge",
+            ratelimit_runtime::Quota::per_minute(1_000).unwrap(),
+        )
+        .expect("override");
+    let admitted = |estimate: u64, used: u64| {
+        let limiter = limiter.clone();
+        async move {
+            limiter
+                .scope(async move {
+                    let mut n = 0;
+                    while merged(estimate, used).await.is_ok() {
+                        n += 1;
+                        assert!(n <= 1_000, "unbounded");
+                    }
+                    n
+                })
+                .await
+        }
+    };
+    // Used 1, estimated 5: each call counts the fixed 5, so 1,000 / 5 calls.
+    assert_eq!(admitted(5, 1).await, 200);
+    limiter
+        .set_quota(
+            "settle_merge",
+            ratelimit_runtime::Quota::per_minute(1_001).unwrap(),
+        )
+        .expect("override");
+    // Used 20, estimated 1 (another bucket: another quota): charged 5, the larger cost, and
+    // settled to 20; a call fits while 20 × k + 5 ≤ 1,001: 50 calls.
+    assert_eq!(admitted(1, 20).await, 50);
+}
+
+/// A settled amount the caller can push high (2^52, the most a settle takes) is charged one
+/// capacity at most, on every algorithm: the limit is one period in debt, never wiped (a
+/// level beyond 2^63 once read as an empty bucket on Redis) and never locked for good.
+async fn huge_settle_scenario(limiter: &RateLimiter) {
+    for algorithm in Algorithm::ALL {
+        let minute = Duration::from_secs(60);
+        let policy = Policy::new(algorithm, QUOTA, minute).expect("policy");
+        let estimated = policy.with_cost(ESTIMATE).expect("estimate");
+        let key = format!("{{huge}}:{algorithm}");
+        let checks = [Check::new(&key, &estimated)];
+        let (verdict, id) = limiter.take(&checks).await.expect("take");
+        assert!(verdict.is_admitted(), "{algorithm}");
+        limiter.settle(&checks, &id, &[1 << 52]).await;
+        let unit = policy.with_cost(1).expect("unit");
+        let read = limiter
+            .store()
+            .peek(&[Check::new(&key, &unit)])
+            .await
+            .expect("peek");
+        let d = read.decisions()[0];
+        assert!(!d.admitted, "{algorithm}: a debt, not a fresh limit: {d:?}");
+        assert_eq!(d.remaining, 0, "{algorithm}");
+        assert!(
+            d.reset_after <= 2 * minute + Duration::from_secs(1),
+            "{algorithm}: the debt lasts about a period, not {:?}",
+            d.reset_after
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_huge_settle_is_one_capacity_of_debt_memory() {
+    huge_settle_scenario(&memory_limiter().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_settle_is_one_capacity_of_debt_redis() {
+    let server = RedisServer::start();
+    huge_settle_scenario(&redis_limiter(&server).await).await;
+}

@@ -302,7 +302,14 @@ impl Store for RedisClusterStore {
         actual: &'a [u64],
     ) -> RefundFuture<'a> {
         Box::pin(async move {
-            if checks.is_empty() || checks.len() != actual.len() {
+            if checks.len() != actual.len() {
+                return Err(StoreError::connection(format!(
+                    "a settle names {} limits and {} amounts",
+                    checks.len(),
+                    actual.len()
+                )));
+            }
+            if checks.is_empty() {
                 return Ok(());
             }
             let mut conn = self.connection().await?;

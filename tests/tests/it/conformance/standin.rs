@@ -597,6 +597,17 @@ impl Db {
                 let items = zset.ordered.iter().skip(skip).take(take);
                 Reply::Array(flatten(items, with_scores))
             }
+            "ZSCORE" if arity(2) => match self.live(&args[0]) {
+                None => Reply::Nil,
+                Some(Entry {
+                    data: Data::Zset(z),
+                    ..
+                }) => z
+                    .scores
+                    .get(&args[1])
+                    .map_or(Reply::Nil, |score| Reply::bulk(g17(*score))),
+                Some(_) => Reply::error(WRONGTYPE),
+            },
             "ZRANGEBYSCORE" if args.len() >= 3 => {
                 let (Some(lo), Some(hi)) = (Bound::parse(&args[1]), Bound::parse(&args[2])) else {
                     return Reply::error(NOT_FLOAT);
@@ -665,7 +676,7 @@ impl Db {
             }
             "TIME" | "GET" | "SET" | "PTTL" | "PEXPIRE" | "INCRBY" | "DECRBY" | "DEL"
             | "EXISTS" | "ZADD" | "ZCOUNT" | "ZREMRANGEBYSCORE" | "ZRANGE" | "ZRANGEBYSCORE"
-            | "ZREM" | "COPY" | "RENAME" => Reply::Error(format!(
+            | "ZREM" | "ZSCORE" | "COPY" | "RENAME" => Reply::Error(format!(
                 "ERR wrong number of arguments for '{}' command",
                 name.to_ascii_lowercase()
             )),
