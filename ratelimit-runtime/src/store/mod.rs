@@ -133,6 +133,19 @@ pub(crate) fn new_call_id() -> String {
     )
 }
 
+/// The error of a [`Store::settle`] whose amounts do not match its checks one for one (every
+/// store refuses it the same way, so that the limiter logs it).
+pub(crate) fn settle_arguments(checks: &[Check<'_>], actual: &[u64]) -> Result<(), StoreError> {
+    if checks.len() == actual.len() {
+        return Ok(());
+    }
+    Err(StoreError::connection(format!(
+        "a settle names {} limits and {} amounts",
+        checks.len(),
+        actual.len()
+    )))
+}
+
 /// The future of [`Store::reset`] and [`Store::block`].
 pub type AdminFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 

@@ -302,13 +302,7 @@ impl Store for RedisClusterStore {
         actual: &'a [u64],
     ) -> RefundFuture<'a> {
         Box::pin(async move {
-            if checks.len() != actual.len() {
-                return Err(StoreError::connection(format!(
-                    "a settle names {} limits and {} amounts",
-                    checks.len(),
-                    actual.len()
-                )));
-            }
+            super::settle_arguments(checks, actual)?;
             if checks.is_empty() {
                 return Ok(());
             }

@@ -164,13 +164,7 @@ impl MemoryStore {
         call_id: &str,
         actual: &[u64],
     ) -> Result<(), StoreError> {
-        if checks.len() != actual.len() {
-            return Err(StoreError::connection(format!(
-                "a settle names {} limits and {} amounts",
-                checks.len(),
-                actual.len()
-            )));
-        }
+        crate::store::settle_arguments(checks, actual)?;
         let held = lock(&self.inner.receipts).by_call.remove(call_id);
         let now = self.inner.now();
         let receipts = held.filter(|(expires, _)| now < *expires).map(|(_, r)| r);
