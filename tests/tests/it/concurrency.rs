@@ -431,14 +431,16 @@ async fn a_killed_processes_slots_come_back_within_the_lease_redis() {
     );
     assert_eq!(d.remaining, 0);
     assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO));
-    // Within the lease (and a little): admitted again.
+    // Within the lease (and a little): admitted again, and every slot back. The child took
+    // its three slots one after the other (milliseconds apart on a loaded machine), so they
+    // come back one after the other: the same call is taken again (its own lease is not
+    // counted) until none of the child's is left.
     let tries = AtomicU64::new(0);
     loop {
         tries.fetch_add(1, Ordering::Relaxed);
         let v = store.take(&checks, "abcdef0123456789b").await.unwrap();
-        if v.is_admitted() {
-            assert_eq!(v.decisions()[0].remaining, 2, "all three leases ended");
-            break;
+        if v.is_admitted() && v.decisions()[0].remaining == 2 {
+            break; // all three leases ended
         }
         assert!(
             taken.elapsed() < LEASE * 10,
