@@ -1,6 +1,6 @@
 //! The benchmark suite: `cargo run --release --manifest-path tests/bench/Cargo.toml`.
 //!
-//! Starts its own `redis-server` (free port, no persistence, temp dir), measures the six
+//! Starts its own `redis-server` (free port, no persistence, temp dir), measures the seven
 //! tables of BENCHMARKS.md and prints them in Markdown on stdout (progress goes to stderr).
 //! Every figure that has a target is a ratio of two contenders measured side by side in this
 //! one run, in interleaved rounds (A B A B …), and the median of the per-round ratios is
@@ -16,6 +16,7 @@ mod memory_bench;
 mod redis_bench;
 mod report;
 mod server;
+mod server_cost;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -223,7 +224,7 @@ fn run(cfg: &Config, quick: bool, wanted: &dyn Fn(u8) -> bool) -> Result<(), Str
             ""
         },
     );
-    let sections: [Section<'_>; 6] = [
+    let sections: [Section<'_>; 7] = [
         (
             1,
             "1. Redis store vs `redis-benchmark` sending the same call (FCALL of the library, EVALSHA without Functions)",
@@ -249,6 +250,11 @@ fn run(cfg: &Config, quick: bool, wanted: &dyn Fn(u8) -> bool) -> Result<(), Str
             6,
             "6. Redis memory per active key (100,000 callers, one call each)",
             &|| redis_bench::table_memory_per_key(&rt, &server, cfg),
+        ),
+        (
+            7,
+            "7. What one check costs redis-server (callgrind; `INFO commandstats`)",
+            &|| server_cost::table(&rt, &server, cfg),
         ),
     ];
     // A table that cannot be measured (say, wrk is not installed) says so in its place and

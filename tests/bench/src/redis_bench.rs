@@ -25,10 +25,10 @@ const KEYSPACE: usize = 100_000;
 const RB_CLIENTS: usize = 50;
 const RB_PIPELINE: usize = 16;
 /// The Rust clients keep as many checks in flight on their one connection.
-const TASKS: usize = RB_CLIENTS * RB_PIPELINE;
+pub(crate) const TASKS: usize = RB_CLIENTS * RB_PIPELINE;
 /// A limit no run reaches, so every measured check is an admitted one (the path that writes).
-const NEVER: u64 = 1_000_000_000;
-const PERIOD: Duration = Duration::from_secs(60);
+pub(crate) const NEVER: u64 = 1_000_000_000;
+pub(crate) const PERIOD: Duration = Duration::from_secs(60);
 /// Table 6's limit is 100 calls a day: after one call every key lives for minutes at least
 /// (a bucket's TTL is the time until it is full or empty again), so all of them are counted.
 const PERIOD_MEMORY: Duration = Duration::from_secs(86_400);
@@ -41,7 +41,7 @@ fn script_text(algorithm: Algorithm) -> String {
         .to_owned()
 }
 
-fn throughput_policy(algorithm: Algorithm) -> Policy {
+pub(crate) fn throughput_policy(algorithm: Algorithm) -> Policy {
     // A sliding log is bounded to 10,000 entries; over 100,000 random keys it still admits
     // nearly every call.
     // GCRA counts at most one unit per µs, the sliding counter's num × period_ms is bounded by
@@ -71,7 +71,7 @@ fn caller_key(policy: &Policy, scope: &str, i: usize) -> String {
     )
 }
 
-fn keys(policy: &Policy, scope: &str) -> Rc<Vec<String>> {
+pub(crate) fn keys(policy: &Policy, scope: &str) -> Rc<Vec<String>> {
     Rc::new(
         (0..KEYSPACE)
             .map(|i| caller_key(policy, scope, i))
@@ -81,12 +81,12 @@ fn keys(policy: &Policy, scope: &str) -> Rc<Vec<String>> {
 
 /// What one timed run measured.
 #[derive(Debug, Clone, Copy, Default)]
-struct Outcome {
-    per_sec: f64,
+pub(crate) struct Outcome {
+    pub(crate) per_sec: f64,
     admitted: f64,
-    errors: u64,
+    pub(crate) errors: u64,
     /// Answered calls.
-    calls: f64,
+    pub(crate) calls: f64,
     /// redis-server CPU time per answered call, µs.
     server_us: f64,
     /// Client CPU time per answered call, µs (NaN when unknown).
@@ -136,7 +136,7 @@ fn cpu_us(v: &[Outcome], pick: fn(&Outcome) -> f64) -> String {
 /// Runs `tasks` concurrent loops for `dur`, each calling `f(caller index)` back to back over
 /// random callers; `f` answers whether the call was admitted, or an error. Only answered
 /// calls count towards the rate.
-async fn load<F, Fut>(tasks: usize, dur: Duration, f: F) -> Outcome
+pub(crate) async fn load<F, Fut>(tasks: usize, dur: Duration, f: F) -> Outcome
 where
     F: Fn(usize) -> Fut + 'static,
     Fut: Future<Output = Result<bool, String>> + 'static,
@@ -278,7 +278,7 @@ fn algorithm_code(a: Algorithm) -> usize {
         .map_or(0, |i| i + 1)
 }
 
-async fn ours(
+pub(crate) async fn ours(
     store: Rc<RedisStore>,
     policy: Policy,
     keys: Rc<Vec<String>>,

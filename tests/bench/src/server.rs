@@ -17,11 +17,25 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts `redis-server` on a free port and waits until it answers `PING`.
     pub fn start() -> Result<Self, String> {
+        Self::start_under(&[], Duration::from_secs(5))
+    }
+
+    /// Starts `redis-server` as the argument of `wrapper` (say `valgrind --tool=callgrind …`;
+    /// empty: directly) and waits up to `patience` until it answers `PING`.
+    pub fn start_under(wrapper: &[String], patience: Duration) -> Result<Self, String> {
         for _ in 0..5 {
             let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
             let port = free_port()?;
             let log = dir.path().join("redis.log");
-            let child = Command::new("redis-server")
+            let mut command = match wrapper.split_first() {
+                Some((program, args)) => {
+                    let mut c = Command::new(program);
+                    c.args(args).arg("redis-server");
+                    c
+                }
+                None => Command::new("redis-server"),
+            };
+            let child = command
                 .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
                 .args(["--save", "", "--appendonly", "no"])
                 .arg("--dir")
@@ -37,7 +51,7 @@ impl RedisServer {
                 port,
                 _dir: dir,
             };
-            let deadline = Instant::now() + Duration::from_secs(5);
+            let deadline = Instant::now() + patience;
             while Instant::now() < deadline {
                 if server.cli(&["PING"]).is_ok_and(|r| r.trim() == "PONG") {
                     return Ok(server);
@@ -74,7 +88,8 @@ impl RedisServer {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// The process id, for profiling the server.
+    /// The process id, for profiling the server (under a wrapper: the wrapper's, which
+    /// valgrind keeps: it runs the server in its own process).
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -1,0 +1,234 @@
+//! Table 7: what one check costs redis-server, the figure the client's speed and the machine's
+//! load do not move.
+//!
+//! * **Instructions per check**: a second `redis-server` runs under
+//!   `valgrind --tool=callgrind --instr-atstart=no`; around each contender's run (the same 800
+//!   tasks as tables 1 and 2, over 100,000 callers, the limit never reached) the bench turns
+//!   instrumentation on and off with `callgrind_control`, dumps, and divides the dump's total by
+//!   the checks answered. Everything the server did in that time counts: the protocol, the
+//!   command (`FCALL` or `EVALSHA`, or the peer's commands) and the cron (a few ticks).
+//! * **µs per check in commands** (`INFO commandstats`, on the plain server): `CONFIG RESETSTAT`,
+//!   one run, then the `usec` of every command over the checks answered, and how many commands
+//!   each check made.
+//!
+//! The same binary gives the same instruction count to within a few tenths of a percent (the
+//! keys are random, the cron's share depends on the run's length); the commandstats figure is
+//! timed and moves with the machine.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::rc::Rc;
+use std::time::Duration;
+
+use actix_extensible_rate_limit::backend::redis::RedisBackend;
+use actix_extensible_rate_limit::backend::{Backend, SimpleInput};
+use ratelimit_runtime::{Algorithm, RedisStore};
+
+use crate::Config;
+use crate::redis_bench::{NEVER, Outcome, PERIOD, TASKS, keys, load, ours, throughput_policy};
+use crate::report::{Table, rate};
+use crate::server::RedisServer;
+
+/// A contender: runs its checks for the given time against the server it was built for.
+type Run<'a> = Box<dyn Fn(Duration) -> Outcome + 'a>;
+
+/// The contenders of this table on `server`: the store for each algorithm, then the peer.
+fn contenders<'a>(
+    rt: &'a tokio::runtime::Runtime,
+    server: &RedisServer,
+) -> Result<Vec<(String, Run<'a>)>, String> {
+    let url = server.url();
+    let store = Rc::new(
+        rt.block_on(RedisStore::connect(&url))
+            .map_err(|e| e.to_string())?,
+    );
+    let mut out: Vec<(String, Run<'a>)> = Vec::new();
+    for algorithm in Algorithm::ALL {
+        let policy = throughput_policy(algorithm);
+        let keys = keys(&policy, "bench");
+        let store = store.clone();
+        out.push((
+            format!("ratelimit `RedisStore::check`, {algorithm}"),
+            Box::new(move |dur| rt.block_on(ours(store.clone(), policy, keys.clone(), dur))),
+        ));
+    }
+    let aerl = {
+        let client = redis026::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+        let manager = rt
+            .block_on(redis026::aio::ConnectionManager::new(client))
+            .map_err(|e| e.to_string())?;
+        Rc::new(RedisBackend::builder(manager).build())
+    };
+    let keys_e = keys(&throughput_policy(Algorithm::Fixed), "baerl");
+    out.push((
+        "actix-extensible-rate-limit 0.4 (fixed window)".to_owned(),
+        Box::new(move |dur| {
+            let (aerl, keys) = (aerl.clone(), keys_e.clone());
+            rt.block_on(load(TASKS, dur, move |i| {
+                let (aerl, keys) = (aerl.clone(), keys.clone());
+                async move {
+                    let input = SimpleInput {
+                        interval: PERIOD,
+                        max_requests: NEVER,
+                        key: keys[i].clone(),
+                    };
+                    aerl.request(input)
+                        .await
+                        .map(|(d, _, _)| d.is_allowed())
+                        .map_err(|e| e.to_string())
+                }
+            }))
+        }),
+    ));
+    Ok(out)
+}
+
+/// `callgrind_control <args> <pid>`.
+fn control(pid: u32, args: &[&str]) -> Result<(), String> {
+    let out = Command::new("callgrind_control")
+        .args(args)
+        .arg(pid.to_string())
+        .output()
+        .map_err(|e| format!("callgrind_control (is valgrind installed?): {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "callgrind_control {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// The newest dump callgrind wrote to `dir` (`cg.out.<n>`, the highest n).
+fn newest_dump(dir: &Path) -> Result<PathBuf, String> {
+    std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let n: u64 = name.strip_prefix("cg.out.")?.parse().ok()?;
+            Some((n, e.path()))
+        })
+        .max_by_key(|(n, _)| *n)
+        .map(|(_, p)| p)
+        .ok_or_else(|| format!("no callgrind dump in {}", dir.display()))
+}
+
+/// The instructions of a dump (its `totals:` line).
+fn dump_total(path: &Path) -> Result<f64, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("totals:"))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .ok_or_else(|| format!("no totals in {}", path.display()))
+}
+
+/// Runs `run` for `dur` with the server's instrumentation on; instructions per answered check.
+fn instructions_per_check(
+    pid: u32,
+    dir: &Path,
+    run: &dyn Fn(Duration) -> Outcome,
+    dur: Duration,
+) -> Result<f64, String> {
+    control(pid, &["--zero"])?;
+    control(pid, &["--instr=on"])?;
+    let o = run(dur);
+    control(pid, &["--instr=off"])?;
+    control(pid, &["--dump"])?;
+    if o.errors > 0 || o.calls < 1.0 {
+        return Err(format!(
+            "{} errors, {} checks answered under callgrind",
+            o.errors, o.calls
+        ));
+    }
+    Ok(dump_total(&newest_dump(dir)?)? / o.calls)
+}
+
+/// `INFO commandstats` (all but `INFO` and `CONFIG`) as (commands run, µs of the commands the
+/// client sent). A script's `redis.call`s and a transaction's commands are counted as commands
+/// run, and their time is inside the `FCALL`'s, `EVALSHA`'s or `EXEC`'s: so the µs are those of
+/// the outer commands (`FCALL`, `EVALSHA`, `MULTI`, `EXEC`) when there are any, else of all.
+fn commandstats(server: &RedisServer) -> Result<(f64, f64), String> {
+    const OUTER: [&str; 6] = ["fcall", "fcall_ro", "evalsha", "eval", "multi", "exec"];
+    let info = server.cli(&["INFO", "commandstats"])?;
+    let (mut calls, mut outer_usec, mut all_usec, mut any_outer) = (0.0, 0.0, 0.0, false);
+    for line in info.lines() {
+        let Some((name, fields)) = line.trim().split_once(':') else {
+            continue;
+        };
+        let Some(name) = name.strip_prefix("cmdstat_") else {
+            continue;
+        };
+        let command = name.split('|').next().unwrap_or(name);
+        if command == "info" || command == "config" {
+            continue;
+        }
+        let outer = OUTER.contains(&command);
+        any_outer |= outer;
+        for field in fields.split(',') {
+            match field.split_once('=') {
+                Some(("calls", v)) => calls += v.parse::<f64>().unwrap_or(0.0),
+                Some(("usec", v)) => {
+                    let v = v.parse::<f64>().unwrap_or(0.0);
+                    all_usec += v;
+                    if outer {
+                        outer_usec += v;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok((calls, if any_outer { outer_usec } else { all_usec }))
+}
+
+/// Table 7 (see the module's documentation).
+pub fn table(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    cfg: &Config,
+) -> Result<String, String> {
+    let dumps = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let wrapper: Vec<String> = vec![
+        "valgrind".to_owned(),
+        "--tool=callgrind".to_owned(),
+        "--instr-atstart=no".to_owned(),
+        format!(
+            "--callgrind-out-file={}",
+            dumps.path().join("cg.out").display()
+        ),
+    ];
+    let traced = RedisServer::start_under(&wrapper, Duration::from_secs(60))?;
+    let traced_runs = contenders(rt, &traced)?;
+    let plain_runs = contenders(rt, server)?;
+    // Under valgrind the server answers ~50 times slower: a longer run for enough checks.
+    let traced_run = cfg.run * 2;
+    let mut table = Table::new(&[
+        "client",
+        "redis-server instructions per check (callgrind)",
+        "commands run per check (a script's `redis.call`s included)",
+        "server µs per check in commands (`INFO commandstats`)",
+        "checks/s (plain server, this run)",
+    ]);
+    for ((name, traced_run_fn), (_, plain_run_fn)) in traced_runs.iter().zip(&plain_runs) {
+        // Warm both servers (the library loaded, the parsed-limits cache filled).
+        traced_run_fn(cfg.warmup);
+        plain_run_fn(cfg.warmup);
+        let instructions =
+            instructions_per_check(traced.pid(), dumps.path(), traced_run_fn, traced_run)?;
+        server.cli(&["CONFIG", "RESETSTAT"])?;
+        let o = plain_run_fn(cfg.run);
+        let (commands, usec) = commandstats(server)?;
+        let checks = o.calls.max(1.0);
+        table.row(vec![
+            name.clone(),
+            rate(instructions),
+            format!("{:.2}", commands / checks),
+            format!("{:.2}", usec / checks),
+            rate(o.per_sec),
+        ]);
+        eprintln!("  table 7: {name} done");
+    }
+    Ok(table.markdown())
+}
