@@ -7,11 +7,13 @@
 
 ALGOS[1] = {
   capacity = 'limit',
-  evaluate = function(key, p)
+  evaluate = function(key, p, value)
     local count = 0
     local left_us = 0
     local live = false
-    local value = redis.call('GET', key)
+    if value == nil then
+      value = redis.call('GET', key)
+    end
     if value then
       local pttl = redis.call('PTTL', key)
       -- A counter without a TTL (written by someone else) is treated as no

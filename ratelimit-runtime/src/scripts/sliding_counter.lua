@@ -14,11 +14,13 @@
 -- clock's count as the current window's.
 ALGOS[6] = {
   capacity = 'limit',
-  evaluate = function(key, p)
+  evaluate = function(key, p, value)
     local index = floor_div(now, p.period)
     local start = index * p.period
     local cur, prev = 0, 0
-    local value = redis.call('GET', key)
+    if value == nil then
+      value = redis.call('GET', key)
+    end
     if value then
       local w, c, q = string.match(value, '^(%d+):(%d+):(%d+)$')
       if w then
