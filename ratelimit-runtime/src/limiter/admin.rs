@@ -234,9 +234,8 @@ impl RateLimiter {
     /// gets the usual rejection (429 with `Retry-After` until the block's end, or
     /// [`crate::RateLimitError::Limited`]) and takes nothing.
     ///
-    /// On Redis, each check reads whether a block exists for its keys in the same `MGET` that
-    /// reads the limits' state (for all of the call's limits at once): a block costs a check
-    /// nothing until one exists.
+    /// On Redis, each check reads whether a block exists for its keys (one `EXISTS` in the
+    /// check's script, for all of the call's limits at once).
     ///
     /// ```
     /// use std::time::Duration;

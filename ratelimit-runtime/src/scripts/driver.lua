@@ -65,28 +65,18 @@ local function check(KEYS, ARGV)
     return again
   end
 
-  -- One read for every key's state and its block marker: MGET of KEYS[1 .. 2n], the n keys
-  -- then their n markers (a key that holds no string, a sliding log's sorted set, reads as
-  -- false). Each algorithm's evaluate takes its key's value from here (`values[i]`) instead of
-  -- a GET of its own; a value is only handed over while nothing has written the key since.
-  --
-  -- Blocks (RateLimiter::block): a marker `<KEYS[i]>:b` (KEYS[markers + i]) with a TTL rejects
-  -- every call on limit i until it expires, whatever the limit's state. Read after the replay
-  -- above: a take that ran before is answered as it ran, so the cluster store refunds it like
-  -- any other when a later slot rejects. Only a call that finds a marker reads more. A blocked
-  -- call takes nothing: the other limits report their state as it is. A marker without a TTL
-  -- (written by someone else) is no block.
-  local values
+  -- Blocks (RateLimiter::block): a key `<KEYS[i]>:b` (KEYS[markers + i]) with a TTL rejects every
+  -- call on limit i until it expires, whatever the limit's state. Read after the
+  -- replay above: a take that ran before is answered as it ran, so the cluster
+  -- store refunds it like any other when a later slot rejects. The hot path
+  -- pays one EXISTS for all of the call's keys; only a call that finds a block
+  -- reads more. A blocked call takes nothing: the other limits report their
+  -- state as it is. A marker without a TTL (written by someone else) is no block.
+  local blocked
   if nkeys == 1 then
-    values = redis.call('MGET', KEYS[1], KEYS[markers + 1])
+    blocked = redis.call('EXISTS', KEYS[markers + 1]) > 0
   else
-    values = redis.call('MGET', unpack(KEYS, 1, markers + nkeys))
-  end
-  local blocked = false
-  for i = 1, nkeys do
-    if values[markers + i] then
-      blocked = true
-    end
+    blocked = redis.call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 0
   end
   if blocked then
     local reply = {}
@@ -94,22 +84,19 @@ local function check(KEYS, ARGV)
     for i = 1, nkeys do
       local l = limits[i]
       local this
-      reply[i], this = block_reply(KEYS[markers + i], l, l.algo.evaluate(KEYS[i], l.p, values[i]))
+      reply[i], this = block_reply(KEYS[markers + i], l, l.algo.evaluate(KEYS[i], l.p))
       blocked = blocked or this
     end
     if blocked then
       return reply
     end
-    -- Only markers without a TTL: no block. An evaluate above may have rewritten its key
-    -- (a stamp from the future), so the values are read again.
-    values = {}
   end
 
   -- One limit, the usual call: the loop below for a single key, without its
   -- tables (no key can repeat).
   if nkeys == 1 then
     local l = limits[1]
-    local d = l.algo.evaluate(KEYS[1], l.p, values[1])
+    local d = l.algo.evaluate(KEYS[1], l.p)
     if not d.admitted then
       return { state_reply(l, d, false, d.retry) }
     end
@@ -133,11 +120,10 @@ local function check(KEYS, ARGV)
   local reply = {}
 
   if not repeated then
-    -- The usual case: distinct keys. Evaluate all (an evaluate writes only its own key, so
-    -- the values read above stay each key's), then write all or nothing.
+    -- The usual case: distinct keys. Evaluate all, then write all or nothing.
     local all = true
     for i = 1, nkeys do
-      decisions[i] = limits[i].algo.evaluate(KEYS[i], limits[i].p, values[i])
+      decisions[i] = limits[i].algo.evaluate(KEYS[i], limits[i].p)
       if not decisions[i].admitted then
         all = false
       end

@@ -7,13 +7,11 @@
 
 ALGOS[1] = {
   capacity = 'limit',
-  evaluate = function(key, p, value)
+  evaluate = function(key, p)
     local count = 0
     local left_us = 0
     local live = false
-    if value == nil then
-      value = redis.call('GET', key)
-    end
+    local value = redis.call('GET', key)
     if value then
       local pttl = redis.call('PTTL', key)
       -- A counter without a TTL (written by someone else) is treated as no

@@ -14,16 +14,13 @@
 -- of src/algorithm/gcra.rs.
 
 -- The tat under `key`, or nil: the expiry millisecond less one, in µs, plus the
--- stored microseconds (`value`, the key's value as the driver read it, or nil:
--- read here). The expiry is read as it is stored (PEXPIRETIME, Redis
+-- stored microseconds. The expiry is read as it is stored (PEXPIRETIME, Redis
 -- 7.0), not as now_ms + PTTL: Redis counts PTTL from its live clock, which runs
 -- on while a script runs, so a server paused mid-script would read tat early
 -- and give the caller room the rule does not. A server without PEXPIRETIME
 -- (before 7.0, where only the scripts run) is read with PTTL.
-local function gcra_read(key, value)
-  if value == nil then
-    value = redis.call('GET', key)
-  end
+local function gcra_read(key)
+  local value = redis.call('GET', key)
   local us = value and tonumber(value)
   if not us then
     return nil
@@ -57,11 +54,11 @@ end
 
 ALGOS[5] = {
   capacity = 'burst',
-  evaluate = function(key, p, value)
+  evaluate = function(key, p)
     local t = gcra_interval(p)
     local tau = p.burst * t
     local start = now
-    local tat = gcra_read(key, value)
+    local tat = gcra_read(key)
     if tat then
       if tat > now + tau then
         tat = now + tau

@@ -114,10 +114,7 @@ end
 -- bucket.lua for the token and the leaky bucket). Each entry has
 --   capacity: which parameter is the most `remaining` can be, 'limit', or
 --       'burst' for the buckets.
---   evaluate(key, p, value) -> decision: reads only. `value` is the key's value as
---       GET returns it (false when absent or not a string), read by the driver with
---       the block markers, or nil: then evaluate reads the key itself (the refund
---       script, working copies, replays). `p` holds limit, period (µs),
+--   evaluate(key, p) -> decision: reads only. `p` holds limit, period (µs),
 --       burst, cost. The decision holds `admitted`, `now_remaining` and
 --       `now_reset` (the state as it is), `after_remaining` and `after_reset`
 --       (the state once the call is taken, when admitted), `retry` (µs until

@@ -14,13 +14,11 @@
 -- clock's count as the current window's.
 ALGOS[6] = {
   capacity = 'limit',
-  evaluate = function(key, p, value)
+  evaluate = function(key, p)
     local index = floor_div(now, p.period)
     local start = index * p.period
     local cur, prev = 0, 0
-    if value == nil then
-      value = redis.call('GET', key)
-    end
+    local value = redis.call('GET', key)
     if value then
       local w, c, q = string.match(value, '^(%d+):(%d+):(%d+)$')
       if w then

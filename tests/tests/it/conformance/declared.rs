@@ -23,12 +23,12 @@ use std::collections::HashSet;
 
 /// The positions (0-based, among the arguments after the command) of the keys of `command`
 /// with `nargs` arguments, as Redis's command table has them for the commands the scripts
-/// use: none for `TIME`, every argument for `EXISTS`, `MGET` and `DEL`, the first two for `COPY` and
+/// use: none for `TIME`, every argument for `EXISTS` and `DEL`, the first two for `COPY` and
 /// `RENAME`, the first one otherwise.
 pub(crate) fn key_args(command: &str, nargs: usize) -> std::ops::Range<usize> {
     match command.to_ascii_uppercase().as_str() {
         "TIME" => 0..0,
-        "EXISTS" | "MGET" | "DEL" => 0..nargs,
+        "EXISTS" | "DEL" => 0..nargs,
         "COPY" | "RENAME" => 0..nargs.min(2),
         _ => 0..nargs.min(1),
     }
@@ -303,8 +303,7 @@ pub(crate) fn undeclared_keys(text: &str) -> Vec<String> {
         let keys = &args[1..];
         for i in key_args(command, keys.len()) {
             let arg = keys[i];
-            let variadic =
-                arg.starts_with("unpack(") && matches!(command, "EXISTS" | "MGET" | "DEL");
+            let variadic = arg.starts_with("unpack(") && matches!(command, "EXISTS" | "DEL");
             let ok = if variadic {
                 let inner = &arg["unpack(".len()..arg.len() - 1];
                 let table = split_args(inner)[0];

@@ -353,17 +353,6 @@ impl Db {
                 }) => Reply::Bulk(v.clone()),
                 Some(_) => Reply::error(WRONGTYPE),
             },
-            // A key that holds no string reads as nil (no error), as in Redis.
-            "MGET" if !args.is_empty() => Reply::Array(
-                args.iter()
-                    .map(|key| match self.live(key) {
-                        Some(Entry {
-                            data: Data::Str(v), ..
-                        }) => Reply::Bulk(v.clone()),
-                        _ => Reply::Nil,
-                    })
-                    .collect(),
-            ),
             "SET" if args.len() >= 2 => {
                 let mut expires_ms = None;
                 let mut rest = &args[2..];
@@ -685,7 +674,7 @@ impl Db {
                 }
                 Reply::Status("OK".to_owned())
             }
-            "TIME" | "GET" | "MGET" | "SET" | "PTTL" | "PEXPIRE" | "INCRBY" | "DECRBY" | "DEL"
+            "TIME" | "GET" | "SET" | "PTTL" | "PEXPIRE" | "INCRBY" | "DECRBY" | "DEL"
             | "EXISTS" | "ZADD" | "ZCOUNT" | "ZREMRANGEBYSCORE" | "ZRANGE" | "ZRANGEBYSCORE"
             | "ZREM" | "ZSCORE" | "COPY" | "RENAME" => Reply::Error(format!(
                 "ERR wrong number of arguments for '{}' command",
