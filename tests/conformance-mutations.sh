@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Shows that the conformance test can fail: applies one small change at a time to a script
-# under ratelimit-runtime/src/scripts/, runs `cargo test -p ratelimit-tests --test
-# conformance`, and puts the file back. Every mutation must make the test fail.
+# under ratelimit-runtime/src/scripts/, runs `cargo test -p ratelimit-tests --all-features
+# --test it -- conformance::` (the README's test build: no rebuild of the dependencies), and
+# puts the file back. Every mutation must make the test fail.
 #
 #   bash tests/conformance-mutations.sh        (from the workspace root; not run in CI)
 #
@@ -49,7 +50,7 @@ for m in "${mutations[@]}"; do
   fi
   cp "$path" "$path.orig"
   FROM="$from" TO="$to" perl -0pi -e 's/\Q$ENV{FROM}\E/$ENV{TO}/' "$path"
-  if cargo test -q -p ratelimit-tests --test it -- conformance:: >"/tmp/conformance-mutation.log" 2>&1; then
+  if cargo test -q -p ratelimit-tests --all-features --test it -- conformance:: >"/tmp/conformance-mutation.log" 2>&1; then
     echo "MISSED  $file: '$from' -> '$to'"
     missed=$((missed + 1))
   else

@@ -36,6 +36,17 @@ impl RateLimiter {
         self.inner.settings.shadow || limits.iter().any(|l| l.shadow)
     }
 
+    /// The store check of `limit` under `key`.
+    fn check_of<'a>(&self, limit: &'a Limit, key: &'a str) -> Check<'a> {
+        let check = Check::new(key, &limit.policy).with_scope(limit.scope);
+        // A shadow limit never refuses a call: its own failure policy waits until it is
+        // enforced.
+        match limit.failure_policy.filter(|_| !self.is_shadow(limit)) {
+            Some(policy) => check.with_failure_policy(policy),
+            None => check,
+        }
+    }
+
     /// Checks `limits` under `keys` for one call, shadow mode applied, and counts the
     /// outcome: the verdict is admitted when the call may run.
     pub(crate) async fn decide(
@@ -56,21 +67,25 @@ impl RateLimiter {
         keys: &[String],
         call_id: Option<&str>,
     ) -> Result<Verdict, StoreError> {
-        let checks: Vec<Check<'_>> = limits
-            .iter()
-            .zip(keys)
-            .map(|(l, k)| {
-                let check = Check::new(k, &l.policy).with_scope(l.scope);
-                // A shadow limit never refuses a call: its own failure policy waits until it
-                // is enforced.
-                match l.failure_policy.filter(|_| !self.is_shadow(l)) {
-                    Some(policy) => check.with_failure_policy(policy),
-                    None => check,
-                }
-            })
-            .collect();
+        // One limit, the usual call: its check on the stack (no allocation per request).
+        let one: [Check<'_>; 1];
+        let many: Vec<Check<'_>>;
+        let checks: &[Check<'_>] = match (limits, keys) {
+            ([limit], [key, ..]) => {
+                one = [self.check_of(limit, key)];
+                &one
+            }
+            _ => {
+                many = limits
+                    .iter()
+                    .zip(keys)
+                    .map(|(l, k)| self.check_of(l, k))
+                    .collect();
+                &many
+            }
+        };
         let labels = || limits.iter().map(|l| (l.scope, l.policy.algorithm()));
-        let verdict = match self.check_as(&checks, call_id).await {
+        let verdict = match self.check_as(checks, call_id).await {
             Ok(v) => v,
             // The store failed and the failure policy refused: a call whose limits are all in
             // shadow mode runs all the same (shadow never refuses; the failure was logged and

@@ -278,7 +278,7 @@ fn algorithm_code(a: Algorithm) -> usize {
         .map_or(0, |i| i + 1)
 }
 
-pub(crate) async fn ours(
+async fn ours(
     store: Rc<RedisStore>,
     policy: Policy,
     keys: Rc<Vec<String>>,

@@ -15,41 +15,65 @@
 //! keys are random, the cron's share depends on the run's length); the commandstats figure is
 //! timed and moves with the machine.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::Command;
 use std::rc::Rc;
 use std::time::Duration;
 
 use actix_extensible_rate_limit::backend::redis::RedisBackend;
 use actix_extensible_rate_limit::backend::{Backend, SimpleInput};
-use ratelimit_runtime::{Algorithm, RedisStore};
+use ratelimit_runtime::{Algorithm, Check, RedisStore, Store};
 
 use crate::Config;
-use crate::redis_bench::{NEVER, Outcome, PERIOD, TASKS, keys, load, ours, throughput_policy};
+use crate::redis_bench::{NEVER, Outcome, PERIOD, TASKS, keys, load, throughput_policy};
 use crate::report::{Table, rate};
 use crate::server::RedisServer;
 
-/// A contender: runs its checks for the given time against the server it was built for.
-type Run<'a> = Box<dyn Fn(Duration) -> Outcome + 'a>;
+/// A contender: one check of caller `i` (an index into the table's picks) against the server
+/// it was built for.
+type CheckFn = Rc<dyn Fn(usize) -> Pin<Box<dyn Future<Output = Result<bool, String>>>>>;
+
+/// Distinct callers of this table: few enough that every one holds state before the measured
+/// run (each is checked once first), so every measured check takes the same path (an existing
+/// key, admitted, written): the count then depends on the code, not on how many new keys a run
+/// of some length happened to meet.
+const CALLERS: usize = 1_000;
+
+/// The tables' 100,000 random picks, mapped onto [`CALLERS`] callers.
+fn table_keys(policy: &ratelimit_runtime::Policy, scope: &str) -> Rc<Vec<String>> {
+    let all = keys(policy, scope);
+    Rc::new((0..all.len()).map(|i| all[i % CALLERS].clone()).collect())
+}
 
 /// The contenders of this table on `server`: the store for each algorithm, then the peer.
-fn contenders<'a>(
-    rt: &'a tokio::runtime::Runtime,
+fn contenders(
+    rt: &tokio::runtime::Runtime,
     server: &RedisServer,
-) -> Result<Vec<(String, Run<'a>)>, String> {
+) -> Result<Vec<(String, CheckFn)>, String> {
     let url = server.url();
     let store = Rc::new(
         rt.block_on(RedisStore::connect(&url))
             .map_err(|e| e.to_string())?,
     );
-    let mut out: Vec<(String, Run<'a>)> = Vec::new();
+    let mut out: Vec<(String, CheckFn)> = Vec::new();
     for algorithm in Algorithm::ALL {
         let policy = throughput_policy(algorithm);
-        let keys = keys(&policy, "bench");
+        let keys = table_keys(&policy, "bench");
         let store = store.clone();
         out.push((
             format!("ratelimit `RedisStore::check`, {algorithm}"),
-            Box::new(move |dur| rt.block_on(ours(store.clone(), policy, keys.clone(), dur))),
+            Rc::new(move |i| {
+                let (store, keys) = (store.clone(), keys.clone());
+                Box::pin(async move {
+                    store
+                        .check(&[Check::new(&keys[i], &policy)])
+                        .await
+                        .map(|v| v.is_admitted())
+                        .map_err(|e| e.to_string())
+                })
+            }),
         ));
     }
     let aerl = {
@@ -59,28 +83,41 @@ fn contenders<'a>(
             .map_err(|e| e.to_string())?;
         Rc::new(RedisBackend::builder(manager).build())
     };
-    let keys_e = keys(&throughput_policy(Algorithm::Fixed), "baerl");
+    let keys_e = table_keys(&throughput_policy(Algorithm::Fixed), "baerl");
     out.push((
         "actix-extensible-rate-limit 0.4 (fixed window)".to_owned(),
-        Box::new(move |dur| {
+        Rc::new(move |i| {
             let (aerl, keys) = (aerl.clone(), keys_e.clone());
-            rt.block_on(load(TASKS, dur, move |i| {
-                let (aerl, keys) = (aerl.clone(), keys.clone());
-                async move {
-                    let input = SimpleInput {
-                        interval: PERIOD,
-                        max_requests: NEVER,
-                        key: keys[i].clone(),
-                    };
-                    aerl.request(input)
-                        .await
-                        .map(|(d, _, _)| d.is_allowed())
-                        .map_err(|e| e.to_string())
-                }
-            }))
+            Box::pin(async move {
+                let input = SimpleInput {
+                    interval: PERIOD,
+                    max_requests: NEVER,
+                    key: keys[i].clone(),
+                };
+                aerl.request(input)
+                    .await
+                    .map(|(d, _, _)| d.is_allowed())
+                    .map_err(|e| e.to_string())
+            })
         }),
     ));
     Ok(out)
+}
+
+/// `check` from the bench's 800 tasks for `dur`.
+fn run(rt: &tokio::runtime::Runtime, check: &CheckFn, dur: Duration) -> Outcome {
+    let check = check.clone();
+    rt.block_on(load(TASKS, dur, move |i| check(i)))
+}
+
+/// Every caller checked once, one after the other: each then holds state.
+fn prefill(rt: &tokio::runtime::Runtime, check: &CheckFn) -> Result<(), String> {
+    rt.block_on(async {
+        for i in 0..CALLERS {
+            check(i).await?;
+        }
+        Ok(())
+    })
 }
 
 /// `callgrind_control <args> <pid>`.
@@ -128,12 +165,13 @@ fn dump_total(path: &Path) -> Result<f64, String> {
 fn instructions_per_check(
     pid: u32,
     dir: &Path,
-    run: &dyn Fn(Duration) -> Outcome,
+    rt: &tokio::runtime::Runtime,
+    check: &CheckFn,
     dur: Duration,
 ) -> Result<f64, String> {
     control(pid, &["--zero"])?;
     control(pid, &["--instr=on"])?;
-    let o = run(dur);
+    let o = run(rt, check, dur);
     control(pid, &["--instr=off"])?;
     control(pid, &["--dump"])?;
     if o.errors > 0 || o.calls < 1.0 {
@@ -189,14 +227,18 @@ pub fn table(
     server: &RedisServer,
     cfg: &Config,
 ) -> Result<String, String> {
-    let dumps = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    // `BENCH_CALLGRIND_DIR=<dir>` keeps the dumps there (one per contender, in the table's
+    // order) for `callgrind_annotate`; by default they go to a temp dir.
+    let temp = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let kept = std::env::var_os("BENCH_CALLGRIND_DIR").map(PathBuf::from);
+    let dumps: &Path = kept.as_deref().unwrap_or(temp.path());
     let wrapper: Vec<String> = vec![
         "valgrind".to_owned(),
         "--tool=callgrind".to_owned(),
         "--instr-atstart=no".to_owned(),
         format!(
             "--callgrind-out-file={}",
-            dumps.path().join("cg.out").display()
+            dumps.join("cg.out").display()
         ),
     ];
     let traced = RedisServer::start_under(&wrapper, Duration::from_secs(60))?;
@@ -211,14 +253,17 @@ pub fn table(
         "server µs per check in commands (`INFO commandstats`)",
         "checks/s (plain server, this run)",
     ]);
-    for ((name, traced_run_fn), (_, plain_run_fn)) in traced_runs.iter().zip(&plain_runs) {
-        // Warm both servers (the library loaded, the parsed-limits cache filled).
-        traced_run_fn(cfg.warmup);
-        plain_run_fn(cfg.warmup);
+    for ((name, traced_check), (_, plain_check)) in traced_runs.iter().zip(&plain_runs) {
+        // Every caller holds state on both servers, then a warm-up (the library loaded, the
+        // parsed-limits cache filled).
+        prefill(rt, traced_check)?;
+        prefill(rt, plain_check)?;
+        run(rt, traced_check, cfg.warmup);
+        run(rt, plain_check, cfg.warmup);
         let instructions =
-            instructions_per_check(traced.pid(), dumps.path(), traced_run_fn, traced_run)?;
+            instructions_per_check(traced.pid(), dumps, rt, traced_check, traced_run)?;
         server.cli(&["CONFIG", "RESETSTAT"])?;
-        let o = plain_run_fn(cfg.run);
+        let o = run(rt, plain_check, cfg.run);
         let (commands, usec) = commandstats(server)?;
         let checks = o.calls.max(1.0);
         table.row(vec![
