@@ -325,6 +325,26 @@ pub fn evaluate_for(
     }
 }
 
+/// [`evaluate`] on a state held in place, for the states whose admission changes a part of
+/// them (the sliding log: expired runs off the front, one run onto the back) rather than
+/// rewrites them: `Some` when `state` is of such an `algorithm`, with the evaluation; an
+/// admission has updated `state` to what [`evaluate`] leaves, a rejection left it as it was.
+/// `live`: whether `state` is live (else it reads as no state). `None`: use [`evaluate`].
+pub fn evaluate_in_place(
+    algorithm: Algorithm,
+    state: &mut State,
+    live: bool,
+    p: &Params,
+    now: u64,
+) -> Option<Evaluation> {
+    match (algorithm, state) {
+        (Algorithm::Sliding, State::Sliding(log)) => {
+            Some(sliding::evaluate_in_place(log, live, p, now))
+        }
+        _ => None,
+    }
+}
+
 /// State stamped in the future (a clock that went back, a failover to a replica whose clock is
 /// behind) rewritten as stamped now; `true` when it changed. Never a charge: the skew is not
 /// counted, so no caller is locked out beyond the true `retry_after`.

@@ -71,18 +71,13 @@ pub fn evaluate(c: Option<&Counters>, p: &Params, now: u64) -> (Evaluation, Opti
     let index = now / period;
     let start = index * period;
     let (cur, prev) = c.map_or((0, 0), |c| c.at(index));
-    let pms = u128::from(period / 1000);
-    let e = u128::from((now - start) / 1000);
-    let (num, cost) = (u128::from(p.limit), u128::from(p.cost));
-    let (cur_w, prev_w) = (u128::from(cur), u128::from(prev));
-    let load = prev_w * (pms - e) + cur_w * pms;
-    let quota = num * pms;
-    let admitted = load + cost * pms <= quota;
-    let remaining = |taken: u128| super::sat(floor_div(quota.saturating_sub(taken), pms));
+    let (pms, e) = (period / 1000, (now - start) / 1000);
+    let (admitted, now_remaining, after_remaining) =
+        weigh(cur, prev, pms, e, p).unwrap_or_else(|| weigh_wide(cur, prev, pms, e, p));
     let window_end = start + period;
     let mut out = Evaluation {
         admitted,
-        now_remaining: remaining(load),
+        now_remaining,
         now_reset_us: if cur > 0 {
             window_end + period - now
         } else if prev > 0 {
@@ -90,7 +85,7 @@ pub fn evaluate(c: Option<&Counters>, p: &Params, now: u64) -> (Evaluation, Opti
         } else {
             0
         },
-        after_remaining: remaining(load + cost * pms),
+        after_remaining,
         after_reset_us: window_end + period - now,
         retry_us: 0,
     };
@@ -104,6 +99,34 @@ pub fn evaluate(c: Option<&Counters>, p: &Params, now: u64) -> (Evaluation, Opti
         prev,
     };
     (out, Some(next))
+}
+
+/// Whether the call fits and the units left before and after it, in `u64` (`pms` ≥ 1, `e <
+/// pms`): every number fits for the policies the bounds allow (`num × period_ms ≤ 2^52`) unless a
+/// settled debt raised the counts far past `num`; `None` then, for [`weigh_wide`].
+fn weigh(cur: u64, prev: u64, pms: u64, e: u64, p: &Params) -> Option<(bool, u64, u64)> {
+    let load = prev
+        .checked_mul(pms - e)?
+        .checked_add(cur.checked_mul(pms)?)?;
+    let quota = p.limit.checked_mul(pms)?;
+    let after = load.checked_add(p.cost.checked_mul(pms)?)?;
+    Some((
+        after <= quota,
+        quota.saturating_sub(load) / pms,
+        quota.saturating_sub(after) / pms,
+    ))
+}
+
+/// [`weigh`] in `u128`, where nothing overflows.
+fn weigh_wide(cur: u64, prev: u64, pms: u64, e: u64, p: &Params) -> (bool, u64, u64) {
+    let (pms, e) = (u128::from(pms), u128::from(e));
+    let (num, cost) = (u128::from(p.limit), u128::from(p.cost));
+    let (cur, prev) = (u128::from(cur), u128::from(prev));
+    let load = prev * (pms - e) + cur * pms;
+    let quota = num * pms;
+    let after = load + cost * pms;
+    let remaining = |taken: u128| super::sat(floor_div(quota.saturating_sub(taken), pms));
+    (after <= quota, remaining(load), remaining(after))
 }
 
 /// The wait until the same call fits with no other calls: later in this window, as the

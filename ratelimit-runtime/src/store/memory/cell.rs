@@ -162,6 +162,16 @@ impl Cell {
         }
     }
 
+    /// When the entry becomes idle and its state, to change in place, when it is not packed
+    /// (exclusive access: no fast writer is running). Whoever changes the state sets
+    /// `idle_at` to match.
+    pub(super) fn unpacked_mut(&mut self) -> Option<(&mut u64, &mut State)> {
+        match &mut self.form {
+            Form::Other(state) => Some((self.idle_at.get_mut(), state)),
+            Form::Packed(_) => None,
+        }
+    }
+
     /// [`Entry::normalize`] in place, with exclusive access; `true` when it changed.
     pub(super) fn normalize(&mut self, p: &Params, now: u64) -> bool {
         match &mut self.form {

@@ -81,6 +81,18 @@ impl Inner {
             if cell.normalize(&p, now) {
                 lower(&shard.next_idle, cell.idle_at());
             }
+            // A sliding log changes in place: no copy of it per admission.
+            if let Some((idle_at, state)) = cell.unpacked_mut() {
+                let live = now < *idle_at;
+                if let Some(e) = algorithm::evaluate_in_place(algorithm, state, live, &p, now) {
+                    if !e.admitted {
+                        return Ok(e.untaken(capacity, false, e.retry_us));
+                    }
+                    *idle_at = algorithm::idle_at(state, &p);
+                    lower(&shard.next_idle, *idle_at);
+                    return Ok(e.taken(capacity));
+                }
+            }
             let state = cell.state();
             let base = cell.live(now).then_some(&*state);
             let (e, next) = algorithm::evaluate(algorithm, base, &p, now);
@@ -343,7 +355,7 @@ mod tests {
             Some(Entry {
                 state: State::Sliding(log),
                 ..
-            }) => log.runs,
+            }) => log.runs().collect::<Vec<_>>(),
             other => panic!("no sliding entry: {other:?}"),
         };
         for _ in 0..10_000 {

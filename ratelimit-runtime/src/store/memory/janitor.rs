@@ -29,13 +29,17 @@ impl MemoryStore {
     /// Starts the janitor when none is running and this runs inside a tokio runtime.
     #[inline]
     pub(super) fn start_janitor(&self) {
-        if !self.inner.janitor_running.load(Ordering::Acquire) {
+        // Outside a runtime every call asks tokio (a thread-local read): asked here, not in the
+        // out-of-line start below, whose entry and exit cost as much again.
+        if !self.inner.janitor_running.load(Ordering::Acquire)
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
             self.start_janitor_now();
         }
     }
 
-    /// [`MemoryStore::start_janitor`] once it found none running (out of line: the check it
-    /// makes on every call stays one load).
+    /// [`MemoryStore::start_janitor`] once it found none running inside a runtime (out of
+    /// line: the check made on every call stays a load and tokio's thread-local read).
     #[cold]
     fn start_janitor_now(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {

@@ -254,7 +254,7 @@ impl Inner {
 /// for the other algorithms.
 pub(super) fn sliding_first(next: Option<&State>, p: &Params) -> u64 {
     match next {
-        Some(State::Sliding(log)) => log.runs.back().map_or(0, |&(start, len)| {
+        Some(State::Sliding(log)) => log.runs().next_back().map_or(0, |(start, len)| {
             u64::try_from(start)
                 .unwrap_or(0)
                 .saturating_add(len)

@@ -80,7 +80,7 @@ impl Model {
             let mut first = 0;
             if let Some(next) = next {
                 if let State::Sliding(log) = &next
-                    && let Some(&(start, len)) = log.runs.back()
+                    && let Some((start, len)) = log.runs().next_back()
                 {
                     first = u64::try_from(start).unwrap_or(0) + len - p.cost;
                 }
