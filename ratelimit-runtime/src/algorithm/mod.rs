@@ -332,7 +332,7 @@ pub fn normalize(state: &mut State, p: &Params, now: u64) -> bool {
     match state {
         State::Fixed(w) => fixed::normalize(w, p, now),
         State::Sliding(l) => sliding::normalize(l, p, now),
-        State::Bucket(b) => bucket::normalize(b, now),
+        State::Bucket(b) => bucket::normalize(b, p, now),
         State::Gcra(t) => gcra::normalize(t, p, now),
         State::SlidingCounter(c) => sliding_counter::normalize(c, p, now),
         State::Concurrency(h) => concurrency::normalize(h, p, now),
