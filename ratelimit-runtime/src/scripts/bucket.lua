@@ -36,7 +36,8 @@ end
 -- absent; else ((m * 1000 - now) * rate + v) with m the expiry millisecond
 -- less one, at least 0. A value that is not a plain integer may be the earlier
 -- form, "<level>:<stamp µs>", read for one window after an upgrade (a
--- stamp from the future counts as now); anything else is an empty bucket.
+-- stamp from the future counts as now), then `true`: evaluate rewrites it in
+-- the new form; anything else is an empty bucket.
 local function bucket_level(key, value, rate)
   if not value then
     return 0
@@ -47,7 +48,7 @@ local function bucket_level(key, value, rate)
     if not stored then
       return 0
     end
-    return math.max(tonumber(stored) - math.max(now - tonumber(at), 0) * rate, 0)
+    return math.max(tonumber(stored) - math.max(now - tonumber(at), 0) * rate, 0), true
   end
   local ms = expiry_ms(key)
   if not ms then
@@ -70,13 +71,20 @@ local BUCKET = {
   evaluate = function(key, p)
     local rate, unit = bucket_scale(p)
     local value = redis.call('GET', key)
-    local level = bucket_level(key, value, rate)
+    local level, old = bucket_level(key, value, rate)
     local capacity = p.burst * unit
     if level > 2 * capacity then
       -- Above a full bucket and one capacity of debt: written by a clock ahead
       -- of this one. Brought back to that from now, never held longer.
       level = 2 * capacity
       bucket_write(key, level, rate)
+    elseif old then
+      -- The earlier form (its stamp maybe ahead, counted as now): rewritten.
+      if level > 0 then
+        bucket_write(key, level, rate)
+      else
+        redis.call('DEL', key)
+      end
     end
     local add = p.cost * unit
     local after = level + add
