@@ -151,8 +151,12 @@ end
 -- State stamped in the future (a failover to a replica whose clock is behind
 -- the old master's) is treated as stamped now: evaluate rewrites its stamps to
 -- now before deciding, never counting the skew as a charge, so no caller is
--- locked out beyond the true retry_after. That rewrite is the only write a
--- rejected call can make, and it never changes what the state admits.
+-- locked out beyond the true retry_after. State kept as one integer (GCRA's
+-- tat, a bucket's level) has no stamp to tell a skew from a backlog: a backlog
+-- longer than the most it can be is brought back to that most, from now
+-- (bounded: at most one full burst more for GCRA, one capacity of debt for a
+-- bucket). That rewrite is the only write a rejected call can make, and it
+-- never lets the state admit more.
 local ALGOS = {}
 
 -- Reads the limits of one call: for limit i, KEYS[i] and the five arguments
