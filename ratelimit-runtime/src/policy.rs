@@ -32,8 +32,9 @@ pub enum PolicyError {
     /// exact only below 2^53, and every number they return must stay exact.
     TooManyUnits,
     /// A bucket too fine to keep exact: the Redis scripts keep a bucket's level as an integer
-    /// in units of `1 / (period_µs / gcd(num, period_µs))`, and `burst` of those must stay
-    /// within [`MAX_BUCKET_SCALE`].
+    /// in units of `1 / (period_µs / gcd(num, period_µs))`, and `burst` of those, and the
+    /// `1000 × num / gcd(num, period_µs)` units of one millisecond's drain, must stay within
+    /// [`MAX_BUCKET_SCALE`].
     BucketTooFine,
     /// A sliding log above [`MAX_SLIDING_LOG`] (one entry per admitted unit).
     SlidingLogTooLarge,
@@ -409,6 +410,15 @@ mod tests {
         assert_eq!(coarse, Err(PolicyError::TooManyUnits));
         let coarse = Policy::from_parts(Algorithm::Leaky, 1_000_000, 1000, MAX_UNITS, 1);
         assert!(coarse.is_ok(), "{coarse:?}");
+        // And 1000 × num / gcd(num, period_µs) ≤ 2^52: one millisecond's drain, in the units
+        // the scripts keep within a millisecond.
+        // 2^48 a second (a gcd of 2^6 with 10^6 µs) drains 2^42 units a millisecond, and
+        // 1000 × 2^42 fits; 2^50 a millisecond (2^47 units) does not.
+        assert!(Policy::from_parts(Algorithm::Token, 1 << 48, 1000, 1, 1).is_ok());
+        assert_eq!(
+            Policy::from_parts(Algorithm::Token, MAX_UNITS, 1, 1, 1),
+            Err(PolicyError::BucketTooFine)
+        );
         // The longest period with a fine rate still has room for a useful burst.
         let century = Policy::from_parts(Algorithm::Token, 7, rules::MAX_PERIOD_MS, 1, 1);
         assert!(century.is_ok(), "{century:?}");

@@ -10,15 +10,24 @@
 //! fraction ever accumulates (50 calls against a burst of 50 admit exactly 50). The policy
 //! bounds keep `burst × period_µs / g` at most 2^52, where the scripts' doubles are exact.
 
-use super::{Evaluation, Params, Receipt, ceil_div, sat};
+//!
+//! State: a level `L` at `now` is the integer `E = now·rate + L` ("empty at", in units of
+//! `1 / rate` µs), kept as the Redis scripts keep it: the millisecond `ms` it falls in (the key
+//! expires at the next one) and `units = E − ms·1000·rate`, below `1000·rate`. The level at any
+//! later time `t` is then `max((ms·1000 − t)·rate + units, 0)`, exactly. A level above a full
+//! bucket plus one capacity of settled debt (`2·burst` calls) was written by a clock ahead of
+//! this one: it is brought back to that, from now ([`normalize`]).
 
-/// A level (in the bucket's units) as of a time (µs).
+use super::{Evaluation, Params, Receipt, ceil_div, floor_div, sat};
+
+/// A bucket's level, as when it is empty (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Level {
-    /// The level, in units of `1 / (period_µs / g)` of a call.
-    pub level: u64,
-    /// When it was that, µs.
-    pub at: u64,
+    /// The millisecond in which the bucket is empty again (ms since the epoch).
+    pub ms: u64,
+    /// The level at the start of that millisecond, in units of `1 / (period_µs / g)` of a call
+    /// (below `1000·rate`).
+    pub units: u64,
 }
 
 /// The bucket's scale: `(rate, unit)`, the units drained per µs and the units of one call
@@ -29,25 +38,45 @@ fn scale(p: &Params) -> (u128, u128) {
 }
 
 impl Level {
-    /// The level at `now` (a stamp from the future counts as now).
+    /// A level of `level` units at `now`: `w = (now mod 1000)·rate + level` past the start of
+    /// now's millisecond.
+    pub fn of(level: u128, rate: u128, now: u64) -> Self {
+        let per_ms = 1000 * rate;
+        let w = u128::from(now % 1000) * rate + level;
+        let ms = floor_div(w, per_ms);
+        Self {
+            ms: sat(u128::from(now / 1000) + ms),
+            units: sat(w - ms * per_ms.max(1)),
+        }
+    }
+
+    /// The level at `now`: `(ms·1000 − now)·rate + units`, at least 0.
     fn at_time(&self, rate: u128, now: u64) -> u128 {
-        let elapsed = u128::from(now.saturating_sub(self.at));
-        u128::from(self.level).saturating_sub(elapsed.saturating_mul(rate))
+        let ahead = i128::from(self.ms) * 1000 - i128::from(now);
+        let rate = i128::try_from(rate).unwrap_or(i128::MAX);
+        let level = ahead
+            .saturating_mul(rate)
+            .saturating_add(i128::from(self.units));
+        u128::try_from(level).unwrap_or(0)
     }
 
     /// When the level is back to 0, µs.
     pub(crate) fn idle_at(&self, p: &Params) -> u64 {
         let (rate, _) = scale(p);
-        self.at
-            .saturating_add(sat(ceil_div(u128::from(self.level), rate)))
+        self.ms
+            .saturating_mul(1000)
+            .saturating_add(sat(ceil_div(u128::from(self.units), rate)))
     }
 }
 
-/// A level stamped in the future (a clock that went back) is stamped now: it drains from now
-/// on, instead of staying put for the whole skew.
-pub(crate) fn normalize(b: &mut Level, now: u64) -> bool {
-    if b.at > now {
-        b.at = now;
+/// A level above a full bucket plus one capacity of settled debt (`2·burst` calls) was written
+/// by a clock ahead of this one (a failover to a replica behind): brought back to that from
+/// now, never held against the caller longer (GCRA's `tat > now + tau`).
+pub(crate) fn normalize(b: &mut Level, p: &Params, now: u64) -> bool {
+    let (rate, unit) = scale(p);
+    let most = 2 * u128::from(p.burst) * unit;
+    if b.at_time(rate, now) > most {
+        *b = Level::of(most, rate, now);
         true
     } else {
         false
@@ -74,10 +103,7 @@ pub fn evaluate(b: Option<&Level>, p: &Params, now: u64) -> (Evaluation, Option<
             sat(ceil_div(after - capacity, rate))
         },
     };
-    let next = admitted.then(|| Level {
-        level: sat(after),
-        at: now,
-    });
+    let next = admitted.then(|| Level::of(after, rate, now));
     (e, next)
 }
 
@@ -92,10 +118,7 @@ pub fn refund(b: Level, r: &Receipt, p: &Params, now: u64) -> Option<Level> {
         return Some(b);
     }
     let level = b.at_time(rate, now).saturating_sub(give);
-    (level > 0).then(|| Level {
-        level: sat(level),
-        at: now,
-    })
+    (level > 0).then(|| Level::of(level, rate, now))
 }
 
 #[cfg(test)]
@@ -121,25 +144,46 @@ mod tests {
     }
 
     #[test]
-    fn a_stamp_from_the_future_drains_from_now() {
+    fn a_level_from_a_clock_ahead_is_brought_back_to_one_capacity_of_debt() {
+        // 1 per s, burst 1 (unit 1_000_000, rate 1): a level stamped 60 s ahead reads as 61
+        // calls; it is brought back to 2 (a full bucket and one of debt) from now.
         let p = Params::new(1, 1_000_000, 1, 1);
-        let mut b = Level {
-            level: 1_000_000,
-            at: 70_000_000,
-        };
-        assert!(normalize(&mut b, 10_000_000));
+        let mut b = Level::of(1_000_000, 1, 70_000_000);
+        assert!(normalize(&mut b, &p, 10_000_000));
+        assert_eq!(b, Level::of(2_000_000, 1, 10_000_000));
         let (e, _) = evaluate(Some(&b), &p, 10_000_000);
-        assert_eq!(e.retry_us, 1_000_000);
-        assert!(evaluate(Some(&b), &p, 11_000_000).0.admitted);
+        assert_eq!(e.retry_us, 2_000_000);
+        assert!(evaluate(Some(&b), &p, 12_000_000).0.admitted);
+        // A settled debt of one capacity is kept as it is.
+        let mut debt = Level::of(2_000_000, 1, 10_000_000);
+        assert!(!normalize(&mut debt, &p, 10_000_000));
+    }
+
+    #[test]
+    fn the_state_is_when_the_bucket_empties() {
+        // 3 per 10 s (rate 3, unit 10_000_000): a call at 1_234_567 µs empties at
+        // 1_234_567 + 3_333_333.3 µs = 4_567_900.3 µs: in millisecond 4567, whose start is
+        // 2701 units (900.3 µs × 3) before.
+        let p = Params::new(3, 10_000_000, 3, 1);
+        let (_, b) = evaluate(None, &p, 1_234_567);
+        let b = b.unwrap();
+        assert_eq!(
+            b,
+            Level {
+                ms: 4567,
+                units: 2701
+            }
+        );
+        assert_eq!(b.idle_at(&p), 4_567_901);
+        assert_eq!(b.at_time(3, 1_234_567), 10_000_000);
+        assert_eq!(b.at_time(3, 4_567_900), 1);
+        assert_eq!(b.at_time(3, 4_567_901), 0);
     }
 
     #[test]
     fn a_refund_gives_back_only_what_has_not_drained() {
         let p = Params::new(1, 1_000_000, 2, 1);
-        let b = Level {
-            level: 2_000_000,
-            at: 0,
-        };
+        let b = Level::of(2_000_000, 1, 0);
         let r = Receipt {
             at_us: 0,
             reset_us: 0,
@@ -147,7 +191,7 @@ mod tests {
         };
         // Half a unit drained since the take: half is given back.
         let after = refund(b, &r, &p, 500_000).unwrap();
-        assert_eq!(after.level, 1_000_000);
+        assert_eq!(after.at_time(1, 500_000), 1_000_000);
         // All of it drained: nothing to give.
         assert_eq!(refund(b, &r, &p, 1_000_000), Some(b));
     }

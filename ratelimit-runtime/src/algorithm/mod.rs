@@ -346,13 +346,16 @@ pub fn evaluate_in_place(
 }
 
 /// State stamped in the future (a clock that went back, a failover to a replica whose clock is
-/// behind) rewritten as stamped now; `true` when it changed. Never a charge: the skew is not
-/// counted, so no caller is locked out beyond the true `retry_after`.
+/// behind) rewritten as stamped now; `true` when it changed. For the windows and the log the
+/// skew is not counted, so no caller is locked out beyond the true `retry_after`; GCRA and the
+/// buckets keep one integer with no stamp, so a backlog past the most it can be (a full burst;
+/// a full bucket plus one capacity of debt) is brought back to that most: a skew costs a
+/// caller at most that much waiting, never an admission.
 pub fn normalize(state: &mut State, p: &Params, now: u64) -> bool {
     match state {
         State::Fixed(w) => fixed::normalize(w, p, now),
         State::Sliding(l) => sliding::normalize(l, p, now),
-        State::Bucket(b) => bucket::normalize(b, now),
+        State::Bucket(b) => bucket::normalize(b, p, now),
         State::Gcra(t) => gcra::normalize(t, p, now),
         State::SlidingCounter(c) => sliding_counter::normalize(c, p, now),
         State::Concurrency(h) => concurrency::normalize(h, p, now),

@@ -158,18 +158,28 @@ pub const fn check_units(n: u64) -> Result<(), Violation> {
 }
 
 /// Whether a bucket of `burst` refilled (or drained) at `num` per `period_ms` can be kept exact:
-/// `burst × period_µs / gcd(num, period_µs)` must be at most [`MAX_BUCKET_SCALE`].
+/// `burst × period_µs / gcd(num, period_µs)` (its capacity in its own units) and
+/// `1000 × num / gcd(num, period_µs)` (the units one millisecond drains: the scripts keep the
+/// level within the millisecond it empties in, `scripts/bucket.lua`) must both be at most
+/// [`MAX_BUCKET_SCALE`].
 pub const fn check_bucket_scale(num: u64, period_ms: u64, burst: u64) -> Result<(), Violation> {
     let Some(micros) = period_ms.checked_mul(1000) else {
         return Err(Violation::BucketTooFine);
     };
+    let g = gcd(num, micros);
     // `gcd` is 0 only when both are; then the step is the period itself.
-    let step = match micros.checked_div(gcd(num, micros)) {
+    let step = match micros.checked_div(g) {
         Some(step) => step,
         None => micros,
     };
-    match burst.checked_mul(step) {
-        Some(scale) if scale <= MAX_BUCKET_SCALE => Ok(()),
+    let rate = match num.checked_div(g) {
+        Some(rate) => rate,
+        None => 0,
+    };
+    match (burst.checked_mul(step), rate.checked_mul(1000)) {
+        (Some(scale), Some(per_ms)) if scale <= MAX_BUCKET_SCALE && per_ms <= MAX_BUCKET_SCALE => {
+            Ok(())
+        }
         _ => Err(Violation::BucketTooFine),
     }
 }

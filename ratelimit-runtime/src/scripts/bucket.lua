@@ -11,13 +11,19 @@
 --   floor(tokens)          =    burst - ceil(missing / unit)
 --   retry (cost - tokens) / rate = (after - full) / rate
 --
--- State: the string "<level>:<timestamp µs>", written with its TTL (time until
--- empty, i.e. until full for the token bucket) in one SET: an absent key is an
--- empty bucket (a full token bucket). The level is kept as an integer in units
--- of 1 / (period / g) call, where g = gcd(limit, period): the bucket then
--- drains by exactly limit / g units per µs, so no fraction ever accumulates and
--- 50 calls against a burst of 50 admit exactly 50 (exact while
--- burst * period / g stays below 2^53).
+-- State: the level L (units of 1 / (period / g) call, where g = gcd(limit,
+-- period)) drains by exactly limit / g units per µs, so no fraction ever
+-- accumulates and 50 calls against a burst of 50 admit exactly 50. A level L at
+-- `now` is the integer E = now * rate + L, "empty at" in units of 1 / rate µs,
+-- never formed here (it passes 2^53): the key expires at the millisecond after
+-- the one E falls in (PXAT m + 1, always ahead of now while L > 0) and its value
+-- is v = E - m * 1000 * rate, below 1000 * rate (the level at the start of
+-- millisecond m): one integer, as GCRA keeps its tat. An absent key is an empty
+-- bucket (a full token bucket). A level above a full bucket plus one capacity
+-- of settled debt was written by a clock ahead of this one (a failover to a
+-- replica behind): brought back to that, from now (fails closed, bounded).
+-- Exact while burst * period / g and 1000 * limit / g stay within 2^52 (the
+-- policy bounds). Mirror of src/algorithm/bucket.rs.
 
 -- The bucket's scale: (rate, unit), the units drained per µs and the units of
 -- one call.
@@ -26,39 +32,60 @@ local function bucket_scale(p)
   return p.limit / g, p.period / g
 end
 
--- The state under `key` as its two strings (level, stamp), or nil when the key
--- is absent or holds something else.
-local function bucket_load(key)
-  local value = redis.call('GET', key)
+-- The level now under `key`, whose GET read `value` (nil: absent): 0 when
+-- absent; else ((m * 1000 - now) * rate + v) with m the expiry millisecond
+-- less one, at least 0. A value that is not a plain integer may be the earlier
+-- form, "<level>:<stamp µs>", read for one window after an upgrade (a
+-- stamp from the future counts as now), then `true`: evaluate rewrites it in
+-- the new form; anything else is an empty bucket.
+local function bucket_level(key, value, rate)
   if not value then
-    return nil
+    return 0
   end
-  return string.match(value, '^(%d+):(%d+)$')
+  local v = tonumber(value)
+  if not v then
+    local stored, at = string.match(value, '^(%d+):(%d+)$')
+    if not stored then
+      return 0
+    end
+    return math.max(tonumber(stored) - math.max(now - tonumber(at), 0) * rate, 0), true
+  end
+  local ms = expiry_ms(key)
+  if not ms then
+    return 0
+  end
+  return math.max(((ms - 1) * 1000 - now) * rate + v, 0)
 end
 
--- The level now of `stored` units stamped `at`, drained by `rate` per µs since;
--- a stamp from the future counts as now.
-local function bucket_drained(stored, at, rate)
-  local elapsed = math.max(now - tonumber(at), 0)
-  return math.max(tonumber(stored) - elapsed * rate, 0)
+-- Writes a level of `level` units (> 0) at now, as bucket_level reads it:
+-- w = (now mod 1000) * rate + level, E less the start of now's millisecond.
+local function bucket_write(key, level, rate)
+  local per_ms = 1000 * rate
+  local w = math.fmod(now, 1000) * rate + level
+  local ms = floor_div(w, per_ms)
+  redis.call('SET', key, int(w - ms * per_ms), 'PXAT', int(floor_div(now, 1000) + ms + 1))
 end
 
 local BUCKET = {
   capacity = 'burst',
   evaluate = function(key, p)
     local rate, unit = bucket_scale(p)
-    local level = 0
-    local stored, at = bucket_load(key)
-    if stored and tonumber(at) > now then
-      -- Stamped in the future (a clock behind the one that wrote it):
-      -- stamped now, so it flows again from now on.
-      redis.call('SET', key, stored .. ':' .. int(now), 'PX', ttl_ms(ceil_div(tonumber(stored), rate)))
-      at = int(now)
-    end
-    if stored then
-      level = bucket_drained(stored, at, rate)
-    end
+    local value = redis.call('GET', key)
+    local level, old = bucket_level(key, value, rate)
     local capacity = p.burst * unit
+    if level > 2 * capacity then
+      -- Above a full bucket and one capacity of debt: written by a clock ahead
+      -- of this one. Brought back to that from now, never held longer.
+      level = 2 * capacity
+      bucket_write(key, level, rate)
+    elseif old then
+      -- The earlier form (its stamp maybe ahead, counted as now): rewritten.
+      if level > 0 then
+        bucket_write(key, level, rate)
+      else
+        redis.call('DEL', key)
+      end
+    end
     local add = p.cost * unit
     local after = level + add
     local admitted = after <= capacity
@@ -70,6 +97,7 @@ local BUCKET = {
       after_reset = ceil_div(after, rate),
       retry = 0,
       write = after,
+      rate = rate,
     }
     if not admitted then
       d.retry = ceil_div(after - capacity, rate)
@@ -77,7 +105,7 @@ local BUCKET = {
     return d
   end,
   commit = function(key, p, d)
-    redis.call('SET', key, int(d.write) .. ':' .. int(now), 'PX', ttl_ms(d.after_reset))
+    bucket_write(key, d.write, d.rate)
   end,
   -- Gives back max(0, cost - drained) in the bucket's units, where
   -- drained = rate * (now - at), the drain (leaky) or refill (token) since the
@@ -91,15 +119,15 @@ local BUCKET = {
     if give <= 0 then
       return
     end
-    local stored, at = bucket_load(key)
-    if not stored then
+    local value = redis.call('GET', key)
+    if not value then
       return
     end
-    local level = bucket_drained(stored, at, rate) - give
+    local level = bucket_level(key, value, rate) - give
     if level <= 0 then
       redis.call('DEL', key)
     else
-      redis.call('SET', key, int(level) .. ':' .. int(now), 'PX', ttl_ms(ceil_div(level, rate)))
+      bucket_write(key, level, rate)
     end
   end,
 }

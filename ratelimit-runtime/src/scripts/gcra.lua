@@ -13,26 +13,16 @@
 -- a clock ahead of this one: brought back to a full backlog from now. Mirror
 -- of src/algorithm/gcra.rs.
 
--- The tat under `key`, or nil: the expiry millisecond less one, in µs, plus the
--- stored microseconds. The expiry is read as it is stored (PEXPIRETIME, Redis
--- 7.0), not as now_ms + PTTL: Redis counts PTTL from its live clock, which runs
--- on while a script runs, so a server paused mid-script would read tat early
--- and give the caller room the rule does not. A server without PEXPIRETIME
--- (before 7.0, where only the scripts run) is read with PTTL.
+-- The tat under `key`, or nil: the expiry millisecond less one (the
+-- prelude's expiry_ms), in µs, plus the stored microseconds.
 local function gcra_read(key)
   local value = redis.call('GET', key)
   local us = value and tonumber(value)
   if not us then
     return nil
   end
-  local at = redis.pcall('PEXPIRETIME', key)
-  if type(at) ~= 'number' then
-    local pttl = redis.call('PTTL', key)
-    if pttl < 0 then
-      return nil
-    end
-    at = floor_div(now, 1000) + pttl
-  elseif at < 0 then
+  local at = expiry_ms(key)
+  if not at then
     return nil
   end
   return (at - 1) * 1000 + us

@@ -109,6 +109,28 @@ local function ttl_ms(us)
   return int(ms)
 end
 
+-- The millisecond at which `key` expires, or nil when it is absent or has no
+-- expiry. Read as it is stored (PEXPIRETIME, Redis 7.0), not as now_ms + PTTL:
+-- Redis counts PTTL from its live clock, which runs on while a script runs, so
+-- a server paused mid-script would read the expiry early. A server without
+-- PEXPIRETIME (before 7.0, where only the scripts run) is read with PTTL. The
+-- home of the read of GCRA's tat and of a bucket's level (gcra.lua, bucket.lua),
+-- which keep their state in the key's expiry.
+local function expiry_ms(key)
+  local at = redis.pcall('PEXPIRETIME', key)
+  if type(at) ~= 'number' then
+    local pttl = redis.call('PTTL', key)
+    if pttl < 0 then
+      return nil
+    end
+    return floor_div(now, 1000) + pttl
+  end
+  if at < 0 then
+    return nil
+  end
+  return at
+end
+
 -- Algorithms by code (Algorithm::code() on the Rust side), each registered by
 -- its own file, which holds the whole of its rule (fixed.lua, sliding.lua,
 -- bucket.lua for the token and the leaky bucket). Each entry has
@@ -129,8 +151,12 @@ end
 -- State stamped in the future (a failover to a replica whose clock is behind
 -- the old master's) is treated as stamped now: evaluate rewrites its stamps to
 -- now before deciding, never counting the skew as a charge, so no caller is
--- locked out beyond the true retry_after. That rewrite is the only write a
--- rejected call can make, and it never changes what the state admits.
+-- locked out beyond the true retry_after. State kept as one integer (GCRA's
+-- tat, a bucket's level) has no stamp to tell a skew from a backlog: a backlog
+-- longer than the most it can be is brought back to that most, from now
+-- (bounded: at most one full burst more for GCRA, one capacity of debt for a
+-- bucket). That rewrite is the only write a rejected call can make, and it
+-- never lets the state admit more.
 local ALGOS = {}
 
 -- Reads the limits of one call: for limit i, KEYS[i] and the five arguments

@@ -1004,6 +1004,54 @@ async fn numbers_at_the_bounds_stay_exact_and_match_memory() {
     }
 }
 
+/// A bucket written by the version before issue 25 (`"<level>:<stamp µs>"`, a TTL until
+/// empty) is read as it was, drained since its stamp, and rewritten in the one-integer form by
+/// the check that reads it: an upgrade keeps every caller's spent level.
+#[tokio::test]
+async fn a_bucket_in_the_earlier_form_keeps_its_level_across_the_upgrade() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.expect("connect");
+    let mut conn = server.connection().await;
+    for algo in [Algorithm::Token, Algorithm::Leaky] {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .expect("TIME");
+        // 2 a minute, burst 2: with g = gcd(2, 60,000,000) = 2, a call is 30,000,000 units
+        // and one unit drains a µs.
+        let p = policy(algo, 2, Duration::from_secs(60));
+        let key = format!("earlier:{{{algo}}}");
+        // Full (two calls) as of 15 s ago: half a call has drained since.
+        let stamp = secs * 1_000_000 + micros - 15_000_000;
+        let level = 2 * 30_000_000_u64;
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(format!("{level}:{stamp}"))
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .expect("plant");
+        // 1.5 calls held: room for none (a call needs a whole one), back in ~15 s.
+        let d = check(&store, &[(&key, &p)]).await.decisions()[0];
+        assert!(!d.admitted, "{algo}: {d:?}");
+        let retry = d.retry_after.expect("a wait");
+        assert!(
+            retry > Duration::from_secs(14) && retry <= Duration::from_secs(15),
+            "{algo}: {retry:?}"
+        );
+        // Rewritten as one integer, with the level in its expiry: about 45 s until empty.
+        let value: String = conn.get(&key).await.expect("get");
+        assert!(value.parse::<u64>().is_ok(), "{algo}: {value:?}");
+        let pttl: i64 = conn.pttl(&key).await.expect("pttl");
+        assert!((44_000..=45_100).contains(&pttl), "{algo}: {pttl}");
+        // And read back in the new form as the same level.
+        let again = check(&store, &[(&key, &p)]).await.decisions()[0];
+        assert!(!again.admitted, "{algo}: {again:?}");
+        assert!(again.retry_after.expect("a wait") <= retry, "{algo}");
+    }
+}
+
 /// Issue 10, point 5: state stamped a minute in the future — what a failover to a replica whose
 /// clock is a minute behind leaves — is treated as stamped now, so the caller is admitted at the
 /// `retry_after` it was told. Before, token and leaky rejected for the whole minute while

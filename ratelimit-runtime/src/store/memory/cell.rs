@@ -68,7 +68,7 @@ impl Packed {
     fn pack(state: &State) -> Option<(Self, [u64; 3])> {
         Some(match state {
             State::Fixed(w) => (Self::Fixed, [w.count, w.expires_ms, 0]),
-            State::Bucket(b) => (Self::Bucket, [b.level, b.at, 0]),
+            State::Bucket(b) => (Self::Bucket, [b.ms, b.units, 0]),
             State::Gcra(t) => (Self::Gcra, [t.0, 0, 0]),
             State::SlidingCounter(c) => (Self::Counter, [c.window, c.cur, c.prev]),
             State::Sliding(_) | State::Concurrency(_) => return None,
@@ -83,8 +83,8 @@ impl Packed {
                 expires_ms: w[1],
             }),
             Self::Bucket => State::Bucket(algorithm::bucket::Level {
-                level: w[0],
-                at: w[1],
+                ms: w[0],
+                units: w[1],
             }),
             Self::Gcra => State::Gcra(algorithm::gcra::Tat(w[0])),
             Self::Counter => State::SlidingCounter(algorithm::sliding_counter::Counters {

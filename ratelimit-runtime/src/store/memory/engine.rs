@@ -440,9 +440,13 @@ mod tests {
                 assert!(!d.admitted, "{algo} (stacked: {stacked})");
                 let retry = d.retry_after.unwrap();
                 // A fixed window is gone the millisecond after its key's expiry (as in Redis); a
-                // sliding counter's window weighs on through the next one.
+                // sliding counter's window weighs on through the next one; a bucket cannot tell
+                // a stamp ahead from a settled debt, and brings its level back to a full bucket
+                // and one capacity of debt (4 calls at 1 per 5 s: the next waits 15 s).
                 let most = if algo == Algorithm::SlidingCounter {
                     secs(20)
+                } else if matches!(algo, Algorithm::Leaky | Algorithm::Token) {
+                    secs(15) + Duration::from_millis(1)
                 } else {
                     secs(10) + Duration::from_millis(1)
                 };
