@@ -16,7 +16,7 @@
 //! expires at the next one) and `units = E − ms·1000·rate`, below `1000·rate`. The level at any
 //! later time `t` is then `max((ms·1000 − t)·rate + units, 0)`, exactly. A level above a full
 //! bucket plus one capacity of settled debt (`2·burst` calls) was written by a clock ahead of
-//! this one: it is brought back to that, from now ([`normalize`]).
+//! this one: it is brought back to that, from now (`normalize`).
 
 use super::{Evaluation, Params, Receipt, ceil_div, floor_div, sat};
 

@@ -70,19 +70,16 @@ impl RateLimiter {
         // One limit, the usual call: its check on the stack (no allocation per request).
         let one: [Check<'_>; 1];
         let many: Vec<Check<'_>>;
-        let checks: &[Check<'_>] = match (limits, keys) {
-            ([limit], [key, ..]) => {
-                one = [self.check_of(limit, key)];
-                &one
-            }
-            _ => {
-                many = limits
-                    .iter()
-                    .zip(keys)
-                    .map(|(l, k)| self.check_of(l, k))
-                    .collect();
-                &many
-            }
+        let checks: &[Check<'_>] = if let ([limit], [key, ..]) = (limits, keys) {
+            one = [self.check_of(limit, key)];
+            &one
+        } else {
+            many = limits
+                .iter()
+                .zip(keys)
+                .map(|(l, k)| self.check_of(l, k))
+                .collect();
+            &many
         };
         let labels = || limits.iter().map(|l| (l.scope, l.policy.algorithm()));
         let verdict = match self.check_as(checks, call_id).await {

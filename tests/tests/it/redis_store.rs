@@ -1019,7 +1019,7 @@ async fn a_bucket_in_the_earlier_form_keeps_its_level_across_the_upgrade() {
             .expect("TIME");
         // 2 a minute, burst 2: with g = gcd(2, 60,000,000) = 2, a call is 30,000,000 units
         // and one unit drains a µs.
-        let p = policy(algo, 2, Duration::from_secs(60));
+        let p = policy(algo, 2, MINUTE);
         let key = format!("earlier:{{{algo}}}");
         // Full (two calls) as of 15 s ago: half a call has drained since.
         let stamp = secs * 1_000_000 + micros - 15_000_000;
