@@ -9,7 +9,6 @@
 //! `1 / (period_µs / g)` of a call, so it drains by exactly `num / g` units per µs and no
 //! fraction ever accumulates (50 calls against a burst of 50 admit exactly 50). The policy
 //! bounds keep `burst × period_µs / g` at most 2^52, where the scripts' doubles are exact.
-
 //!
 //! State: a level `L` at `now` is the integer `E = now·rate + L` ("empty at", in units of
 //! `1 / rate` µs), kept as the Redis scripts keep it: the millisecond `ms` it falls in (the key
@@ -41,6 +40,21 @@ impl Level {
     /// A level of `level` units at `now`: `w = (now mod 1000)·rate + level` past the start of
     /// now's millisecond.
     pub fn of(level: u128, rate: u128, now: u64) -> Self {
+        // Within the policy bounds (a level of at most 2^53 units, 1000·rate at most 2^52)
+        // every number here fits in 64 bits, whose division is several times cheaper than
+        // 128-bit division; the same numbers either way.
+        if let (Ok(level), Ok(rate)) = (u64::try_from(level), u64::try_from(rate))
+            && let Some(per_ms) = rate.checked_mul(1000).filter(|&m| m > 0)
+            && let Some(w) = (now % 1000)
+                .checked_mul(rate)
+                .and_then(|w| w.checked_add(level))
+        {
+            let ms = w / per_ms;
+            return Self {
+                ms: (now / 1000).saturating_add(ms),
+                units: w - ms * per_ms,
+            };
+        }
         let per_ms = 1000 * rate;
         let w = u128::from(now % 1000) * rate + level;
         let ms = floor_div(w, per_ms);
@@ -52,6 +66,15 @@ impl Level {
 
     /// The level at `now`: `(ms·1000 − now)·rate + units`, at least 0.
     fn at_time(&self, rate: u128, now: u64) -> u128 {
+        // 64 bits within the policy bounds (see `of`), 128 past them.
+        if let (Some(ms_us), Ok(rate)) = (self.ms.checked_mul(1000), i64::try_from(rate))
+            && let (Ok(ms_us), Ok(now)) = (i64::try_from(ms_us), i64::try_from(now))
+            && let Some(level) = (ms_us - now)
+                .checked_mul(rate)
+                .and_then(|l| l.checked_add(i64::try_from(self.units).ok()?))
+        {
+            return u128::try_from(level).unwrap_or(0);
+        }
         let ahead = i128::from(self.ms) * 1000 - i128::from(now);
         let rate = i128::try_from(rate).unwrap_or(i128::MAX);
         let level = ahead

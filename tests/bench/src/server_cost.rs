@@ -236,10 +236,7 @@ pub fn table(
         "valgrind".to_owned(),
         "--tool=callgrind".to_owned(),
         "--instr-atstart=no".to_owned(),
-        format!(
-            "--callgrind-out-file={}",
-            dumps.join("cg.out").display()
-        ),
+        format!("--callgrind-out-file={}", dumps.join("cg.out").display()),
     ];
     let traced = RedisServer::start_under(&wrapper, Duration::from_secs(60))?;
     let traced_runs = contenders(rt, &traced)?;
