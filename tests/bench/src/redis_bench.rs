@@ -302,6 +302,20 @@ async fn ours(
     .await
 }
 
+/// One check of actix-extensible-rate-limit's Redis backend: its fixed window of [`NEVER`] a
+/// [`PERIOD`] for `key`; whether it was allowed.
+pub(crate) async fn aerl_check(aerl: &RedisBackend, key: String) -> Result<bool, String> {
+    let input = SimpleInput {
+        interval: PERIOD,
+        max_requests: NEVER,
+        key,
+    };
+    aerl.request(input)
+        .await
+        .map(|(d, _, _)| d.is_allowed())
+        .map_err(|e| e.to_string())
+}
+
 /// The median per-second rate over rounds of a run.
 fn rates(v: &[Outcome]) -> Vec<f64> {
     v.iter().map(|o| o.per_sec).collect()
@@ -507,17 +521,7 @@ pub fn table_peers(
         let (aerl, keys) = (aerl.clone(), keys_e.clone());
         rt.block_on(load(TASKS, dur, move |i| {
             let (aerl, keys) = (aerl.clone(), keys.clone());
-            async move {
-                let input = SimpleInput {
-                    interval: PERIOD,
-                    max_requests: NEVER,
-                    key: keys[i].clone(),
-                };
-                aerl.request(input)
-                    .await
-                    .map(|(d, _, _)| d.is_allowed())
-                    .map_err(|e| e.to_string())
-            }
+            async move { aerl_check(&aerl, keys[i].clone()).await }
         }))
     };
     run_ours(cfg.warmup);
@@ -881,17 +885,7 @@ pub fn profile(
         timed(server, || {
             rt.block_on(load(TASKS, dur, move |i| {
                 let (aerl, keys) = (aerl.clone(), keys.clone());
-                async move {
-                    let input = SimpleInput {
-                        interval: PERIOD,
-                        max_requests: NEVER,
-                        key: keys[i].clone(),
-                    };
-                    aerl.request(input)
-                        .await
-                        .map(|(d, _, _)| d.is_allowed())
-                        .map_err(|e| e.to_string())
-                }
+                async move { aerl_check(&aerl, keys[i].clone()).await }
             }))
         })
     } else {

@@ -23,11 +23,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use actix_extensible_rate_limit::backend::redis::RedisBackend;
-use actix_extensible_rate_limit::backend::{Backend, SimpleInput};
 use ratelimit_runtime::{Algorithm, Check, RedisStore, Store};
 
 use crate::Config;
-use crate::redis_bench::{NEVER, Outcome, PERIOD, TASKS, keys, load, throughput_policy};
+use crate::redis_bench::{Outcome, TASKS, aerl_check, keys, load, throughput_policy};
 use crate::report::{Table, rate};
 use crate::server::RedisServer;
 
@@ -88,17 +87,7 @@ fn contenders(
         "actix-extensible-rate-limit 0.4 (fixed window)".to_owned(),
         Rc::new(move |i| {
             let (aerl, keys) = (aerl.clone(), keys_e.clone());
-            Box::pin(async move {
-                let input = SimpleInput {
-                    interval: PERIOD,
-                    max_requests: NEVER,
-                    key: keys[i].clone(),
-                };
-                aerl.request(input)
-                    .await
-                    .map(|(d, _, _)| d.is_allowed())
-                    .map_err(|e| e.to_string())
-            })
+            Box::pin(async move { aerl_check(&aerl, keys[i].clone()).await })
         }),
     ));
     Ok(out)
