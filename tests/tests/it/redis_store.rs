@@ -1037,14 +1037,15 @@ async fn a_bucket_in_the_earlier_form_keeps_its_level_across_the_upgrade() {
         assert!(!d.admitted, "{algo}: {d:?}");
         let retry = d.retry_after.expect("a wait");
         assert!(
-            retry > Duration::from_secs(14) && retry <= Duration::from_secs(15),
+            // 15 s less the time since TIME above (seconds to spare on a stalled machine).
+            retry > Duration::from_secs(5) && retry <= Duration::from_secs(15),
             "{algo}: {retry:?}"
         );
-        // Rewritten as one integer, with the level in its expiry: about 45 s until empty.
+        // Rewritten as one integer, with the level in its expiry: at most 45 s until empty.
         let value: String = conn.get(&key).await.expect("get");
         assert!(value.parse::<u64>().is_ok(), "{algo}: {value:?}");
         let pttl: i64 = conn.pttl(&key).await.expect("pttl");
-        assert!((44_000..=45_100).contains(&pttl), "{algo}: {pttl}");
+        assert!((35_000..=45_100).contains(&pttl), "{algo}: {pttl}");
         // And read back in the new form as the same level.
         let again = check(&store, &[(&key, &p)]).await.decisions()[0];
         assert!(!again.admitted, "{algo}: {again:?}");
