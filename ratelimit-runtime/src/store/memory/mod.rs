@@ -206,7 +206,7 @@ impl MemoryStore {
     /// let store = MemoryStore::with_clock(clock.clone()).with_max_keys(64);
     /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
     /// let mut full = 0;
-    /// for i in 0..1000 {
+    /// for i in 0..2000 {
     ///     let key = format!("minted:{i}");
     ///     match store.check_now(&[Check::new(&key, &policy)]) {
     ///         Ok(verdict) => assert!(verdict.is_admitted()),
@@ -218,7 +218,7 @@ impl MemoryStore {
     ///     }
     /// }
     /// assert_eq!(store.held(), 64); // one key per shard, none dropped for another
-    /// assert_eq!(full, 1000 - 64);
+    /// assert_eq!(full, 2000 - 64);
     ///
     /// clock.advance(Duration::from_millis(60_001)); // every window ended: the entries are idle
     /// assert!(store.check_now(&[Check::new("new", &policy)])?.is_admitted());
