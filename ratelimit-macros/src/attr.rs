@@ -28,6 +28,8 @@ pub(crate) const KNOWN: &[&str] = &[
     "on_store_error",
     "wait",
     "settle",
+    "lease",
+    "lease_max",
 ];
 
 /// Names people write for an argument by habit (other libraries' words), and the right one.
@@ -81,6 +83,12 @@ const ALIASES: &[(&str, &str)] = &[
     ("actual", "settle"),
     ("actual_cost", "settle"),
     ("settle_with", "settle"),
+    ("prefetch", "lease"),
+    ("batch", "lease"),
+    ("lease_ttl", "lease"),
+    ("lease_for", "lease"),
+    ("lease_units", "lease_max"),
+    ("max_lease", "lease_max"),
 ];
 
 /// The algorithms `algo` accepts.
@@ -235,6 +243,10 @@ pub(crate) struct Args {
     pub(crate) on_store_error: Option<Spanned<OnStoreError>>,
     /// `wait = "5s"`: the longest a limited call waits for a slot, in milliseconds.
     pub(crate) wait: Option<Spanned<u64>>,
+    /// `lease = "100ms"`: the longest life of a lease of this limit's units, in milliseconds.
+    pub(crate) lease: Option<Spanned<u64>>,
+    /// `lease_max = 1000`: the most units one lease takes.
+    pub(crate) lease_max: Option<Spanned<u64>>,
     /// Every mistake found while reading the values.
     pub(crate) errors: Vec<syn::Error>,
     /// The names written, right or wrong (an alias counts as the name it stands for), so that
@@ -322,6 +334,8 @@ impl Args {
             export: None,
             on_store_error: None,
             wait: None,
+            lease: None,
+            lease_max: None,
             errors: Vec::new(),
             written: Vec::new(),
             broken: false,
@@ -375,6 +389,8 @@ impl Args {
             "export" => parse_export(value).map(|v| self.export = Some(v)),
             "on_store_error" => parse_on_store_error(value).map(|v| self.on_store_error = Some(v)),
             "wait" => parse_wait(value).map(|v| self.wait = Some(v)),
+            "lease" => parse_lease(value).map(|v| self.lease = Some(v)),
+            "lease_max" => positive("lease_max", value).map(|v| self.lease_max = Some(v)),
             _ => unreachable!("every known name has a parser"),
         };
         if let Err(e) = result {
@@ -762,6 +778,15 @@ fn parse_wait(value: &Expr) -> syn::Result<Spanned<u64>> {
             "`wait` is at most \"1h\": a call waiting longer holds its task, its caller and its place in line for that long, and hides a spent quota or an outage behind a hang; queue such work in a job scheduler instead",
         ));
     }
+    Ok(Spanned { value: ms, span })
+}
+
+/// `lease`: the longest life of a lease, in the forms of `time`, from 1 ms to 1 s (the shared
+/// rule). The result is in milliseconds.
+fn parse_lease(value: &Expr) -> syn::Result<Spanned<u64>> {
+    let (ms, span) = parse_duration_arg("lease", value)?;
+    crate::rules::check_lease(crate::rules::Kind::Window, ms, 1)
+        .map_err(|v| syn::Error::new(span, v.message()))?;
     Ok(Spanned { value: ms, span })
 }
 

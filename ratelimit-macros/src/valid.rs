@@ -31,6 +31,9 @@ pub(crate) struct Limit {
     pub(crate) shadow: bool,
     /// `on_store_error = "…"`.
     pub(crate) on_store_error: Option<OnStoreError>,
+    /// `lease = "…"` and `lease_max`: the lease's life in milliseconds and its largest take,
+    /// spanned at `lease`.
+    pub(crate) lease: Option<Spanned<(u64, u64)>>,
 }
 
 impl Limit {
@@ -187,6 +190,7 @@ pub(crate) fn check(
         }
         settle_needs_cost(&args, &mut errors);
         if let Some(mut limit) = limit_of(&args, &mut errors) {
+            limit.lease = lease_of(&args, limit.algo, &mut errors);
             errors.extend(shared_bucket(&limits, &limit, args.span));
             check_dynamic(&mut limit, receiver.is_some(), &readable, &mut errors);
             limits.push(limit);
@@ -205,6 +209,7 @@ pub(crate) fn check(
     check_dynamic_mode(&limits, &mode, boxed.is_some(), &mut errors);
     check_export(export.as_ref(), boxed.is_some(), &limits, &mut errors);
     check_wait(wait.as_ref(), &mode, &mut errors);
+    check_lease_alone(&limits, &mut errors);
 
     let name = sig.ident.to_string();
     let name = name.strip_prefix("r#").unwrap_or(&name);
@@ -555,6 +560,65 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         dynamic: dynamic.clone(),
         shadow: args.shadow.as_ref().is_some_and(|s| s.value),
         on_store_error: args.on_store_error.as_ref().map(|p| p.value),
+        lease: None,
+    })
+}
+
+/// A lease is for a function's one limit: on a stack, every limit that has one is refused.
+fn check_lease_alone(limits: &[Limit], errors: &mut Vec<syn::Error>) {
+    if limits.len() > 1 {
+        errors.extend(limits.iter().filter_map(|l| l.lease.as_ref()).map(|lease| {
+            syn::Error::new(
+                lease.span,
+                "`lease` applies to a function's one limit: a call of stacked limits is checked at the store all or nothing, in one call; put the hot limit on a function of its own to lease it",
+            )
+        }));
+    }
+}
+
+/// `lease = "100ms"` (and `lease_max`): the lease of a limit of `algo`, or the errors that
+/// say why it cannot have one (the shared rule, and the arguments a lease cannot serve).
+fn lease_of(args: &Args, algo: Algo, errors: &mut Vec<syn::Error>) -> Option<Spanned<(u64, u64)>> {
+    let Some(lease) = &args.lease else {
+        if let Some(max) = &args.lease_max {
+            errors.push(syn::Error::new(
+                max.span,
+                "`lease_max` bounds the units one lease takes: it needs `lease = \"100ms\"` beside it",
+            ));
+        }
+        return None;
+    };
+    let before = errors.len();
+    let max = args
+        .lease_max
+        .as_ref()
+        .map_or(rules::DEFAULT_LEASE_UNITS, |m| m.value);
+    if let Err(v) = rules::check_lease(algo.kind(), lease.value, max) {
+        let at = match (v, &args.lease_max) {
+            (rules::Violation::LeaseUnits, Some(m)) => m.span,
+            _ => lease.span,
+        };
+        errors.push(syn::Error::new(at, v.message()));
+    }
+    let after_body = [
+        args.dynamic.count.as_ref().map(|c| ("count", c.span)),
+        args.dynamic.settle.as_ref().map(|s| ("settle", s.span)),
+    ];
+    for (name, _) in after_body.into_iter().flatten() {
+        errors.push(syn::Error::new(
+            lease.span,
+            format!("`lease` serves calls from units taken before them, and `{name}` gives a call's units back after its body by the call's own receipt: they do not combine (remove one of them)"),
+        ));
+    }
+    if args.shadow.as_ref().is_some_and(|s| s.value) {
+        errors.push(syn::Error::new(
+            lease.span,
+            "`lease` does not apply in shadow mode: a limit in shadow mode checks every call at the store, to count what it would reject (remove `lease` until the limit is enforced)",
+        ));
+    }
+    (errors.len() == before).then_some(Spanned {
+        value: (lease.value, max),
+        span: lease.span,
     })
 }
 
@@ -647,6 +711,7 @@ fn quota_limit(args: &Args, quota: Span, errors: &mut Vec<syn::Error>) -> Option
         dynamic: dynamic.clone(),
         shadow: args.shadow.as_ref().is_some_and(|s| s.value),
         on_store_error: args.on_store_error.as_ref().map(|p| p.value),
+        lease: None,
     })
 }
 
@@ -667,6 +732,7 @@ fn const_limit(args: &Args, algo: Algo) -> Limit {
         dynamic: args.dynamic.clone(),
         shadow: args.shadow.as_ref().is_some_and(|s| s.value),
         on_store_error: args.on_store_error.as_ref().map(|p| p.value),
+        lease: None,
     }
 }
 

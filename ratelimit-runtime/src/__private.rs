@@ -26,6 +26,7 @@ pub use crate::http::{
     HttpCaller, Limited, PolicyField, RequireActix, RequireAxum, RequireHttp, RequireOneFramework,
     check_http, check_http_dyn, check_http_settle, counted,
 };
+pub use crate::lease::Lease;
 pub use crate::limit::FailurePolicy;
 pub use crate::limit::{By, Limit, Piece, period_ms, policy, render};
 pub use crate::policy::Policy;

@@ -241,6 +241,7 @@ pub mod http;
 pub mod key;
 #[cfg(feature = "tower")]
 pub mod layer;
+pub mod lease;
 mod limit;
 mod limiter;
 mod net;
@@ -309,6 +310,7 @@ pub use decision::{Decision, Verdict};
 pub use error::{ConfigError, RateLimitError, StoreError};
 #[cfg(feature = "tower")]
 pub use layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
+pub use lease::Lease;
 pub use limit::FailurePolicy;
 pub use limit::{By, Limit};
 pub use limiter::admin::Target;

@@ -6,6 +6,7 @@
 
 use crate::algorithm::Algorithm;
 use crate::key;
+use crate::lease::Lease;
 use crate::policy::Policy;
 
 /// Who a caller is, from the `by` argument.
@@ -85,6 +86,10 @@ pub struct Limit {
     /// limit that must hold is never loosened by a lenient one stacked with it. A limit in
     /// shadow mode never refuses a call, so its own policy applies only once it is enforced.
     pub failure_policy: Option<FailurePolicy>,
+    /// Whether a process takes this limit's units a lease at a time for a hot key
+    /// (`lease = "100ms"`, `lease_max`; see [`crate::lease`]); `None`: every call is checked
+    /// at the store.
+    pub lease: Option<Lease>,
 }
 
 impl Limit {
@@ -111,6 +116,7 @@ impl Limit {
             by,
             shadow: false,
             failure_policy: None,
+            lease: None,
         }
     }
 
@@ -145,6 +151,31 @@ impl Limit {
     pub const fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.failure_policy = Some(policy);
         self
+    }
+
+    /// The same limit, taking its units a lease at a time on a hot key (the attribute's
+    /// `lease`; see [`crate::lease`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, By, Lease, Limit, Policy};
+    /// let policy = Policy::new(Algorithm::Gcra, 50_000, Duration::from_secs(1))?;
+    /// // #[rate_limit(algo = "gcra", num = 50000, time = 1, scope = "feed", lease = "100ms")]
+    /// let feed = Limit::new(policy, "feed", By::Global).with_lease(Lease::new(Duration::from_millis(100))?)?;
+    /// assert_eq!(feed.lease.map(|l| l.ttl()), Some(Duration::from_millis(100)));
+    /// # Ok::<(), ratelimit_runtime::PolicyError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`crate::PolicyError::LeaseAlgorithm`] on the sliding log and a concurrency limit,
+    /// which cannot take units early.
+    pub const fn with_lease(mut self, lease: Lease) -> Result<Self, crate::PolicyError> {
+        if let Err(e) = crate::lease::check(&self.policy, &lease) {
+            return Err(e);
+        }
+        self.lease = Some(lease);
+        Ok(self)
     }
 }
 

@@ -22,6 +22,7 @@ mod builder;
 mod env;
 pub(crate) mod exempt;
 mod failure;
+mod lease;
 mod log_throttle;
 mod overrides;
 mod shadow;
@@ -118,6 +119,8 @@ struct Inner {
     warnings: LogThrottle,
     /// Quotas set at run time for scopes ([`RateLimiter::set_quota`]).
     overrides: overrides::Overrides,
+    /// The leases this process holds on hot keys ([`crate::lease`]).
+    leases: lease::Leases,
 }
 
 /// A store with the settings every check uses. Cheap to clone.
@@ -169,6 +172,7 @@ impl RateLimiter {
                 blocked,
                 warnings: LogThrottle::new(LOG_INTERVAL),
                 overrides: overrides::Overrides::default(),
+                leases: lease::Leases::default(),
             }),
         }
     }
@@ -294,16 +298,22 @@ impl RateLimiter {
         checks: &[Check<'_>],
         call_id: Option<&str>,
     ) -> Result<Verdict, StoreError> {
+        self.ask(checks, call_id).await.into_result()
+    }
+
+    /// [`RateLimiter::check_as`], telling the store's answer (or the blocked-caller cache's,
+    /// which is a copy of it) from the failure policy's.
+    async fn ask(&self, checks: &[Check<'_>], call_id: Option<&str>) -> Asked {
         let inner = &*self.inner;
         if let Some(blocked) = &inner.blocked
             && let Some(verdict) = blocked.lookup(checks, tokio::time::Instant::now())
         {
             log_rejection(checks, &verdict, "blocked-cache");
-            return Ok(verdict);
+            return Asked::Store(verdict);
         }
         let policy = self.failure_policy_of(checks);
         let probe = match inner.breaker.gate() {
-            Gate::Open => return self.on_failure(checks, policy, None).await,
+            Gate::Open => return Asked::Policy(self.on_failure(checks, policy, None).await),
             Gate::Closed => None,
             Gate::Probe(guard) => Some(guard),
         };
@@ -351,12 +361,12 @@ impl RateLimiter {
                     }
                     log_rejection(checks, &verdict, inner.store.name());
                 }
-                Ok(verdict)
+                Asked::Store(verdict)
             }
             Err(error) if error.is_transport() => {
                 inner.breaker.failure(&error, probe.is_some());
                 drop(probe);
-                self.on_failure(checks, policy, Some(error)).await
+                Asked::Policy(self.on_failure(checks, policy, Some(error)).await)
             }
             Err(error) => {
                 // The store answered, with something this call cannot use: an error for this
@@ -366,7 +376,7 @@ impl RateLimiter {
                     inner.warnings.reset();
                 }
                 drop(probe);
-                self.on_failure(checks, policy, Some(error)).await
+                Asked::Policy(self.on_failure(checks, policy, Some(error)).await)
             }
         }
     }
@@ -415,6 +425,22 @@ impl RateLimiter {
     /// answer).
     pub fn store_failing(&self) -> bool {
         self.inner.breaker.is_open()
+    }
+}
+
+/// Who answered a check: the store (or the blocked-caller cache, a copy of its rejections), or
+/// the failure policy in its place.
+enum Asked {
+    Store(Verdict),
+    Policy(Result<Verdict, StoreError>),
+}
+
+impl Asked {
+    fn into_result(self) -> Result<Verdict, StoreError> {
+        match self {
+            Self::Store(verdict) => Ok(verdict),
+            Self::Policy(result) => result,
+        }
     }
 }
 

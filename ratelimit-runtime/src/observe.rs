@@ -30,6 +30,13 @@
 //!   `redis-cluster`, or your store's name): how long each store call took, failed ones and
 //!   timeouts included (a call answered from the blocked-caller cache or by the open breaker
 //!   makes no store call and records nothing).
+//! * **`ratelimit_lease_units_held`** (gauge), label `scope`: the units of the leases this
+//!   process holds now ([`crate::lease`]), taken from the quota ahead of the calls they serve.
+//!   It bounds what the other processes may be refused while these units sit here
+//!   (under-admission, never over-admission); [`crate::RateLimiter::lease_units_held`] reads
+//!   how many of them are still unused, without the feature.
+//! * **`ratelimit_lease_units_returned_total`** (counter), label `scope`: units of ended
+//!   leases given back to the store by receipt.
 //!
 //! **No label ever holds a caller value** — no IP address, user id, header value or key:
 //! they are personal data, and unbounded (one time series per caller would exhaust the
@@ -112,6 +119,40 @@ pub const STORE_SECONDS: &str = "ratelimit_store_seconds";
 /// assert_eq!(ratelimit_runtime::observe::STORE_ERRORS, "ratelimit_store_errors_total");
 /// ```
 pub const STORE_ERRORS: &str = "ratelimit_store_errors_total";
+
+/// The lease gauge's name (see the module docs).
+///
+/// ```
+/// assert_eq!(ratelimit_runtime::observe::LEASE_UNITS_HELD, "ratelimit_lease_units_held");
+/// ```
+pub const LEASE_UNITS_HELD: &str = "ratelimit_lease_units_held";
+
+/// The counter of lease units given back (see the module docs).
+///
+/// ```
+/// assert_eq!(ratelimit_runtime::observe::LEASE_UNITS_RETURNED, "ratelimit_lease_units_returned_total");
+/// ```
+pub const LEASE_UNITS_RETURNED: &str = "ratelimit_lease_units_returned_total";
+
+/// Moves the lease gauge of `scope` by `delta` units.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline]
+pub(crate) fn lease_units_held(scope: &str, delta: i64) {
+    #[cfg(feature = "metrics")]
+    {
+        #[allow(clippy::cast_precision_loss)] // a lease holds at most 2^50 units
+        let delta = delta as f64;
+        metrics::gauge!(LEASE_UNITS_HELD, "scope" => scope.to_owned()).increment(delta);
+    }
+}
+
+/// Counts `units` of an ended lease given back.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline]
+pub(crate) fn lease_units_returned(scope: &str, units: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(LEASE_UNITS_RETURNED, "scope" => scope.to_owned()).increment(units);
+}
 
 /// The `error` label of a store error.
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]

@@ -48,6 +48,13 @@ pub enum PolicyError {
     TooManySlots,
     /// A concurrency limit whose `cost` is not 1 (a call holds one slot).
     SlotCost,
+    /// A [`Lease`](crate::Lease) shorter than 1 ms or longer than 1 s.
+    LeaseTime,
+    /// A [`Lease`](crate::Lease) whose largest take is 0 or above [`MAX_UNITS`].
+    LeaseUnits,
+    /// A [`Lease`](crate::Lease) on the sliding log or a concurrency limit, which cannot take
+    /// units early.
+    LeaseAlgorithm,
 }
 
 impl fmt::Display for PolicyError {
@@ -81,6 +88,9 @@ impl PolicyError {
             Violation::CounterTooLarge => Self::CounterTooLarge,
             Violation::TooManySlots => Self::TooManySlots,
             Violation::SlotCost => Self::SlotCost,
+            Violation::LeaseTime => Self::LeaseTime,
+            Violation::LeaseUnits => Self::LeaseUnits,
+            Violation::LeaseAlgorithm => Self::LeaseAlgorithm,
         }
     }
 
@@ -101,6 +111,9 @@ impl PolicyError {
             Self::CounterTooLarge => Violation::CounterTooLarge,
             Self::TooManySlots => Violation::TooManySlots,
             Self::SlotCost => Violation::SlotCost,
+            Self::LeaseTime => Violation::LeaseTime,
+            Self::LeaseUnits => Violation::LeaseUnits,
+            Self::LeaseAlgorithm => Violation::LeaseAlgorithm,
             Self::UnknownAlgorithm => return None,
         })
     }
@@ -314,7 +327,7 @@ impl Policy {
 
 impl Algorithm {
     /// How this algorithm's numbers are bounded.
-    const fn kind(self) -> rules::Kind {
+    pub(crate) const fn kind(self) -> rules::Kind {
         match self {
             Self::Fixed => rules::Kind::Window,
             Self::Sliding => rules::Kind::Log,

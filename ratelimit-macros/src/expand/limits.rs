@@ -76,6 +76,13 @@ pub(super) fn limit_literal(p: &TokenStream, l: &valid::Limit, fn_name: &str) ->
             quote!(::core::option::Option::Some(#p::FailurePolicy::#variant))
         },
     );
+    let lease = l.lease.as_ref().map_or_else(
+        || quote!(::core::option::Option::None),
+        |lease| {
+            let (ttl_ms, max) = lease.value;
+            quote!(::core::option::Option::Some(#p::Lease::checked(#p::Algorithm::#algo, #ttl_ms, #max)))
+        },
+    );
     quote! {
         #p::Limit {
             policy: #p::policy(#p::Algorithm::#algo, #num, #ms, #burst, #cost),
@@ -83,6 +90,7 @@ pub(super) fn limit_literal(p: &TokenStream, l: &valid::Limit, fn_name: &str) ->
             by: #by,
             shadow: #shadow,
             failure_policy: #failure_policy,
+            lease: #lease,
         }
     }
 }

@@ -546,6 +546,7 @@ mod tests {
             by: By::Ip,
             shadow: false,
             failure_policy: None,
+            lease: None,
         }
     }
 

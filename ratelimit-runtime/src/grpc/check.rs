@@ -269,6 +269,7 @@ mod tests {
             by,
             shadow: false,
             failure_policy: None,
+            lease: None,
         }
     }
 

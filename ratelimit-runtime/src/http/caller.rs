@@ -412,6 +412,7 @@ mod tests {
             by,
             shadow: false,
             failure_policy: None,
+            lease: None,
         }
     }
 

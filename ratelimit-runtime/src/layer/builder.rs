@@ -1,5 +1,6 @@
 //! Building a [`RateLimitLayer`]: its limits, checked when built ([`LayerError`]).
 
+use crate::lease::Lease;
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
@@ -77,6 +78,12 @@ pub enum LayerError {
         /// The limit whose `count` differs from an earlier one's.
         limit: usize,
     },
+    /// A limit with a [`RateLimitLayerBuilder::lease`] beside other limits, or counting only
+    /// some outcomes: a lease serves the one limit of a request from units taken before it.
+    LeaseAlone {
+        /// The leased limit.
+        limit: usize,
+    },
 }
 
 pub(super) const BYS: &str =
@@ -99,6 +106,12 @@ impl fmt::Display for LayerError {
                 path,
                 reason,
             } => write!(f, "limit #{}: invalid path {path:?}: {reason}", limit + 1),
+            Self::LeaseAlone { limit } => write!(
+                f,
+                "limit #{}: a leased limit must be the layer's only one and count every outcome: a \
+                 lease serves a request's one limit from units taken before it",
+                limit + 1
+            ),
             Self::MixedCounts { limit } => write!(
                 f,
                 "limit #{}: counts other outcomes than an earlier limit of the layer; the limits \
@@ -146,6 +159,7 @@ pub(super) struct Draft {
     quota_from_request: bool,
     count: Count,
     cost_fn: Option<CostFn>,
+    lease: Option<Lease>,
 }
 
 /// A request's cost ([`RateLimitLayerBuilder::cost_fn`]).
@@ -175,6 +189,7 @@ impl Draft {
             quota_from_request: false,
             count: Count::All,
             cost_fn: None,
+            lease: None,
         }
     }
 
@@ -489,6 +504,29 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Takes this limit's units a lease at a time on a hot key ([`crate::lease`]): for a
+    /// global limit on a whole router, the one-round-trip check per request becomes one take
+    /// per lease. The limit must be the layer's only one and count every outcome, and its
+    /// algorithm one that leases (not the sliding log): [`build`](Self::build) says otherwise.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Lease, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .num(100_000)
+    ///     .period(Duration::from_secs(60))
+    ///     .lease(Lease::new(Duration::from_millis(100))?)
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn lease(mut self, lease: Lease) -> Self {
+        self.current.lease = Some(lease);
+        self
+    }
+
     /// The layer, or what is wrong with it.
     pub fn build(self) -> Result<RateLimitLayer, LayerError> {
         let drafts: Vec<&Draft> = self.done.iter().chain([&self.current]).collect();
@@ -520,12 +558,20 @@ impl RateLimitLayerBuilder {
                 }
                 filter = Some(draft.count);
             }
+            if let Some(lease) = &draft.lease {
+                if drafts.len() > 1 || draft.count != Count::All {
+                    return Err(LayerError::LeaseAlone { limit: i });
+                }
+                crate::lease::check(&policy, lease)
+                    .map_err(|error| LayerError::Policy { limit: i, error })?;
+            }
             limits.push(Limit {
                 policy,
                 scope,
                 by,
                 shadow: false,
                 failure_policy: draft.failure_policy,
+                lease: draft.lease,
             });
             rules.push(Rule {
                 route: draft.route(i)?,

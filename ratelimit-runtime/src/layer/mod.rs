@@ -589,6 +589,7 @@ mod tests {
             by: By::Global,
             shadow: false,
             failure_policy: None,
+            lease: None,
         }
     }
 
@@ -685,6 +686,7 @@ mod tests {
             by: By::Ip,
             shadow: false,
             failure_policy: None,
+            lease: None,
         }];
         let verdict = crate::decision::Verdict::new(vec![crate::decision::Decision::new(
             false,

@@ -82,7 +82,15 @@ impl RateLimiter {
             &many
         };
         let labels = || limits.iter().map(|l| (l.scope, l.policy.algorithm()));
-        let verdict = match self.check_as(checks, call_id).await {
+        let asked = match self.leased(limits, call_id) {
+            Some(
+                limit @ Limit {
+                    lease: Some(lease), ..
+                },
+            ) => self.check_leased(limit, checks[0], *lease).await,
+            _ => self.check_as(checks, call_id).await,
+        };
+        let verdict = match asked {
             Ok(v) => v,
             // The store failed and the failure policy refused: a call whose limits are all in
             // shadow mode runs all the same (shadow never refuses; the failure was logged and

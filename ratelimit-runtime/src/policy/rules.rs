@@ -25,6 +25,13 @@ pub const MAX_BUCKET_SCALE: u64 = 1 << 52;
 /// bytes each in Redis); beyond it, the sliding counter or GCRA, whose state does not grow.
 pub const MAX_SLIDING_LOG: u64 = 10_000;
 
+/// The longest lease (`lease = …`), in milliseconds: units taken early sit at most this long in
+/// one process.
+pub const MAX_LEASE_MS: u64 = 1000;
+
+/// The most units one lease takes when `lease_max` is not given.
+pub const DEFAULT_LEASE_UNITS: u64 = 1000;
+
 /// How an algorithm's numbers are bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -80,6 +87,13 @@ pub enum Violation {
     TooManySlots,
     /// A concurrency limit with a `cost` other than 1: a call holds one slot.
     SlotCost,
+    /// A lease (`lease = …`) shorter than 1 ms or longer than [`MAX_LEASE_MS`].
+    LeaseTime,
+    /// A lease's largest take (`lease_max`) of 0 or above [`MAX_UNITS`].
+    LeaseUnits,
+    /// A lease on an algorithm that cannot take units early (the sliding log, a concurrency
+    /// limit).
+    LeaseAlgorithm,
 }
 
 impl Violation {
@@ -117,6 +131,13 @@ impl Violation {
             }
             Self::SlotCost => {
                 "a concurrency limit counts calls in flight, one slot each: `cost` must be 1 (leave it out)"
+            }
+            Self::LeaseTime => {
+                "a lease lives from 1ms to 1s (\"100ms\" is a good start): it is how long units taken early may sit in one process, unused by the others"
+            }
+            Self::LeaseUnits => "`lease_max` must be a positive integer, at most 2^50",
+            Self::LeaseAlgorithm => {
+                "leases work with algo = \"fixed\", \"sliding_counter\", \"token\", \"leaky\" and \"gcra\", where units taken early never admit more than the rule allows; the sliding log stamps each call with its own time (taking early would stamp calls before they happen), and a concurrency limit counts calls in flight, not units: remove `lease`"
             }
         }
     }
@@ -268,4 +289,20 @@ pub const fn check(
         return Err(Violation::SlotCost);
     }
     check_cost(cost, capacity(kind, num, burst))
+}
+
+/// A lease of `ttl_ms` taking at most `max_units` at once, on an algorithm of `kind`: a
+/// lease takes units before the calls that use them, which only the algorithms whose rule
+/// allows a call to use units taken earlier support.
+pub const fn check_lease(kind: Kind, ttl_ms: u64, max_units: u64) -> Result<(), Violation> {
+    if matches!(kind, Kind::Log | Kind::Slots) {
+        return Err(Violation::LeaseAlgorithm);
+    }
+    if ttl_ms == 0 || ttl_ms > MAX_LEASE_MS {
+        return Err(Violation::LeaseTime);
+    }
+    if max_units == 0 || max_units > MAX_UNITS {
+        return Err(Violation::LeaseUnits);
+    }
+    Ok(())
 }

@@ -146,6 +146,9 @@ pub(crate) fn settle_arguments(checks: &[Check<'_>], actual: &[u64]) -> Result<(
     )))
 }
 
+/// The future of [`Store::replicate`].
+pub type ReplicateFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
+
 /// The future of [`Store::reset`] and [`Store::block`].
 pub type AdminFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
@@ -251,6 +254,21 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ) -> RefundFuture<'a> {
         let _ = (checks, call_id, actual);
         unsupported("settle")
+    }
+
+    /// Waits, at most `timeout`, until the writes this store made to `key` reached a replica
+    /// of its server (Redis `WAIT 1`): `Ok(true)` once one acknowledged them, `Ok(false)` when
+    /// none did in time (a master without replicas, a replica behind). A process keeps a lease
+    /// ([`crate::lease`]) only once its take is replicated, so that a failover to the replica
+    /// cannot forget the units it took and grant them again.
+    ///
+    /// The default answers `Ok(true)` at once: a store with no replicas to wait for. So do the
+    /// memory store and [`RedisStore`] (one server: a failover to one of its replicas, by
+    /// Sentinel, may find it behind by the last writes, leases or not); `RedisClusterStore`
+    /// waits, on the master of `key`'s slot.
+    fn replicate<'a>(&'a self, key: &'a str, timeout: Duration) -> ReplicateFuture<'a> {
+        let _ = (key, timeout);
+        Box::pin(async { Ok(true) })
     }
 
     // The operations below are for operators (the admin calls of

@@ -28,6 +28,7 @@ mod http_support;
 pub mod layer_axum;
 pub mod layer_routes;
 pub mod layer_tonic;
+pub mod lease;
 pub mod local_share;
 pub mod macro_async_trait;
 pub mod macro_attr_order;

@@ -91,7 +91,7 @@ use super::lazy::LazyConnection;
 use super::redis::invoke::{Calls, Mode, compensate, eval_checks};
 use super::redis::server::MemoryPolicy;
 use super::redis::wire::{block_cmd, forget_pipe, reset_cmd};
-use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
+use super::{AdminFuture, Check, RefundFuture, ReplicateFuture, Store, StoreFuture};
 use crate::decision::{Decision, Verdict};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::Policy;
@@ -340,6 +340,28 @@ impl Store for RedisClusterStore {
                     .await?;
             }
             Ok(())
+        })
+    }
+
+    /// `WAIT 1 <timeout>` on the master of `key`'s slot, on the connection the store wrote
+    /// with: whether a replica acknowledged every write this store sent that master.
+    fn replicate<'a>(&'a self, key: &'a str, timeout: Duration) -> ReplicateFuture<'a> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        Box::pin(async move {
+            let mut conn = self.connection().await?;
+            let ms = u64::try_from(timeout.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1);
+            let route = Route::new(slots::key_slot(key.as_bytes()), SlotAddr::Master);
+            let reply = conn
+                .route_command(
+                    redis::cmd("WAIT").arg(1).arg(ms).clone(),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                )
+                .await?;
+            let acknowledged: u64 = redis::from_redis_value(reply)
+                .map_err(|e| StoreError::bad_reply(format!("WAIT: {e}")))?;
+            Ok(acknowledged >= 1)
         })
     }
 

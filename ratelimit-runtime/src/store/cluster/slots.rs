@@ -145,6 +145,32 @@ pub(super) fn collect(decisions: Vec<Option<Decision>>) -> Result<Verdict, Store
 
 /// The indices of `checks` grouped by the cluster slot of their key, groups in the order of
 /// their first limit.
+/// The cluster slot of `key` as a number (what [`Slot::for_key`] computes, which does not
+/// tell its number): CRC16/XMODEM of the key's hash tag (or the whole key) modulo 16384.
+pub(super) fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &byte in tagged {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 == 0 {
+                crc << 1
+            } else {
+                (crc << 1) ^ 0x1021
+            };
+        }
+    }
+    crc % 16384
+}
+
 pub(super) fn group_by_slot(checks: &[Check<'_>]) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut index: HashMap<Slot, usize> = HashMap::new();
@@ -165,6 +191,41 @@ mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
     use crate::policy::Policy;
+
+    /// The slot's number is the one the cluster client routes by, for the keys the store
+    /// writes (hash-tagged), any bytes, empty and unclosed tags, and Redis's own examples.
+    #[test]
+    fn a_keys_slot_number_is_the_clients() {
+        assert_eq!(key_slot(b"123456789"), 12739); // CRC16/XMODEM's check value, 0x31C3
+        assert_eq!(
+            key_slot(b"{user1000}.following"),
+            key_slot(b"{user1000}.followers")
+        );
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        let keys: [&[u8]; 7] = [
+            b"ratelimit:{app::login:ip=10.0.0.1}:fixed:5:60000",
+            b"foo{}{bar}",
+            b"foo{{bar}}zap",
+            b"foo{bar}{zap}",
+            b"{",
+            b"",
+            &[0xff, b'{', 0x00, b'}', 0x80],
+        ];
+        for key in keys {
+            assert_eq!(
+                Slot::new(key_slot(key)),
+                Some(Slot::for_key(key)),
+                "{key:?}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_keys_slot_number_is_the_clients(key in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            proptest::prop_assert_eq!(Slot::new(key_slot(&key)), Some(Slot::for_key(&key)));
+        }
+    }
 
     #[test]
     fn limits_of_one_scope_share_a_group_and_other_scopes_split() {
