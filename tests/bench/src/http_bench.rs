@@ -217,19 +217,20 @@ pub fn table(redis: &RedisServer, cfg: &Config) -> Result<String, String> {
         if on_redis {
             sent_floor += wrk(server.port, "/incr", cfg.warmup)?.requests;
         }
-        let (mut p, mut l, mut f, mut bad) = (Vec::new(), Vec::new(), Vec::new(), 0);
+        let (mut plain, mut limited, mut floor_rates, mut bad) =
+            (Vec::new(), Vec::new(), Vec::new(), 0);
         for _ in 0..cfg.rounds {
-            let a = wrk(server.port, "/plain", cfg.http_run)?;
-            let b = wrk(server.port, "/limited", cfg.http_run)?;
-            p.push(a.per_sec);
-            l.push(b.per_sec);
-            bad += a.non_2xx + b.non_2xx;
-            sent += b.requests;
+            let plain_run = wrk(server.port, "/plain", cfg.http_run)?;
+            let limited_run = wrk(server.port, "/limited", cfg.http_run)?;
+            plain.push(plain_run.per_sec);
+            limited.push(limited_run.per_sec);
+            bad += plain_run.non_2xx + limited_run.non_2xx;
+            sent += limited_run.requests;
             if on_redis {
-                let c = wrk(server.port, "/incr", cfg.http_run)?;
-                f.push(c.per_sec);
-                bad += c.non_2xx;
-                sent_floor += c.requests;
+                let floor_run = wrk(server.port, "/incr", cfg.http_run)?;
+                floor_rates.push(floor_run.per_sec);
+                bad += floor_run.non_2xx;
+                sent_floor += floor_run.requests;
             }
         }
         // With Redis, every limited request must have been counted there: a check answered
@@ -246,22 +247,26 @@ pub fn table(redis: &RedisServer, cfg: &Config) -> Result<String, String> {
         } else {
             "— (in the server process)".to_owned()
         };
-        let r = paired_ratio(&l, &p);
+        let to_plain = paired_ratio(&limited, &plain);
         let (floor, to_floor, floor_verdict) = if on_redis {
-            let q = paired_ratio(&l, &f);
-            (rate(median(&f)), ratio(q), verdict(q >= 0.8).to_owned())
+            let to_floor_ratio = paired_ratio(&limited, &floor_rates);
+            (
+                rate(median(&floor_rates)),
+                ratio(to_floor_ratio),
+                verdict(to_floor_ratio >= 0.8).to_owned(),
+            )
         } else {
             ("—".to_owned(), "—".to_owned(), "—".to_owned())
         };
         table.row(vec![
             name.to_owned(),
-            rate(median(&p)),
-            rate(median(&l)),
-            ratio(r),
+            rate(median(&plain)),
+            rate(median(&limited)),
+            ratio(to_plain),
             if on_redis {
                 "— (see the floor)".to_owned()
             } else {
-                verdict(r >= 0.9).to_owned()
+                verdict(to_plain >= 0.9).to_owned()
             },
             floor,
             to_floor,

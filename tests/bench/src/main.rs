@@ -1,7 +1,7 @@
 //! The benchmark suite: `cargo run --release --manifest-path tests/bench/Cargo.toml`.
 //!
-//! Starts its own `redis-server` (free port, no persistence, temp dir), measures the seven
-//! tables of BENCHMARKS.md and prints them in Markdown on stdout (progress goes to stderr).
+//! Starts its own `redis-server` (free port, no persistence, temp dir), measures the tables
+//! of BENCHMARKS.md (and table 8, leases on one hot key) and prints them in Markdown on stdout (progress goes to stderr).
 //! Every figure that has a target is a ratio of two contenders measured side by side in this
 //! one run, in interleaved rounds (A B A B …), and the median of the per-round ratios is
 //! reported: absolute numbers on a shared 2-core machine are noise, ratios much less so.
@@ -9,9 +9,11 @@
 //! Arguments: `--quick` (short runs, for trying the harness), `--only 1,3` (some tables).
 //! `serve <memory|redis-url>` is the HTTP server child of table 4; `count <hot|many> <algo> <n>`
 //! is the child that table 3 runs under callgrind; `profile <what> [seconds]` runs one
-//! contender alone for `perf record -p`.
+//! contender alone for `perf record -p`; `lease <row> <url> <prefix> <ms>` is one of table 8's
+//! processes.
 
 mod http_bench;
+mod lease_bench;
 mod memory_bench;
 mod redis_bench;
 mod report;
@@ -38,6 +40,8 @@ pub struct Config {
     pub latency_samples: usize,
     /// Callers in the memory-per-key table.
     pub memory_keys: usize,
+    /// One timed run of the lease table's processes.
+    pub lease_run: Duration,
 }
 
 impl Config {
@@ -50,6 +54,7 @@ impl Config {
             warmup: Duration::from_secs(1),
             latency_samples: 20_000,
             memory_keys: 100_000,
+            lease_run: Duration::from_secs(3),
         }
     }
 
@@ -62,6 +67,7 @@ impl Config {
             warmup: Duration::from_millis(200),
             latency_samples: 2_000,
             memory_keys: 100_000,
+            lease_run: Duration::from_secs(1),
         }
     }
 }
@@ -147,6 +153,13 @@ fn main() {
         }
         return;
     }
+    if args.first().map(String::as_str) == Some("lease") {
+        if let Err(e) = lease_bench::child(&args[1..]) {
+            eprintln!("lease: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if args.first().map(String::as_str) == Some("profile") {
         if let Err(e) = profile(&args[1..]) {
             eprintln!("profile: {e}");
@@ -213,18 +226,19 @@ fn run(cfg: &Config, quick: bool, wanted: &dyn Fn(u8) -> bool) -> Result<(), Str
     println!("## Machine and run\n");
     print!("{}", machine());
     println!(
-        "- {} rounds per comparison, interleaved; Redis runs {:?}, memory runs {:?}, wrk runs {:?}{}\n",
+        "- {} rounds per comparison, interleaved; Redis runs {:?}, memory runs {:?}, wrk runs {:?}, lease runs {:?}{}\n",
         cfg.rounds,
         cfg.run,
         cfg.mem_run,
         cfg.http_run,
+        cfg.lease_run,
         if quick {
             " (--quick: NOT the published figures)"
         } else {
             ""
         },
     );
-    let sections: [Section<'_>; 7] = [
+    let sections: [Section<'_>; 8] = [
         (
             1,
             "1. Redis store vs `redis-benchmark` sending the same call (FCALL of the library, EVALSHA without Functions)",
@@ -255,6 +269,11 @@ fn run(cfg: &Config, quick: bool, wanted: &dyn Fn(u8) -> bool) -> Result<(), Str
             7,
             "7. What one check costs redis-server (callgrind; `INFO commandstats`)",
             &|| server_cost::table(&rt, &server, cfg),
+        ),
+        (
+            8,
+            "8. Leases on one hot key (4 processes × 16 tasks, 100,000 a minute and a quota no run reaches)",
+            &|| lease_bench::table(&server, cfg),
         ),
     ];
     // A table that cannot be measured (say, wrk is not installed) says so in its place and
