@@ -170,7 +170,7 @@ impl Limit {
     ///
     /// [`crate::PolicyError::LeaseAlgorithm`] on the sliding log and a concurrency limit,
     /// which cannot take units early.
-    pub const fn with_lease(mut self, lease: Lease) -> Result<Self, crate::PolicyError> {
+    pub const fn with_lease(mut self, lease: Lease) -> Result<Self, crate::policy::PolicyError> {
         if let Err(e) = crate::lease::check(&self.policy, &lease) {
             return Err(e);
         }

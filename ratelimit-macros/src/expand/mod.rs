@@ -374,7 +374,7 @@ mod tests {
             .match_indices("failure_policy:")
             .map(|(i, _)| {
                 let rest = &body[i + "failure_policy:".len()..];
-                &rest[..rest.find('}').unwrap_or(rest.len())]
+                &rest[..rest.find("lease:").unwrap_or(rest.len())]
             })
             .collect();
         assert_eq!(
@@ -386,6 +386,26 @@ mod tests {
             ],
             "{body}"
         );
+    }
+
+    /// `lease` and `lease_max` become the limit's `Lease`, checked again at compile time by
+    /// the runtime's const fn (the shared rule); without them a limit has none.
+    #[test]
+    fn lease_becomes_the_limit_s_lease() {
+        let f = expand(
+            quote!(num = 1000, time = 60, lease = "100ms", lease_max = 50),
+            quote! { async fn search() -> Result<(), E> { Ok(()) } },
+        );
+        let body = compact(&f.block);
+        assert!(
+            body.contains("lease:::core::option::Option::Some(::ratelimit_runtime::__private::Lease::checked(::ratelimit_runtime::__private::Algorithm::Fixed,100u64,50u64))"),
+            "{body}"
+        );
+        let f = expand(
+            quote!(num = 1000, time = 60),
+            quote! { async fn search() -> Result<(), E> { Ok(()) } },
+        );
+        assert!(compact(&f.block).contains("lease:::core::option::Option::None"));
     }
 
     /// What `#[async_trait]` 0.1 makes of `async fn send(&mut self, (id, to): (u32, String))

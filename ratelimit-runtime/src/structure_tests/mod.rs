@@ -25,6 +25,7 @@ const FLOORS: &[&[&str]] = &[
         "quota",
         "key",
         "limit",
+        "lease",
         "observe",
     ],
     // Where counts live.

@@ -54,9 +54,13 @@ fn snapshotter() -> &'static Snapshotter {
 /// tests run in parallel: every snapshot is added here, and tests read from here.
 type Totals = HashMap<(String, Vec<String>), u64>;
 
+/// Gauges by name and sorted labels: each snapshot gives what moved since the last one.
+type Gauges = HashMap<(String, Vec<String>), f64>;
+
 fn recorded() -> std::sync::MutexGuard<'static, Totals> {
     static TOTALS: OnceLock<Mutex<Totals>> = OnceLock::new();
     let mut totals = TOTALS.get_or_init(Mutex::default).lock().unwrap();
+    let mut gauges = gauges();
     for (key, _, _, value) in snapshotter().snapshot().into_vec() {
         let key = key.key();
         let mut labels: Vec<String> = key
@@ -67,11 +71,40 @@ fn recorded() -> std::sync::MutexGuard<'static, Totals> {
         let n = match value {
             DebugValue::Counter(n) => n,
             DebugValue::Histogram(samples) => samples.len() as u64,
-            DebugValue::Gauge(_) => 0,
+            DebugValue::Gauge(moved) => {
+                *gauges.entry((key.name().to_owned(), labels)).or_default() += moved.into_inner();
+                continue;
+            }
         };
         *totals.entry((key.name().to_owned(), labels)).or_default() += n;
     }
     totals
+}
+
+fn gauges() -> std::sync::MutexGuard<'static, Gauges> {
+    static GAUGES: OnceLock<Mutex<Gauges>> = OnceLock::new();
+    GAUGES.get_or_init(Mutex::default).lock().unwrap()
+}
+
+/// The gauge `name{scope}` now.
+fn gauge(name: &str, scope: &str) -> f64 {
+    drop(recorded());
+    let scope = format!("scope={scope}");
+    gauges()
+        .iter()
+        .filter(|((n, labels), _)| n == name && labels.contains(&scope))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// The counter `name{scope}` so far.
+fn counter(name: &str, scope: &str) -> u64 {
+    let scope = format!("scope={scope}");
+    recorded()
+        .iter()
+        .filter(|((n, labels), _)| n == name && labels.contains(&scope))
+        .map(|(_, v)| v)
+        .sum()
 }
 
 /// `ratelimit_calls_total{scope, outcome}`, summed over the algorithms.
@@ -984,6 +1017,47 @@ async fn one_export_names_every_stacked_limit() {
 async fn metrics_plain(id: &str) -> Result<(), RateLimitError> {
     let _ = id;
     Ok(())
+}
+
+#[rate_limit(num = 100000, time = 60, scope = "ops_metrics_lease", lease = "100ms")]
+async fn metrics_leased() -> Result<(), RateLimitError> {
+    Ok(())
+}
+
+/// Issue 27: the gauge `ratelimit_lease_units_held` reports the units of the leases a process
+/// holds (the bound of what the other processes may be refused), back to 0 once they end; the
+/// counter of units given back counts what the last one did not use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_report_the_units_held_in_leases() {
+    use ratelimit_runtime::observe::{LEASE_UNITS_HELD, LEASE_UNITS_RETURNED};
+    snapshotter();
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis_url(server.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    limiter
+        .clone()
+        .scope(async {
+            let mut calls = 0;
+            while RateLimiter::current().lease_units_held() == 0 {
+                metrics_leased().await.unwrap();
+                calls += 1;
+                assert!(calls < 2000, "no lease was taken");
+            }
+            let unused = RateLimiter::current().lease_units_held();
+            let held = gauge(LEASE_UNITS_HELD, "ops_metrics_lease");
+            // Units of a lease are at most 1,000 here: exact in an f64.
+            let unused_units = f64::from(u32::try_from(unused).expect("at most a lease"));
+            assert!(held >= unused_units, "gauge {held}, unused {unused}");
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            assert_eq!(RateLimiter::current().lease_units_held(), 0);
+            assert!(gauge(LEASE_UNITS_HELD, "ops_metrics_lease").abs() < f64::EPSILON);
+            assert!(counter(LEASE_UNITS_RETURNED, "ops_metrics_lease") >= unused);
+        })
+        .await;
 }
 
 #[rate_limit(num = 1, time = 60, scope = "ops_metrics_failing")]
