@@ -175,6 +175,7 @@ mod answer;
 mod body;
 mod builder;
 mod by;
+mod error;
 mod grpc;
 mod route;
 mod service;

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ratelimit_runtime::{RateLimitError, RateLimiter, Target, rate_limit};
+use ratelimit_tests::env::Env;
 use ratelimit_tests::redis_server::{RedisServer, say};
 
 /// Set in a child process: the URL of the Redis the fleet shares.
@@ -323,13 +324,7 @@ fn answer(r: &Result<(), RateLimitError>) -> Option<(u64, u64, u128)> {
 /// ever held in a lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_key_is_decided_exactly_as_without_leases() {
-    let server = RedisServer::start();
-    let limiter = RateLimiter::builder()
-        .redis_url(server.url())
-        .timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .expect("connect");
+    let (limiter, _env) = Env::redis().await;
     limiter
         .clone()
         .scope(async {
@@ -623,13 +618,10 @@ async fn cut_hot() -> Result<(), RateLimitError> {
 /// short (each may hold its unit, as an ordinary check does), not by a lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_that_hang_up_never_waste_a_lease() {
-    let server = RedisServer::start();
-    let limiter = RateLimiter::builder()
-        .redis_url(server.url())
-        .timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .expect("connect");
+    let (limiter, env) = Env::redis().await;
+    let Env::Redis(server) = &env else {
+        unreachable!("Env::redis is on Redis")
+    };
     let (admitted, cut) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();

@@ -1031,13 +1031,7 @@ async fn metrics_leased() -> Result<(), RateLimitError> {
 async fn metrics_report_the_units_held_in_leases() {
     use ratelimit_runtime::observe::{LEASE_UNITS_HELD, LEASE_UNITS_RETURNED};
     snapshotter();
-    let server = RedisServer::start();
-    let limiter = RateLimiter::builder()
-        .redis_url(server.url())
-        .timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
+    let (limiter, _env) = Env::redis().await;
     limiter
         .clone()
         .scope(async {
