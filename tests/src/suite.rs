@@ -597,14 +597,33 @@ pub async fn same_key_twice_applies_in_order(h: &impl Harness, algo: Algorithm) 
 pub async fn sliding_counter_weighs_the_previous_window(h: &impl Harness) {
     let period = Duration::from_secs(1);
     let p = policy(Algorithm::SlidingCounter, 4, period, 4, 1);
-    let key = key_of(h, "counter-weighs", &p);
-    for left in (0..4).rev() {
-        let d = check_one(h, &key, &p).await;
+    // The five calls must fall in one aligned window: on a stalled machine they can straddle
+    // its end (then the next window's weighing answers, which the rest does not describe), so
+    // such a try starts again on a new key. Within one window every call's `reset_after` (the
+    // window's end plus a period) only shrinks, and stays above a period.
+    let mut attempt = 0;
+    let (key, calls) = loop {
+        let key = key_of(h, &format!("counter-weighs-{attempt}"), &p);
+        let mut calls = Vec::new();
+        for _ in 0..5 {
+            calls.push(check_one(h, &key, &p).await);
+        }
+        let one_window = calls
+            .windows(2)
+            .all(|w| w[1].reset_after <= w[0].reset_after)
+            && calls[4].reset_after > period;
+        if one_window {
+            break (key, calls);
+        }
+        attempt += 1;
+        assert!(attempt < 5, "five calls never fitted in one window of 1 s");
+    };
+    for (left, d) in (0..4).rev().zip(&calls) {
         assert!(d.admitted, "a call within the quota");
         assert_eq!(d.remaining, left);
         assert!(d.reset_after > Duration::ZERO && d.reset_after <= 2 * period);
     }
-    let d = check_one(h, &key, &p).await;
+    let d = calls[4];
     assert!(!d.admitted, "a 5th call in the window");
     let retry = d.retry_after.unwrap_or_default();
     // 4 in this window: one more fits once 1/4 of the next window is gone (4·3/4 + 1 = 4), and

@@ -330,6 +330,7 @@ async fn cross_slot_refunds(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn across_slots_concurrent_calls_never_over_admit_and_refunds_are_exact() {
+    let _saturating = ratelimit_tests::SATURATING.lock().await;
     let cluster = RedisCluster::start().await;
     let run = format!("x{}", std::process::id());
     // Four callers (one slot each, 100 per hour: never binding) and a global sliding limit of

@@ -156,49 +156,9 @@ fn four_processes_on_one_hot_key_never_admit_more_than_the_quota() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
+    let _saturating = ratelimit_tests::SATURATING.blocking_lock();
     let server = RedisServer::start();
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let children: Vec<_> = (0..PROCESSES)
-        .map(|_| {
-            Command::new(&exe)
-                .args([
-                    test_path("child_process").as_str(),
-                    "--exact",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(CHILD_ENV, server.url())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("start a child process")
-        })
-        .collect();
-    let mut reports = Vec::new();
-    for mut child in children {
-        let mut stdout = String::new();
-        child
-            .stdout
-            .take()
-            .expect("piped stdout")
-            .read_to_string(&mut stdout)
-            .expect("a child's stdout");
-        let mut stderr = String::new();
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut stderr);
-        }
-        let status = child.wait().expect("wait for a child");
-        assert!(
-            status.success() && stdout.contains("1 passed"),
-            "a child failed:\n{stdout}\n{stderr}"
-        );
-        reports.push(
-            stdout
-                .lines()
-                .find_map(parse)
-                .unwrap_or_else(|| panic!("no report:\n{stdout}")),
-        );
-    }
+    let reports = run_children(&server);
     let admitted: u64 = reports.iter().map(|r| r.admitted).sum();
     let calls: u64 = reports.iter().map(|r| r.admitted + r.rejected).sum();
 
@@ -255,6 +215,53 @@ fn four_processes_on_one_hot_key_never_admit_more_than_the_quota() {
         store_calls * 10 < calls,
         "leases saved few round trips: {store_calls} script calls for {calls} calls"
     );
+}
+
+/// Starts [`PROCESSES`] children of this binary on `server` at once and reads each one's report.
+fn run_children(server: &RedisServer) -> Vec<Report> {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let children: Vec<_> = (0..PROCESSES)
+        .map(|_| {
+            Command::new(&exe)
+                .args([
+                    test_path("child_process").as_str(),
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_ENV, server.url())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start a child process")
+        })
+        .collect();
+    let mut reports = Vec::new();
+    for mut child in children {
+        let mut stdout = String::new();
+        child
+            .stdout
+            .take()
+            .expect("piped stdout")
+            .read_to_string(&mut stdout)
+            .expect("a child's stdout");
+        let mut stderr = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut stderr);
+        }
+        let status = child.wait().expect("wait for a child");
+        assert!(
+            status.success() && stdout.contains("1 passed"),
+            "a child failed:\n{stdout}\n{stderr}"
+        );
+        reports.push(
+            stdout
+                .lines()
+                .find_map(parse)
+                .unwrap_or_else(|| panic!("no report:\n{stdout}")),
+        );
+    }
+    reports
 }
 
 /// The script calls (`FCALL`, `EVALSHA`, `EVAL`) `INFO commandstats` reports.
@@ -497,6 +504,7 @@ async fn leases_through_a_cluster_failover_never_admit_more_than_the_quota() {
     use ratelimit_runtime::{RedisClusterStore, key};
     use ratelimit_tests::redis_cluster::RedisCluster;
 
+    let _saturating = ratelimit_tests::SATURATING.lock().await;
     let mut cluster = RedisCluster::start().await;
     let store = RedisClusterStore::connect(cluster.urls())
         .await
@@ -618,6 +626,7 @@ async fn cut_hot() -> Result<(), RateLimitError> {
 /// short (each may hold its unit, as an ordinary check does), not by a lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_that_hang_up_never_waste_a_lease() {
+    let _saturating = ratelimit_tests::SATURATING.lock().await;
     let (limiter, env) = Env::redis().await;
     let Env::Redis(server) = &env else {
         unreachable!("Env::redis is on Redis")
