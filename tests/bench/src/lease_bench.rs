@@ -331,29 +331,13 @@ fn parse(line: &str) -> Result<Report, String> {
 /// `CONFIG`, `COMMAND`): (commands run, script calls: `FCALL`, `EVALSHA`, `EVAL`).
 fn commands(server: &RedisServer) -> Result<(u64, u64), String> {
     const SCRIPTS: [&str; 4] = ["fcall", "fcall_ro", "evalsha", "eval"];
-    let info = server.cli(&["INFO", "commandstats"])?;
-    let (mut all, mut scripts) = (0, 0);
-    for line in info.lines() {
-        let Some((name, fields)) = line.trim().split_once(':') else {
-            continue;
-        };
-        let Some(name) = name.strip_prefix("cmdstat_") else {
-            continue;
-        };
-        let command = name.split('|').next().unwrap_or(name);
-        if ["info", "config", "command"].contains(&command) {
-            continue;
-        }
-        let calls: u64 = fields
-            .split(',')
-            .find_map(|f| f.strip_prefix("calls="))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        all += calls;
-        if SCRIPTS.contains(&command) {
-            scripts += calls;
-        }
-    }
+    let stats = server.command_stats()?;
+    let all = stats.iter().map(|s| s.calls).sum();
+    let scripts = stats
+        .iter()
+        .filter(|s| SCRIPTS.contains(&s.command.as_str()))
+        .map(|s| s.calls)
+        .sum();
     Ok((all, scripts))
 }
 

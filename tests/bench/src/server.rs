@@ -114,3 +114,40 @@ pub fn free_port() -> Result<u16, String> {
     }
     Ok(port)
 }
+
+/// One row of `INFO commandstats`: the command (a subcommand folded into its command), its
+/// calls and the µs spent in it.
+pub struct CommandStat {
+    pub command: String,
+    pub calls: u64,
+    pub usec: f64,
+}
+
+impl RedisServer {
+    /// `INFO commandstats`, a row per command, the bench's own (`INFO`, `CONFIG`, `COMMAND`)
+    /// left out: what tables 7 and 8 count.
+    pub fn command_stats(&self) -> Result<Vec<CommandStat>, String> {
+        let info = self.cli(&["INFO", "commandstats"])?;
+        Ok(info
+            .lines()
+            .filter_map(|line| {
+                let (name, fields) = line.trim().split_once(':')?;
+                let name = name.strip_prefix("cmdstat_")?;
+                let command = name.split('|').next().unwrap_or(name).to_owned();
+                if ["info", "config", "command"].contains(&command.as_str()) {
+                    return None;
+                }
+                let field = |key: &str| {
+                    fields
+                        .split(',')
+                        .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
+                };
+                Some(CommandStat {
+                    calls: field("calls").and_then(|v| v.parse().ok()).unwrap_or(0),
+                    usec: field("usec").and_then(|v| v.parse().ok()).unwrap_or(0.0),
+                    command,
+                })
+            })
+            .collect())
+    }
+}

@@ -28,7 +28,7 @@ use ratelimit_runtime::{Algorithm, Check, RedisStore, Store};
 use crate::Config;
 use crate::redis_bench::{Outcome, TASKS, aerl_check, keys, load, throughput_policy};
 use crate::report::{Table, rate};
-use crate::server::RedisServer;
+use crate::server::{CommandStat, RedisServer};
 
 /// A contender: one check of caller `i` (an index into the table's picks) against the server
 /// it was built for.
@@ -178,36 +178,19 @@ fn instructions_per_check(
 /// the outer commands (`FCALL`, `EVALSHA`, `MULTI`, `EXEC`) when there are any, else of all.
 fn commandstats(server: &RedisServer) -> Result<(f64, f64), String> {
     const OUTER: [&str; 6] = ["fcall", "fcall_ro", "evalsha", "eval", "multi", "exec"];
-    let info = server.cli(&["INFO", "commandstats"])?;
-    let (mut calls, mut outer_usec, mut all_usec, mut any_outer) = (0.0, 0.0, 0.0, false);
-    for line in info.lines() {
-        let Some((name, fields)) = line.trim().split_once(':') else {
-            continue;
-        };
-        let Some(name) = name.strip_prefix("cmdstat_") else {
-            continue;
-        };
-        let command = name.split('|').next().unwrap_or(name);
-        if command == "info" || command == "config" {
-            continue;
-        }
-        let outer = OUTER.contains(&command);
-        any_outer |= outer;
-        for field in fields.split(',') {
-            match field.split_once('=') {
-                Some(("calls", v)) => calls += v.parse::<f64>().unwrap_or(0.0),
-                Some(("usec", v)) => {
-                    let v = v.parse::<f64>().unwrap_or(0.0);
-                    all_usec += v;
-                    if outer {
-                        outer_usec += v;
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    Ok((calls, if any_outer { outer_usec } else { all_usec }))
+    let stats = server.command_stats()?;
+    #[allow(clippy::cast_precision_loss)] // a bench's call counts
+    let calls: f64 = stats.iter().map(|s| s.calls as f64).sum();
+    let outer: Vec<&CommandStat> = stats
+        .iter()
+        .filter(|s| OUTER.contains(&s.command.as_str()))
+        .collect();
+    let usec = if outer.is_empty() {
+        stats.iter().map(|s| s.usec).sum()
+    } else {
+        outer.iter().map(|s| s.usec).sum()
+    };
+    Ok((calls, usec))
 }
 
 /// Table 7 (see the module's documentation).
