@@ -21,6 +21,8 @@ mutations=(
   "bucket.lua|local w = math.fmod(now, 1000) * rate + level|local w = level"
   "bucket.lua|if level > 2 * capacity then|if level > 3 * capacity then"
   "fixed.lua|if n <= p.cost then|if n < p.cost then"
+  "fixed.lua|left_us = math.min(left_until(at), p.period + 1000)|left_us = math.min(left_until(floor_div(now, 1000) + redis.call('PTTL', key)), p.period + 1000)"
+  "fixed.lua|if now + left_until(at) > window_end + 2000 then|if now + left_until(at) > window_end - 2000 then"
   "sliding.lua|int(r.first + p.cost - 1)|int(r.first + p.cost)"
   "gcra.lua|local admitted = after <= tau|local admitted = after < tau"
   "sliding_counter.lua|local admitted = load + p.cost * pms <= quota|local admitted = load + p.cost * pms < quota"

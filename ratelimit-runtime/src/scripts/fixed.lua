@@ -13,19 +13,23 @@ ALGOS[1] = {
     local live = false
     local value = redis.call('GET', key)
     if value then
-      local pttl = redis.call('PTTL', key)
+      -- The window's end as stored (the prelude's expiry_ms), not as PTTL counts
+      -- it: PTTL runs on the live clock, so a server paused mid-script would read
+      -- the end early, and this call's refund (which checks that the window is
+      -- still the one the call took from) would be refused.
+      local at = expiry_ms(key)
       -- A counter without a TTL (written by someone else) is treated as no
       -- window: an admitted call replaces it with a fresh one. A key exists
-      -- through its expiry millisecond (PTTL 0), and a script's clock is frozen,
-      -- so it cannot vanish before the INCRBY.
-      if pttl >= 0 then
+      -- through its expiry millisecond, and a script's clock is frozen, so it
+      -- cannot vanish before the INCRBY.
+      if at then
         -- A window can never have more than a period left: a longer TTL was
         -- stamped by a clock ahead of this one (a failover). Treated as a
         -- window that started now.
-        local period_ms = ceil_div(p.period, 1000)
-        if pttl > period_ms then
-          redis.call('PEXPIRE', key, int(period_ms))
-          pttl = period_ms
+        local latest = floor_div(now, 1000) + ceil_div(p.period, 1000)
+        if at > latest then
+          redis.call('PEXPIREAT', key, int(latest))
+          at = latest
         end
         -- Only a counter INCRBY can raise (digits): anything else under the key
         -- (written by someone else) is no window, replaced by the next SET.
@@ -33,7 +37,7 @@ ALGOS[1] = {
         if n then
           live = true
           count = n
-          left_us = math.min(expiry_left(pttl), p.period + 1000)
+          left_us = math.min(left_until(at), p.period + 1000)
         end
       end
     end
@@ -65,7 +69,7 @@ ALGOS[1] = {
   end,
   -- DECRBY cost only while the call's window is still the key's: the server's
   -- time is more than 2 ms before that window's end (at + reset_after; the
-  -- margin covers PTTL's millisecond resolution, so a refund at the very edge
+  -- margin covers the expiry's millisecond resolution, so a refund at the very edge
   -- gives back nothing) and the key's window ends no later than 2 ms after it
   -- (a newer window, opened after a lost write, ends later). A window left
   -- empty is deleted, as if the call had never opened it.
@@ -79,12 +83,12 @@ ALGOS[1] = {
       return
     end
     local n = string.match(value, '^%d+$') and tonumber(value)
-    local pttl = redis.call('PTTL', key)
-    if not n or pttl < 0 then
+    local at = expiry_ms(key)
+    if not n or not at then
       return
     end
     -- When the key's window ends, as evaluate reckons it (never early).
-    if now + expiry_left(pttl) > window_end + 2000 then
+    if now + left_until(at) > window_end + 2000 then
       return
     end
     if n <= p.cost then

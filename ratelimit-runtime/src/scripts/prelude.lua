@@ -113,9 +113,12 @@ end
 -- expiry. Read as it is stored (PEXPIRETIME, Redis 7.0), not as now_ms + PTTL:
 -- Redis counts PTTL from its live clock, which runs on while a script runs, so
 -- a server paused mid-script would read the expiry early. A server without
--- PEXPIRETIME (before 7.0, where only the scripts run) is read with PTTL. The
--- home of the read of GCRA's tat and of a bucket's level (gcra.lua, bucket.lua),
--- which keep their state in the key's expiry.
+-- PEXPIRETIME (before 7.0, where only the scripts run) is read with PTTL,
+-- counted from the live clock as TIME reads it right after: at most the clock
+-- PTTL counted from, so that expiry is never read early (a pause between the two
+-- reads it late, which only makes a limit stricter). The home of every read of
+-- a limit's expiry: the fixed window's end (fixed.lua), GCRA's tat and a
+-- bucket's level (gcra.lua, bucket.lua), which keep their state in it.
 local function expiry_ms(key)
   local at = redis.pcall('PEXPIRETIME', key)
   if type(at) ~= 'number' then
@@ -123,7 +126,8 @@ local function expiry_ms(key)
     if pttl < 0 then
       return nil
     end
-    return floor_div(now, 1000) + pttl
+    local live = redis.call('TIME')
+    return floor_div(live[1] * 1000000 + live[2], 1000) + pttl
   end
   if at < 0 then
     return nil
@@ -249,6 +253,12 @@ end
 -- early).
 local function expiry_left(pttl)
   return pttl * 1000 + 1000 - math.fmod(now, 1000)
+end
+
+-- µs until a key that expires at millisecond `at` (expiry_ms) is gone: once the
+-- clock passes that millisecond (never early).
+local function left_until(at)
+  return (at + 1) * 1000 - now
 end
 
 -- Blocks (RateLimiter::block): a key `<key>:b` with a TTL rejects every call on

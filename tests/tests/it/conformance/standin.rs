@@ -431,6 +431,22 @@ impl Db {
                 }
                 Reply::Int(1)
             }
+            // An absolute expiry (the fixed window's clamp): from the script's clock, as SET's PXAT.
+            "PEXPIREAT" if arity(2) => {
+                let Some(at) = parse_int(&args[1]) else {
+                    return Reply::error(NOT_INT);
+                };
+                if self.live(&args[0]).is_none() {
+                    return Reply::Int(0);
+                }
+                if at <= i64::try_from(self.now_ms()).unwrap_or(i64::MAX) {
+                    // An expiry in the past deletes the key.
+                    self.keys.remove(&args[0]);
+                } else if let Some(e) = self.live(&args[0]) {
+                    e.expires_ms = Some(at.unsigned_abs());
+                }
+                Reply::Int(1)
+            }
             "INCRBY" | "DECRBY" if arity(2) => {
                 let Some(by) = parse_int(&args[1]) else {
                     return Reply::error(NOT_INT);
@@ -674,9 +690,9 @@ impl Db {
                 }
                 Reply::Status("OK".to_owned())
             }
-            "TIME" | "GET" | "SET" | "PTTL" | "PEXPIRE" | "INCRBY" | "DECRBY" | "DEL"
-            | "EXISTS" | "ZADD" | "ZCOUNT" | "ZREMRANGEBYSCORE" | "ZRANGE" | "ZRANGEBYSCORE"
-            | "ZREM" | "ZSCORE" | "COPY" | "RENAME" => Reply::Error(format!(
+            "TIME" | "GET" | "SET" | "PTTL" | "PEXPIRE" | "PEXPIREAT" | "INCRBY" | "DECRBY"
+            | "DEL" | "EXISTS" | "ZADD" | "ZCOUNT" | "ZREMRANGEBYSCORE" | "ZRANGE"
+            | "ZRANGEBYSCORE" | "ZREM" | "ZSCORE" | "COPY" | "RENAME" => Reply::Error(format!(
                 "ERR wrong number of arguments for '{}' command",
                 name.to_ascii_lowercase()
             )),
