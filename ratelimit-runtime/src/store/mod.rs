@@ -107,10 +107,10 @@ pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Verdict, StoreErro
 /// The future of [`Store::refund`].
 pub type RefundFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
-/// A fresh id for one call's receipts ([`Store::take`]): this process's random 64-bit value
-/// and a counter, as 17 to 32 lower-case hex digits (the scripts' call id format). The
-/// receipts of two calls never share a name: within a process the counter differs, across
-/// processes the random value does.
+/// A fresh id for one call's receipts ([`Store::take`], and a cluster call across slots that
+/// was not given one): this process's random 64-bit value and a counter, as 17 to 32
+/// lower-case hex digits (the scripts' call id format). The receipts of two calls never share
+/// a name: within a process the counter differs, across processes the random value does.
 pub(crate) fn new_call_id() -> String {
     use std::hash::{BuildHasher as _, Hasher as _};
     use std::sync::LazyLock;
@@ -303,5 +303,23 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
         let _ = (keys, duration);
         unsupported("block")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_call_id;
+
+    #[test]
+    fn call_ids_are_fresh_hex_the_scripts_accept() {
+        let (a, b) = (new_call_id(), new_call_id());
+        assert_ne!(a, b);
+        for id in [a, b] {
+            assert!((17..=32).contains(&id.len()), "{id}");
+            assert!(
+                id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
+                "{id}"
+            );
+        }
     }
 }

@@ -1,45 +1,17 @@
-//! A call whose limits fall in several cluster slots: its groups by slot, the fresh call id
-//! its receipts are named by, and the takes, refunds and peeks that stand in for one script.
+//! A call whose limits fall in several cluster slots: its groups by slot, and the takes,
+//! refunds and peeks that stand in for one script.
 
 use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::LazyLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 
 use crate::decision::{Decision, Verdict};
 use crate::error::StoreError;
-use crate::store::Check;
 use crate::store::redis::invoke::{Calls, Mode, compensate, eval_checks};
 use crate::store::redis::wire::forget_cmd;
-
-/// A fresh id for one cross-slot call: this process's random 64-bit value and a counter, as
-/// 17 to 32 lower-case hex digits (the scripts' call id format). The receipts of two calls
-/// never share a name: within a process the counter differs, across processes the random
-/// value does.
-fn next_call_id() -> String {
-    static PROCESS: LazyLock<u64> = LazyLock::new(|| {
-        // RandomState's keys come from the OS's randomness; the pid and the time mix in more.
-        let mut h = RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.write_u128(
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        h.finish()
-    });
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{:016x}{:x}",
-        *PROCESS,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use crate::store::{Check, new_call_id};
 
 /// Checks limits whose keys fall in several slots: each slot's group in turn under one
 /// call id (a take's, else a fresh one), refunding the earlier groups and peeking at the later
@@ -53,7 +25,7 @@ pub(super) async fn check_across_slots(
     call_id: Option<&str>,
 ) -> Result<Verdict, StoreError> {
     let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
-    let id = call_id.map_or_else(next_call_id, str::to_owned);
+    let id = call_id.map_or_else(new_call_id, str::to_owned);
     let holds = |sub: &[Check<'_>]| {
         sub.iter()
             .any(|c| c.policy.algorithm() == crate::algorithm::Algorithm::Concurrency)
@@ -255,18 +227,5 @@ mod tests {
         );
         assert_eq!(group_by_slot(&checks), vec![vec![0, 2], vec![1]]);
         assert_eq!(group_by_slot(&checks[..1]), vec![vec![0]]);
-    }
-
-    #[test]
-    fn call_ids_are_fresh_hex_the_scripts_accept() {
-        let (a, b) = (next_call_id(), next_call_id());
-        assert_ne!(a, b);
-        for id in [a, b] {
-            assert!((17..=32).contains(&id.len()), "{id}");
-            assert!(
-                id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
-                "{id}"
-            );
-        }
     }
 }
