@@ -265,7 +265,7 @@ fn run_children(server: &RedisServer) -> Vec<Report> {
 }
 
 /// The script calls (`FCALL`, `EVALSHA`, `EVAL`) `INFO commandstats` reports.
-fn script_calls(stats: &str) -> u64 {
+pub(crate) fn script_calls(stats: &str) -> u64 {
     stats
         .lines()
         .filter(|l| {
