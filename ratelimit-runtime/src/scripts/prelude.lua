@@ -109,25 +109,41 @@ local function ttl_ms(us)
   return int(ms)
 end
 
+-- The live clock's millisecond (TIME: not the script's frozen `now`).
+local function live_ms()
+  local t = redis.call('TIME')
+  return floor_div(t[1] * 1000000 + t[2], 1000)
+end
+
 -- The millisecond at which `key` expires, or nil when it is absent or has no
 -- expiry. Read as it is stored (PEXPIRETIME, Redis 7.0), not as now_ms + PTTL:
 -- Redis counts PTTL from its live clock, which runs on while a script runs, so
 -- a server paused mid-script would read the expiry early. A server without
 -- PEXPIRETIME (before 7.0, where only the scripts run) is read with PTTL,
--- counted from the live clock as TIME reads it right after: at most the clock
--- PTTL counted from, so that expiry is never read early (a pause between the two
--- reads it late, which only makes a limit stricter). The home of every read of
--- a limit's expiry: the fixed window's end (fixed.lua), GCRA's tat and a
--- bucket's level (gcra.lua, bucket.lua), which keep their state in it.
+-- which counts from the live clock's millisecond at that moment: one no earlier
+-- than the clock read before it (the script's, else TIME) and no later than
+-- TIME read right after it. When the two read the same millisecond (almost
+-- always), the expiry is exact; when a millisecond passed between them (or the
+-- server paused), the read is tried again, twice at most, then taken at the
+-- later clock: never early (which would admit early), at worst a millisecond
+-- late. The home of every read of a limit's expiry: the fixed window's end
+-- (fixed.lua), GCRA's tat and a bucket's level (gcra.lua, bucket.lua), which
+-- keep their state in it.
 local function expiry_ms(key)
   local at = redis.pcall('PEXPIRETIME', key)
   if type(at) ~= 'number' then
-    local pttl = redis.call('PTTL', key)
-    if pttl < 0 then
-      return nil
+    local before = floor_div(now, 1000)
+    for attempt = 1, 3 do
+      local pttl = redis.call('PTTL', key)
+      if pttl < 0 then
+        return nil
+      end
+      local after = live_ms()
+      if after == before or attempt == 3 then
+        return after + pttl
+      end
+      before = live_ms()
     end
-    local live = redis.call('TIME')
-    return floor_div(live[1] * 1000000 + live[2], 1000) + pttl
   end
   if at < 0 then
     return nil
