@@ -3,6 +3,9 @@
 //! against 10,000 a minute, on the memory store, a private Redis and a Redis Cluster (keys in
 //! one slot, and a stack whose keys span slots).
 //!
+//! Calls in flight at once each pass the quota by their own excess; stacked with a concurrency
+//! limit of 1 whose callers wait, 20 concurrent callers pass it by one call's excess.
+//!
 //! Exactness is read from a meter: a second limit of the same call (2^40 a minute, settled to
 //! the same units) whose remaining units say exactly what was charged, debts included (the
 //! quota's own `remaining` stops at 0).
@@ -204,6 +207,7 @@ async fn twenty_concurrent_calls_settle_exactly_cluster_in_one_slot_and_across_s
         .expect("limiter");
     // One slot: settled by receipt.
     concurrent_scenario(&limiter, "{llm:a}:quota", "{llm:a}:meter").await;
+    one_at_a_time_scenario(&limiter, "dee").await;
     // Keys in two slots: taken slot by slot without receipts, so nothing is given back, but
     // every excess is charged on both (the meter reads at least what was used).
     assert_ne!(
@@ -352,6 +356,149 @@ async fn the_attribute_settles_by_the_output_and_by_a_reservation() {
             assert!(Reservation::take().is_none());
         })
         .await;
+}
+
+// ---------------------------------------------------------------- one call at a time
+
+/// The calls in flight when the quota is reached each pass it by their own excess, so 20 at
+/// once may pass it by up to ten calls' excess (`concurrent_scenario`). Stacked with a
+/// concurrency limit of 1 whose callers wait for the slot, the same 20 concurrent callers run
+/// one call at a time: the quota is passed by at most the last call's excess. The slot goes
+/// back only after the settle (the settle, then the release), so the next call sees the debt.
+#[rate_limit(
+    algo = "concurrency",
+    num = 1,
+    time = 60,
+    key = "{user}",
+    scope = "settle::one_at_a_time",
+    wait = "30s"
+)]
+#[rate_limit(
+    num = 10_000,
+    time = 60,
+    key = "{user}",
+    cost = max_tokens,
+    scope = "settle::one_at_a_time",
+    settle = |reply| reply.as_ref().map_or(0, |r: &Reply| r.total_tokens)
+)]
+async fn one_at_a_time(
+    user: &str,
+    max_tokens: u64,
+    in_flight: &InFlight,
+) -> Result<Reply, RateLimitError> {
+    let _ = (user, max_tokens);
+    let used = in_flight.enter();
+    tokio::task::yield_now().await;
+    in_flight.leave();
+    Ok(Reply { total_tokens: used })
+}
+
+/// Calls inside a body now, the most seen at once, and what each body used, in the order the
+/// bodies ran: the `n`th body to run uses `uses[n]`, so the calls' usage in the order they ran
+/// is the same in every run (with one call at a time).
+#[derive(Debug)]
+struct InFlight {
+    now: AtomicU64,
+    most: AtomicU64,
+    uses: Vec<u64>,
+    ran: std::sync::Mutex<Vec<u64>>,
+}
+
+impl InFlight {
+    fn new(uses: Vec<u64>) -> Self {
+        Self {
+            now: AtomicU64::new(0),
+            most: AtomicU64::new(0),
+            uses,
+            ran: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Enters a body; returns what it uses.
+    fn enter(&self) -> u64 {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        let mut ran = self.ran.lock().unwrap();
+        let used = self.uses[ran.len() % self.uses.len()];
+        ran.push(used);
+        used
+    }
+
+    fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// 20 tasks call `one_at_a_time` for `user` until refused; returns the admitted calls' usage
+/// in the order their bodies ran, and the most calls seen in flight at once.
+async fn twenty_waiting_tasks(limiter: &RateLimiter, user: &str) -> (Vec<u64>, u64) {
+    let returned = Arc::new(AtomicU64::new(0));
+    // In this order (with one call at a time), 6 calls use 11,476: the sixth, of 2,967, passes
+    // the quota by 1,476 (its excess: 1,967).
+    let in_flight = Arc::new(InFlight::new(usage(0xD, 400)));
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (returned, in_flight) = (Arc::clone(&returned), Arc::clone(&in_flight));
+        let user = user.to_owned();
+        tasks.push(tokio::spawn(limiter.clone().scope(async move {
+            loop {
+                match one_at_a_time(&user, ESTIMATE, &in_flight).await {
+                    Ok(_) => {
+                        returned.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(RateLimitError::Limited { .. }) => return,
+                    Err(other) => panic!("{other:?}"),
+                }
+            }
+        })));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let ran = std::mem::take(&mut *in_flight.ran.lock().unwrap());
+    assert_eq!(
+        ran.len(),
+        usize::try_from(returned.load(Ordering::SeqCst)).unwrap_or(0),
+        "every body that ran returned Ok"
+    );
+    (ran, in_flight.most.load(Ordering::SeqCst))
+}
+
+/// `user`'s calls. Both limits have one scope, so their keys share a hash tag: on a Redis
+/// Cluster, one slot, where the settle gives back by receipt (across slots the estimate would
+/// stay counted: fails closed).
+async fn one_at_a_time_scenario(limiter: &RateLimiter, caller: &str) {
+    let (admitted, most) = twenty_waiting_tasks(limiter, caller).await;
+    assert_eq!(
+        most, 1,
+        "the concurrency limit let {most} calls run at once"
+    );
+    let used: u64 = admitted.iter().sum();
+    let last = admitted.last().copied().unwrap_or(0);
+    assert!(
+        used <= QUOTA + last.saturating_sub(ESTIMATE),
+        "used {used}: more than one call's excess ({last} - {ESTIMATE}) over {QUOTA}"
+    );
+    assert!(
+        used > QUOTA - ESTIMATE,
+        "used {used}: refused while an estimate still fitted"
+    );
+    eprintln!(
+        "{} calls admitted one at a time, {used} units used of {QUOTA} (bound {})",
+        admitted.len(),
+        QUOTA + last.saturating_sub(ESTIMATE)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_concurrent_callers_one_call_at_a_time_pass_by_one_excess_memory() {
+    one_at_a_time_scenario(&memory_limiter().await, "dee").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_concurrent_callers_one_call_at_a_time_pass_by_one_excess_redis() {
+    let server = RedisServer::start();
+    one_at_a_time_scenario(&redis_limiter(&server).await, "dee").await;
 }
 
 // ---------------------------------------------------------------- an Axum endpoint
