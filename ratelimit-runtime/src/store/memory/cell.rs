@@ -5,7 +5,12 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use crate::algorithm::Algorithm;
-use crate::algorithm::{self, Params, State};
+use crate::algorithm::bucket::Level;
+use crate::algorithm::fixed::Window;
+use crate::algorithm::gcra::Tat;
+use crate::algorithm::sliding_counter::Counters;
+use crate::algorithm::{self, bucket, fixed, gcra, sliding_counter};
+use crate::algorithm::{Evaluation, Params, State};
 
 /// One key's state and when it becomes idle (equal to no state at all), in µs: what the rules
 /// read and write. A [`Cell`] holds it.
@@ -67,10 +72,10 @@ impl Packed {
     /// `state`'s form and numbers, if it packs.
     fn pack(state: &State) -> Option<(Self, [u64; 3])> {
         Some(match state {
-            State::Fixed(w) => (Self::Fixed, [w.count, w.expires_ms, 0]),
-            State::Bucket(b) => (Self::Bucket, [b.ms, b.units, 0]),
-            State::Gcra(t) => (Self::Gcra, [t.0, 0, 0]),
-            State::SlidingCounter(c) => (Self::Counter, [c.window, c.cur, c.prev]),
+            State::Fixed(w) => (Self::Fixed, w.words()),
+            State::Bucket(b) => (Self::Bucket, b.words()),
+            State::Gcra(t) => (Self::Gcra, t.words()),
+            State::SlidingCounter(c) => (Self::Counter, c.words()),
             State::Sliding(_) | State::Concurrency(_) => return None,
         })
     }
@@ -78,21 +83,117 @@ impl Packed {
     /// The state of these numbers (the inverse of [`Packed::pack`]).
     fn unpack(self, w: [u64; 3]) -> State {
         match self {
-            Self::Fixed => State::Fixed(algorithm::fixed::Window {
-                count: w[0],
-                expires_ms: w[1],
-            }),
-            Self::Bucket => State::Bucket(algorithm::bucket::Level {
-                ms: w[0],
-                units: w[1],
-            }),
-            Self::Gcra => State::Gcra(algorithm::gcra::Tat(w[0])),
-            Self::Counter => State::SlidingCounter(algorithm::sliding_counter::Counters {
-                window: w[0],
-                cur: w[1],
-                prev: w[2],
-            }),
+            Self::Fixed => State::Fixed(Window::of_words(w)),
+            Self::Bucket => State::Bucket(Level::of_words(w)),
+            Self::Gcra => State::Gcra(Tat::of_words(w)),
+            Self::Counter => State::SlidingCounter(Counters::of_words(w)),
         }
+    }
+}
+
+/// A packed form's state as its own type, for the fast path
+/// ([`Inner::check_packed`](super::Inner::check_packed)): the algorithm's rules on its plain
+/// numbers, chosen once per check by the cell's form, where the [`State`] enum would choose at
+/// every step (normalize, evaluate, idle time, packing) and leave a value to drop. The rules
+/// stay the algorithms' own; this only names them per form.
+pub(super) trait PackedState: Copy {
+    /// How many of the cell's words the state uses (a write stores only these).
+    const WORDS: usize;
+    /// The state of the cell's words.
+    fn of_words(w: [u64; 3]) -> Self;
+    /// The words of the state (unused ones 0).
+    fn words(self) -> [u64; 3];
+    /// The algorithm's `normalize`: a stamp ahead of `now` brought back to it.
+    fn normalize(&mut self, p: &Params, now: u64) -> bool;
+    /// When the state becomes idle, µs.
+    fn idle_at(self, p: &Params) -> u64;
+    /// The algorithm's `evaluate`.
+    fn evaluate(state: Option<&Self>, p: &Params, now: u64) -> (Evaluation, Option<Self>);
+}
+
+impl PackedState for Window {
+    const WORDS: usize = 2;
+    fn of_words(w: [u64; 3]) -> Self {
+        Self {
+            count: w[0],
+            expires_ms: w[1],
+        }
+    }
+    fn words(self) -> [u64; 3] {
+        [self.count, self.expires_ms, 0]
+    }
+    fn normalize(&mut self, p: &Params, now: u64) -> bool {
+        fixed::normalize(self, p, now)
+    }
+    fn idle_at(self, _: &Params) -> u64 {
+        Window::idle_at(&self)
+    }
+    fn evaluate(state: Option<&Self>, p: &Params, now: u64) -> (Evaluation, Option<Self>) {
+        fixed::evaluate(state, p, now)
+    }
+}
+
+impl PackedState for Level {
+    const WORDS: usize = 2;
+    fn of_words(w: [u64; 3]) -> Self {
+        Self {
+            ms: w[0],
+            units: w[1],
+        }
+    }
+    fn words(self) -> [u64; 3] {
+        [self.ms, self.units, 0]
+    }
+    fn normalize(&mut self, p: &Params, now: u64) -> bool {
+        bucket::normalize(self, p, now)
+    }
+    fn idle_at(self, p: &Params) -> u64 {
+        Level::idle_at(&self, p)
+    }
+    fn evaluate(state: Option<&Self>, p: &Params, now: u64) -> (Evaluation, Option<Self>) {
+        bucket::evaluate(state, p, now)
+    }
+}
+
+impl PackedState for Tat {
+    const WORDS: usize = 1;
+    fn of_words(w: [u64; 3]) -> Self {
+        Self(w[0])
+    }
+    fn words(self) -> [u64; 3] {
+        [self.0, 0, 0]
+    }
+    fn normalize(&mut self, p: &Params, now: u64) -> bool {
+        gcra::normalize(self, p, now)
+    }
+    fn idle_at(self, _: &Params) -> u64 {
+        Tat::idle_at(self)
+    }
+    fn evaluate(state: Option<&Self>, p: &Params, now: u64) -> (Evaluation, Option<Self>) {
+        gcra::evaluate(state, p, now)
+    }
+}
+
+impl PackedState for Counters {
+    const WORDS: usize = 3;
+    fn of_words(w: [u64; 3]) -> Self {
+        Self {
+            window: w[0],
+            cur: w[1],
+            prev: w[2],
+        }
+    }
+    fn words(self) -> [u64; 3] {
+        [self.window, self.cur, self.prev]
+    }
+    fn normalize(&mut self, p: &Params, now: u64) -> bool {
+        sliding_counter::normalize(self, p, now)
+    }
+    fn idle_at(self, p: &Params) -> u64 {
+        Counters::idle_at(self, p)
+    }
+    fn evaluate(state: Option<&Self>, p: &Params, now: u64) -> (Evaluation, Option<Self>) {
+        sliding_counter::evaluate(state, p, now)
     }
 }
 
@@ -227,17 +328,16 @@ impl Cell {
     }
 
     /// A write under the shard's read lock, as governor's `measure_and_replace` does it: `rule`
-    /// gets a consistent read of the entry (in `form`) and the time `now` gives after the read
-    /// of `seq`, and answers with its result and the entry to write, if any. The write claims
-    /// the cell by a compare-and-swap of `seq`; one that loses the race calls `rule` again, on
-    /// the entry that won, at a fresh time. Returns `rule`'s result and, when it wrote, when
-    /// the written entry becomes idle.
+    /// gets a consistent read of the state (of the cell's packed form, `S`), its idle time and
+    /// the time `now` gives after the read of `seq`, and answers with its result and the state
+    /// and idle time to write, if any. The write claims the cell by a compare-and-swap of
+    /// `seq`; one that loses the race calls `rule` again, on the state that won, at a fresh
+    /// time. Returns `rule`'s result and, when it wrote, when the written state becomes idle.
     #[inline]
-    pub(super) fn measure_and_replace<T>(
+    pub(super) fn measure_and_replace<S: PackedState, T>(
         &self,
-        form: Packed,
         now: impl Fn() -> u64,
-        mut rule: impl FnMut(Entry, u64) -> (T, Option<Entry>),
+        mut rule: impl FnMut(S, u64, u64) -> (T, Option<(S, u64)>),
     ) -> (T, Option<u64>) {
         let mut spins = 0;
         loop {
@@ -253,24 +353,15 @@ impl Cell {
             if !self.unchanged_since(seq) {
                 continue;
             }
-            let entry = Entry {
-                idle_at,
-                state: form.unpack(words),
-            };
-            let (answer, write) = rule(entry, now);
-            let Some(write) = write else {
+            let (answer, write) = rule(S::of_words(words), idle_at, now);
+            let Some((state, idle_at)) = write else {
                 return (answer, None);
             };
-            // `evaluate` of an algorithm leaves that algorithm's state: the same form.
-            let Some((written, words)) = Packed::pack(&write.state) else {
-                unreachable!("a packed algorithm left an unpacked state")
-            };
-            debug_assert_eq!(written, form);
             if !self.claim(seq) {
                 continue;
             }
-            self.publish(seq, write.idle_at, words);
-            return (answer, Some(write.idle_at));
+            self.publish(seq, idle_at, &state.words()[..S::WORDS]);
+            return (answer, Some(idle_at));
         }
     }
 
@@ -316,10 +407,11 @@ impl Cell {
         claimed
     }
 
-    /// Stores a claimed cell's new entry (same packed form) and releases it.
-    fn publish(&self, seq: u64, idle_at: u64, words: [u64; 3]) {
+    /// Stores a claimed cell's new entry (same packed form: `words` are the ones it uses) and
+    /// releases it.
+    fn publish(&self, seq: u64, idle_at: u64, words: &[u64]) {
         self.idle_at.store(idle_at, Ordering::Relaxed);
-        for (w, v) in self.words.iter().zip(words) {
+        for (w, &v) in self.words.iter().zip(words) {
             w.store(v, Ordering::Relaxed);
         }
         self.seq.store(seq + 2, Ordering::Release);

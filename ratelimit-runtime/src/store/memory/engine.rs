@@ -5,12 +5,12 @@ use std::sync::RwLockWriteGuard;
 use std::sync::atomic::Ordering;
 
 use super::blocks::blocked_decision;
-use super::cell::{Cell, Entry, Form, Packed};
+use super::cell::{Cell, Entry, Form, Packed, PackedState};
 use super::map::{Map, SHARDS, Shard, lower};
 use super::receipts::sliding_first;
 use super::{Inner, read, write};
-use crate::algorithm::Algorithm;
 use crate::algorithm::{self, Evaluation, Params, Receipt, State};
+use crate::algorithm::{bucket, fixed, gcra, sliding_counter};
 use crate::decision::{Decision, Verdict};
 use crate::error::StoreError;
 use crate::store::Check;
@@ -69,7 +69,7 @@ impl Inner {
             if let Some(cell) = guard.map.get(hash, check.key)
                 && matches!(cell.form, Form::Packed(f) if f == form)
             {
-                return Ok(self.check_packed(&guard, cell, form, algorithm, &p, capacity));
+                return Ok(self.check_packed(&guard, cell, form, &p, capacity));
             }
         }
         let mut guard = write(shard);
@@ -131,22 +131,44 @@ impl Inner {
         shard: &Shard,
         cell: &Cell,
         form: Packed,
-        algorithm: Algorithm,
         p: &Params,
         capacity: u64,
     ) -> Decision {
-        let (decision, written) = cell.measure_and_replace(
-            form,
+        match form {
+            Packed::Fixed => self.check_packed_as::<fixed::Window>(shard, cell, p, capacity),
+            Packed::Bucket => self.check_packed_as::<bucket::Level>(shard, cell, p, capacity),
+            Packed::Gcra => self.check_packed_as::<gcra::Tat>(shard, cell, p, capacity),
+            Packed::Counter => {
+                self.check_packed_as::<sliding_counter::Counters>(shard, cell, p, capacity)
+            }
+        }
+    }
+
+    /// [`Inner::check_packed`] on the form's own state type: the steps of the slow path's
+    /// [`Entry::normalize`] and [`algorithm::evaluate`], with no `State` to dispatch on.
+    #[inline]
+    fn check_packed_as<S: PackedState>(
+        &self,
+        shard: &Shard,
+        cell: &Cell,
+        p: &Params,
+        capacity: u64,
+    ) -> Decision {
+        let (decision, written) = cell.measure_and_replace::<S, _>(
             || self.now(),
-            |mut entry, now| {
-                let normalized = entry.normalize(p, now);
-                let base = entry.live(now).then_some(&entry.state);
-                let (e, next) = algorithm::evaluate(algorithm, base, p, now);
+            |mut state, mut idle_at, now| {
+                // A stamp ahead of the clock is brought back to it (Entry::normalize).
+                let normalized = now < idle_at && state.normalize(p, now);
+                if normalized {
+                    idle_at = state.idle_at(p);
+                }
+                let base = (now < idle_at).then_some(&state);
+                let (e, next) = S::evaluate(base, p, now);
                 match next {
-                    Some(state) => (e.taken(capacity), Some(Entry::new(state, p))),
+                    Some(next) => (e.taken(capacity), Some((next, next.idle_at(p)))),
                     None => (
                         e.untaken(capacity, false, e.retry_us),
-                        normalized.then_some(entry),
+                        normalized.then_some((state, idle_at)),
                     ),
                 }
             },
@@ -540,5 +562,37 @@ mod tests {
         assert!(v.is_admitted());
         assert!(v.decisions().iter().all(|d| d.remaining == 99));
         assert_eq!(store.len(), 300);
+    }
+
+    /// The fast path stores every word its form uses: along checks that move every number of
+    /// each packed state (a window's count and end, a bucket's level and millisecond, a tat, a
+    /// sliding counter's window and both of its counts), the fast store holds, after each
+    /// check, exactly the entry the locked store holds.
+    #[test]
+    fn the_fast_path_writes_the_whole_state() {
+        let secs = Duration::from_secs;
+        for algo in [
+            Algorithm::Fixed,
+            Algorithm::Token,
+            Algorithm::Leaky,
+            Algorithm::Gcra,
+            Algorithm::SlidingCounter,
+        ] {
+            let clock = SettableClock::default();
+            let fast = MemoryStore::with_clock(clock.clone());
+            let locked = MemoryStore::with_clock(clock.clone()).with_fast_path(false);
+            let p = policy(algo, 5, 2000 * MS, 5);
+            for at in [
+                0, 100, 700, 2_100, 2_300, 2_350, 2_360, 2_370, 4_500, 4_600, 9_000,
+            ] {
+                clock.set(secs(100) + at * MS);
+                assert_eq!(
+                    one(&fast, "k", &p),
+                    one(&locked, "k", &p),
+                    "{algo} at {at} ms"
+                );
+                assert_eq!(entry(&fast, "k"), entry(&locked, "k"), "{algo} at {at} ms");
+            }
+        }
     }
 }
