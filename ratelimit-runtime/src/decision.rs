@@ -87,7 +87,10 @@ impl Verdict {
 
     /// Whether every limit admitted the call.
     pub fn is_admitted(&self) -> bool {
-        self.decisions().iter().all(|d| d.admitted)
+        match &self.decisions {
+            Decisions::One(d) => d.admitted,
+            Decisions::Many(v) => v.iter().all(|d| d.admitted),
+        }
     }
 
     /// One decision per limit, in the order the limits were given.
