@@ -19,9 +19,21 @@ impl Drop for MemoryStore {
     }
 }
 
+/// How many checks a thread that found no runtime makes before it asks tokio again.
+const ASKS_SKIPPED: u8 = 63;
+
+thread_local! {
+    /// Checks this thread makes before it next asks tokio for a runtime (see
+    /// [`MemoryStore::has_janitor`]).
+    static SKIP_ASKS: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
 impl MemoryStore {
     /// Whether the background janitor task is running. It starts at the first check made
     /// inside a tokio runtime, and again at the next such check when its runtime shut down.
+    /// (A thread whose checks found no runtime asks again at every 64th check of its own, so
+    /// that checks made outside a runtime do not pay for asking: there the start can come up
+    /// to 63 checks late.)
     pub fn has_janitor(&self) -> bool {
         self.inner.janitor_running.load(Ordering::Acquire)
     }
@@ -29,12 +41,18 @@ impl MemoryStore {
     /// Starts the janitor when none is running and this runs inside a tokio runtime.
     #[inline]
     pub(super) fn start_janitor(&self) {
-        // Outside a runtime every call asks tokio (a thread-local read): asked here, not in the
-        // out-of-line start below, whose entry and exit cost as much again.
-        if !self.inner.janitor_running.load(Ordering::Acquire)
-            && tokio::runtime::Handle::try_current().is_ok()
-        {
+        if self.inner.janitor_running.load(Ordering::Acquire) {
+            return;
+        }
+        // Asking tokio costs a thread-local lookup and a handle's clone: a thread that found no
+        // runtime skips the next 63 asks (one thread-local counter, for every store).
+        let skip = SKIP_ASKS.get();
+        if skip > 0 {
+            SKIP_ASKS.set(skip - 1);
+        } else if tokio::runtime::Handle::try_current().is_ok() {
             self.start_janitor_now();
+        } else {
+            SKIP_ASKS.set(ASKS_SKIPPED);
         }
     }
 
@@ -124,12 +142,15 @@ mod tests {
         );
     }
 
-    /// A janitor whose runtime shut down is started again in the next runtime.
+    /// A janitor whose runtime shut down is started again in the next runtime: at once, or
+    /// within 64 checks on a thread whose last check found no runtime.
     #[test]
     fn the_janitor_restarts_in_a_new_runtime() {
         let store = MemoryStore::with_clock(ManualClock::new());
-        let p = policy(Algorithm::Fixed, 100, 1000 * MS, 100);
-        assert!(one(&store, "k", &p).admitted);
+        let p = policy(Algorithm::Fixed, 1000, 1000 * MS, 1000);
+        for _ in 0..100 {
+            assert!(one(&store, "k", &p).admitted);
+        }
         assert!(!store.has_janitor(), "no runtime, no janitor");
         for _ in 0..2 {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -137,7 +158,12 @@ mod tests {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                assert!(one(&store, "k", &p).admitted);
+                let mut checks = 0;
+                while !store.has_janitor() {
+                    assert!(one(&store, "k", &p).admitted);
+                    checks += 1;
+                }
+                assert!(checks <= 64, "started after {checks} checks");
                 tokio::task::yield_now().await;
                 assert!(store.has_janitor());
             });
