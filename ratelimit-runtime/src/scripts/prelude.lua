@@ -42,12 +42,20 @@ local now = 0
 -- (concurrency.lua).
 local holder = nil
 
+-- Whether this chunk switched to effects replication (read_clock, below).
+local REPLICATING = false
+
 local function read_clock()
   -- Before Redis 5, a script that writes after a non-deterministic command such
   -- as TIME must switch to effects replication first; from Redis 5 on it is the
   -- default (and from 7 on the function is a no-op kept for compatibility).
-  if redis.replicate_commands ~= nil then
-    redis.replicate_commands()
+  -- Asked once per chunk: per call under EVAL (the chunk runs per call), once
+  -- for a Functions library (Redis 7 and later), whose chunk stays loaded.
+  if not REPLICATING then
+    if redis.replicate_commands ~= nil then
+      redis.replicate_commands()
+    end
+    REPLICATING = true
   end
   local time = redis.call('TIME')
   -- Two strings of digits: arithmetic converts each once (Lua 5.1's tonumber

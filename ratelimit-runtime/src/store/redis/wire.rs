@@ -159,14 +159,21 @@ pub(crate) fn block_cmd(key: &str, duration: Duration) -> redis::Cmd {
 }
 
 /// Reads the script's reply: one `[admitted, remaining, reset_after_us, retry_after_us]` per
-/// check. Numbers are clamped into range (a negative count is 0, `remaining` is at most the
-/// capacity), so no state under a key can turn into a reply that fails the call; anything that is
-/// not that shape is [`StoreError::BadReply`], an error for this call only.
+/// check, in an array; for one check, the driver answers those four numbers themselves (the
+/// companion script an array of one, read alike). Numbers are clamped into range (a negative
+/// count is 0, `remaining` is at most the capacity), so no state under a key can turn into a
+/// reply that fails the call; anything that is not that shape is [`StoreError::BadReply`], an
+/// error for this call only.
 #[doc(hidden)] // public for the conformance test, which reads the embedded Lua's replies with it
 pub fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
     let bad = |what: String| StoreError::BadReply(what);
     let Value::Array(rows) = reply else {
         return Err(bad(format!("expected an array, got {reply:?}")));
+    };
+    // One check answered with its own four numbers: the reply is its one row.
+    let rows = match rows.first() {
+        Some(Value::Int(_)) if checks.len() == 1 => std::slice::from_ref(reply),
+        _ => rows.as_slice(),
     };
     if rows.len() != checks.len() {
         return Err(bad(format!(
@@ -232,6 +239,13 @@ mod tests {
             Value::Int(1),
             Value::Array(vec![]),
             row(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
+            Value::Array(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
+            Value::Array(vec![
+                Value::Int(2),
+                Value::Int(2),
+                Value::Int(3),
+                Value::Int(0),
+            ]),
             row(vec![
                 Value::Int(2),
                 Value::Int(2),
@@ -280,5 +294,22 @@ mod tests {
         assert_eq!(d.limit, 5);
         assert_eq!(d.reset_after, Duration::from_micros(1500));
         assert_eq!(d.retry_after, Some(Duration::from_micros(700)));
+        // One check's four numbers without the array around them read the same.
+        let Value::Array(mut flat) = ok else {
+            unreachable!()
+        };
+        assert_eq!(parse_reply(&flat.remove(0), &checks).unwrap(), v);
+        // Two checks need an array of two arrays.
+        let two = [Check::new("k", &p), Check::new("j", &p)];
+        let four = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(2),
+            Value::Int(3),
+            Value::Int(0),
+        ]);
+        assert!(matches!(
+            parse_reply(&four, &two),
+            Err(StoreError::BadReply(_))
+        ));
     }
 }
