@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use ratelimit_runtime::{
     Algorithm, Check, MemoryStore, Policy, RateLimitError, RateLimiter, RedisClusterStore,
-    Reservation, rate_limit,
+    Reservation, Target, rate_limit,
 };
 use ratelimit_tests::redis_cluster::RedisCluster;
 use ratelimit_tests::redis_server::RedisServer;
@@ -379,15 +379,28 @@ async fn the_attribute_settles_by_the_output_and_by_a_reservation() {
     key = "{user}",
     cost = max_tokens,
     scope = "settle::one_at_a_time",
-    settle = |reply| reply.as_ref().map_or(0, |r: &Reply| r.total_tokens)
+    settle = |reply| reply.as_ref().map_or(0, |r: &Reply| r.total_tokens),
+    export = "ONE_AT_A_TIME"
 )]
 async fn one_at_a_time(
     user: &str,
     max_tokens: u64,
     in_flight: &InFlight,
 ) -> Result<Reply, RateLimitError> {
-    let _ = (user, max_tokens);
-    let used = in_flight.enter();
+    let _ = max_tokens;
+    // What the quota holds now, read from the store: every call before this one settled, and
+    // this one's estimate taken.
+    let now = RateLimiter::current()
+        .peek(ONE_AT_A_TIME, &Target::global().key(user))
+        .await
+        .expect("peek");
+    let remaining = now
+        .decisions()
+        .iter()
+        .find(|d| d.limit == QUOTA)
+        .expect("the quota's decision")
+        .remaining;
+    let used = in_flight.enter(remaining);
     tokio::task::yield_now().await;
     in_flight.leave();
     Ok(Reply { total_tokens: used })
@@ -414,11 +427,20 @@ impl InFlight {
         }
     }
 
-    /// Enters a body; returns what it uses.
-    fn enter(&self) -> u64 {
+    /// Enters a body that read `remaining` units left in the quota; returns what it uses.
+    /// The quota holds exactly what the bodies before it used and this call's estimate: each
+    /// settle (refund or excess) landed before the next call was admitted.
+    fn enter(&self, remaining: u64) -> u64 {
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
         let mut ran = self.ran.lock().unwrap();
+        let before: u64 = ran.iter().sum();
+        assert_eq!(
+            remaining,
+            QUOTA.saturating_sub(before + ESTIMATE),
+            "call {}: the quota does not hold what the calls before it used",
+            ran.len()
+        );
         let used = self.uses[ran.len() % self.uses.len()];
         ran.push(used);
         used
