@@ -408,7 +408,8 @@ impl Cell {
     }
 
     /// Stores a claimed cell's new entry (same packed form: `words` are the ones it uses) and
-    /// releases it.
+    /// releases it. The words past those keep what [`Cell::set`] wrote when the cell took this
+    /// form (zeros: it writes all three), which no reader of the form looks at.
     fn publish(&self, seq: u64, idle_at: u64, words: &[u64]) {
         self.idle_at.store(idle_at, Ordering::Relaxed);
         for (w, &v) in self.words.iter().zip(words) {

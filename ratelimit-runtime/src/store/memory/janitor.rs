@@ -30,10 +30,12 @@ thread_local! {
 
 impl MemoryStore {
     /// Whether the background janitor task is running. It starts at the first check made
-    /// inside a tokio runtime, and again at the next such check when its runtime shut down.
-    /// (A thread whose checks found no runtime asks again at every 64th check of its own, so
-    /// that checks made outside a runtime do not pay for asking: there the start can come up
-    /// to 63 checks late.)
+    /// inside a tokio runtime, and again at the next such check when its runtime shut down —
+    /// except on a thread whose last check found no runtime: such a thread asks tokio again
+    /// only at every 64th of its checks (whatever the store), so that checks made outside a
+    /// runtime do not pay for asking, and a store it then checks inside a runtime starts its
+    /// janitor within 64 checks. Until then only memory waits: new keys still sweep idle
+    /// entries as they come, and no decision depends on the janitor.
     pub fn has_janitor(&self) -> bool {
         self.inner.janitor_running.load(Ordering::Acquire)
     }
