@@ -29,9 +29,7 @@ mutations=(
   "driver.lua|blocked = redis.call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 0|blocked = redis.call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 1"
   "driver.lua|blocked = redis.call('EXISTS', KEYS[markers + 1]) > 0|blocked = redis.call('EXISTS', KEYS[markers + 1]) > 1"
   "driver.lua|return state_reply(l, d, false, d.retry)|return state_reply(l, d, false, 0)"
-  "driver.lua|  if nkeys == 1 then
-    return reply[1]|  if nkeys == 2 then
-    return reply[1]"
+  "driver.lua|  if nkeys == 1 then|  if nkeys >= 1 then"
   "prelude.lua|INT_FORMAT = '%d'|INT_FORMAT = '%.3g'"
   "prelude.lua|      .. ':' .. argv[base + 4] .. ':' .. argv[base + 5]|      .. ':' .. argv[base + 4]"
   "prelude.lua|local left = expiry_left(pttl)|local left = pttl * 1000"
