@@ -83,6 +83,20 @@ impl Level {
         u128::try_from(level).unwrap_or(0)
     }
 
+    /// [`Level::at_time`] in `u64`: `None` when a number would not fit.
+    fn at_time_narrow(&self, rate: u64, now: u64) -> Option<u64> {
+        let ms_us = self.ms.checked_mul(1000)?;
+        if ms_us >= now {
+            (ms_us - now).checked_mul(rate)?.checked_add(self.units)
+        } else {
+            // Behind the millisecond: what is left of `units`, at least 0.
+            Some(
+                self.units
+                    .saturating_sub((now - ms_us).saturating_mul(rate)),
+            )
+        }
+    }
+
     /// When the level is back to 0, µs.
     pub(crate) fn idle_at(&self, p: &Params) -> u64 {
         let (rate, _) = scale(p);
@@ -96,10 +110,20 @@ impl Level {
 /// by a clock ahead of this one (a failover to a replica behind): brought back to that from
 /// now, never held against the caller longer (GCRA's `tat > now + tau`).
 pub(crate) fn normalize(b: &mut Level, p: &Params, now: u64) -> bool {
-    let (rate, unit) = scale(p);
-    let most = 2 * u128::from(p.burst) * unit;
-    if b.at_time(rate, now) > most {
-        *b = Level::of(most, rate, now);
+    // 64 bits within the policy bounds (the most is 2^53 units), 128 past them.
+    let narrow = p
+        .burst
+        .checked_mul(p.unit)
+        .and_then(|c| c.checked_mul(2))
+        .zip(b.at_time_narrow(p.rate, now));
+    let (level, most) = if let Some((most, level)) = narrow {
+        (u128::from(level), u128::from(most))
+    } else {
+        let (rate, unit) = scale(p);
+        (b.at_time(rate, now), 2 * u128::from(p.burst) * unit)
+    };
+    if level > most {
+        *b = Level::of(most, u128::from(p.rate), now);
         true
     } else {
         false
@@ -107,7 +131,58 @@ pub(crate) fn normalize(b: &mut Level, p: &Params, now: u64) -> bool {
 }
 
 /// Evaluates one call; the level it leaves when admitted.
+#[inline]
 pub fn evaluate(b: Option<&Level>, p: &Params, now: u64) -> (Evaluation, Option<Level>) {
+    evaluate_narrow(b, p, now).unwrap_or_else(|| evaluate_wide(b, p, now))
+}
+
+/// [`evaluate`] in `u64`, where the policy bounds keep every number (a level of at most
+/// 2^53 units, `1000·rate` at most 2^52): `None` when one would not fit (a policy built past
+/// the bounds, as the rules' own tests do), for [`evaluate_wide`]. The same numbers wherever
+/// it answers (`narrow_and_wide_agree`), in a third of the instructions: no 128-bit arithmetic
+/// and no width check per division.
+#[inline]
+fn evaluate_narrow(b: Option<&Level>, p: &Params, now: u64) -> Option<(Evaluation, Option<Level>)> {
+    let (rate, unit) = (p.rate, p.unit);
+    if rate == 0 || unit == 0 {
+        return None;
+    }
+    let level = match b {
+        Some(b) => b.at_time_narrow(rate, now)?,
+        None => 0,
+    };
+    let capacity = p.burst.checked_mul(unit)?;
+    let after = p.cost.checked_mul(unit)?.checked_add(level)?;
+    let per_ms = rate.checked_mul(1000)?;
+    let admitted = after <= capacity;
+    let e = Evaluation {
+        admitted,
+        now_remaining: p.burst.saturating_sub(level.div_ceil(unit)),
+        now_reset_us: level.div_ceil(rate),
+        after_remaining: p.burst.saturating_sub(after.div_ceil(unit)),
+        after_reset_us: after.div_ceil(rate),
+        retry_us: if admitted {
+            0
+        } else {
+            (after - capacity).div_ceil(rate)
+        },
+    };
+    let next = if admitted {
+        // Level::of in u64: w = (now mod 1000)·rate + after, split at whole milliseconds.
+        let w = (now % 1000).checked_mul(rate)?.checked_add(after)?;
+        let ms = w / per_ms;
+        Some(Level {
+            ms: (now / 1000).checked_add(ms)?,
+            units: w - ms * per_ms,
+        })
+    } else {
+        None
+    };
+    Some((e, next))
+}
+
+/// [`evaluate`] in `u128`, where nothing overflows.
+fn evaluate_wide(b: Option<&Level>, p: &Params, now: u64) -> (Evaluation, Option<Level>) {
     let (rate, unit) = scale(p);
     let level = b.map_or(0, |b| b.at_time(rate, now));
     let capacity = u128::from(p.burst) * unit;
@@ -147,6 +222,68 @@ pub fn refund(b: Level, r: &Receipt, p: &Params, now: u64) -> Option<Level> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The `u64` path answers exactly as the `u128` one wherever it answers, and answers
+        /// for every state the policy bounds allow (a level of at most two capacities).
+        #[test]
+        fn narrow_and_wide_agree(
+            limit in 1u64..=1 << 20,
+            period_ms in 1u64..=1 << 24,
+            burst in 1u64..=1 << 32,
+            cost in 1u64..=1 << 32,
+            stamp in 0u64..=1 << 50,
+            level in any::<u64>(),
+            held in any::<bool>(),
+            later in 0u64..=1 << 40,
+            wide_numbers in any::<bool>(),
+        ) {
+            let p = if wide_numbers {
+                // Past the bounds: numbers the u64 path may refuse.
+                Params::new(limit << 40, period_ms.saturating_mul(1000) << 20, burst << 30, cost)
+            } else {
+                Params::new(limit, period_ms * 1000, burst, cost)
+            };
+            // Most states a bucket holds: at most two capacities (a full bucket and a debt).
+            let most = u64::try_from(2 * u128::from(p.burst) * u128::from(p.unit)).unwrap_or(u64::MAX);
+            let level = if held { level % most.saturating_add(1).max(1) } else { level };
+            let b = Level::of(u128::from(level), u128::from(p.rate), stamp);
+            for now in [stamp, stamp.saturating_add(later), stamp.saturating_sub(later)] {
+                for state in [None, Some(&b)] {
+                    if let Some(narrow) = evaluate_narrow(state, &p, now) {
+                        prop_assert_eq!(narrow, evaluate_wide(state, &p, now));
+                    }
+                }
+                let (mut n, mut w) = (b, b);
+                prop_assert_eq!(normalize(&mut n, &p, now), wide_normalize(&mut w, &p, now));
+                prop_assert_eq!(n, w);
+            }
+            let capacity = u128::from(p.burst) * u128::from(p.unit);
+            let bounded = capacity <= 1 << 52
+                && u128::from(p.rate) * 1000 <= 1 << 52
+                && u128::from(level) <= 2 * capacity
+                && stamp < 1 << 50;
+            if bounded && u128::from(p.cost) * u128::from(p.unit) <= capacity {
+                for now in [stamp, stamp + later] {
+                    prop_assert!(evaluate_narrow(Some(&b), &p, now).is_some());
+                    prop_assert!(evaluate_narrow(None, &p, now).is_some());
+                }
+            }
+        }
+    }
+
+    /// `normalize` as it was written in `u128` alone, for `narrow_and_wide_agree`.
+    fn wide_normalize(b: &mut Level, p: &Params, now: u64) -> bool {
+        let (rate, unit) = scale(p);
+        let most = 2 * u128::from(p.burst) * unit;
+        if b.at_time(rate, now) > most {
+            *b = Level::of(most, rate, now);
+            true
+        } else {
+            false
+        }
+    }
 
     #[test]
     fn fractional_rates_stay_exact() {
