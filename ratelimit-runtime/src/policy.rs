@@ -219,9 +219,10 @@ impl Policy {
         })
     }
 
-    /// The rules' parameters of this policy ([`Params::of`]).
-    pub(crate) const fn params(&self) -> Params {
-        self.params
+    /// The rules' parameters of this policy, borrowed (the memory store reads them on every
+    /// check; [`Params::of`] copies them).
+    pub(crate) const fn params(&self) -> &Params {
+        &self.params
     }
 
     /// The algorithm.
@@ -354,7 +355,7 @@ impl std::str::FromStr for Algorithm {
 impl Params {
     /// The parameters of `policy` (computed when the policy was built).
     pub const fn of(policy: &Policy) -> Self {
-        policy.params()
+        *policy.params()
     }
 }
 
@@ -606,7 +607,7 @@ mod share_tests {
         let mut state: Option<State> = None;
         let mut units = 0;
         for &now in times {
-            let (e, next) = algorithm::evaluate(p.algorithm(), state.as_ref(), &params, now);
+            let (e, next) = algorithm::evaluate(p.algorithm(), state.as_ref(), params, now);
             if e.admitted {
                 units += p.cost();
                 state = next;

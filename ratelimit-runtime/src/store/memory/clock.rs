@@ -9,6 +9,17 @@ use std::time::Duration;
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// Time since the clock's origin; never goes backwards.
     fn now(&self) -> Duration;
+
+    /// [`Clock::now`] in whole microseconds (saturating), the unit the store's rules count
+    /// in: the store reads this once per check. The provided method converts `now()`; a clock
+    /// that can count microseconds more cheaply overrides it (the real clock does).
+    fn now_micros(&self) -> u64 {
+        let t = self.now();
+        // `as_micros` saturated to u64, without its u128 arithmetic.
+        t.as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(t.subsec_micros()))
+    }
 }
 
 /// The real clock: monotonic, read from the CPU's time-stamp counter (the `quanta` crate, as
@@ -18,7 +29,12 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 /// `MonotonicClock` of a process calibrates the counter: a busy loop of about a millisecond
 /// (200 ms at most).
 #[derive(Debug, Clone, Copy)]
-pub struct MonotonicClock(quanta::Instant);
+pub struct MonotonicClock {
+    /// The process's calibrated source.
+    source: &'static quanta::Clock,
+    /// The source's raw reading at the origin.
+    origin: u64,
+}
 
 /// The process's calibrated source (the calibration runs once, at the first store's start).
 fn source() -> &'static quanta::Clock {
@@ -26,15 +42,31 @@ fn source() -> &'static quanta::Clock {
     SOURCE.get_or_init(quanta::Clock::new)
 }
 
+impl MonotonicClock {
+    /// Nanoseconds since the origin: one raw reading, scaled (0 before the origin, which a
+    /// counter read on another core can seem to be).
+    fn nanos(&self) -> u64 {
+        self.source.delta_as_nanos(self.origin, self.source.raw())
+    }
+}
+
 impl Default for MonotonicClock {
     fn default() -> Self {
-        Self(source().now())
+        let source = source();
+        Self {
+            source,
+            origin: source.raw(),
+        }
     }
 }
 
 impl Clock for MonotonicClock {
     fn now(&self) -> Duration {
-        source().now().saturating_duration_since(self.0)
+        Duration::from_nanos(self.nanos())
+    }
+
+    fn now_micros(&self) -> u64 {
+        self.nanos() / 1000
     }
 }
 
@@ -105,5 +137,38 @@ impl Default for TokioClock {
 impl Clock for TokioClock {
     fn now(&self) -> Duration {
         self.0.elapsed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real clock's two readings agree and never go back: each `now()` lies between the
+    /// microsecond readings taken around it.
+    #[test]
+    fn the_real_clock_reads_the_same_time_in_both_units() {
+        let clock = MonotonicClock::default();
+        let mut last = clock.now_micros();
+        for _ in 0..10_000 {
+            let between = clock.now();
+            let after = clock.now_micros();
+            let between = u64::try_from(between.as_micros()).unwrap_or(u64::MAX);
+            assert!(
+                last <= between && between <= after,
+                "{last} {between} {after}"
+            );
+            last = after;
+        }
+    }
+
+    /// The provided `now_micros` is `now()` in whole microseconds, saturated.
+    #[test]
+    fn the_provided_reading_in_microseconds_truncates_and_saturates() {
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_nanos(1_234_567_999));
+        assert_eq!(clock.now_micros(), 1_234_567);
+        clock.advance(Duration::MAX);
+        assert_eq!(clock.now_micros(), u64::MAX / 1000);
     }
 }

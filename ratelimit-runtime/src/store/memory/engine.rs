@@ -57,7 +57,7 @@ impl Inner {
     /// form takes the fast path ([`Inner::check_packed`], the shard's read lock); a new key, a
     /// sliding log or a key changing algorithm, the shard's write lock.
     pub(super) fn check_one(&self, check: &Check<'_>) -> Result<Decision, StoreError> {
-        let p = Params::of(check.policy);
+        let p = check.policy.params();
         let algorithm = check.policy.algorithm();
         let capacity = check.policy.capacity();
         let hash = self.hash(check.key);
@@ -69,7 +69,7 @@ impl Inner {
             if let Some(cell) = guard.map.get(hash, check.key)
                 && matches!(cell.form, Form::Packed(f) if f == form)
             {
-                return Ok(self.check_packed(&guard, cell, form, &p, capacity));
+                return Ok(self.check_packed(&guard, cell, form, p, capacity));
             }
         }
         let mut guard = write(shard);
@@ -78,28 +78,28 @@ impl Inner {
         // One lookup for a known key: evaluate and write through the same reference.
         if let Some(cell) = shard.map.get_mut(hash, check.key) {
             // A restamped entry can go idle sooner: the shard's sweep mark follows it.
-            if cell.normalize(&p, now) {
+            if cell.normalize(p, now) {
                 lower(&shard.next_idle, cell.idle_at());
             }
             // A sliding log changes in place: no copy of it per admission.
             if let Some((idle_at, state)) = cell.unpacked_mut() {
                 let live = now < *idle_at;
-                if let Some(e) = algorithm::evaluate_in_place(algorithm, state, live, &p, now) {
+                if let Some(e) = algorithm::evaluate_in_place(algorithm, state, live, p, now) {
                     if !e.admitted {
                         return Ok(e.untaken(capacity, false, e.retry_us));
                     }
-                    *idle_at = algorithm::idle_at(state, &p);
+                    *idle_at = algorithm::idle_at(state, p);
                     lower(&shard.next_idle, *idle_at);
                     return Ok(e.taken(capacity));
                 }
             }
             let state = cell.state();
             let base = cell.live(now).then_some(&*state);
-            let (e, next) = algorithm::evaluate(algorithm, base, &p, now);
+            let (e, next) = algorithm::evaluate(algorithm, base, p, now);
             drop(state);
             return Ok(match next {
                 Some(state) => {
-                    let entry = Entry::new(state, &p);
+                    let entry = Entry::new(state, p);
                     lower(&shard.next_idle, entry.idle_at);
                     cell.set(entry);
                     e.taken(capacity)
@@ -107,13 +107,13 @@ impl Inner {
                 None => e.untaken(capacity, false, e.retry_us),
             });
         }
-        let (e, next) = algorithm::evaluate(algorithm, None, &p, now);
+        let (e, next) = algorithm::evaluate(algorithm, None, p, now);
         match next {
             Some(state) => {
                 if !shard.make_room(now, self.max_per_shard(), |_| 1) {
                     return Err(self.full());
                 }
-                shard.insert(hash, check.key, Entry::new(state, &p));
+                shard.insert(hash, check.key, Entry::new(state, p));
                 Ok(e.taken(capacity))
             }
             // A rejection writes nothing, so it needs no room.

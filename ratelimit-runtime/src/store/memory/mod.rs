@@ -417,11 +417,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Inner {
     /// The clock, in the whole microseconds the rules count in (as the Redis scripts do).
     fn now(&self) -> u64 {
-        // `as_micros` saturated to u64, without its u128 arithmetic.
-        let t = self.clock.now();
-        t.as_secs()
-            .saturating_mul(1_000_000)
-            .saturating_add(u64::from(t.subsec_micros()))
+        self.clock.now_micros()
     }
 
     fn sweep_interval(&self) -> Duration {
