@@ -35,6 +35,8 @@ mutations=(
   "prelude.lua|local left = expiry_left(pttl)|local left = pttl * 1000"
   "prelude.lua|return pttl * 1000 + 1000 - math.fmod(now, 1000)|return pttl * 1000"
   "prelude.lua|local pttl = redis.call('PTTL', marker)|local pttl = -2"
+  "prelude.lua|p.cost_text = int(p.cost)|p.cost_text = int(p.cost + 1)"
+  "fixed.lua|redis.call('INCRBY', key, p.cost_text or int(p.cost))|redis.call('INCRBY', key, p.cost_text or int(p.cost + 1))"
   # Settles (refund.lua's settle mode): the difference given back, the excess charged, once.
   "refund.lua|cost = p.cost - actual }, r)|cost = p.cost }, r)"
   "refund.lua|local excess = math.min(actual - p.cost, l.capacity)|local excess = actual - p.cost"

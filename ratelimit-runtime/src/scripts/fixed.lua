@@ -58,13 +58,14 @@ ALGOS[1] = {
   end,
   commit = function(key, p, d)
     if d.write then
-      redis.call('INCRBY', key, int(p.cost))
+      -- A settle's excess comes with its own cost and no text (refund.lua).
+      redis.call('INCRBY', key, p.cost_text or int(p.cost))
     else
       -- PXAT from the script's clock, not PX: Redis 7.0 adds a PX to its live
       -- clock, which runs on while the script does, so a server paused between
       -- TIME and this SET would end the window later than the call's receipt
       -- says and its refund would be refused.
-      redis.call('SET', key, int(p.cost), 'PXAT', int(math.floor(now / 1000) + p.period / 1000))
+      redis.call('SET', key, p.cost_text or int(p.cost), 'PXAT', int(math.floor(now / 1000) + p.period / 1000))
     end
   end,
   -- DECRBY cost only while the call's window is still the key's: the server's
