@@ -208,8 +208,9 @@
 //! * `cluster` — `RedisClusterStore`, a Redis Cluster store;
 //! * `tls` — `rediss://` URLs (rustls);
 //! * `tower` — [`RateLimitLayer`], a Tower layer that limits a whole Axum router, tonic server
-//!   or any `tower::Service` over `http::Request` ([`layer`]); with `tonic`, the layer reads the
-//!   peer address tonic's server records;
+//!   or any `tower::Service` over `http::Request` ([`layer`]); for `by("ip")` it reads the peer
+//!   address Axum's server records with `axum`, tonic's with `tonic` (with neither, give it a
+//!   `peer_addr` hook: a limit by IP without one is refused at build);
 //! * `tonic` — gRPC methods of tonic 0.14 services (`by = "ip"`, `"header:<name>"`, `"app_id"`,
 //!   `"user"` read from their `tonic::Request`), and `tonic::Status: From<RateLimitError>`
 //!   (see [`grpc`]);

@@ -468,6 +468,9 @@ impl RateLimitLayerBuilder {
             });
         }
         let needs_peer = limits.iter().any(|l| l.by == By::Ip);
+        if let Some(limit) = limits.iter().position(|l| l.by == By::Ip) {
+            peer_source(limit, self.peer_addr.is_some(), PEER_FROM_SERVER)?;
+        }
         let dynamic = rules.iter().any(|r| {
             r.dynamic.quota != QuotaFrom::Attribute
                 || r.dynamic.count != Count::All
@@ -495,5 +498,20 @@ impl RateLimitLayerBuilder {
                 needs_peer,
             }),
         })
+    }
+}
+
+/// Whether this build reads the client's address from what a server records: Axum's
+/// `ConnectInfo` or tonic's `TcpConnectInfo` (the layer's `peer`).
+const PEER_FROM_SERVER: bool = cfg!(any(feature = "axum", feature = "tonic"));
+
+/// A limit by IP (the first, `limit`) needs somewhere to read the client's address from: the
+/// hook, or a server whose records this build reads. Refused at build, not answered 500 at
+/// every request.
+pub(super) fn peer_source(limit: usize, hook: bool, from_server: bool) -> Result<(), LayerError> {
+    if hook || from_server {
+        Ok(())
+    } else {
+        Err(LayerError::NoPeerAddress { limit })
     }
 }

@@ -68,6 +68,14 @@ pub enum LayerError {
         /// The leased limit.
         limit: usize,
     },
+    /// A limit `by("ip")` in a build that has nowhere to read the client's address from: no
+    /// [`RateLimitLayerBuilder::peer_addr`](super::RateLimitLayerBuilder::peer_addr) hook, and
+    /// neither the `axum` feature (Axum's `ConnectInfo`) nor `tonic` (its `TcpConnectInfo`).
+    /// Every request would be answered 500.
+    NoPeerAddress {
+        /// The first limit by IP.
+        limit: usize,
+    },
 }
 
 pub(super) const BYS: &str =
@@ -94,6 +102,13 @@ impl fmt::Display for LayerError {
                 f,
                 "limit #{}: a leased limit must be the layer's only one and count every outcome: a \
                  lease serves a request's one limit from units taken before it",
+                limit + 1
+            ),
+            Self::NoPeerAddress { limit } => write!(
+                f,
+                "limit #{}: by = \"ip\" needs the client's address, and this build reads it from \
+                 nowhere: enable the `axum` feature (Axum's ConnectInfo) or `tonic` (tonic's \
+                 TcpConnectInfo), or give the layer a `peer_addr` hook",
                 limit + 1
             ),
             Self::MixedCounts { limit } => write!(

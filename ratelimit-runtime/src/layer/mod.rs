@@ -583,6 +583,26 @@ mod tests {
         assert!(!layer.shared.needs_peer);
     }
 
+    #[test]
+    fn a_limit_by_ip_with_nowhere_to_read_the_address_from_is_refused_at_build() {
+        use super::builder::peer_source;
+        // Neither a hook nor a server's records this build reads (`tower` alone): refused.
+        let refused = peer_source(1, false, false).unwrap_err();
+        assert_eq!(refused, LayerError::NoPeerAddress { limit: 1 });
+        let message = refused.to_string();
+        assert!(message.starts_with("limit #2: by = \"ip\" needs the client's address"));
+        assert!(message.contains("`axum`") && message.contains("`peer_addr` hook"));
+        assert!(peer_source(1, true, false).is_ok());
+        assert!(peer_source(1, false, true).is_ok());
+        // The build's own answer: built with `axum` or `tonic` (the test command's every
+        // feature), refused with `tower` alone, unless a hook reads the address.
+        let by_ip = || RateLimitLayer::builder().num(1).period(secs(1)).by("ip");
+        let reads_records = cfg!(any(feature = "axum", feature = "tonic"));
+        assert_eq!(by_ip().build().is_ok(), reads_records);
+        let hook: PeerAddrFn = |_| None;
+        assert!(by_ip().peer_addr(hook).build().is_ok());
+    }
+
     fn limit(scope: &'static str) -> Limit {
         Limit {
             policy: Policy::from_parts(Algorithm::Fixed, 2, 10_000, 2, 1).unwrap(),
