@@ -139,8 +139,8 @@ pub fn evaluate(b: Option<&Level>, p: &Params, now: u64) -> (Evaluation, Option<
 /// [`evaluate`] in `u64`, where the policy bounds keep every number (a level of at most
 /// 2^53 units, `1000·rate` at most 2^52): `None` when one would not fit (a policy built past
 /// the bounds, as the rules' own tests do), for [`evaluate_wide`]. The same numbers wherever
-/// it answers (`narrow_and_wide_agree`), in a third of the instructions: no 128-bit arithmetic
-/// and no width check per division.
+/// it answers (`narrow_and_wide_agree`), without 128-bit arithmetic or a width check per
+/// division (the memory store's check: 692 → 665 instructions).
 #[inline]
 fn evaluate_narrow(b: Option<&Level>, p: &Params, now: u64) -> Option<(Evaluation, Option<Level>)> {
     let (rate, unit) = (p.rate, p.unit);
