@@ -175,6 +175,14 @@ pub fn say(line: &str) {
     let _ = writeln!(io::stderr(), "{line}");
 }
 
+/// How long the tests' own connections wait for a reply: the store under test sets none (the
+/// limiter's timeout bounds each check), and the redis crate's default, 500 ms, is shorter
+/// than a reply can take on a loaded 2-core machine running the whole suite (a run with one
+/// core kept busy failed on it: "cannot reach the store: timed out" in the exactness
+/// scenario's 200 concurrent calls). Long enough never to fire on a live server, short enough
+/// that a dead one fails the test.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A port on 127.0.0.1 that nothing listened on a moment ago.
 pub fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
@@ -396,17 +404,22 @@ impl RedisServer {
         redis::Client::open(self.url()).unwrap_or_else(|e| panic!("client for {}: {e}", self.url()))
     }
 
-    /// A new multiplexed connection (for inspecting keys in tests).
+    /// A new multiplexed connection (for inspecting keys in tests), with [`RESPONSE_TIMEOUT`].
     pub async fn connection(&self) -> MultiplexedConnection {
+        let config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
         self.client()
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url()))
     }
 
-    /// A new connection manager (each one is a separate TCP connection).
+    /// A new connection manager (each one is a separate TCP connection), with
+    /// [`RESPONSE_TIMEOUT`].
     pub async fn connection_manager(&self) -> ConnectionManager {
-        ConnectionManager::new(self.client())
+        let config =
+            redis::aio::ConnectionManagerConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
+        ConnectionManager::new_with_config(self.client(), config)
             .await
             .unwrap_or_else(|e| panic!("connection manager for {}: {e}", self.url()))
     }

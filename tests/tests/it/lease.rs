@@ -177,11 +177,7 @@ fn four_processes_on_one_hot_key_never_admit_more_than_the_quota() {
             .peek(HOT, &Target::global())
             .await
             .expect("peek the hot key");
-        let mut conn = server
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("a connection");
+        let mut conn = server.connection().await;
         let stats: String = redis::cmd("INFO")
             .arg("commandstats")
             .query_async(&mut conn)
@@ -646,11 +642,7 @@ async fn callers_that_hang_up_never_waste_a_lease() {
             }
         }));
     }
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("a connection");
+    let mut conn = server.connection().await;
     for at in [300, 650] {
         tokio::time::sleep_until((start + Duration::from_millis(at)).into()).await;
         let _: () = redis::cmd("CLIENT")
