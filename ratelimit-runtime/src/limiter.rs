@@ -328,19 +328,24 @@ impl RateLimiter {
         let refunds_timeouts = policy != FailurePolicy::Allow && !inner.store.is_local();
         let own_id = (call_id.is_none() && refunds_timeouts).then(crate::store::new_call_id);
         let sent_id = call_id.or(own_id.as_deref());
-        let call = match sent_id {
-            Some(id) => inner.store.take(checks, id),
-            None => inner.store.check(checks),
-        };
-        let result = if let Ok(r) = tokio::time::timeout(timeout, call).await {
-            r
+        // A store that answers at once (the memory store) needs no timeout and no future.
+        let result = if let Some(answer) = inner.store.check_at_once(checks, sent_id) {
+            answer
         } else {
-            if let Some(id) = sent_id.filter(|_| refunds_timeouts) {
-                refund_when_answered(&inner.store, checks, id);
+            let call = match sent_id {
+                Some(id) => inner.store.take(checks, id),
+                None => inner.store.check(checks),
+            };
+            if let Ok(r) = tokio::time::timeout(timeout, call).await {
+                r
+            } else {
+                if let Some(id) = sent_id.filter(|_| refunds_timeouts) {
+                    refund_when_answered(&inner.store, checks, id);
+                }
+                Err(StoreError::Timeout(timeout))
             }
-            Err(StoreError::Timeout(timeout))
         };
-        crate::observe::store_latency(inner.store.name(), sent_at.elapsed());
+        crate::observe::store_latency(inner.store.name(), sent_at);
         if let Err(error) = &result {
             crate::observe::store_error(inner.store.name(), error);
         }
@@ -711,6 +716,66 @@ pub(crate) mod tests {
                 "{line}"
             );
         }
+    }
+
+    /// A store whose futures never finish but which answers at once from memory: every
+    /// call is answered at once, never by the timeout (which `Deny` would turn into errors).
+    #[derive(Debug, Default)]
+    struct AtOnceStore {
+        memory: MemoryStore,
+    }
+
+    impl Store for AtOnceStore {
+        fn check<'a>(&'a self, _: &'a [Check<'a>]) -> StoreFuture<'a> {
+            Box::pin(std::future::pending())
+        }
+
+        fn check_at_once(
+            &self,
+            checks: &[Check<'_>],
+            call_id: Option<&str>,
+        ) -> Option<Result<Verdict, StoreError>> {
+            self.memory.check_at_once(checks, call_id)
+        }
+
+        fn name(&self) -> &'static str {
+            "at-once"
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_answers_at_once_is_never_timed_out() {
+        let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60)).unwrap();
+        let checks = [Check::new(KEY, &policy)];
+        let limiter = RateLimiter::builder()
+            .store(AtOnceStore::default())
+            .failure_policy(FailurePolicy::Deny)
+            .build_lazy()
+            .unwrap();
+        let answers: Vec<bool> = five_checks(&limiter, &checks).await;
+        assert_eq!(answers, [true, true, true, false, false]);
+        assert!(!limiter.store_failing());
+        // The memory store answers at once for checks and for takes alike.
+        let memory = MemoryStore::new();
+        let at_once = memory.check_at_once(&checks, None).unwrap().unwrap();
+        assert_eq!(at_once.decisions()[0].remaining, 2);
+        let took = memory
+            .check_at_once(&checks, Some("0a1b"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(took.decisions()[0].remaining, 1);
+        // Other stores are asked through their futures.
+        assert!(FakeStore::default().check_at_once(&checks, None).is_none());
+    }
+
+    /// Five checks one after the other: whether each was admitted (an error fails the test).
+    async fn five_checks(limiter: &RateLimiter, checks: &[Check<'_>]) -> Vec<bool> {
+        let mut answers = Vec::new();
+        for _ in 0..5 {
+            let verdict = limiter.check(checks).await.unwrap();
+            answers.push(verdict.is_admitted());
+        }
+        answers
     }
 
     #[tokio::test(start_paused = true)]

@@ -63,8 +63,6 @@
 //! with `tracing-subscriber`'s `EnvFilter`). Like the metrics, **no event holds a caller
 //! value**: they carry the scope, never the key, the address or the user.
 
-use std::time::Duration;
-
 use crate::algorithm::Algorithm;
 use crate::decision::Verdict;
 use crate::error::StoreError;
@@ -228,12 +226,12 @@ pub(crate) fn count_verdict<'a>(
     }
 }
 
-/// Records how long one store call took.
+/// Records how long one store call took, from when it was sent (read only with `metrics`).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 #[inline]
-pub(crate) fn store_latency(store: &'static str, took: Duration) {
+pub(crate) fn store_latency(store: &'static str, sent_at: tokio::time::Instant) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!(STORE_SECONDS, "store" => store).record(took.as_secs_f64());
+    metrics::histogram!(STORE_SECONDS, "store" => store).record(sent_at.elapsed().as_secs_f64());
 }
 
 /// The `tracing` targets of the limiter's events, one per concern. They are part of the API:

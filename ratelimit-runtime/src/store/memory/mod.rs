@@ -343,6 +343,17 @@ impl Store for MemoryStore {
         Box::pin(async move { self.check_now(checks) })
     }
 
+    fn check_at_once(
+        &self,
+        checks: &[Check<'_>],
+        call_id: Option<&str>,
+    ) -> Option<Result<Verdict, StoreError>> {
+        Some(match call_id {
+            Some(id) => self.take_now(checks, id),
+            None => self.check_now(checks),
+        })
+    }
+
     fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
         Box::pin(async move { self.take_now(checks, call_id) })
     }
