@@ -19,7 +19,7 @@ mod model;
 mod scripts;
 mod slots;
 mod standin;
-mod trace;
+pub(crate) mod trace;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

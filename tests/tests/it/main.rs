@@ -37,6 +37,7 @@ pub mod macro_plain;
 pub mod memory_store;
 pub mod o1_algorithms;
 pub mod ops;
+pub mod oracle;
 pub mod redis_faults;
 pub mod redis_store;
 pub mod settle;
