@@ -263,7 +263,8 @@ impl RateLimiter {
     /// Behaviour:
     /// * a caller the store rejected recently is rejected from the blocked-caller cache (remote
     ///   stores; see [`Settings::blocked_cache`]) without a round trip;
-    /// * otherwise the store is asked, for at most [`Settings::timeout`];
+    /// * otherwise the store is asked, for at most [`Settings::timeout`] (a store that answers
+    ///   at once, as the memory store does, is asked without one: [`Store::check_at_once`]);
     /// * a store error or a timeout is answered by the [`FailurePolicy`], and so are the checks
     ///   made while the store is known to be failing (the breaker; see the module docs), until
     ///   a probe finds the store answering again. The policy is the strictest of the checks'
@@ -318,20 +319,21 @@ impl RateLimiter {
             Gate::Probe(guard) => Some(guard),
         };
         let sent_at = tokio::time::Instant::now();
-        let timeout = inner.settings.timeout;
-        // A call the store does not answer in time is still queued there and runs when the
-        // store wakes. Under `allow` it was admitted, so the store counting it is right; under
-        // `deny` and `local` it was answered without the store, which must not count it. So
-        // under those policies every check is sent as a take (an admitted call leaves
-        // receipts), and one that timed out is refunded by receipt in the background.
-        // (A local store answers at once: it is never asked for receipts.)
-        let refunds_timeouts = policy != FailurePolicy::Allow && !inner.store.is_local();
-        let own_id = (call_id.is_none() && refunds_timeouts).then(crate::store::new_call_id);
-        let sent_id = call_id.or(own_id.as_deref());
-        // A store that answers at once (the memory store) needs no timeout and no future.
-        let result = if let Some(answer) = inner.store.check_at_once(checks, sent_id) {
+        // A store that answers at once (the memory store) needs no timeout and no future, so
+        // no call id of the limiter's own either (below).
+        let result = if let Some(answer) = inner.store.check_at_once(checks, call_id) {
             answer
         } else {
+            let timeout = inner.settings.timeout;
+            // A call the store does not answer in time is still queued there and runs when
+            // the store wakes. Under `allow` it was admitted, so the store counting it is
+            // right; under `deny` and `local` it was answered without the store, which must
+            // not count it. So under those policies every check is sent as a take (an
+            // admitted call leaves receipts), and one that timed out is refunded by receipt in
+            // the background. (A local store answers at once: it is never asked for receipts.)
+            let refunds_timeouts = policy != FailurePolicy::Allow && !inner.store.is_local();
+            let own_id = (call_id.is_none() && refunds_timeouts).then(crate::store::new_call_id);
+            let sent_id = call_id.or(own_id.as_deref());
             let call = match sent_id {
                 Some(id) => inner.store.take(checks, id),
                 None => inner.store.check(checks),
@@ -723,6 +725,8 @@ pub(crate) mod tests {
     #[derive(Debug, Default)]
     struct AtOnceStore {
         memory: MemoryStore,
+        /// Whether each call came with a call id.
+        with_ids: Mutex<Vec<bool>>,
     }
 
     impl Store for AtOnceStore {
@@ -735,6 +739,7 @@ pub(crate) mod tests {
             checks: &[Check<'_>],
             call_id: Option<&str>,
         ) -> Option<Result<Verdict, StoreError>> {
+            self.with_ids.lock().unwrap().push(call_id.is_some());
             self.memory.check_at_once(checks, call_id)
         }
 
@@ -747,14 +752,19 @@ pub(crate) mod tests {
     async fn a_store_that_answers_at_once_is_never_timed_out() {
         let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60)).unwrap();
         let checks = [Check::new(KEY, &policy)];
+        let store = Arc::new(AtOnceStore::default());
         let limiter = RateLimiter::builder()
-            .store(AtOnceStore::default())
+            .shared_store(store.clone())
             .failure_policy(FailurePolicy::Deny)
             .build_lazy()
             .unwrap();
         let answers: Vec<bool> = five_checks(&limiter, &checks).await;
         assert_eq!(answers, [true, true, true, false, false]);
         assert!(!limiter.store_failing());
+        // Nothing to refund after a timeout that cannot happen: no call id of the limiter's
+        // own, so no receipts left behind. (The fifth call was answered by the blocked-caller
+        // cache: the store is not local.)
+        assert_eq!(*store.with_ids.lock().unwrap(), [false; 4]);
         // The memory store answers at once for checks and for takes alike.
         let memory = MemoryStore::new();
         let at_once = memory.check_at_once(&checks, None).unwrap().unwrap();

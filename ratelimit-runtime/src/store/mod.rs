@@ -192,7 +192,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// `None` by default; the built-in [`MemoryStore`] answers every call, as its futures do
     /// on their first poll. A store of your own answers only what it can decide in this
-    /// process without blocking: the answer is not bounded by the limiter's timeout.
+    /// process without blocking: the answer is not bounded by the limiter's timeout. A store
+    /// that wraps another (to log, audit or refuse calls) forwards this method only when its
+    /// own `check` and `take` add nothing to the inner store's: the limiter asks this first and
+    /// does not call them when it answers.
     fn check_at_once(
         &self,
         checks: &[Check<'_>],
