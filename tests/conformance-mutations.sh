@@ -36,6 +36,7 @@ mutations=(
   "prelude.lua|return pttl * 1000 + 1000 - math.fmod(now, 1000)|return pttl * 1000"
   "prelude.lua|local pttl = redis.call('PTTL', marker)|local pttl = -2"
   "prelude.lua|p.cost_text = int(p.cost)|p.cost_text = int(p.cost + 1)"
+  "prelude.lua|return n ~= nil and n >= least and n < 9007199254740992 and n == math.floor(n)|return n ~= nil and n >= least"
   "fixed.lua|redis.call('INCRBY', key, p.cost_text or int(p.cost))|redis.call('INCRBY', key, p.cost_text or int(p.cost + 1))"
   # Settles (refund.lua's settle mode): the difference given back, the excess charged, once.
   "refund.lua|cost = p.cost - actual }, r)|cost = p.cost }, r)"

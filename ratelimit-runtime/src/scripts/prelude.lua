@@ -204,6 +204,13 @@ local PARSED = {}
 local PARSED_COUNT = 0
 local PARSED_MAX = 1000
 
+-- Whether a parsed argument is a whole number from `least` up to below 2^53 (so that
+-- `int()` writes it exactly): `tonumber` also takes "1.5", "nan" and "inf", which no limit
+-- is (the stores send whole numbers).
+local function whole(n, least)
+  return n ~= nil and n >= least and n < 9007199254740992 and n == math.floor(n)
+end
+
 local function parse_limits(argv, offset, nkeys)
   local limits = {}
   for i = 1, nkeys do
@@ -223,8 +230,8 @@ local function parse_limits(argv, offset, nkeys)
         burst = tonumber(argv[base + 4]),
         cost = tonumber(argv[base + 5]),
       }
-      if not (p.limit and p.period and p.burst and p.cost)
-        or p.limit < 1 or p.period < 1000 or p.burst < 1 or p.cost < 1 then
+      if not (whole(p.limit, 1) and whole(p.period, 1000) and whole(p.burst, 1)
+        and whole(p.cost, 1)) then
         return nil, redis.error_reply('ERR ratelimit: invalid parameters for key ' .. i)
       end
       -- The cost as the decimal text commands take (the fixed window's INCRBY), made

@@ -837,6 +837,47 @@ add(redis.status_reply('FINE'))
 return out
 ";
 
+/// A limit whose numbers are not whole numbers from 1 (the period from 1,000 µs) below 2^53 is
+/// refused with an error reply before anything is read or written, whatever `tonumber` makes of
+/// it; a whole number written another way (`1e3`, ` 5`) is that number.
+#[test]
+fn limits_that_are_not_whole_numbers_are_refused() {
+    let lua = LuaStore::new(EPOCH_US + START_US);
+    let keys = [b"k".to_vec(), b"k:b".to_vec()];
+    let call = |args: [&str; 5]| {
+        let argv: Vec<Vec<u8>> = args.iter().map(|a| a.as_bytes().to_vec()).collect();
+        lua.run_driver(&[Algorithm::Fixed], &keys, &argv)
+    };
+    for bad in [
+        ["1", "10", "60000000", "10", "1.5"],
+        ["1", "nan", "60000000", "10", "1"],
+        ["1", "10", "inf", "10", "1"],
+        ["1", "10", "60000000", "-inf", "1"],
+        ["1", "10", "60000000", "10", "9007199254740992"],
+        ["1", "10", "999", "10", "1"],
+        ["1", "0", "60000000", "10", "1"],
+        ["1", "10", "60000000", "10", "x"],
+    ] {
+        match call(bad) {
+            Reply::Error(e) => assert!(e.contains("invalid parameters"), "{bad:?}: {e}"),
+            other => panic!("{bad:?}: expected an error reply, got {other:?}"),
+        }
+    }
+    assert!(
+        lua.lua().db().shapes().is_empty(),
+        "a refused call wrote something"
+    );
+    for good in [
+        ["1", "1e1", "6e7", "10", "1"],
+        ["1", "10", "60000000", "10", " 5"],
+    ] {
+        let Reply::Array(reply) = call(good) else {
+            panic!("{good:?}: expected a decision");
+        };
+        assert_eq!(reply.first(), Some(&Reply::Int(1)), "{good:?}: admitted");
+    }
+}
+
 /// Commands the scripts use, each sent through `redis.call` / `redis.pcall` in one script to the
 /// stand-in and to a real server: the same replies. Covers expiry classes, counters that keep
 /// their TTL, sorted-set bounds, ranks, limits and score formatting, member updates, emptied
