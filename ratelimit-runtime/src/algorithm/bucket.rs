@@ -120,7 +120,10 @@ pub(crate) fn normalize(b: &mut Level, p: &Params, now: u64) -> bool {
         (u128::from(level), u128::from(most))
     } else {
         let (rate, unit) = scale(p);
-        (b.at_time(rate, now), 2 * u128::from(p.burst) * unit)
+        (
+            b.at_time(rate, now),
+            u128::from(p.burst).saturating_mul(unit).saturating_mul(2),
+        )
     };
     if level > most {
         *b = Level::of(most, u128::from(p.rate), now);
@@ -185,8 +188,9 @@ fn evaluate_narrow(b: Option<&Level>, p: &Params, now: u64) -> Option<(Evaluatio
 fn evaluate_wide(b: Option<&Level>, p: &Params, now: u64) -> (Evaluation, Option<Level>) {
     let (rate, unit) = scale(p);
     let level = b.map_or(0, |b| b.at_time(rate, now));
-    let capacity = u128::from(p.burst) * unit;
-    let after = level + u128::from(p.cost) * unit;
+    // Saturating: `Params` built past the policy bounds (the rules' own tests) must not wrap.
+    let capacity = u128::from(p.burst).saturating_mul(unit);
+    let after = level.saturating_add(u128::from(p.cost).saturating_mul(unit));
     let admitted = after <= capacity;
     let burst = u128::from(p.burst);
     let e = Evaluation {
@@ -211,7 +215,9 @@ fn evaluate_wide(b: Option<&Level>, p: &Params, now: u64) -> (Evaluation, Option
 pub fn refund(b: Level, r: &Receipt, p: &Params, now: u64) -> Option<Level> {
     let (rate, unit) = scale(p);
     let drained = u128::from(now.saturating_sub(r.at_us)).saturating_mul(rate);
-    let give = (u128::from(p.cost) * unit).saturating_sub(drained);
+    let give = u128::from(p.cost)
+        .saturating_mul(unit)
+        .saturating_sub(drained);
     if give == 0 {
         return Some(b);
     }
@@ -268,6 +274,43 @@ mod tests {
                 for now in [stamp, stamp + later] {
                     prop_assert!(evaluate_narrow(Some(&b), &p, now).is_some());
                     prop_assert!(evaluate_narrow(None, &p, now).is_some());
+                }
+            }
+        }
+    }
+
+    /// Parameters past every bound (only the rules' own tests build them: `Policy` refuses
+    /// them) never overflow: no panic in a debug build, no wrapped level in a release one.
+    #[test]
+    fn numbers_past_the_bounds_saturate() {
+        let max = u64::MAX;
+        for p in [
+            Params::new(max, max, max, max),
+            Params::new(1, max, max, max),
+            Params::new(max, 1000, max, 1),
+            Params::new(max - 1, max, max / 2, max / 3),
+        ] {
+            for state in [
+                None,
+                Some(Level {
+                    ms: max,
+                    units: max,
+                }),
+                Some(Level { ms: 0, units: 0 }),
+            ] {
+                for now in [0, 1, max / 2, max] {
+                    let (e, next) = evaluate(state.as_ref(), &p, now);
+                    assert!(e.now_remaining <= p.burst && e.after_remaining <= p.burst);
+                    if let Some(mut b) = state.or(next) {
+                        normalize(&mut b, &p, now);
+                        let r = Receipt {
+                            at_us: 0,
+                            reset_us: 0,
+                            first: 0,
+                        };
+                        let _ = refund(b, &r, &p, now);
+                        let _ = b.idle_at(&p);
+                    }
                 }
             }
         }

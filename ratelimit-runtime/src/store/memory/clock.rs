@@ -144,8 +144,10 @@ impl Clock for TokioClock {
 mod tests {
     use super::*;
 
-    /// The real clock's two readings agree and never go back: each `now()` lies between the
-    /// microsecond readings taken around it.
+    /// The real clock's two readings agree: each `now()` lies between the microsecond readings
+    /// taken around it. (Within a microsecond: the time-stamp counters of two cores a thread
+    /// moves between may differ by a few nanoseconds, which the store's rules absorb as a
+    /// clock that stepped back.)
     #[test]
     fn the_real_clock_reads_the_same_time_in_both_units() {
         let clock = MonotonicClock::default();
@@ -155,7 +157,7 @@ mod tests {
             let after = clock.now_micros();
             let between = u64::try_from(between.as_micros()).unwrap_or(u64::MAX);
             assert!(
-                last <= between && between <= after,
+                last <= between + 1 && between <= after + 1,
                 "{last} {between} {after}"
             );
             last = after;
