@@ -40,20 +40,10 @@ impl Level {
     /// A level of `level` units at `now`: `w = (now mod 1000)·rate + level` past the start of
     /// now's millisecond.
     pub fn of(level: u128, rate: u128, now: u64) -> Self {
-        // Within the policy bounds (a level of at most 2^53 units, 1000·rate at most 2^52)
-        // every number here fits in 64 bits, whose division is several times cheaper than
-        // 128-bit division; the same numbers either way.
         if let (Ok(level), Ok(rate)) = (u64::try_from(level), u64::try_from(rate))
-            && let Some(per_ms) = rate.checked_mul(1000).filter(|&m| m > 0)
-            && let Some(w) = (now % 1000)
-                .checked_mul(rate)
-                .and_then(|w| w.checked_add(level))
+            && let Some(b) = Self::of_narrow(level, rate, now)
         {
-            let ms = w / per_ms;
-            return Self {
-                ms: (now / 1000).saturating_add(ms),
-                units: w - ms * per_ms,
-            };
+            return b;
         }
         let per_ms = 1000 * rate;
         let w = u128::from(now % 1000) * rate + level;
@@ -62,6 +52,20 @@ impl Level {
             ms: sat(u128::from(now / 1000) + ms),
             units: sat(w - ms * per_ms.max(1)),
         }
+    }
+
+    /// [`Level::of`] in `u64`: `None` when a number would not fit (or `rate` is 0). Within
+    /// the policy bounds (a level of at most 2^53 units, 1000·rate at most 2^52) every number
+    /// fits, and 64-bit division is several times cheaper than 128-bit; the same numbers
+    /// either way.
+    fn of_narrow(level: u64, rate: u64, now: u64) -> Option<Self> {
+        let per_ms = rate.checked_mul(1000).filter(|&m| m > 0)?;
+        let w = (now % 1000).checked_mul(rate)?.checked_add(level)?;
+        let ms = w / per_ms;
+        Some(Self {
+            ms: (now / 1000).checked_add(ms)?,
+            units: w - ms * per_ms,
+        })
     }
 
     /// The level at `now`: `(ms·1000 − now)·rate + units`, at least 0.
@@ -156,7 +160,6 @@ fn evaluate_narrow(b: Option<&Level>, p: &Params, now: u64) -> Option<(Evaluatio
     };
     let capacity = p.burst.checked_mul(unit)?;
     let after = p.cost.checked_mul(unit)?.checked_add(level)?;
-    let per_ms = rate.checked_mul(1000)?;
     let admitted = after <= capacity;
     let e = Evaluation {
         admitted,
@@ -171,13 +174,7 @@ fn evaluate_narrow(b: Option<&Level>, p: &Params, now: u64) -> Option<(Evaluatio
         },
     };
     let next = if admitted {
-        // Level::of in u64: w = (now mod 1000)·rate + after, split at whole milliseconds.
-        let w = (now % 1000).checked_mul(rate)?.checked_add(after)?;
-        let ms = w / per_ms;
-        Some(Level {
-            ms: (now / 1000).checked_add(ms)?,
-            units: w - ms * per_ms,
-        })
+        Some(Level::of_narrow(after, rate, now)?)
     } else {
         None
     };
