@@ -306,8 +306,14 @@ impl RateLimiter {
     /// which is a copy of it) from the failure policy's.
     async fn ask(&self, checks: &[Check<'_>], call_id: Option<&str>) -> Asked {
         let inner = &*self.inner;
-        if let Some(blocked) = &inner.blocked
-            && let Some(verdict) = blocked.lookup(checks, tokio::time::Instant::now())
+        // When the store is asked, read once for the two that need it: the blocked-caller
+        // cache (its lookup, and a rejection's block, which counts from before the store
+        // answered so that it never ends after the store's own) and the latency metric. A
+        // store with no cache (a local one) reads no clock here without `metrics`.
+        let sent_at =
+            (inner.blocked.is_some() || cfg!(feature = "metrics")).then(tokio::time::Instant::now);
+        if let (Some(blocked), Some(now)) = (&inner.blocked, sent_at)
+            && let Some(verdict) = blocked.lookup(checks, now)
         {
             log_rejection(checks, &verdict, "blocked-cache");
             return Asked::Store(verdict);
@@ -318,7 +324,6 @@ impl RateLimiter {
             Gate::Closed => None,
             Gate::Probe(guard) => Some(guard),
         };
-        let sent_at = tokio::time::Instant::now();
         // A store that answers at once (the memory store) needs no timeout and no future, so
         // no call id of the limiter's own either (below).
         let result = if let Some(answer) = inner.store.check_at_once(checks, call_id) {
@@ -363,7 +368,9 @@ impl RateLimiter {
                 }
                 drop(probe);
                 if !verdict.is_admitted() {
-                    if let Some(blocked) = inner.blocked.as_ref().filter(|_| call_id.is_none()) {
+                    if let (Some(blocked), Some(sent_at)) = (&inner.blocked, sent_at)
+                        && call_id.is_none()
+                    {
                         blocked.record(checks, &verdict, sent_at);
                     }
                     log_rejection(checks, &verdict, inner.store.name());

@@ -226,12 +226,15 @@ pub(crate) fn count_verdict<'a>(
     }
 }
 
-/// Records how long one store call took, from when it was sent (read only with `metrics`).
+/// Records how long one store call took, from when it was sent (`Some` with `metrics`).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 #[inline]
-pub(crate) fn store_latency(store: &'static str, sent_at: tokio::time::Instant) {
+pub(crate) fn store_latency(store: &'static str, sent_at: Option<tokio::time::Instant>) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!(STORE_SECONDS, "store" => store).record(sent_at.elapsed().as_secs_f64());
+    if let Some(sent_at) = sent_at {
+        metrics::histogram!(STORE_SECONDS, "store" => store)
+            .record(sent_at.elapsed().as_secs_f64());
+    }
 }
 
 /// The `tracing` targets of the limiter's events, one per concern. They are part of the API:
