@@ -316,7 +316,7 @@ pub use limit::FailurePolicy;
 pub use limit::{By, Limit};
 pub use limiter::admin::Target;
 pub use limiter::exempt::{CallerView, Exemptions};
-pub use limiter::{Builder, RateLimiter, Settings};
+pub use limiter::{Builder, RateLimiter, Settings, ShutdownTimedOut};
 pub use net::{IntoNetwork, IpNet, IpNetParseError};
 pub use policy::{MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS, Policy, PolicyError};
 pub use quota::{AsQuota, Quota};

@@ -26,6 +26,7 @@ mod lease;
 mod log_throttle;
 mod overrides;
 mod shadow;
+mod shutdown;
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, OnceLock};
@@ -45,6 +46,7 @@ pub use self::builder::Builder;
 use self::env::{TIMEOUT_ENV, env_store, parse_timeout_ms};
 use self::failure::refund_when_answered;
 use self::log_throttle::{LOG_INTERVAL, LogThrottle};
+pub use self::shutdown::ShutdownTimedOut;
 use crate::limit::FailurePolicy;
 
 /// Milliseconds since `origin`, saturating.
@@ -121,6 +123,8 @@ struct Inner {
     overrides: overrides::Overrides,
     /// The leases this process holds on hot keys ([`crate::lease`]).
     leases: lease::Leases,
+    /// Background store calls in flight, and whether [`RateLimiter::shutdown`] ran.
+    background: shutdown::Background,
 }
 
 /// A store with the settings every check uses. Cheap to clone.
@@ -173,6 +177,7 @@ impl RateLimiter {
                 warnings: LogThrottle::new(LOG_INTERVAL),
                 overrides: overrides::Overrides::default(),
                 leases: lease::Leases::default(),
+                background: shutdown::Background::default(),
             }),
         }
     }
@@ -347,7 +352,7 @@ impl RateLimiter {
                 r
             } else {
                 if let Some(id) = sent_id.filter(|_| refunds_timeouts) {
-                    refund_when_answered(&inner.store, checks, id);
+                    refund_when_answered(self, checks, id);
                 }
                 Err(StoreError::Timeout(timeout))
             }

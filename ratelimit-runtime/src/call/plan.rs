@@ -433,7 +433,9 @@ impl Drop for Taken {
         };
         let limits = std::mem::take(&mut self.plan.limits);
         let keys = std::mem::take(&mut self.plan.keys);
+        let tracked = limiter.track(); // shutdown waits for the release
         runtime.spawn(async move {
+            let _tracked = tracked;
             let checks: Vec<Check<'_>> = limits
                 .iter()
                 .zip(&keys)

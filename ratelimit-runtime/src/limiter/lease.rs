@@ -122,6 +122,8 @@ struct State {
 
 /// A lease this process holds.
 struct Held {
+    /// The limit's scope (the return's labels).
+    scope: &'static str,
     /// The take's receipts.
     call_id: String,
     /// The limit's policy with the take's units as its cost.
@@ -251,6 +253,7 @@ impl Take {
             .await
             .is_ok_and(|r| r.is_ok_and(|acknowledged| acknowledged));
         let held = Held {
+            scope,
             call_id,
             policy,
             left: k - cost,
@@ -302,6 +305,7 @@ impl RateLimiter {
             return None;
         };
         (call_id.is_none()
+            && !self.is_shut_down()
             && limit.lease.is_some()
             && Lease::supports(limit.policy.algorithm())
             && !self.is_shadow(limit)
@@ -368,7 +372,7 @@ impl RateLimiter {
                 cost,
                 now,
             };
-            if let Ok(Some(verdict)) = tokio::spawn(take.run(refill)).await {
+            if let Ok(Some(verdict)) = self.spawn_tracked(take.run(refill)).await {
                 return Ok(verdict);
             }
             // Fewer than `k` units left, or no answer from the store: the call's own check
@@ -393,7 +397,8 @@ impl RateLimiter {
     /// Keeps `held` in `slot` until it ends (then retires it), or retires it at once when its
     /// life is over already (a window ending now) or it has nothing left.
     fn hold(&self, slot: &Arc<Slot>, scope: &'static str, key: &str, held: Held) {
-        if held.left == 0 || held.until <= Instant::now() {
+        // After shutdown, a take that was in flight gives its lease back at once.
+        if held.left == 0 || held.until <= Instant::now() || self.is_shut_down() {
             self.retire(scope, key, held, false);
             return;
         }
@@ -440,7 +445,7 @@ impl RateLimiter {
             );
         }
         let (limiter, key) = (self.clone(), key.to_owned());
-        tokio::spawn(async move {
+        self.spawn_tracked(async move {
             let check = Check::new(&key, &held.policy).with_scope(scope);
             let taken = held.policy.cost();
             if held.left == 0 {
@@ -452,6 +457,24 @@ impl RateLimiter {
                 crate::observe::lease_units_returned(scope, held.left);
             }
         });
+    }
+
+    /// Gives back every lease this process holds ([`RateLimiter::shutdown`]): each ends now,
+    /// and what it did not use goes back by its receipt, in the background.
+    pub(super) fn return_leases(&self) {
+        let slots: Vec<(Box<str>, Arc<Slot>)> = {
+            let table = self.inner.leases.table.read();
+            let table = table.unwrap_or_else(PoisonError::into_inner);
+            (table.slots.iter())
+                .map(|(key, slot)| (key.clone(), Arc::clone(slot)))
+                .collect()
+        };
+        for (key, slot) in slots {
+            let held = slot.lock().held.take();
+            if let Some(held) = held {
+                self.retire(held.scope, &key, held, true);
+            }
+        }
     }
 
     /// Units this process holds in leases now ([`crate::lease`]): taken from their quotas and

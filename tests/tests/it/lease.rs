@@ -670,3 +670,99 @@ async fn callers_that_hang_up_never_waste_a_lease() {
         "admitted {admitted}, cut {cut}, counted {counted}"
     );
 }
+
+// ---------------------------------------------------------------- shutdown
+
+/// The quota of the shutdown test's key: far above what its calls take, so that every call is
+/// admitted and only the leases' unused units could make Redis count more.
+const ROOMY: u64 = 1_000_000;
+
+#[rate_limit(
+    num = 1000000,
+    time = 60,
+    scope = "lease-shutdown",
+    lease = "1s",
+    export = "ROOMY_HOT"
+)]
+async fn roomy_hot() -> Result<(), RateLimitError> {
+    Ok(())
+}
+
+/// What Redis counts for [`roomy_hot`]'s key, peeked through a limiter of its own.
+async fn roomy_counted(server: &RedisServer) -> u64 {
+    let reader = RateLimiter::builder()
+        .redis_url(server.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("connect");
+    let peeked = reader
+        .peek(ROOMY_HOT, &Target::global())
+        .await
+        .expect("peek");
+    ROOMY - peeked.decisions()[0].remaining
+}
+
+/// Four limiters on their own connections (four processes of a fleet) each make 8 × 600 leased
+/// calls on one hot key, then shut down: the units they held in leases go back, so Redis counts
+/// exactly what they admitted (without shutdown, up to a lease's units more per process until
+/// the leases end). A call after shutdown still goes to Redis, one unit, no lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_that_shut_down_leave_exactly_what_they_admitted_counted() {
+    let _saturating = ratelimit_tests::SATURATING.lock().await;
+    let server = RedisServer::start();
+    let mut limiters = Vec::new();
+    for _ in 0..PROCESSES {
+        let limiter = RateLimiter::builder()
+            .redis_url(server.url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .expect("connect to the test's Redis");
+        limiters.push(limiter);
+    }
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for limiter in &limiters {
+        for _ in 0..8 {
+            let admitted = Arc::clone(&admitted);
+            tasks.spawn(limiter.clone().scope(async move {
+                for _ in 0..600 {
+                    let answer = roomy_hot().await;
+                    assert!(answer.is_ok(), "{answer:?}");
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    while let Some(task) = tasks.join_next().await {
+        task.expect("a calling task");
+    }
+    let admitted = admitted.load(Ordering::Relaxed);
+    let held: Vec<u64> = limiters.iter().map(RateLimiter::lease_units_held).collect();
+    let before = roomy_counted(&server).await;
+    for limiter in &limiters {
+        limiter
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("shut down within 10 s");
+        assert_eq!(limiter.lease_units_held(), 0);
+    }
+    let counted = roomy_counted(&server).await;
+    say(&format!(
+        "shutdown: {PROCESSES} processes admitted {admitted}; Redis counted {before} before shutdown (units held in leases {held:?}), {counted} after"
+    ));
+    assert!(held.iter().any(|&h| h > 0), "no lease was held: {held:?}");
+    assert_eq!(counted, admitted, "Redis counts exactly what was admitted");
+
+    // After shutdown: answered at the store, one unit, never from a lease; shutting down
+    // again is a no-op.
+    let late = limiters[0].clone().scope(roomy_hot()).await;
+    assert!(late.is_ok(), "{late:?}");
+    assert_eq!(limiters[0].lease_units_held(), 0);
+    assert_eq!(roomy_counted(&server).await, admitted + 1);
+    limiters[0]
+        .shutdown(Duration::from_secs(1))
+        .await
+        .expect("a second shutdown");
+}
