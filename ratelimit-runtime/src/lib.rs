@@ -249,6 +249,8 @@ mod net;
 pub mod observe;
 mod policy;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 // Run-time quotas: callers' plans and scope overrides.
 mod quota;
 // Who is calling: what a request offers the limiter, read alike on every transport.
@@ -271,7 +273,8 @@ pub mod __private;
     feature = "tower",
     feature = "tonic",
     feature = "metrics",
-    feature = "cluster"
+    feature = "cluster",
+    feature = "testing"
 ))]
 pub mod guide {
     #[doc = include_str!("../docs/attribute.md")]
@@ -288,6 +291,8 @@ pub mod guide {
     pub mod stores {}
     #[doc = include_str!("../docs/operations.md")]
     pub mod operations {}
+    #[doc = include_str!("../docs/testing.md")]
+    pub mod testing {}
 }
 
 /// The README's code blocks, compiled and run as doc tests: a snippet that stops compiling
