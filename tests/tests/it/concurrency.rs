@@ -478,3 +478,46 @@ async fn a_key_per_call_leaves_no_holders_behind_memory() {
     assert!(store.len() <= 64, "{} keys held", store.len());
     assert_eq!(store.receipts_held(), 0);
 }
+
+/// One call at a time, held until told (or panicking while it holds its slot).
+#[rate_limit(algo = "concurrency", num = 1, time = 60, scope = "conc_retry")]
+async fn one_until(gate: Arc<Notify>, panic: bool) -> Result<(), RateLimitError> {
+    assert!(!panic, "the body panics while it holds its slot");
+    gate.notified().await;
+    Ok(())
+}
+
+/// On the memory store a slot is free again before a cancelled call's drop returns, and before
+/// a panicking call's task is joined: a call retried at once (no await in between that would
+/// let a background release run; one thread) is admitted.
+#[tokio::test(flavor = "current_thread")]
+async fn a_call_retried_at_once_after_a_cancelled_or_panicking_one_is_admitted_memory() {
+    let limiter = memory().await;
+    let gate = Arc::new(Notify::new());
+    // A call that holds the only slot, cancelled mid-body (its future dropped).
+    let mut held = Box::pin(limiter.clone().scope(one_until(Arc::clone(&gate), false)));
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(held.as_mut().poll(cx))).await;
+    assert!(first.is_pending(), "the first call holds its slot");
+    let refused = limiter.clone().scope(one_until(Arc::clone(&gate), false));
+    assert!(refused.await.unwrap_err().is_limited(), "one slot, taken");
+    drop(held);
+    let mut retried = Box::pin(limiter.clone().scope(one_until(Arc::clone(&gate), false)));
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(retried.as_mut().poll(cx))).await;
+    assert!(
+        polled.is_pending(),
+        "the retry is admitted and runs: {polled:?}"
+    );
+    drop(retried);
+
+    // A call that panics while it holds the slot, in a task of its own.
+    let panicked = tokio::spawn(limiter.clone().scope(one_until(Arc::clone(&gate), true)));
+    assert!(panicked.await.unwrap_err().is_panic());
+    let mut retried = Box::pin(limiter.clone().scope(one_until(Arc::clone(&gate), false)));
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(retried.as_mut().poll(cx))).await;
+    assert!(
+        polled.is_pending(),
+        "the retry is admitted and runs: {polled:?}"
+    );
+    gate.notify_one();
+    retried.await.expect("admitted, and let through");
+}
