@@ -981,6 +981,36 @@ pub(crate) mod tests {
         );
     }
 
+    /// What users hold (a `usize` from configuration, an `i64`) is taken; what does not fit a
+    /// process count (0, negative, past `u32::MAX`) is a config error, never a panic.
+    #[test]
+    fn a_local_share_takes_any_integer_and_refuses_what_does_not_fit() {
+        let share = |b: Builder| b.build_lazy().map(|l| l.settings().local_share.get());
+        assert_eq!(
+            share(RateLimiter::builder().local_share(3_usize)).ok(),
+            Some(3)
+        );
+        assert_eq!(
+            share(RateLimiter::builder().local_share(5_i64)).ok(),
+            Some(5)
+        );
+        assert_eq!(
+            share(RateLimiter::builder().local_share(u32::MAX)).ok(),
+            Some(u32::MAX)
+        );
+        for refused in [
+            RateLimiter::builder().local_share(u64::from(u32::MAX) + 1),
+            RateLimiter::builder().local_share(usize::MAX),
+            RateLimiter::builder().local_share(-1_i32),
+        ] {
+            let err = share(refused).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Invalid(m) if m.contains("local_share")),
+                "{err}"
+            );
+        }
+    }
+
     #[test]
     fn a_local_share_of_zero_is_a_config_error() {
         let err = RateLimiter::builder()

@@ -22,7 +22,7 @@ impl RateLimiter {
             deny: Vec::new(),
             require_noeviction: false,
             overrides: Vec::new(),
-            local_share: 1,
+            local_share: Some(1),
         }
     }
 }
@@ -108,8 +108,9 @@ pub struct Builder {
     require_noeviction: bool,
     /// Scope quotas set from the start ([`Builder::override_quota`]).
     pub(super) overrides: Vec<(String, crate::quota::Quota)>,
-    /// [`Builder::local_share`], as given (0 fails the build).
-    local_share: u32,
+    /// [`Builder::local_share`], as given (0, or a number past `u32::MAX`: `None`, fails the
+    /// build).
+    local_share: Option<u32>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -228,8 +229,9 @@ impl Builder {
     /// A call whose `cost` is more than its share's capacity cannot be admitted within the
     /// share: it is refused as under [`FailurePolicy::Deny`] while the store is down. The
     /// healthy path is untouched: the store keeps the whole quota. Count the processes that
-    /// serve the limits (replicas); more than there are only makes each share smaller. `0`
-    /// fails the build ([`ConfigError::Invalid`]).
+    /// serve the limits (replicas); more than there are only makes each share smaller. It takes
+    /// any integer (a replica count read from configuration is often a `usize`); `0`, a
+    /// negative number or one past `u32::MAX` fails the build ([`ConfigError::Invalid`]).
     ///
     /// ```
     /// use ratelimit_runtime::{FailurePolicy, RateLimiter};
@@ -241,10 +243,16 @@ impl Builder {
     ///     .build_lazy()?;
     /// assert_eq!(limiter.settings().local_share.get(), 4);
     /// assert!(RateLimiter::builder().local_share(0).build_lazy().is_err());
+    ///
+    /// let replicas: usize = 3; // as read from configuration
+    /// let limiter = RateLimiter::builder().local_share(replicas).build_lazy()?;
+    /// assert_eq!(limiter.settings().local_share.get(), 3);
+    /// # #[cfg(target_pointer_width = "64")]
+    /// assert!(RateLimiter::builder().local_share(usize::MAX).build_lazy().is_err());
     /// # Ok::<(), ratelimit_runtime::ConfigError>(())
     /// ```
-    pub fn local_share(mut self, instances: u32) -> Self {
-        self.local_share = instances;
+    pub fn local_share(mut self, instances: impl TryInto<u32>) -> Self {
+        self.local_share = instances.try_into().ok();
         self
     }
 
@@ -422,12 +430,14 @@ impl Builder {
                 self.settings.http.ipv6_prefix
             )));
         }
-        self.settings.local_share = std::num::NonZeroU32::new(self.local_share).ok_or_else(|| {
-            ConfigError::Invalid(
-                "local_share must be at least 1: the number of processes that share each limit during an outage"
-                    .to_owned(),
-            )
-        })?;
+        self.settings.local_share = (self.local_share)
+            .and_then(std::num::NonZeroU32::new)
+            .ok_or_else(|| {
+                ConfigError::Invalid(
+                    "local_share must be between 1 and 4294967295: the number of processes that share each limit during an outage"
+                        .to_owned(),
+                )
+            })?;
         if self.settings.timeout.is_zero() {
             return Err(ConfigError::Invalid(
                 "the timeout must be positive".to_owned(),
