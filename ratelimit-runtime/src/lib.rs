@@ -304,7 +304,7 @@ pub mod guide {
     feature = "tower",
     feature = "tonic"
 ))]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
 pub use algorithm::Algorithm;
