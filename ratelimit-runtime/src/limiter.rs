@@ -98,7 +98,7 @@ impl Default for Settings {
         Self {
             prefix: key::DEFAULT_PREFIX.to_owned(),
             timeout: Self::DEFAULT_TIMEOUT,
-            failure_policy: FailurePolicy::Allow,
+            failure_policy: FailurePolicy::Local,
             blocked_cache: Self::DEFAULT_BLOCKED_CACHE,
             http: HttpSettings::default(),
             shadow: false,
@@ -277,7 +277,7 @@ impl RateLimiter {
     /// use std::time::Duration;
     /// use ratelimit_runtime::{Algorithm, Check, FailurePolicy, Policy, RateLimiter};
     ///
-    /// // A Redis nobody listens on, with the default policy (allow).
+    /// // A Redis nobody listens on, with the default policy (local: checked in this process).
     /// let limiter = RateLimiter::builder().redis_url("redis://127.0.0.1:1").build_lazy()?;
     /// let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60))?;
     /// let search = Check::new("search", &policy);

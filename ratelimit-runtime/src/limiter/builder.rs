@@ -12,7 +12,8 @@ use crate::store::{MemoryStore, RedisStore, Store};
 
 impl RateLimiter {
     /// A builder with the defaults: memory store, prefix `ratelimit`, no trusted proxies,
-    /// IPv6 grouped by /64, 50 ms timeout, fail open, IETF headers.
+    /// IPv6 grouped by /64, 50 ms timeout, [`FailurePolicy::Local`] while the store fails, IETF
+    /// headers.
     pub fn builder() -> Builder {
         Builder {
             store: StoreChoice::Memory,
@@ -211,7 +212,17 @@ impl Builder {
         self
     }
 
-    /// What to do when the store fails (default [`FailurePolicy::Allow`]).
+    /// What to do when the store fails (default [`FailurePolicy::Local`]: the same limits,
+    /// checked in this process, so that an outage or a failover never switches a limit off;
+    /// [`FailurePolicy::Allow`] to fail open, [`FailurePolicy::Deny`] to fail closed).
+    ///
+    /// ```
+    /// use ratelimit_runtime::{FailurePolicy, RateLimiter};
+    /// let limiter = RateLimiter::builder().redis_url("redis://127.0.0.1:6379").build_lazy()?;
+    /// assert_eq!(limiter.settings().failure_policy, FailurePolicy::Local);
+    /// assert_eq!(FailurePolicy::default(), FailurePolicy::Local);
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.settings.failure_policy = policy;
         self
