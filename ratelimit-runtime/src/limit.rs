@@ -90,6 +90,10 @@ pub struct Limit {
     /// (`lease = "100ms"`, `lease_max`; see [`crate::lease`]); `None`: every call is checked
     /// at the store.
     pub lease: Option<Lease>,
+    /// Whether this limit's admitted calls wait for a replica to acknowledge their write
+    /// ([`Limit::with_replica_ack`]; the limiter's
+    /// [`Builder::replica_ack`](crate::Builder::replica_ack) asks it of every limit).
+    pub replica_ack: bool,
 }
 
 impl Limit {
@@ -117,6 +121,7 @@ impl Limit {
             shadow: false,
             failure_policy: None,
             lease: None,
+            replica_ack: false,
         }
     }
 
@@ -150,6 +155,28 @@ impl Limit {
     #[must_use]
     pub const fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.failure_policy = Some(policy);
+        self
+    }
+
+    /// The same limit, its admitted calls waiting for a replica to acknowledge their write (see
+    /// [`Builder::replica_ack`](crate::Builder::replica_ack), which asks it of every limit): a
+    /// Cluster failover never forgets an admitted call of this limit. A write no replica
+    /// acknowledged in time is answered by the failure policy; a limit that must never admit
+    /// more than its quota pairs it with [`FailurePolicy::Deny`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, By, FailurePolicy, Limit, Policy};
+    /// let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60))?;
+    /// let login = Limit::new(policy, "login", By::User)
+    ///     .failure_policy(FailurePolicy::Deny)
+    ///     .with_replica_ack();
+    /// assert!(login.replica_ack);
+    /// # Ok::<(), ratelimit_runtime::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub const fn with_replica_ack(mut self) -> Self {
+        self.replica_ack = true;
         self
     }
 

@@ -91,6 +91,7 @@ pub(super) fn limit_literal(p: &TokenStream, l: &valid::Limit, fn_name: &str) ->
             shadow: #shadow,
             failure_policy: #failure_policy,
             lease: #lease,
+            replica_ack: false,
         }
     }
 }

@@ -259,6 +259,35 @@ impl Builder {
         self
     }
 
+    /// Whether an admitted check waits for a replica of the store's master to acknowledge its
+    /// write (Redis `WAIT 1`, at most 10 ms or the timeout if shorter) before the call is
+    /// admitted; default `false`. A Redis master acknowledges a write before its replica has
+    /// it, so a failover can forget the last counts it acknowledged and admit those calls
+    /// again; with this on, no admitted call's count is lost by a failover to the replica that
+    /// acknowledged it. A write no replica acknowledged in time is a store failure for that
+    /// call ([`StoreError::Unreplicated`](crate::StoreError::Unreplicated)): the failure policy
+    /// answers it, and the count is given back when the policy does not admit the call. Costs
+    /// one more round trip per admitted call (measured in BENCHMARKS.md).
+    ///
+    /// It applies to `RedisClusterStore`, whose masters have replicas. A master without a
+    /// replica never acknowledges: every admitted call would be answered by the failure
+    /// policy (and logged). The memory store and [`RedisStore`] (one server) have no replica
+    /// to wait for: there it changes nothing. See the guide's stores chapter, "Failover".
+    ///
+    /// ```
+    /// use ratelimit_runtime::RateLimiter;
+    /// let limiter = RateLimiter::builder()
+    ///     .redis_url("redis://127.0.0.1:6379") // `redis_cluster([...])` in production
+    ///     .replica_ack(true)
+    ///     .build_lazy()?;
+    /// assert!(limiter.settings().replica_ack);
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
+    pub fn replica_ack(mut self, on: bool) -> Self {
+        self.settings.replica_ack = on;
+        self
+    }
+
     /// Which rate-limit fields responses carry (default `HeaderStyle::Ietf(IetfDraft::Draft11)`:
     /// [`HeaderStyle`]).
     pub fn header_style(mut self, style: HeaderStyle) -> Self {
