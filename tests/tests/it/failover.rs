@@ -252,3 +252,132 @@ async fn deny_with_replica_ack_loses_no_admitted_count_through_a_failover() {
         "the promoted master counts {counted}, fewer than the {admitted} admitted: a count was lost"
     );
 }
+
+/// Rounds of the replica acknowledgement's cost measurement, each contender once per round.
+const COST_ROUNDS: usize = 5;
+
+/// One contender's run in a round of the cost measurement.
+const COST_RUN: Duration = Duration::from_secs(1);
+
+/// Concurrent callers in the cost measurement.
+const COST_TASKS: usize = 16;
+
+/// What one timed run saw: admitted calls, calls answered by an error, and every call's
+/// latency in microseconds.
+struct Run {
+    admitted: u64,
+    failed: u64,
+    latencies_us: Vec<u64>,
+}
+
+/// [`COST_TASKS`] callers on `limiter` for [`COST_RUN`], each over keys of its own (1,000
+/// callers in all, spread over the cluster's slots) under a quota that admits them all.
+async fn timed_run(limiter: &RateLimiter, policy: Policy, round: usize) -> Run {
+    let start = Instant::now();
+    let mut tasks = JoinSet::new();
+    for t in 0..COST_TASKS {
+        let limiter = limiter.clone();
+        tasks.spawn(async move {
+            let mut run = Run {
+                admitted: 0,
+                failed: 0,
+                latencies_us: Vec::new(),
+            };
+            for i in 0..MAX_CALLS {
+                if start.elapsed() >= COST_RUN {
+                    break;
+                }
+                let key = format!(
+                    "ratelimit:{{cost:{round}:{}}}:fixed",
+                    (i * 16 + t as u64) % 1000
+                );
+                let sent = Instant::now();
+                let answer = limiter.check(&[Check::new(&key, &policy)]).await;
+                let took = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+                run.latencies_us.push(took);
+                match answer {
+                    Ok(v) if v.is_admitted() => run.admitted += 1,
+                    Ok(_) => {}
+                    Err(_) => run.failed += 1,
+                }
+            }
+            run
+        });
+    }
+    let mut all = Run {
+        admitted: 0,
+        failed: 0,
+        latencies_us: Vec::new(),
+    };
+    while let Some(joined) = tasks.join_next().await {
+        let run = joined.unwrap_or_else(|e| panic!("a caller panicked: {e}"));
+        all.admitted += run.admitted;
+        all.failed += run.failed;
+        all.latencies_us.extend(run.latencies_us);
+    }
+    all
+}
+
+/// The `q` quantile (0 to 1) of `v`, in microseconds.
+fn quantile(v: &mut [u64], q: f64) -> u64 {
+    v.sort_unstable();
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let i = ((v.len().saturating_sub(1)) as f64 * q) as usize;
+    v.get(i).copied().unwrap_or(0)
+}
+
+/// The cost of replica acknowledgement, measured side by side on a Cluster with replicas
+/// (BENCHMARKS.md): three limiters on connections of their own — `allow` (checks without
+/// receipts), the default `local` (every check a take with receipts, so that a timed-out one
+/// can be given back), and `local` with `replica_ack` — in interleaved rounds of [`COST_RUN`]
+/// each with [`COST_TASKS`] callers; prints checks a second and latency quantiles per round and
+/// the median ratios. Ignored: a measurement, not a test. Run it with
+/// `cargo test -p ratelimit-tests --all-features --test it -- failover::replica_ack_cost --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement for BENCHMARKS.md, not a test"]
+async fn replica_ack_cost() {
+    let _saturating = ratelimit_tests::SATURATING.lock().await;
+    let cluster = RedisCluster::start().await;
+    let contenders = [
+        (
+            "allow",
+            process(&cluster, Some(FailurePolicy::Allow), false).await,
+        ),
+        ("local", process(&cluster, None, false).await),
+        ("local+ack", process(&cluster, None, true).await),
+    ];
+    let policy = Policy::new(Algorithm::Fixed, 1_000_000, Duration::from_hours(1))
+        .unwrap_or_else(|e| panic!("{e}"));
+    for (_, limiter) in &contenders {
+        let _warm = timed_run(limiter, policy, 0).await;
+    }
+    let (mut receipts, mut ratios) = (Vec::new(), Vec::new());
+    for round in 1..=COST_ROUNDS {
+        let mut rates = [0.0; 3];
+        for (i, (name, limiter)) in contenders.iter().enumerate() {
+            let mut run = timed_run(limiter, policy, round).await;
+            #[allow(clippy::cast_precision_loss)]
+            let rate = run.admitted as f64 / COST_RUN.as_secs_f64();
+            rates[i] = rate;
+            say(&format!(
+                "replica-ack-cost round={round} limiter={name} checks_per_s={rate:.0} failed={} p50_us={} p99_us={}",
+                run.failed,
+                quantile(&mut run.latencies_us, 0.5),
+                quantile(&mut run.latencies_us, 0.99),
+            ));
+        }
+        receipts.push(rates[1] / rates[0]);
+        ratios.push(rates[2] / rates[1]);
+    }
+    for (what, mut v) in [("local/allow", receipts), ("local+ack/local", ratios)] {
+        v.sort_by(f64::total_cmp);
+        say(&format!(
+            "replica-ack-cost median ratio {what} of checks a second: {:.2} ({v:?})",
+            v[v.len() / 2]
+        ));
+    }
+}
