@@ -91,7 +91,7 @@ pub struct Limit {
     /// at the store.
     pub lease: Option<Lease>,
     /// Whether this limit's admitted calls wait for a replica to acknowledge their write
-    /// ([`Limit::with_replica_ack`]; the limiter's
+    /// (the attribute's `replica_ack = true`, [`Limit::with_replica_ack`]; the limiter's
     /// [`Builder::replica_ack`](crate::Builder::replica_ack) asks it of every limit).
     pub replica_ack: bool,
 }

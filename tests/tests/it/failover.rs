@@ -176,9 +176,52 @@ async fn run_through_a_failover(
 
 /// The leased limit of the default policy's failover: a fixed window of 200 an hour, in the
 /// other limits' slot (its scope is their hash tag).
-#[rate_limit(num = 200, time = 3600, scope = "failover-default", lease = "100ms")]
+#[rate_limit(
+    num = 200,
+    time = 3600,
+    scope = "failover-default",
+    lease = "100ms",
+    export = "LEASED_LIMITS"
+)]
 async fn leased() -> Result<(), RateLimitError> {
     Ok(())
+}
+
+/// A limit asking for replica acknowledgement by its attribute.
+#[rate_limit(
+    num = 3,
+    time = 60,
+    scope = "failover-acked",
+    on_store_error = "deny",
+    replica_ack = true,
+    export = "ACKED"
+)]
+async fn acked() -> Result<(), RateLimitError> {
+    Ok(())
+}
+
+/// `replica_ack = true` on the attribute is the limit's [`Limit::replica_ack`]; on one Redis
+/// server (no replica to wait for) it changes nothing: the quota, then limited.
+///
+/// [`Limit::replica_ack`]: ratelimit_runtime::Limit::replica_ack
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attribute_s_replica_ack_reaches_the_limit() {
+    assert!(ACKED[0].replica_ack && !LEASED_LIMITS[0].replica_ack);
+    let server = ratelimit_tests::redis_server::RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis_url(server.url())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("build: {e}"));
+    limiter
+        .scope(async {
+            for _ in 0..3 {
+                acked().await.unwrap_or_else(|e| panic!("admitted: {e}"));
+            }
+            assert!(acked().await.is_err_and(|e| e.is_limited()));
+        })
+        .await;
 }
 
 /// The default policy (`local`): a limit of 200 an hour admits, through a failover, at most
