@@ -148,10 +148,11 @@
 //! # When the store fails
 //!
 //! A check never hangs: each is bounded by [`Builder::timeout`], and a store that failed is
-//! skipped for a short backoff. The [`FailurePolicy`] answers meanwhile: admit
-//! ([`FailurePolicy::Allow`], the default), refuse ([`FailurePolicy::Deny`]: a 503, or
-//! [`RateLimitError::StoreUnavailable`]), or check the same limits in this process
-//! ([`FailurePolicy::Local`]). One limit can choose its own (`on_store_error = "deny"` on the
+//! skipped for a short backoff. The [`FailurePolicy`] answers meanwhile: check the same limits
+//! in this process ([`FailurePolicy::Local`], the default: a store that is away, for an outage
+//! or the seconds of a Cluster failover, never switches a limit off), refuse
+//! ([`FailurePolicy::Deny`]: a 503, or [`RateLimitError::StoreUnavailable`]), or admit
+//! ([`FailurePolicy::Allow`], fail open, by name). One limit can choose its own (`on_store_error = "deny"` on the
 //! attribute, [`Limit::failure_policy`]); a call stacking limits gets the strictest. The limits
 //! are exact while checks answer within the timeout; past it, the policy answers. Checks go
 //! back to the store as soon as it answers. A store error

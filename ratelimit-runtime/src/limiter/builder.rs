@@ -12,7 +12,8 @@ use crate::store::{MemoryStore, RedisStore, Store};
 
 impl RateLimiter {
     /// A builder with the defaults: memory store, prefix `ratelimit`, no trusted proxies,
-    /// IPv6 grouped by /64, 50 ms timeout, fail open, IETF headers.
+    /// IPv6 grouped by /64, 50 ms timeout, [`FailurePolicy::Local`] while the store fails, IETF
+    /// headers.
     pub fn builder() -> Builder {
         Builder {
             store: StoreChoice::Memory,
@@ -212,7 +213,17 @@ impl Builder {
         self
     }
 
-    /// What to do when the store fails (default [`FailurePolicy::Allow`]).
+    /// What to do when the store fails (default [`FailurePolicy::Local`]: the same limits,
+    /// checked in this process, so that an outage or a failover never switches a limit off;
+    /// [`FailurePolicy::Allow`] to fail open, [`FailurePolicy::Deny`] to fail closed).
+    ///
+    /// ```
+    /// use ratelimit_runtime::{FailurePolicy, RateLimiter};
+    /// let limiter = RateLimiter::builder().redis_url("redis://127.0.0.1:6379").build_lazy()?;
+    /// assert_eq!(limiter.settings().failure_policy, FailurePolicy::Local);
+    /// assert_eq!(FailurePolicy::default(), FailurePolicy::Local);
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.settings.failure_policy = policy;
         self
@@ -253,6 +264,35 @@ impl Builder {
     /// ```
     pub fn local_share(mut self, instances: impl TryInto<u32>) -> Self {
         self.local_share = instances.try_into().ok();
+        self
+    }
+
+    /// Whether an admitted check waits for a replica of the store's master to acknowledge its
+    /// write (Redis `WAIT 1`, at most 10 ms or the timeout if shorter) before the call is
+    /// admitted; default `false`. A Redis master acknowledges a write before its replica has
+    /// it, so a failover can forget the last counts it acknowledged and admit those calls
+    /// again; with this on, no admitted call's count is lost by a failover to the replica that
+    /// acknowledged it. A write no replica acknowledged in time is a store failure for that
+    /// call ([`StoreError::Unreplicated`](crate::StoreError::Unreplicated)): the failure policy
+    /// answers it, and the count is given back when the policy does not admit the call. Costs
+    /// one more round trip per admitted call (measured in BENCHMARKS.md).
+    ///
+    /// It applies to `RedisClusterStore`, whose masters have replicas. A master without a
+    /// replica never acknowledges: every admitted call would be answered by the failure
+    /// policy (and logged). The memory store and [`RedisStore`] (one server) have no replica
+    /// to wait for: there it changes nothing. See the guide's stores chapter, "Failover".
+    ///
+    /// ```
+    /// use ratelimit_runtime::RateLimiter;
+    /// let limiter = RateLimiter::builder()
+    ///     .redis_url("redis://127.0.0.1:6379") // `redis_cluster([...])` in production
+    ///     .replica_ack(true)
+    ///     .build_lazy()?;
+    /// assert!(limiter.settings().replica_ack);
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
+    pub fn replica_ack(mut self, on: bool) -> Self {
+        self.settings.replica_ack = on;
         self
     }
 

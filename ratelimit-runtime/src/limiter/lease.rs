@@ -33,10 +33,6 @@ const MAX_KEYS: usize = 4096;
 /// least time between two such sweeps (a full table of busy keys is not scanned per call).
 const IDLE: Duration = Duration::from_secs(2);
 
-/// The longest a lease's take waits for a replica to acknowledge it ([`crate::Store::replicate`];
-/// at most the limiter's timeout). On loopback a healthy replica answers in well under 1 ms.
-const REPLICA_WAIT: Duration = Duration::from_millis(10);
-
 /// How long a key whose last take no replica acknowledged is checked call by call (no lease)
 /// before trying again: a master that lost its replica (the one a failover promoted) would
 /// otherwise cost every take the wait.
@@ -248,10 +244,7 @@ impl Take {
         // Kept only once a replica has the take: a failover must not forget `k` units that
         // this process goes on serving. Not replicated in time, the take serves this call
         // only (as an ordinary check would) and gives the rest back now.
-        let wait = limiter.inner.settings.timeout.min(REPLICA_WAIT);
-        let replicated = tokio::time::timeout(wait * 2, limiter.inner.store.replicate(&key, wait))
-            .await
-            .is_ok_and(|r| r.is_ok_and(|acknowledged| acknowledged));
+        let replicated = limiter.replicated(&key).await;
         let held = Held {
             scope,
             call_id,

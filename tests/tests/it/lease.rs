@@ -435,7 +435,13 @@ async fn a_lease_that_cannot_be_taken_follows_the_failure_policy() {
     async fn deny() -> Result<(), RateLimitError> {
         Ok(())
     }
-    #[rate_limit(num = 100000, time = 60, scope = "lease-down-allow", lease = "100ms")]
+    #[rate_limit(
+        num = 100000,
+        time = 60,
+        scope = "lease-down-allow",
+        lease = "100ms",
+        on_store_error = "allow"
+    )]
     async fn allow() -> Result<(), RateLimitError> {
         Ok(())
     }
