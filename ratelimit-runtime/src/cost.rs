@@ -45,11 +45,12 @@ impl Units {
     /// a call that used nothing gives its whole estimate back; beyond 2^52, or unbounded, is
     /// 2^52, more than any capacity), or `Err(value)` when negative.
     pub fn to_used(self) -> Result<u64, i128> {
-        const MOST: u64 = crate::algorithm::WAIVED_CAPACITY;
         match self.0 {
             Some(n) if n < 0 => Err(n),
-            Some(n) => Ok(u64::try_from(n).unwrap_or(MOST).min(MOST)),
-            None => Ok(MOST),
+            Some(n) => Ok(crate::algorithm::settled_units(
+                u64::try_from(n).unwrap_or(u64::MAX),
+            )),
+            None => Ok(crate::algorithm::settled_units(u64::MAX)),
         }
     }
 

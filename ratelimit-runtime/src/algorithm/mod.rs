@@ -386,6 +386,25 @@ pub fn refund(state: Option<State>, receipt: &Receipt, p: &Params, now: u64) -> 
 /// above any real one, so the rule of [`evaluate`] admits the charge.
 pub const WAIVED_CAPACITY: u64 = 1 << 52;
 
+/// The units a settle charges for `used` units reported used: at most [`WAIVED_CAPACITY`],
+/// the most the scripts take, which is more than any capacity (the excess charged is one
+/// capacity either way). The one conversion of every settle entry point, so that a huge value
+/// (`u64::MAX`, 2^53) is "the whole quota and more" on every store, never a number a script
+/// refuses (which would leave the call counted at its estimate).
+///
+/// ```
+/// use ratelimit_runtime::algorithm::{WAIVED_CAPACITY, settled_units};
+/// assert_eq!(settled_units(250), 250);
+/// assert_eq!(settled_units(u64::MAX), WAIVED_CAPACITY);
+/// ```
+pub const fn settled_units(used: u64) -> u64 {
+    if used > WAIVED_CAPACITY {
+        WAIVED_CAPACITY
+    } else {
+        used
+    }
+}
+
 /// Settles one limit of a call taken at `p.cost` units (its estimate) to the `actual` units it
 /// used (`settle = …`): the new state (`None`: no state, the key is deleted), the state
 /// unchanged when there is nothing to settle.
@@ -418,6 +437,7 @@ pub fn settle(
     if algorithm == Algorithm::Concurrency {
         return state; // a slot is held, not spent: nothing to settle
     }
+    let actual = settled_units(actual);
     match actual.cmp(&p.cost) {
         Ordering::Equal => state,
         Ordering::Less => match receipt {

@@ -283,7 +283,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// call's receipt (never more than the call still holds; nothing once the receipt
     /// expired); more charges the excess whatever the limit's state (a debt the next calls
     /// wait out); the same leaves it counted. The receipts are dropped. The rule is
-    /// [`crate::algorithm::settle`]. A settle sent twice (a client's retry after a timeout)
+    /// [`crate::algorithm::settle`]; an amount past what the scripts take is charged as that
+    /// most ([`crate::algorithm::settled_units`]: the whole quota and more), never refused. A settle sent twice (a client's retry after a timeout)
     /// settles once on the Redis stores, which mark the receipts settled; the pipeline sends
     /// one settle per call.
     ///

@@ -676,33 +676,45 @@ async fn a_settled_limit_merged_with_a_fixed_cost_settles_no_lower_than_it() {
     assert_eq!(admitted(1, 20).await, 50);
 }
 
-/// A settled amount the caller can push high (2^52, the most a settle takes) is charged one
-/// capacity at most, on every algorithm: the limit is one period in debt, never wiped (a
-/// level beyond 2^63 once read as an empty bucket on Redis) and never locked for good.
+/// A settled amount the caller can push high (2^52, the most the scripts take, 2^53 or
+/// `u64::MAX` through the manual API) is charged one capacity at most, on every algorithm and
+/// every store alike: the limit is one period in debt, never wiped (a level beyond 2^63 once
+/// read as an empty bucket on Redis), never left at the estimate (a settle the scripts refuse)
+/// and never locked for good.
 async fn huge_settle_scenario(limiter: &RateLimiter) {
-    for algorithm in Algorithm::ALL {
-        let minute = Duration::from_secs(60);
-        let policy = Policy::new(algorithm, QUOTA, minute).expect("policy");
-        let estimated = policy.with_cost(ESTIMATE).expect("estimate");
-        let key = format!("{{huge}}:{algorithm}");
-        let checks = [Check::new(&key, &estimated)];
-        let (verdict, id) = limiter.take(&checks).await.expect("take");
-        assert!(verdict.is_admitted(), "{algorithm}");
-        limiter.settle(&checks, &id, &[1 << 52]).await;
-        let unit = policy.with_cost(1).expect("unit");
-        let read = limiter
-            .store()
-            .peek(&[Check::new(&key, &unit)])
-            .await
-            .expect("peek");
-        let d = read.decisions()[0];
-        assert!(!d.admitted, "{algorithm}: a debt, not a fresh limit: {d:?}");
-        assert_eq!(d.remaining, 0, "{algorithm}");
-        assert!(
-            d.reset_after <= 2 * minute + Duration::from_secs(1),
-            "{algorithm}: the debt lasts about a period, not {:?}",
-            d.reset_after
-        );
+    for (used, name) in [(1 << 52, "2^52"), (1 << 53, "2^53"), (u64::MAX, "u64::MAX")] {
+        for algorithm in Algorithm::ALL {
+            let minute = Duration::from_secs(60);
+            let policy = Policy::new(algorithm, QUOTA, minute).expect("policy");
+            let estimated = policy.with_cost(ESTIMATE).expect("estimate");
+            let key = format!("{{huge}}:{algorithm}:{name}");
+            let checks = [Check::new(&key, &estimated)];
+            let (verdict, id) = limiter.take(&checks).await.expect("take");
+            assert!(verdict.is_admitted(), "{algorithm}");
+            limiter.settle(&checks, &id, &[used]).await;
+            let mut admitted = 0;
+            for _ in 0..10 {
+                admitted += u32::from(limiter.check(&checks).await.expect("check").is_admitted());
+            }
+            assert_eq!(
+                admitted, 0,
+                "{algorithm}, settled to {name}: takes of {ESTIMATE} admitted after it"
+            );
+            let unit = policy.with_cost(1).expect("unit");
+            let read = limiter
+                .store()
+                .peek(&[Check::new(&key, &unit)])
+                .await
+                .expect("peek");
+            let d = read.decisions()[0];
+            assert!(!d.admitted, "{algorithm}: a debt, not a fresh limit: {d:?}");
+            assert_eq!(d.remaining, 0, "{algorithm}");
+            assert!(
+                d.reset_after <= 2 * minute + Duration::from_secs(1),
+                "{algorithm}: the debt lasts about a period, not {:?}",
+                d.reset_after
+            );
+        }
     }
 }
 

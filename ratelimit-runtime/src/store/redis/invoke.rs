@@ -329,8 +329,8 @@ where
         };
         limit_args(cmd, checks);
         if let Mode::Settle(_, actual) = mode {
-            for units in actual {
-                cmd.arg(*units);
+            for &units in actual {
+                cmd.arg(crate::algorithm::settled_units(units));
             }
         }
     };
