@@ -28,6 +28,12 @@
 //!   loses its units until the take's receipt expires (the store counts them).
 //!   The gauge `ratelimit_lease_units_held` reports the units held in leases now
 //!   ([`crate::observe`]).
+//! * **Admin calls reach the leases**: [`RateLimiter::block`](crate::RateLimiter::block) and
+//!   [`RateLimiter::reset`](crate::RateLimiter::reset) end the leases of the process that makes
+//!   them at once (a block gives their unused units back, a reset gives nothing back: they were
+//!   counted in the state it deletes), and a leased call consults blocks before it is served.
+//!   Another process's leases are reached within one lease's life: until then it serves at
+//!   most the units it held.
 //! * **Failures are answered as today**: a lease that cannot be taken (the store fails, does
 //!   not answer in time, or rejects the take because fewer than `k` units are left) becomes an
 //!   ordinary check of the call, answered by the store or by the failure policy. A lease is

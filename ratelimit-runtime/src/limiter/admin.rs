@@ -198,7 +198,9 @@ impl RateLimiter {
     /// rejected this caller shortly before keeps rejecting it until the wait the store gave
     /// it ends (at most the limit's `retry_after`, under a period). Run with
     /// [`crate::Builder::blocked_cache`]`(0)` where a reset must take effect everywhere at
-    /// once.
+    /// once. This limiter's leases ([`crate::lease`]) of those keys end at once, giving nothing
+    /// back (their units were counted in the state the reset deletes); another instance serves
+    /// at most the one lease it holds, for at most the lease's life.
     ///
     /// ```
     /// use std::time::Duration;
@@ -219,7 +221,10 @@ impl RateLimiter {
         let limits = &self.in_force(limits);
         let keys = target.keys(self, limits)?;
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        self.admin(self.inner.store.reset(&refs)).await?;
+        let resetting = self.resetting_leases(limits, &refs).await;
+        let reset = self.admin(self.inner.store.reset(&refs)).await;
+        drop(resetting);
+        reset?;
         if let Some(blocked) = &self.inner.blocked {
             blocked.remove(&refs);
         }
@@ -237,7 +242,9 @@ impl RateLimiter {
     /// [`crate::RateLimitError::Limited`]) and takes nothing.
     ///
     /// On Redis, each check reads whether a block exists for its keys (one `EXISTS` in the
-    /// check's script, for all of the call's limits at once).
+    /// check's script, for all of the call's limits at once). This limiter's leases
+    /// ([`crate::lease`]) of those keys end at once and give their unused units back; another
+    /// instance serves at most the units its lease holds, for at most the lease's life.
     ///
     /// ```
     /// use std::time::Duration;
@@ -272,6 +279,7 @@ impl RateLimiter {
                 .collect();
             blocked.block(&checks, sent_at + duration);
         }
+        self.block_leases(limits, &refs);
         tracing::info!(target: crate::observe::log::ADMIN,
             scope = limits.first().map_or("", |l| l.scope),
             duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),

@@ -8,6 +8,11 @@
 //! retires the old lease (what it did not use goes back by receipt, in the background) and
 //! takes `k` units as one take of cost `k`; at `k` = the call's cost it makes the ordinary
 //! check instead.
+//!
+//! An admin call ([`RateLimiter::block`], [`RateLimiter::reset`]) ends the key's lease at once
+//! (`block_leases`, `resetting_leases`) and moves the slot's epoch on: a take that was in flight
+//! then is never held, and a lease taken before a reset gives nothing back after it (its units
+//! were counted in the state the reset deleted). A reset waits for the returns in flight first.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,6 +96,42 @@ impl Leases {
     pub(super) fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
     }
+
+    /// The slot of `key` if it has one.
+    fn existing(&self, key: &str) -> Option<Arc<Slot>> {
+        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        table.slots.get(key).map(Arc::clone)
+    }
+}
+
+/// A reset of leased keys running ([`RateLimiter::resetting_leases`]): until it is dropped,
+/// no lease of those keys is served, taken or held, and no return of unused units runs.
+/// Dropped, it ends the leases taken meanwhile (giving nothing back) and lets leases start
+/// again from the fresh state.
+pub(super) struct Resetting {
+    limiter: RateLimiter,
+    keys: Vec<(Arc<Slot>, &'static str, String)>,
+    /// The returns of unused units on the keys, paused until the reset is done.
+    paused_returns: Vec<tokio::sync::OwnedRwLockWriteGuard<()>>,
+}
+
+impl Drop for Resetting {
+    fn drop(&mut self) {
+        for (slot, scope, key) in &self.keys {
+            let retired = {
+                let mut state = slot.lock();
+                state.resetting -= 1;
+                state.epoch += 1;
+                state.room = None;
+                state.held.take()
+            };
+            if let Some(held) = retired {
+                self.limiter.retire(slot, scope, key, held, true);
+            }
+        }
+        // The returns held back judge their leases by the epoch set above.
+        self.paused_returns.clear();
+    }
 }
 
 /// One key's lease and demand.
@@ -99,6 +140,10 @@ struct Slot {
     state: Mutex<State>,
     /// Held by the one call that takes the next lease for this key (and by its task).
     refill: Arc<tokio::sync::Mutex<()>>,
+    /// Read by each return of unused units while it runs, written by a reset while it runs:
+    /// a return lands before the reset or is judged after it (by the epoch), never on top of
+    /// the fresh state.
+    returns: Arc<tokio::sync::RwLock<()>>,
 }
 
 #[derive(Default)]
@@ -114,6 +159,11 @@ struct State {
     /// Until then, no lease: the last take was not replicated in time.
     unreplicated_until: Option<Instant>,
     touched: Option<Instant>,
+    /// Moved on by every admin call on the key: a lease whose epoch is older was taken before
+    /// one, and is neither held nor given back.
+    epoch: u64,
+    /// Resets of the key running now: no lease is served, taken or held meanwhile.
+    resetting: u32,
 }
 
 /// A lease this process holds.
@@ -128,6 +178,8 @@ struct Held {
     left: u64,
     /// Units it had when this process began to hold it (the gauge's share of it).
     granted: u64,
+    /// The key's epoch when it was taken (or when a block ended it, to give back by).
+    epoch: u64,
     /// When it ends: its life, never past the window its units were counted in.
     until: Instant,
     /// The store's answer to the take.
@@ -140,6 +192,9 @@ impl State {
     /// A call of `cost` served from the lease, if it holds enough until `now` (`unused`: the
     /// limiter's count of units unused in leases).
     fn serve(&mut self, cost: u64, now: Instant, unused: &AtomicU64) -> Option<Decision> {
+        if self.resetting > 0 {
+            return None;
+        }
         let held = self
             .held
             .as_mut()
@@ -209,6 +264,8 @@ struct Take {
     cost: u64,
     /// When the call asked (a lease's life counts from before the round trip).
     now: Instant,
+    /// The key's epoch when the call asked.
+    epoch: u64,
 }
 
 impl Take {
@@ -226,6 +283,7 @@ impl Take {
             lease,
             cost,
             now,
+            epoch,
         } = self;
         let call_id = crate::store::new_call_id();
         let mut take = Check::new(&key, &policy).with_scope(scope);
@@ -251,6 +309,7 @@ impl Take {
             policy,
             left: k - cost,
             granted: k - cost,
+            epoch,
             until: now + life(lease, policy.algorithm(), policy.period(), d),
             limit: d.limit,
             remaining: d.remaining,
@@ -267,7 +326,7 @@ impl Take {
             limiter.hold(&slot, scope, &key, held);
         } else {
             slot.lock().unreplicated_until = Some(now + UNREPLICATED);
-            limiter.retire(scope, &key, held, false);
+            limiter.retire(&slot, scope, &key, held, false);
         }
         drop(refill);
         Some(Verdict::new(vec![answer]))
@@ -315,6 +374,14 @@ impl RateLimiter {
         lease: Lease,
     ) -> Result<Verdict, StoreError> {
         let now = Instant::now();
+        // Blocks first: a caller this process blocked (or saw rejected) is not served from
+        // a lease taken before.
+        if let Some(blocked) = &self.inner.blocked
+            && let Some(verdict) = blocked.lookup(&[check], now)
+        {
+            super::log_rejection(&[check], &verdict, "blocked-cache");
+            return Ok(verdict);
+        }
         let Some(slot) = self.inner.leases.slot(check.key, now) else {
             return self.check_as(&[check], None).await;
         };
@@ -326,27 +393,32 @@ impl RateLimiter {
             if let Some(d) = state.serve(cost, now, &self.inner.leases.held) {
                 return Ok(Verdict::new(vec![d]));
             }
-            // The store had too little left for a lease: the call's own check (which the
-            // blocked-caller cache answers while the quota is spent), without waiting in line
-            // for the refill.
-            state.room.is_some_and(|room| room < cost.saturating_mul(2))
+            // The store had too little left for a lease, or a reset runs: the call's own
+            // check (which the blocked-caller cache answers while the quota is spent), without
+            // waiting in line for the refill.
+            state.resetting > 0 || state.room.is_some_and(|room| room < cost.saturating_mul(2))
         };
         if spent {
             return self.check_room(&slot, check).await;
         }
         let refill = Arc::clone(&slot.refill).lock_owned().await;
         let now = Instant::now();
-        let (retired, k) = {
+        let (retired, k, epoch) = {
             let mut state = slot.lock();
             // Another call took a lease while this one waited.
             if let Some(d) = state.serve(cost, now, &self.inner.leases.held) {
                 return Ok(Verdict::new(vec![d]));
             }
             let retired = state.held.take();
-            (retired, state.units(lease, check.policy, now))
+            let k = if state.resetting > 0 {
+                cost
+            } else {
+                state.units(lease, check.policy, now)
+            };
+            (retired, k, state.epoch)
         };
         if let Some(held) = retired {
-            self.retire(limit.scope, check.key, held, true);
+            self.retire(&slot, limit.scope, check.key, held, true);
         }
         if k > cost
             && let Ok(policy) = check.policy.with_cost(k)
@@ -364,6 +436,7 @@ impl RateLimiter {
                 lease,
                 cost,
                 now,
+                epoch,
             };
             if let Ok(Some(verdict)) = self.spawn_tracked(take.run(refill)).await {
                 return Ok(verdict);
@@ -374,6 +447,76 @@ impl RateLimiter {
             drop(refill);
         }
         self.check_room(&slot, check).await
+    }
+
+    /// Starts a reset of `keys` (the keys of `limits`, in order) for this process's leases:
+    /// ends the leases held (their units were counted in the state the reset deletes: nothing
+    /// goes back), waits for the returns in flight, and keeps leases off the keys until the
+    /// guard is dropped, once the store's reset is done (or failed).
+    pub(super) async fn resetting_leases(&self, limits: &[Limit], keys: &[&str]) -> Resetting {
+        let mut resetting = Resetting {
+            limiter: self.clone(),
+            keys: Vec::new(),
+            paused_returns: Vec::new(),
+        };
+        let now = Instant::now();
+        for (limit, key) in self.leased_keys(limits, keys) {
+            let Some(slot) = self.inner.leases.slot(key, now) else {
+                continue;
+            };
+            let retired = {
+                let mut state = slot.lock();
+                state.resetting += 1;
+                state.epoch += 1;
+                state.held.take()
+            };
+            if let Some(held) = retired {
+                self.retire(&slot, limit.scope, key, held, true);
+            }
+            resetting
+                .keys
+                .push((Arc::clone(&slot), limit.scope, key.to_owned()));
+        }
+        for (slot, _, _) in &resetting.keys {
+            let returns = Arc::clone(&slot.returns).write_owned().await;
+            resetting.paused_returns.push(returns);
+        }
+        resetting
+    }
+
+    /// Ends this process's leases of `keys` (the keys of `limits`, in order) at a block: what
+    /// they did not use goes back (the block rejects the calls they would have served), and a
+    /// take in flight is not held.
+    pub(super) fn block_leases(&self, limits: &[Limit], keys: &[&str]) {
+        for (limit, key) in self.leased_keys(limits, keys) {
+            let Some(slot) = self.inner.leases.existing(key) else {
+                continue;
+            };
+            let retired = {
+                let mut state = slot.lock();
+                state.epoch += 1;
+                state.held.take().map(|mut held| {
+                    held.epoch = state.epoch;
+                    held
+                })
+            };
+            if let Some(held) = retired {
+                self.retire(&slot, limit.scope, key, held, true);
+            }
+        }
+    }
+
+    /// The keys among `keys` (those of `limits`, in order) that this process may lease.
+    fn leased_keys<'a>(
+        &self,
+        limits: &'a [Limit],
+        keys: &'a [&'a str],
+    ) -> impl Iterator<Item = (&'a Limit, &'a str)> {
+        let remote = !self.inner.store.is_local();
+        limits
+            .iter()
+            .zip(keys.iter().copied())
+            .filter(move |(l, _)| remote && l.lease.is_some())
     }
 
     /// The call's own check (no lease), noting what the store said was left.
@@ -389,21 +532,27 @@ impl RateLimiter {
 
     /// Keeps `held` in `slot` until it ends (then retires it), or retires it at once when its
     /// life is over already (a window ending now) or it has nothing left.
+    /// A lease taken before an admin call on the key (an older epoch, or a reset running) is
+    /// not held: it is retired at once, by the rule of its epoch.
     fn hold(&self, slot: &Arc<Slot>, scope: &'static str, key: &str, held: Held) {
         // After shutdown, a take that was in flight gives its lease back at once.
         if held.left == 0 || held.until <= Instant::now() || self.is_shut_down() {
-            self.retire(scope, key, held, false);
+            self.retire(slot, scope, key, held, false);
             return;
         }
-        self.inner
-            .leases
-            .held
-            .fetch_add(held.left, Ordering::Relaxed);
-        crate::observe::lease_units_held(scope, i64::try_from(held.granted).unwrap_or(i64::MAX));
         let (until, call_id) = (held.until, held.call_id.clone());
-        let earlier = slot.lock().held.replace(held);
+        let earlier = {
+            let mut state = slot.lock();
+            if state.epoch != held.epoch || state.resetting > 0 {
+                drop(state);
+                self.retire(slot, scope, key, held, false);
+                return;
+            }
+            self.count_held(scope, &held, true);
+            state.held.replace(held)
+        };
         if let Some(earlier) = earlier {
-            self.retire(scope, key, earlier, true);
+            self.retire(slot, scope, key, earlier, true);
         }
         let (limiter, slot, key) = (self.clone(), Arc::clone(slot), key.to_owned());
         tokio::spawn(async move {
@@ -417,31 +566,41 @@ impl RateLimiter {
                 }
             };
             if let Some(held) = ended {
-                limiter.retire(scope, &key, held, true);
+                limiter.retire(&slot, scope, &key, held, true);
             }
         });
     }
 
-    /// Ends a lease: what it did not use goes back by its receipt (a settle to the units used),
-    /// in the background; a lease used up only drops its receipt. A return that fails leaves
-    /// the units counted (never more admitted than the quota). `counted`: the lease was held
-    /// (its units are in the gauge).
-    fn retire(&self, scope: &'static str, key: &str, held: Held, counted: bool) {
-        if counted {
-            self.inner
-                .leases
-                .held
-                .fetch_sub(held.left, Ordering::Relaxed);
-            crate::observe::lease_units_held(
-                scope,
-                -i64::try_from(held.granted).unwrap_or(i64::MAX),
-            );
+    /// Counts `held`'s units as held in leases (`held_now`), in the limiter's count and the
+    /// gauge, or no longer.
+    fn count_held(&self, scope: &'static str, held: &Held, held_now: bool) {
+        let granted = i64::try_from(held.granted).unwrap_or(i64::MAX);
+        let units = &self.inner.leases.held;
+        if held_now {
+            units.fetch_add(held.left, Ordering::Relaxed);
+            crate::observe::lease_units_held(scope, granted);
+        } else {
+            units.fetch_sub(held.left, Ordering::Relaxed);
+            crate::observe::lease_units_held(scope, -granted);
         }
-        let (limiter, key) = (self.clone(), key.to_owned());
+    }
+
+    /// Ends a lease: what it did not use goes back by its receipt (a settle to the units used),
+    /// in the background; a lease used up, or one of an epoch the key has left (taken before a
+    /// reset, or in flight at a block), only drops its receipt. A return that fails leaves the
+    /// units counted (never more admitted than the quota). `counted`: the lease was held (its
+    /// units are in the gauge).
+    fn retire(&self, slot: &Arc<Slot>, scope: &'static str, key: &str, held: Held, counted: bool) {
+        if counted {
+            self.count_held(scope, &held, false);
+        }
+        let (limiter, slot, key) = (self.clone(), Arc::clone(slot), key.to_owned());
         self.spawn_tracked(async move {
+            let _returning = Arc::clone(&slot.returns).read_owned().await;
+            let current = slot.lock().epoch == held.epoch;
             let check = Check::new(&key, &held.policy).with_scope(scope);
             let taken = held.policy.cost();
-            if held.left == 0 {
+            if held.left == 0 || !current {
                 limiter.forget(&[check], &held.call_id).await;
             } else {
                 limiter
@@ -465,7 +624,7 @@ impl RateLimiter {
         for (key, slot) in slots {
             let held = slot.lock().held.take();
             if let Some(held) = held {
-                self.retire(held.scope, &key, held, true);
+                self.retire(&slot, held.scope, &key, held, true);
             }
         }
     }

@@ -852,3 +852,154 @@ async fn a_server_stopped_on_its_signal_leaves_exactly_what_it_admitted_counted(
     assert!(held > 0, "no lease was held");
     assert_eq!(counted, admitted);
 }
+
+// ---------------------------------------------------------------- admin calls
+
+const ADMIN_QUOTA: u64 = 1_000;
+
+#[rate_limit(
+    num = 1000,
+    time = 60,
+    scope = "lease-admin",
+    lease = "100ms",
+    export = "ADMIN"
+)]
+async fn admin_hot() -> Result<(), RateLimitError> {
+    Ok(())
+}
+
+/// Calls [`admin_hot`] `n` times in a row under `limiter`: how many were admitted.
+async fn admitted_of(limiter: &RateLimiter, n: u64) -> u64 {
+    limiter
+        .clone()
+        .scope(async move {
+            let mut admitted = 0;
+            for _ in 0..n {
+                match admin_hot().await {
+                    Ok(()) => admitted += 1,
+                    Err(e) if e.is_limited() => {}
+                    Err(e) => panic!("the store failed: {e}"),
+                }
+            }
+            admitted
+        })
+        .await
+}
+
+/// Calls [`admin_hot`] under `limiter` 300 times, then on until it holds a lease (at most 600
+/// calls in all, well inside the quota): how many were admitted.
+async fn until_a_lease_is_held(limiter: &RateLimiter) -> u64 {
+    let mut admitted = admitted_of(limiter, 300).await;
+    for _ in 0..300 {
+        if limiter.lease_units_held() > 0 {
+            break;
+        }
+        admitted += admitted_of(limiter, 1).await;
+    }
+    assert!(
+        limiter.lease_units_held() > 0,
+        "no lease held after {admitted} calls"
+    );
+    admitted
+}
+
+/// A block and a reset reach the leases of the process that makes them at once. 1,000 a
+/// minute with `lease = "100ms"`: after 300 calls (a lease held), `block(60 s)` admits none of
+/// the next 200 calls; with a lease held again, after `reset` no more than the fresh quota of
+/// 1,000 is admitted (the units leased before the reset are neither served on top of it nor
+/// given back into it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_and_a_reset_reach_this_processs_leases_at_once() {
+    let (limiter, _env) = Env::redis().await;
+    let global = Target::global();
+    let before = until_a_lease_is_held(&limiter).await;
+    let held = limiter.lease_units_held();
+    limiter
+        .block(ADMIN, &global, Duration::from_secs(60))
+        .await
+        .expect("block");
+    let blocked = admitted_of(&limiter, 200).await;
+    say(&format!(
+        "this process's block: {before} admitted first ({held} units leased), {blocked} of 200 \
+         admitted while blocked"
+    ));
+
+    limiter.reset(ADMIN, &global).await.expect("reset");
+    until_a_lease_is_held(&limiter).await;
+    let held = limiter.lease_units_held();
+    limiter.reset(ADMIN, &global).await.expect("reset");
+    let after_reset = admitted_of(&limiter, 1_300).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let peeked = limiter.peek(ADMIN, &global).await.expect("peek");
+    let counted = ADMIN_QUOTA - peeked.decisions()[0].remaining;
+    say(&format!(
+        "this process's reset: {after_reset} admitted after it ({held} units leased at it), \
+         Redis counts {counted}"
+    ));
+    assert_eq!(blocked, 0, "calls admitted from a lease while blocked");
+    assert!(
+        after_reset <= ADMIN_QUOTA,
+        "{after_reset} admitted after the reset against a quota of {ADMIN_QUOTA}"
+    );
+    assert!(
+        after_reset + 100 >= ADMIN_QUOTA,
+        "{after_reset} admitted after the reset: the fresh quota was spent by something else"
+    );
+    assert_eq!(limiter.lease_units_held(), 0);
+    assert!(counted >= after_reset, "Redis counts {counted}");
+}
+
+/// A reset or a block made by another process (a second limiter with its own connection to the
+/// same Redis) reaches this process's leases within one lease's life: after a reset this
+/// process admits at most the fresh quota and the one lease it held; under a block, while the
+/// lease lives, at most the units it held, and once the lease's 100 ms are over, nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_processs_block_and_reset_reach_the_leases_within_one_lease() {
+    let (admin, env) = Env::redis().await;
+    let Env::Redis(server) = &env else {
+        unreachable!("Env::redis is on Redis")
+    };
+    // Each phase's process is a new one: a process keeps the rejections it saw in its
+    // blocked-caller cache, which another's reset does not reach (see `RateLimiter::reset`).
+    let process = || async {
+        RateLimiter::builder()
+            .redis_url(server.url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .expect("a process's limiter")
+    };
+    let global = Target::global();
+
+    let a = process().await;
+    until_a_lease_is_held(&a).await;
+    let held = a.lease_units_held();
+    admin.reset(ADMIN, &global).await.expect("reset");
+    let after_reset = admitted_of(&a, 1_300).await;
+    say(&format!(
+        "another process's reset: {after_reset} admitted after it, with {held} units leased"
+    ));
+    assert!(
+        after_reset <= ADMIN_QUOTA + held,
+        "{after_reset} admitted after a reset, {held} units leased at it"
+    );
+
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    admin.reset(ADMIN, &global).await.expect("reset");
+    let a = process().await;
+    until_a_lease_is_held(&a).await;
+    let held = a.lease_units_held();
+    admin
+        .block(ADMIN, &global, Duration::from_secs(60))
+        .await
+        .expect("block");
+    let within = admitted_of(&a, 2 * held + 10).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let after = admitted_of(&a, 200).await;
+    say(&format!(
+        "another process's block: {within} admitted from a lease of {held} units, {after} of 200 \
+         once the lease's life was over"
+    ));
+    assert!(within <= held, "{within} admitted from a lease of {held}");
+    assert_eq!(after, 0, "admitted after the lease's life under a block");
+}
