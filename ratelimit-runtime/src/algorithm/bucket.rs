@@ -304,6 +304,7 @@ mod tests {
                             at_us: 0,
                             reset_us: 0,
                             first: 0,
+                            cost: p.cost,
                         };
                         let _ = refund(b, &r, &p, now);
                         let _ = b.idle_at(&p);
@@ -388,6 +389,7 @@ mod tests {
             at_us: 0,
             reset_us: 0,
             first: 0,
+            cost: p.cost,
         };
         // Half a unit drained since the take: half is given back.
         let after = refund(b, &r, &p, 500_000).unwrap();

@@ -173,6 +173,7 @@ mod tests {
             at_us: 5_000_000,
             reset_us: 1_001_000,
             first: 0,
+            cost: p.cost,
         };
         assert_eq!(refund(w, &r, &p, 5_000_100).map(|w| w.count), Some(1));
         // Too close to the end: nothing.

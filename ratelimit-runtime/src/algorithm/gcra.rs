@@ -142,6 +142,7 @@ mod tests {
             at_us: 0,
             reset_us: 0,
             first: 0,
+            cost: p.cost,
         };
         // Took 2 s of backlog at 0; half a second later 1.5 s of it is still held.
         assert_eq!(

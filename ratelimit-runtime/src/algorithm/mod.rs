@@ -241,7 +241,8 @@ pub enum State {
     Concurrency(concurrency::Holders),
 }
 
-/// What a cross-slot take leaves beside its key, for its refund (the scripts' receipt).
+/// What a take leaves beside its key, for its refund or settle (the scripts' receipt): what
+/// the call took, so that nothing gives back more, whatever check the caller hands in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Receipt {
     /// The store's time at the take, µs.
@@ -250,6 +251,9 @@ pub struct Receipt {
     pub reset_us: u64,
     /// The sliding log's first score of the call (0 for the other algorithms).
     pub first: u64,
+    /// The units the call took of the limit (its cost at the take): the most a refund gives
+    /// back, and the estimate a settle starts from.
+    pub cost: u64,
 }
 
 /// Evaluates one limit: the evaluation, and the state the call leaves when admitted.
@@ -362,13 +366,16 @@ pub fn normalize(state: &mut State, p: &Params, now: u64) -> bool {
     }
 }
 
-/// Gives back what a call whose take left `receipt` still holds: the new state (`None`: the
-/// key is deleted), or the state unchanged. A concurrency limit gives back by its holder's
-/// name ([`concurrency::Holders::release`]), not by receipt: unchanged here.
+/// Gives back `p.cost` units of what a call whose take left `receipt` still holds, never more
+/// than the receipt says it took (`receipt.cost`): the new state (`None`: the key is deleted),
+/// or the state unchanged. A concurrency limit gives back by its holder's name
+/// ([`concurrency::Holders::release`]), not by receipt: unchanged here.
 pub fn refund(state: Option<State>, receipt: &Receipt, p: &Params, now: u64) -> Option<State> {
-    if receipt.at_us > now {
+    let units = p.cost.min(receipt.cost);
+    if receipt.at_us > now || units == 0 {
         return state;
     }
+    let p = &Params { cost: units, ..*p };
     match state {
         Some(State::Fixed(w)) => fixed::refund(w, receipt, p, now).map(State::Fixed),
         Some(State::Sliding(l)) => Some(State::Sliding(sliding::refund(l, receipt, p))),
@@ -405,9 +412,10 @@ pub const fn settled_units(used: u64) -> u64 {
     }
 }
 
-/// Settles one limit of a call taken at `p.cost` units (its estimate) to the `actual` units it
-/// used (`settle = …`): the new state (`None`: no state, the key is deleted), the state
-/// unchanged when there is nothing to settle.
+/// Settles one limit of a call to the `actual` units it used (`settle = …`): the new state
+/// (`None`: no state, the key is deleted), the state unchanged when there is nothing to
+/// settle. The estimate is what the call's `receipt` says it took ([`Receipt::cost`]), or
+/// `p.cost` (the caller's word) once the receipt is gone.
 ///
 /// * **Less than the estimate**: the difference is given back by the call's `receipt`, by the
 ///   algorithm's own [`refund`] rule for that many units (so never more than the call still
@@ -438,14 +446,15 @@ pub fn settle(
         return state; // a slot is held, not spent: nothing to settle
     }
     let actual = settled_units(actual);
-    match actual.cmp(&p.cost) {
+    let estimate = receipt.map_or(p.cost, |r| r.cost);
+    match actual.cmp(&estimate) {
         Ordering::Equal => state,
         Ordering::Less => match receipt {
             Some(r) => refund(
                 state,
                 r,
                 &Params {
-                    cost: p.cost - actual,
+                    cost: estimate - actual,
                     ..*p
                 },
                 now,
@@ -462,13 +471,13 @@ pub fn settle(
             let waived = match algorithm {
                 Algorithm::Fixed | Algorithm::Sliding | Algorithm::SlidingCounter => Params {
                     limit: WAIVED_CAPACITY,
-                    cost: (actual - p.cost).min(p.limit),
+                    cost: (actual - estimate).min(p.limit),
                     ..*p
                 },
                 Algorithm::Leaky | Algorithm::Token | Algorithm::Gcra | Algorithm::Concurrency => {
                     Params {
                         burst: WAIVED_CAPACITY,
-                        cost: (actual - p.cost).min(p.burst),
+                        cost: (actual - estimate).min(p.burst),
                         ..*p
                     }
                 }

@@ -332,6 +332,7 @@ mod tests {
             at_us: 0,
             reset_us: 0,
             first: 101,
+            cost: p.cost,
         };
         assert!(refund(l.clone(), &r, &p).runs().eq([(100, 1), (103, 2)]));
         let twice = refund(refund(l, &r, &p), &r, &p);

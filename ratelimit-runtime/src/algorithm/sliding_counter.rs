@@ -233,6 +233,7 @@ mod tests {
             at_us: 3_100_000,
             reset_us: 0,
             first: 0,
+            cost: p.cost,
         };
         let c = Counters {
             window: 3,

@@ -34,9 +34,9 @@ local function answer(reply, nkeys)
 end
 
 -- The receipts of an admitted call, one per limit: KEYS[receipts + i] for limit i.
-local function write_receipts(KEYS, receipts, nkeys, decisions)
+local function write_receipts(KEYS, receipts, limits, nkeys, decisions)
   for i = 1, nkeys do
-    write_receipt(KEYS[receipts + i], decisions[i])
+    write_receipt(KEYS[receipts + i], limits[i], decisions[i])
   end
 end
 
@@ -114,7 +114,7 @@ local function check(KEYS, ARGV)
     end
     l.algo.commit(KEYS[1], l.p, d)
     if call_id ~= nil then
-      write_receipt(KEYS[receipts + 1], d)
+      write_receipt(KEYS[receipts + 1], l, d)
     end
     return taken_reply(l, d)
   end
@@ -150,7 +150,7 @@ local function check(KEYS, ARGV)
       end
     end
     if all and call_id ~= nil then
-      write_receipts(KEYS, receipts, nkeys, decisions)
+      write_receipts(KEYS, receipts, limits, nkeys, decisions)
     end
     return reply
   end
@@ -202,7 +202,7 @@ local function check(KEYS, ARGV)
       reply[i] = taken_reply(limits[i], decisions[i])
     end
     if call_id ~= nil then
-      write_receipts(KEYS, receipts, nkeys, decisions)
+      write_receipts(KEYS, receipts, limits, nkeys, decisions)
     end
     return reply
   end

@@ -173,8 +173,9 @@ end
 --       and its reset (sliding: the score of the call's first entry; absent,
 --       i.e. 0, for the others).
 --   commit(key, p, d) : the writes, each with its TTL.
---   refund(key, p, r) : gives back what the take of one call (its receipt `r`:
---       at, reset, first; see read_receipt) still holds, judged by `now`.
+--   refund(key, p, r) : gives back p.cost of what the take of one call (its
+--       receipt `r`: at, reset, first, cost; see read_receipt) still holds, judged
+--       by `now` (refund.lua's give_back bounds p.cost by the receipt's cost).
 --
 -- State stamped in the future (a failover to a replica whose clock is behind
 -- the old master's) is treated as stamped now: evaluate rewrites its stamps to
@@ -313,9 +314,11 @@ end
 
 -- Receipts, for the Redis Cluster store's refunds (driver.lua writes them,
 -- refund.lua reads them): receipt i of a call is the key
--- `<KEYS[i]>:r:<id>:<i>`, holding "<at µs>:<reset_after µs>:<first µs>" (the
--- server's time at the take, the limit's reset_after after it, the decision's
--- `first`), with a TTL of that reset_after, at most RECEIPT_TTL_US.
+-- `<KEYS[i]>:r:<id>:<i>`, holding "<at µs>:<reset_after µs>:<first µs>:<cost>"
+-- (the server's time at the take, the limit's reset_after after it, the
+-- decision's `first`, the units the call took), with a TTL of that reset_after,
+-- at most RECEIPT_TTL_US. The name holds the key and the value the units: a
+-- refund or settle gives back only what this call took of this key.
 local RECEIPT_TTL_US = 10000000
 
 -- The capacity a settle charges its excess under (algorithm::WAIVED_CAPACITY,
@@ -326,21 +329,22 @@ local function receipt_key(key, call_id, i)
   return key .. ':r:' .. call_id .. ':' .. i
 end
 
--- Writes the receipt `receipt` (declared in KEYS) of decision `d`.
-local function write_receipt(receipt, d)
+-- Writes the receipt `receipt` (declared in KEYS) of decision `d` of limit `l`.
+local function write_receipt(receipt, l, d)
   local reset = clamp(d.after_reset)
   redis.call('SET', receipt,
-    int(now) .. ':' .. int(reset) .. ':' .. int(d.first or 0),
+    int(now) .. ':' .. int(reset) .. ':' .. int(d.first or 0) .. ':' .. l.p.cost_text,
     'PX', ttl_ms(math.min(reset, RECEIPT_TTL_US)))
 end
 
--- A receipt's value as numbers { at, reset, first }, or nil when it is not one.
+-- A receipt's value as numbers { at, reset, first, cost }, or nil when it is not
+-- one (a value without the units taken gives nothing back).
 local function read_receipt(value)
-  local at, reset, first = string.match(value, '^(%d+):(%d+):(%d+)$')
+  local at, reset, first, cost = string.match(value, '^(%d+):(%d+):(%d+):(%d+)$')
   if not at then
     return nil
   end
-  return { at = tonumber(at), reset = tonumber(reset), first = tonumber(first) }
+  return { at = tonumber(at), reset = tonumber(reset), first = tonumber(first), cost = tonumber(cost) }
 end
 
 -- Every key a script touches is declared in the call's KEYS, so that a server or

@@ -46,23 +46,43 @@
 -- One function, `compensate(KEYS, ARGV)`, as the driver's `check` is: an `EVAL`
 -- script ends by calling it, a Functions library registers it. (Its body is
 -- left unindented, as it was when it was the whole script.)
+-- Gives back `units` of what the take of limit `l` under `key` still holds, by
+-- its receipt `r`, never more than the receipt says the call took (the rule's
+-- home is algorithm::refund in Rust).
+local function give_back(key, l, r, units)
+  units = math.min(units, r.cost)
+  if r.at > now or units < 1 then
+    return
+  end
+  local p = l.p
+  if units ~= p.cost then
+    p = { limit = p.limit, period = p.period, burst = p.burst, cost = units }
+  end
+  l.algo.refund(key, p, r)
+end
+
 -- Settles limit `l` of a call under `key` to `actual` units (see `settle` above),
--- `r` its receipt (nil when gone).
+-- `r` its receipt (nil when gone): from the estimate the receipt says the call
+-- took, or the call's cost in ARGV once the receipt is gone.
 local function settle_one(key, l, r, actual)
   local p = l.p
   if l.algo == ALGOS[7] then
     return -- a concurrency slot is held, not spent: nothing to settle
   end
-  if actual < p.cost then
-    if r and r.at <= now then
-      l.algo.refund(key, { limit = p.limit, period = p.period, burst = p.burst, cost = p.cost - actual }, r)
+  local estimate = p.cost
+  if r then
+    estimate = r.cost
+  end
+  if actual < estimate then
+    if r then
+      give_back(key, l, r, estimate - actual)
     end
-  elseif actual > p.cost then
+  elseif actual > estimate then
     -- Normalized as a check normalizes (a read with the limit's own parameters), then the
     -- excess taken with the capacity waived.
     l.algo.evaluate(key, p)
     -- The excess, up to one full capacity (a debt of at most one period).
-    local excess = math.min(actual - p.cost, l.capacity)
+    local excess = math.min(actual - estimate, l.capacity)
     local waived = { limit = p.limit, period = p.period, burst = p.burst, cost = excess }
     waived[l.algo.capacity] = WAIVED_CAPACITY
     l.algo.commit(key, waived, l.algo.evaluate(key, waived))
@@ -129,8 +149,8 @@ elseif call_id ~= nil then
     if value then
       redis.call('DEL', receipt)
       local r = read_receipt(value)
-      if r and r.at <= now then
-        limits[i].algo.refund(KEYS[i], limits[i].p, r)
+      if r then
+        give_back(KEYS[i], limits[i], r, limits[i].p.cost)
       end
     end
   end

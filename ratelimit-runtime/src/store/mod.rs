@@ -254,7 +254,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Gives back what the admitted call taken under `call_id` still holds of its first
     /// `checks.len()` limits (`checks` is that prefix of the take's checks, in order). At most
-    /// what the call took, and once: the receipts are read and deleted. A receipt outlives the
+    /// what the call took, and once: the receipts, which record each limit's key and units, are
+    /// read and deleted; a check that names another key, or a larger cost, gets no more back. A receipt outlives the
     /// take by the limit's `reset_after`, at most 10 seconds; a refund after that gives back
     /// nothing, and the call stays counted.
     ///
@@ -278,7 +279,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Settles the admitted call taken under `call_id` ([`Store::take`]; `checks` are that
-    /// take's checks, in order, their cost the call's estimate) to the units it used:
+    /// take's checks, in order, their cost the call's estimate; the estimate settled from is
+    /// the units its receipt recorded while it lives) to the units it used:
     /// `actual[i]` for limit `i`. Less than the estimate gives the difference back by the
     /// call's receipt (never more than the call still holds; nothing once the receipt
     /// expired); more charges the excess whatever the limit's state (a debt the next calls

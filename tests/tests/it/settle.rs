@@ -728,3 +728,224 @@ async fn a_huge_settle_is_one_capacity_of_debt_redis() {
     let server = RedisServer::start();
     huge_settle_scenario(&redis_limiter(&server).await).await;
 }
+
+// ---------------------------------------------------------------- receipts bound what comes back
+
+/// Units left under `key` for calls of `policy`'s limit at cost 1 (a peek).
+async fn left(limiter: &RateLimiter, key: &str, policy: &Policy) -> u64 {
+    let unit = policy.with_cost(1).expect("unit");
+    let read = limiter
+        .store()
+        .peek(&[Check::new(key, &unit)])
+        .await
+        .expect("peek");
+    read.decisions()[0].remaining
+}
+
+/// Refunds the call `id` with `checks` (`refund`), or settles it to 0 with them.
+async fn give_back(limiter: &RateLimiter, checks: &[Check<'_>], id: &str, refund: bool) {
+    if refund {
+        limiter.refund(checks, id).await;
+    } else {
+        limiter.settle(checks, id, &[0]).await;
+    }
+}
+
+/// A settle or a refund gives back only what the call took, of the key it took it from,
+/// whatever check the caller hands in: a call of key `ka` settled to 0 (or refunded) against
+/// the spent key `kb` gives `kb` nothing back, and a 1-unit call settled to 0 (or refunded)
+/// with a check whose estimate says 100 gives back 1 unit, not 100.
+async fn receipts_bound_what_comes_back(limiter: &RateLimiter) {
+    let (quota, _) = policies();
+    for refund in [false, true] {
+        let (ka, kb) = (format!("{{rb}}:ka:{refund}"), format!("{{rb}}:kb:{refund}"));
+        for _ in 0..QUOTA / ESTIMATE {
+            let (v, id) = limiter
+                .take(&[Check::new(&kb, &quota)])
+                .await
+                .expect("take");
+            assert!(v.is_admitted());
+            limiter.forget(&[Check::new(&kb, &quota)], &id).await;
+        }
+        let (v, id) = limiter
+            .take(&[Check::new(&ka, &quota)])
+            .await
+            .expect("take");
+        assert!(v.is_admitted());
+        give_back(limiter, &[Check::new(&kb, &quota)], &id, refund).await;
+        assert_eq!(
+            left(limiter, &kb, &quota).await,
+            0,
+            "another key's call gave back to kb (refund: {refund})"
+        );
+        assert_eq!(left(limiter, &ka, &quota).await, QUOTA - ESTIMATE);
+
+        let minute = Duration::from_secs(60);
+        let small = Policy::new(Algorithm::Fixed, 100, minute).expect("policy");
+        let claimed = small.with_cost(100).expect("claimed");
+        let key = format!("{{rb}}:one:{refund}");
+        let (v, id) = limiter
+            .take(&[Check::new(&key, &small)])
+            .await
+            .expect("take");
+        assert!(v.is_admitted());
+        for _ in 0..99 {
+            assert!(
+                limiter
+                    .check(&[Check::new(&key, &small)])
+                    .await
+                    .expect("check")
+                    .is_admitted()
+            );
+        }
+        give_back(limiter, &[Check::new(&key, &claimed)], &id, refund).await;
+        assert_eq!(
+            left(limiter, &key, &small).await,
+            1,
+            "a 1-unit call gave back more than 1 (refund: {refund})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn receipts_bound_what_a_settle_or_refund_gives_back_memory() {
+    receipts_bound_what_comes_back(&memory_limiter().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_bound_what_a_settle_or_refund_gives_back_redis() {
+    let server = RedisServer::start();
+    receipts_bound_what_comes_back(&redis_limiter(&server).await).await;
+}
+
+mod never_more_than_taken {
+    //! No sequence of takes, settles and refunds, with any checks (another key, another
+    //! estimate), any amounts, repeated or for unknown calls, gives back more than the calls
+    //! took: at one instant (a manual clock), what each key counts never falls below what its
+    //! calls still hold.
+
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+    use ratelimit_runtime::store::ManualClock;
+    use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+
+    const QUOTA: u64 = 1_000_000;
+    const KEYS: [&str; 2] = ["ka", "kb"];
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A take of `cost` under key `key`.
+        Take { key: usize, cost: u64 },
+        /// A settle of call `call` (an index into the takes; past them, an unknown call) with a
+        /// check of `key` at `cost`, to `used`.
+        Settle {
+            call: usize,
+            key: usize,
+            cost: u64,
+            used: u64,
+        },
+        /// A refund of call `call` with a check of `key` at `cost`.
+        Refund { call: usize, key: usize, cost: u64 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let cost = 1u64..=2_000;
+        prop_oneof![
+            (0..2usize, cost.clone()).prop_map(|(key, cost)| Op::Take { key, cost }),
+            (
+                0..12usize,
+                0..2usize,
+                cost.clone(),
+                prop_oneof![0u64..=3_000, any::<u64>()]
+            )
+                .prop_map(|(call, key, cost, used)| Op::Settle {
+                    call,
+                    key,
+                    cost,
+                    used
+                }),
+            (0..12usize, 0..2usize, cost).prop_map(|(call, key, cost)| Op::Refund {
+                call,
+                key,
+                cost
+            }),
+        ]
+    }
+
+    /// Runs `ops` on `algorithm`: `Err` when a key counts less than its calls hold.
+    fn run(algorithm: Algorithm, ops: &[Op]) -> Result<(), TestCaseError> {
+        let store = MemoryStore::with_clock(ManualClock::new());
+        let base = Policy::new(algorithm, QUOTA, Duration::from_secs(3600)).expect("policy");
+        // Per take: its key and what it still holds (None: not admitted).
+        let mut calls: Vec<Option<(usize, u64)>> = Vec::new();
+        for op in ops {
+            match *op {
+                Op::Take { key, cost } => {
+                    let p = base.with_cost(cost).expect("cost");
+                    let id = format!("{:x}", calls.len() + 1);
+                    let v = store
+                        .take_now(&[Check::new(KEYS[key], &p)], &id)
+                        .expect("take");
+                    calls.push(v.is_admitted().then_some((key, cost)));
+                }
+                Op::Settle {
+                    call,
+                    key,
+                    cost,
+                    used,
+                } => {
+                    let p = base.with_cost(cost).expect("cost");
+                    let id = format!("{:x}", call + 1);
+                    let _ = store.settle_now(&[Check::new(KEYS[key], &p)], &id, &[used]);
+                    // What the call holds after it: at least what it used of what it took.
+                    if let Some(Some((k, held))) = calls.get_mut(call)
+                        && *k == key
+                    {
+                        *held = (*held).min(used);
+                    }
+                    // A settle against another key may charge that key: it never lowers it.
+                }
+                Op::Refund { call, key, cost } => {
+                    let p = base.with_cost(cost).expect("cost");
+                    let id = format!("{:x}", call + 1);
+                    store.refund_now(&[Check::new(KEYS[key], &p)], &id);
+                    if let Some(Some((k, held))) = calls.get_mut(call)
+                        && *k == key
+                    {
+                        *held = 0;
+                    }
+                }
+            }
+            for (i, key) in KEYS.iter().enumerate() {
+                let unit = base.with_cost(1).expect("unit");
+                let counted =
+                    QUOTA - store.peek_now(&[Check::new(key, &unit)]).decisions()[0].remaining;
+                let held: u64 = calls
+                    .iter()
+                    .flatten()
+                    .filter(|(k, _)| *k == i)
+                    .map(|(_, h)| h)
+                    .sum();
+                prop_assert!(
+                    counted >= held.min(QUOTA),
+                    "{algorithm}: {key} counts {counted}, its calls hold {held}, after {op:?}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn no_settle_or_refund_gives_back_more_than_was_taken(
+            ops in proptest::collection::vec(op(), 1..40)
+        ) {
+            for algorithm in [Algorithm::Fixed, Algorithm::Token, Algorithm::Leaky, Algorithm::Gcra, Algorithm::SlidingCounter] {
+                run(algorithm, &ops)?;
+            }
+        }
+    }
+}

@@ -267,11 +267,14 @@ impl Inner {
                 }
             }
             if let Some(receipts) = receipts {
-                receipts.extend(outcomes.iter().zip(&firsts).map(|(e, &first)| Receipt {
-                    at_us: now,
-                    reset_us: e.after_reset_us,
-                    first,
-                }));
+                receipts.extend(outcomes.iter().zip(&firsts).zip(checks).map(
+                    |((e, &first), c)| Receipt {
+                        at_us: now,
+                        reset_us: e.after_reset_us,
+                        first,
+                        cost: c.policy.cost(),
+                    },
+                ));
             }
             Ok(checks
                 .iter()

@@ -8,12 +8,23 @@ use crate::decision::Verdict;
 use crate::error::StoreError;
 use crate::store::Check;
 
-/// Receipts by call id: when they expire (µs) and one per limit of the call; and when the map
-/// may next be swept (µs), so that a map full of live receipts is not scanned on every take.
+/// Receipts by call id: when they expire (µs) and one per limit of the call, with the key it
+/// was taken from; and when the map may next be swept (µs), so that a map full of live
+/// receipts is not scanned on every take.
 #[derive(Default)]
 pub(super) struct Receipts {
-    by_call: std::collections::HashMap<Box<str>, (u64, Vec<Receipt>)>,
+    by_call: std::collections::HashMap<Box<str>, (u64, Vec<Taken>)>,
     next_sweep: u64,
+}
+
+/// What a call took of one limit: the key and the receipt. A refund or settle that names
+/// another key for that limit finds no receipt (it gives nothing back), as on Redis, where a
+/// receipt's name holds its key.
+type Taken = (Box<str>, Receipt);
+
+/// The receipt `taken` holds for `check`'s key, if that is the key it was taken from.
+fn receipt_for<'a>(taken: &'a Taken, check: &Check<'_>) -> Option<&'a Receipt> {
+    (*taken.0 == *check.key).then_some(&taken.1)
 }
 
 impl Receipts {
@@ -23,7 +34,7 @@ impl Receipts {
     /// still full, the eighth of it that expires soonest is dropped (those calls stay counted
     /// whatever their outcome: they fail closed). A new take always gets its receipt: a flood
     /// of calls never turns another caller's refund into a count.
-    fn insert(&mut self, call_id: &str, expires: u64, receipts: Vec<Receipt>, now: u64) {
+    fn insert(&mut self, call_id: &str, expires: u64, receipts: Vec<Taken>, now: u64) {
         if self.by_call.len() >= MAX_RECEIPTS && now >= self.next_sweep {
             self.by_call.retain(|_, (expires, _)| *expires > now);
             self.next_sweep = now.saturating_add(100_000);
@@ -95,7 +106,12 @@ impl MemoryStore {
                 .max()
                 .unwrap_or(0)
                 .min(RECEIPT_TTL_US);
-            lock(&self.inner.receipts).insert(call_id, now.saturating_add(ttl), receipts, now);
+            let taken = checks
+                .iter()
+                .zip(receipts)
+                .map(|(c, r)| (c.key.into(), r))
+                .collect();
+            lock(&self.inner.receipts).insert(call_id, now.saturating_add(ttl), taken, now);
         }
         Ok(verdict)
     }
@@ -126,8 +142,10 @@ impl MemoryStore {
         if now >= expires {
             return;
         }
-        for (check, receipt) in checks.iter().zip(&receipts) {
-            self.inner.refund_one(check, receipt, now);
+        for (check, taken) in checks.iter().zip(&receipts) {
+            if let Some(receipt) = receipt_for(taken, check) {
+                self.inner.refund_one(check, receipt, now);
+            }
         }
     }
 }
@@ -170,7 +188,10 @@ impl MemoryStore {
         let receipts = held.filter(|(expires, _)| now < *expires).map(|(_, r)| r);
         let mut result = Ok(());
         for (i, (check, &actual)) in checks.iter().zip(actual).enumerate() {
-            let receipt = receipts.as_ref().and_then(|r| r.get(i));
+            let receipt = receipts
+                .as_ref()
+                .and_then(|r| r.get(i))
+                .and_then(|taken| receipt_for(taken, check));
             if let Err(e) = self.inner.settle_one(check, receipt, actual, now) {
                 result = Err(e);
             }
@@ -189,7 +210,7 @@ impl Inner {
         now: u64,
     ) -> Result<(), StoreError> {
         let p = Params::of(check.policy);
-        if actual == p.cost {
+        if actual == receipt.map_or(p.cost, |r| r.cost) {
             return Ok(());
         }
         let algorithm = check.policy.algorithm();

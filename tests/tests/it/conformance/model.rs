@@ -100,6 +100,7 @@ impl Model {
                         at_us: now,
                         reset_us: e.after_reset_us,
                         first: *first,
+                        cost: c.policy.cost(),
                     };
                     let expires = now / 1000 + ttl_ms(e.after_reset_us.min(RECEIPT_TTL_US));
                     self.receipts
