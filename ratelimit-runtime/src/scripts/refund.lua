@@ -146,7 +146,8 @@ elseif call_id ~= nil then
   for i = 1, nkeys do
     local receipt = KEYS[receipts + i]
     local value = redis.call('GET', receipt)
-    if value then
+    -- A settled call's marker stays: a refund never lets a retried settle charge twice.
+    if value and value ~= 'settled' then
       redis.call('DEL', receipt)
       local r = read_receipt(value)
       if r then
