@@ -236,6 +236,8 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))] // docs.rs: each item shows the features it needs
 pub mod algorithm;
+#[cfg(feature = "client")]
+pub mod client;
 mod error;
 pub mod grpc;
 pub mod http;
