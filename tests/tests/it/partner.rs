@@ -1,0 +1,427 @@
+//! Calling a rate-limited partner through the client layer (`PartnerLayer`): a stand-in
+//! partner on loopback (Axum, with a real limiter of its own: a sliding log of
+//! `PARTNER_PER_SECOND` requests a second, answering 429 with `Retry-After` past it), four
+//! clients standing for four processes (each its own limiter and its own connection to one
+//! private Redis) configured at twice the partner's rate, each making `CALLS` calls and
+//! retrying the 429s it gets. With learning, the fleet settles on the partner's rate and the
+//! 429s stop after the first pause; without, the partner refuses about half of what it is sent,
+//! every second. The figures are printed side by side.
+//!
+//! The rates are scaled from the partner of the brief (10 a second, 200 calls a client) to 50
+//! a second and 50 calls a client, so that each run takes seconds: the shape is the same.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use ratelimit_runtime::client::{IetfFields, OpenAiFields, PartnerLayer, RetryAfter};
+use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter, Verdict};
+use ratelimit_tests::redis_server::RedisServer;
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt};
+
+/// What the partner admits: requests in any trailing second.
+const PARTNER_PER_SECOND: u64 = 50;
+/// What the fleet was told (deliberately wrong: twice the partner's).
+const CONFIGURED_PER_SECOND: u64 = 100;
+/// The partner's tokens a second (the tokens runs).
+const PARTNER_TOKENS_PER_SECOND: u64 = 4_000;
+/// The processes.
+const CLIENTS: usize = 4;
+/// Calls each process makes (each retried until the partner admits it).
+const CALLS: usize = 50;
+/// The tokens estimate of every call: the most a call uses.
+const ESTIMATE: u64 = 200;
+
+/// How the partner speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dialect {
+    /// `RateLimit: "requests";r=…;t=…` (and `"tokens"`).
+    Ietf,
+    /// `x-ratelimit-remaining-requests` / `x-ratelimit-reset-requests: 950ms` (and tokens).
+    OpenAi,
+}
+
+/// The stand-in partner: its own limiter, and every request it received (when, what it said).
+struct Partner {
+    limiter: RateLimiter,
+    requests: Policy,
+    tokens: Option<Policy>,
+    dialect: Dialect,
+    start: Instant,
+    received: Mutex<Vec<(Duration, StatusCode)>>,
+}
+
+async fn answer(State(partner): State<Arc<Partner>>, headers: HeaderMap) -> Response {
+    let used: u64 = headers
+        .get("x-use-tokens")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(1);
+    let tokens = partner.tokens.map(|t| t.with_cost(used).unwrap());
+    let mut checks = vec![Check::new("partner:{requests}", &partner.requests)];
+    if let Some(tokens) = &tokens {
+        checks.push(Check::new("partner:{tokens}", tokens));
+    }
+    let verdict = partner.limiter.check(&checks).await.unwrap();
+    let status = if verdict.is_admitted() {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    let at = partner.start.elapsed();
+    partner.received.lock().unwrap().push((at, status));
+    let mut fields = fields(partner.dialect, &verdict);
+    if verdict.is_admitted() {
+        fields.push(("x-usage-tokens".into(), used.to_string()));
+    } else {
+        let wait = verdict.retry_after().unwrap_or_default();
+        fields.push(("retry-after".into(), whole_seconds(wait).to_string()));
+    }
+    let mut response = status.into_response();
+    for (name, value) in fields {
+        let name = axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap();
+        response.headers_mut().insert(name, value.parse().unwrap());
+    }
+    response
+}
+
+fn whole_seconds(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// The partner's rate-limit fields for its decisions (requests first, then tokens).
+fn fields(dialect: Dialect, verdict: &Verdict) -> Vec<(String, String)> {
+    let names = ["requests", "tokens"];
+    let decisions = names.iter().zip(verdict.decisions());
+    match dialect {
+        Dialect::Ietf => {
+            let members: Vec<String> = decisions
+                .map(|(name, d)| {
+                    let t = whole_seconds(d.reset_after);
+                    format!("\"{name}\";r={};t={t}", d.remaining)
+                })
+                .collect();
+            vec![("ratelimit".into(), members.join(", "))]
+        }
+        Dialect::OpenAi => decisions
+            .flat_map(|(name, d)| {
+                let reset = format!("{}ms", d.reset_after.as_millis());
+                [
+                    (
+                        format!("x-ratelimit-remaining-{name}"),
+                        d.remaining.to_string(),
+                    ),
+                    (format!("x-ratelimit-reset-{name}"), reset),
+                ]
+            })
+            .collect(),
+    }
+}
+
+async fn serve(partner: Arc<Partner>) -> SocketAddr {
+    let app = axum::Router::new()
+        .route("/v1/call", axum::routing::post(answer))
+        .with_state(partner);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    addr
+}
+
+/// A `tower::Service` over `axum::http::Request` that sends with reqwest (a real HTTP client over
+/// TCP), as an SDK's transport would.
+#[derive(Clone)]
+struct Transport(reqwest::Client);
+
+type HttpFuture =
+    Pin<Box<dyn Future<Output = Result<axum::http::Response<String>, reqwest::Error>> + Send>>;
+
+impl Service<axum::http::Request<String>> for Transport {
+    type Response = axum::http::Response<String>;
+    type Error = reqwest::Error;
+    type Future = HttpFuture;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), reqwest::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<String>) -> HttpFuture {
+        let client = self.0.clone();
+        Box::pin(async move {
+            let response = client.execute(reqwest::Request::try_from(request)?).await?;
+            let mut answer = axum::http::Response::builder().status(response.status());
+            for (name, value) in response.headers() {
+                answer = answer.header(name, value);
+            }
+            Ok(answer.body(response.text().await?).unwrap())
+        })
+    }
+}
+
+/// Where the clients keep the partner's budget.
+#[derive(Clone)]
+enum Fleet {
+    /// Four processes, each its own connection to this Redis.
+    Redis(String),
+    /// One process: four clients on one memory limiter.
+    Memory(RateLimiter),
+}
+
+impl Fleet {
+    async fn limiter(&self) -> RateLimiter {
+        match self {
+            Self::Redis(url) => RateLimiter::builder()
+                .redis_url(url)
+                .timeout(Duration::from_secs(2))
+                .build()
+                .await
+                .unwrap(),
+            Self::Memory(limiter) => limiter.clone(),
+        }
+    }
+}
+
+/// One run.
+#[derive(Clone)]
+struct Run {
+    scope: &'static str,
+    dialect: Dialect,
+    tokens: bool,
+    learn: bool,
+    fleet: Fleet,
+}
+
+/// What the partner saw in one run.
+#[derive(Debug)]
+struct Figures {
+    admitted: usize,
+    refused: usize,
+    /// Requests received in each second of the run, and how many were refused.
+    seconds: Vec<(usize, usize)>,
+    elapsed: Duration,
+}
+
+impl Figures {
+    /// The seconds in which the partner refused anything.
+    fn seconds_with_429s(&self) -> usize {
+        self.seconds.iter().filter(|(_, r)| *r > 0).count()
+    }
+
+    fn most_in_a_second(&self) -> usize {
+        self.seconds.iter().map(|(n, _)| *n).max().unwrap_or(0)
+    }
+
+    fn print(&self, label: &str) {
+        println!(
+            "{label:<34} {:>4} calls in {:>5.1} s; 429s: {:>4} (in {:>2} of {:>2} seconds); most received in a second: {:>3}; per second (received/429): {:?}",
+            self.admitted,
+            self.elapsed.as_secs_f64(),
+            self.refused,
+            self.seconds_with_429s(),
+            self.seconds.len(),
+            self.most_in_a_second(),
+            self.seconds,
+        );
+    }
+}
+
+/// One client (a process): `CALLS` calls through the layer, each retried after a 429.
+async fn client(run: Run, url: String) {
+    let limiter = run.fleet.limiter().await;
+    let requests = Policy::new(
+        Algorithm::Gcra,
+        CONFIGURED_PER_SECOND,
+        Duration::from_secs(1),
+    );
+    let mut builder = PartnerLayer::builder(run.scope)
+        .requests(requests.unwrap())
+        .read(RetryAfter)
+        .wait(Duration::from_secs(30))
+        .max_pause(Duration::from_secs(5))
+        .learn(run.learn)
+        .limiter(limiter);
+    builder = match run.dialect {
+        Dialect::Ietf => builder.read(IetfFields::new().tokens("tokens")),
+        Dialect::OpenAi => builder.read(OpenAiFields),
+    };
+    if run.tokens {
+        let configured = 2 * PARTNER_TOKENS_PER_SECOND;
+        let tokens = Policy::new(Algorithm::Token, configured, Duration::from_secs(1)).unwrap();
+        builder = builder.tokens(tokens, |_| ESTIMATE).settle_tokens(|head| {
+            head.headers
+                .get("x-usage-tokens")?
+                .to_str()
+                .ok()?
+                .parse()
+                .ok()
+        });
+    }
+    let mut service = builder
+        .build()
+        .unwrap()
+        .layer(Transport(reqwest::Client::new()));
+    for call in 0..CALLS {
+        // What the call uses: 20 to 200 tokens.
+        let used = 20 + (call * 37) % 181;
+        loop {
+            let request = axum::http::Request::post(&url)
+                .header("x-use-tokens", used)
+                .body(String::new())
+                .unwrap();
+            let response = service.ready().await.unwrap().call(request).await;
+            let response = response.unwrap_or_else(|e| panic!("{}: {e}", run.scope));
+            match response.status() {
+                StatusCode::OK => break,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                other => panic!("{other}"),
+            }
+        }
+    }
+}
+
+/// Runs `run` against a fresh partner: four clients, every call completed.
+async fn fleet_run(run: Run) -> Figures {
+    let partner_limiter = RateLimiter::builder().build().await.unwrap();
+    let requests = Policy::new(
+        Algorithm::Sliding,
+        PARTNER_PER_SECOND,
+        Duration::from_secs(1),
+    );
+    let tokens = Policy::new(
+        Algorithm::Token,
+        PARTNER_TOKENS_PER_SECOND,
+        Duration::from_secs(1),
+    );
+    let partner = Arc::new(Partner {
+        limiter: partner_limiter,
+        requests: requests.unwrap(),
+        tokens: run.tokens.then(|| tokens.unwrap()),
+        dialect: run.dialect,
+        start: Instant::now(),
+        received: Mutex::new(Vec::new()),
+    });
+    let url = format!("http://{}/v1/call", serve(Arc::clone(&partner)).await);
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| tokio::spawn(client(run.clone(), url.clone())))
+        .collect();
+    for c in clients {
+        c.await.unwrap();
+    }
+    let received = partner.received.lock().unwrap().clone();
+    let first = received.first().map_or(Duration::ZERO, |(at, _)| *at);
+    let last = received.last().map_or(Duration::ZERO, |(at, _)| *at);
+    let mut seconds =
+        vec![(0, 0); usize::try_from(last.saturating_sub(first).as_secs()).unwrap() + 1];
+    for (at, status) in &received {
+        let second = &mut seconds[usize::try_from(at.saturating_sub(first).as_secs()).unwrap()];
+        second.0 += 1;
+        second.1 += usize::from(*status == StatusCode::TOO_MANY_REQUESTS);
+    }
+    let refused = received
+        .iter()
+        .filter(|(_, s)| *s != StatusCode::OK)
+        .count();
+    Figures {
+        admitted: received.len() - refused,
+        refused,
+        seconds,
+        elapsed: last.saturating_sub(first),
+    }
+}
+
+/// The learning run and the one without, printed side by side, and what both must show.
+async fn compare(learning: Run, label: &str) {
+    let blind = Run {
+        learn: false,
+        scope: match learning.scope {
+            "ietf" => "ietf_blind",
+            "openai" => "openai_blind",
+            "tokens" => "tokens_blind",
+            other => panic!("{other}"),
+        },
+        ..learning.clone()
+    };
+    let learnt = fleet_run(learning).await;
+    let unlearnt = fleet_run(blind).await;
+    learnt.print(&format!("{label}, learning:"));
+    unlearnt.print(&format!("{label}, without learning:"));
+    let all = CLIENTS * CALLS;
+    assert_eq!(
+        (learnt.admitted, unlearnt.admitted),
+        (all, all),
+        "every call completes"
+    );
+    // The partner's quota in every second, plus one round of in-flight calls (one a client),
+    // with slack for a second that straddles two of the partner's windows.
+    let bound = usize::try_from(PARTNER_PER_SECOND).unwrap() + 2 * CLIENTS;
+    assert!(learnt.most_in_a_second() <= bound, "{learnt:?}");
+    assert!(
+        learnt.refused * 4 <= unlearnt.refused,
+        "learning refused {} vs {} without",
+        learnt.refused,
+        unlearnt.refused
+    );
+    assert!(
+        unlearnt.seconds_with_429s() >= unlearnt.seconds.len() / 2,
+        "without learning, 429s recur: {unlearnt:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_on_redis_learn_the_ietf_fields() {
+    let server = RedisServer::start();
+    let run = Run {
+        scope: "ietf",
+        dialect: Dialect::Ietf,
+        tokens: false,
+        learn: true,
+        fleet: Fleet::Redis(server.url()),
+    };
+    compare(run, "IETF RateLimit, Redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_on_redis_learn_the_openai_fields() {
+    let server = RedisServer::start();
+    let run = Run {
+        scope: "openai",
+        dialect: Dialect::OpenAi,
+        tokens: false,
+        learn: true,
+        fleet: Fleet::Redis(server.url()),
+    };
+    compare(run, "x-ratelimit-*, Redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_on_redis_pace_requests_and_settled_tokens() {
+    let server = RedisServer::start();
+    let run = Run {
+        scope: "tokens",
+        dialect: Dialect::OpenAi,
+        tokens: true,
+        learn: true,
+        fleet: Fleet::Redis(server.url()),
+    };
+    compare(run, "x-ratelimit-* + tokens, Redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_on_memory_learns_the_ietf_fields() {
+    let limiter = RateLimiter::builder().build().await.unwrap();
+    let run = Run {
+        scope: "ietf",
+        dialect: Dialect::Ietf,
+        tokens: false,
+        learn: true,
+        fleet: Fleet::Memory(limiter),
+    };
+    compare(run, "IETF RateLimit, memory").await;
+}
