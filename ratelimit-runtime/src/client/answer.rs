@@ -3,7 +3,7 @@
 //! [`ReadAnswer`] the layer can be given; every value is untrusted input.
 //!
 //! A value that does not parse, or is negative, is ignored (one log line at most every ten
-//! seconds, [`ignored`]); a value that parses to a pause longer than the layer's maximum is
+//! seconds); a value that parses to a pause longer than the layer's maximum is
 //! cut to that maximum ([`Advice::bounded`], the one place the bound is applied).
 
 use std::sync::LazyLock;

@@ -44,7 +44,9 @@ impl RateLimiter {
     /// async fn call_partner() -> Result<u16, RateLimitError> {
     ///     let status = 429; // … the partner answered 429 with `Retry-After: 2`
     ///     if status == 429 {
-    ///         RateLimiter::current().defer(&[PARTNER], &Target::global(), Duration::from_secs(2)).await?;
+    ///         let pause = Duration::from_secs(2);
+    ///         RateLimiter::current().defer(&[PARTNER], &Target::global(), pause).await
+    ///             .map_err(RateLimitError::StoreUnavailable)?;
     ///     }
     ///     Ok(status)
     /// }
