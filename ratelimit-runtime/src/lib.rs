@@ -215,7 +215,9 @@
 //!   `"user"` read from their `tonic::Request`), and `tonic::Status: From<RateLimitError>`
 //!   (see [`grpc`]);
 //! * `metrics` — counters and a store-latency histogram through the `metrics` facade
-//!   ([`observe`]).
+//!   ([`observe`]);
+//! * `client` — [`client::PartnerLayer`], a Tower layer for outgoing requests to a
+//!   rate-limited partner: one budget for the fleet, paced by the partner's answers.
 //!
 //! # The guide
 //!
@@ -225,8 +227,9 @@
 //! Axum, Actix-web, tonic), [the Tower layer](guide::layer), [limits that follow the
 //! caller](guide::quotas) (plans, overrides, costs, counting failures),
 //! [algorithms](guide::algorithms), [stores](guide::stores) (Redis, Cluster, engines, failures,
-//! a Redis for limits) and [operations](guide::operations) (shadow mode, exemptions, admin
-//! calls, metrics and logs, the example servers).
+//! a Redis for limits), [operations](guide::operations) (shadow mode, exemptions, admin
+//! calls, metrics and logs, the example servers) and [calling rate-limited
+//! APIs](guide::partners) (a partner's budget for the fleet, paced by its answers).
 //!
 //! # Where things are
 //!
@@ -273,7 +276,8 @@ pub mod __private;
     feature = "tower",
     feature = "tonic",
     feature = "metrics",
-    feature = "cluster"
+    feature = "cluster",
+    feature = "client"
 ))]
 pub mod guide {
     #[doc = include_str!("../docs/attribute.md")]
@@ -290,6 +294,8 @@ pub mod guide {
     pub mod stores {}
     #[doc = include_str!("../docs/operations.md")]
     pub mod operations {}
+    #[doc = include_str!("../docs/partners.md")]
+    pub mod partners {}
 }
 
 /// The README's code blocks, compiled and run as doc tests: a snippet that stops compiling
