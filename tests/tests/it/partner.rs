@@ -20,6 +20,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use ratelimit_runtime::client::{IetfFields, OpenAiFields, PartnerLayer, RetryAfter};
 use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter, Verdict};
+use ratelimit_tests::redis_cluster::RedisCluster;
 use ratelimit_tests::redis_server::RedisServer;
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
@@ -44,6 +45,8 @@ enum Dialect {
     Ietf,
     /// `x-ratelimit-remaining-requests` / `x-ratelimit-reset-requests: 950ms` (and tokens).
     OpenAi,
+    /// Absurd values: 429s with `Retry-After` ten years away, negative and non-ASCII fields.
+    Hostile,
 }
 
 /// The stand-in partner: its own limiter, and every request it received (when, what it said).
@@ -75,7 +78,10 @@ async fn answer(State(partner): State<Arc<Partner>>, headers: HeaderMap) -> Resp
     let at = partner.start.elapsed();
     partner.received.lock().unwrap().push((at, status));
     let mut fields = fields(partner.dialect, &verdict);
-    if verdict.is_admitted() {
+    if partner.dialect == Dialect::Hostile {
+        // Ten years, in seconds, whatever the partner's limiter said.
+        fields.push(("retry-after".into(), "315360000".into()));
+    } else if verdict.is_admitted() {
         fields.push(("x-usage-tokens".into(), used.to_string()));
     } else {
         let wait = verdict.retry_after().unwrap_or_default();
@@ -119,6 +125,14 @@ fn fields(dialect: Dialect, verdict: &Verdict) -> Vec<(String, String)> {
                 ]
             })
             .collect(),
+        Dialect::Hostile => vec![
+            ("ratelimit".into(), "\"requests\";r=-1;t=-5".into()),
+            ("x-ratelimit-remaining-requests".into(), "１２".into()),
+            (
+                "x-ratelimit-reset-requests".into(),
+                "99999999999999999999h".into(),
+            ),
+        ],
     }
 }
 
@@ -170,6 +184,8 @@ impl Service<axum::http::Request<String>> for Transport {
 enum Fleet {
     /// Four processes, each its own connection to this Redis.
     Redis(String),
+    /// Four processes, each its own connection to this Redis Cluster.
+    Cluster(Vec<String>),
     /// One process: four clients on one memory limiter.
     Memory(RateLimiter),
 }
@@ -179,6 +195,12 @@ impl Fleet {
         match self {
             Self::Redis(url) => RateLimiter::builder()
                 .redis_url(url)
+                .timeout(Duration::from_secs(2))
+                .build()
+                .await
+                .unwrap(),
+            Self::Cluster(nodes) => RateLimiter::builder()
+                .redis_cluster(nodes.clone())
                 .timeout(Duration::from_secs(2))
                 .build()
                 .await
@@ -250,6 +272,10 @@ async fn client(run: Run, url: String) {
     builder = match run.dialect {
         Dialect::Ietf => builder.read(IetfFields::new().tokens("tokens")),
         Dialect::OpenAi => builder.read(OpenAiFields),
+        Dialect::Hostile => builder
+            .read(IetfFields::new())
+            .read(OpenAiFields)
+            .max_pause(Duration::from_millis(300)),
     };
     if run.tokens {
         let configured = 2 * PARTNER_TOKENS_PER_SECOND;
@@ -344,6 +370,7 @@ async fn compare(learning: Run, label: &str) {
             "ietf" => "ietf_blind",
             "openai" => "openai_blind",
             "tokens" => "tokens_blind",
+            "cluster" => "cluster_blind",
             other => panic!("{other}"),
         },
         ..learning.clone()
@@ -424,4 +451,58 @@ async fn one_process_on_memory_learns_the_ietf_fields() {
         fleet: Fleet::Memory(limiter),
     };
     compare(run, "IETF RateLimit, memory").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_on_redis_cluster_learn_the_ietf_fields() {
+    let cluster = RedisCluster::start().await;
+    let run = Run {
+        scope: "cluster",
+        dialect: Dialect::Ietf,
+        tokens: false,
+        learn: true,
+        fleet: Fleet::Cluster(cluster.urls()),
+    };
+    compare(run, "IETF RateLimit, Redis Cluster").await;
+}
+
+/// A partner whose every answer is absurd (a 429's `Retry-After` ten years away, negative and
+/// non-ASCII fields, a reset of 10^20 hours) pauses the fleet no longer than `max_pause` (300
+/// ms) at a time: every call still completes, and the budget never reads a wait past the
+/// bound. Each 429 pauses for the bound, so the partner is not flooded either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_partner_pauses_the_fleet_no_longer_than_the_maximum() {
+    let server = RedisServer::start();
+    let run = Run {
+        scope: "hostile",
+        dialect: Dialect::Hostile,
+        tokens: false,
+        learn: true,
+        fleet: Fleet::Redis(server.url()),
+    };
+    let figures = fleet_run(run.clone()).await;
+    figures.print("hostile partner (max_pause 300 ms):");
+    assert_eq!(figures.admitted, CLIENTS * CALLS, "every call completes");
+    // At most one round of in-flight calls refused per pause: the 429s do not recur at the
+    // configured rate.
+    let pauses = figures.elapsed.as_millis() / 300 + 1;
+    let bound = usize::try_from(pauses).unwrap() * CLIENTS;
+    assert!(figures.refused <= bound, "{figures:?}");
+    let limiter = run.fleet.limiter().await;
+    let limits = [ratelimit_runtime::Limit::new(
+        Policy::new(
+            Algorithm::Gcra,
+            CONFIGURED_PER_SECOND,
+            Duration::from_secs(1),
+        )
+        .unwrap(),
+        "hostile",
+        ratelimit_runtime::By::Global,
+    )];
+    let target = ratelimit_runtime::Target::global().key("requests");
+    let now = limiter.peek(&limits, &target).await.unwrap();
+    assert!(
+        now.retry_after().unwrap_or_default() <= Duration::from_millis(300),
+        "{now:?}"
+    );
 }
