@@ -506,3 +506,74 @@ async fn a_hostile_partner_pauses_the_fleet_no_longer_than_the_maximum() {
         "{now:?}"
     );
 }
+
+/// One 429 with `Retry-After: 2`, seen by one process, pauses the budget for the others: a
+/// second process that may not wait is refused before sending, with the partner's time; one
+/// that may wait sends once the pause is over (and the partner sees no request in between).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_429_pauses_every_process_waiting_ones_wait_the_rest_are_refused_with_its_time() {
+    use ratelimit_runtime::RateLimitError;
+    use ratelimit_runtime::client::PartnerError;
+
+    let server = RedisServer::start();
+    let fleet = Fleet::Redis(server.url());
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&received);
+    let start = Instant::now();
+    let app = axum::Router::new().route(
+        "/v1/call",
+        axum::routing::post(move || {
+            let log = Arc::clone(&log);
+            async move {
+                let mut log = log.lock().unwrap();
+                log.push(start.elapsed());
+                if log.len() == 1 {
+                    (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "2")]).into_response()
+                } else {
+                    StatusCode::OK.into_response()
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/call", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    let process = |wait: Duration| {
+        let fleet = fleet.clone();
+        async move {
+            let requests = Policy::new(Algorithm::Gcra, 100, Duration::from_secs(1)).unwrap();
+            let layer = PartnerLayer::builder("paused")
+                .requests(requests)
+                .wait(wait)
+                .limiter(fleet.limiter().await)
+                .build()
+                .unwrap();
+            layer.layer(Transport(reqwest::Client::new()))
+        }
+    };
+    let request = || axum::http::Request::post(&url).body(String::new()).unwrap();
+    let mut first = process(Duration::ZERO).await;
+    let refused = first.call(request()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Another process, not waiting: refused before sending, with the partner's time.
+    let mut impatient = process(Duration::ZERO).await;
+    match impatient.call(request()).await {
+        Err(PartnerError::RateLimited(RateLimitError::Limited { retry_after, .. })) => {
+            // What is left of the partner's 2 s (however slow the machine was since).
+            assert!(retry_after > Duration::ZERO, "{retry_after:?}");
+            assert!(
+                retry_after <= Duration::from_millis(2_050),
+                "{retry_after:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A third, waiting up to 10 s: sent after the pause.
+    let mut patient = process(Duration::from_secs(10)).await;
+    let sent = patient.call(request()).await.unwrap();
+    assert_eq!(sent.status(), StatusCode::OK);
+    let received = received.lock().unwrap().clone();
+    assert_eq!(received.len(), 2, "nothing sent during the pause");
+    let gap = received[1].saturating_sub(received[0]);
+    assert!(gap >= Duration::from_millis(1900), "{gap:?}");
+}
