@@ -342,6 +342,7 @@ impl std::fmt::Debug for Admitted<'_> {
 
 impl Admitted<'_> {
     /// The decision that admitted the call, one per limit as they applied.
+    #[cfg(feature = "client")]
     pub(crate) fn verdict(&self) -> &Verdict {
         &self.verdict
     }

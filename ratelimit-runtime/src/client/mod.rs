@@ -77,4 +77,4 @@ pub use answer::{
 pub use service::{PartnerError, PartnerFuture, PartnerLayer, PartnerLayerBuilder, PartnerService};
 
 #[cfg(doc)]
-use crate::RateLimiter;
+use crate::limiter::RateLimiter;

@@ -195,7 +195,7 @@ mod tests {
         ] {
             let (limiter, limits) = (limiter().await, partner(algorithm));
             let everyone = Target::global();
-            let remaining = |v: crate::Verdict| v.decisions()[0].remaining;
+            let remaining = |v: crate::decision::Verdict| v.decisions()[0].remaining;
             limiter.lower(&limits, &everyone, 3).await.unwrap();
             let now = limiter.peek(&limits, &everyone).await.unwrap();
             assert_eq!(remaining(now), 3, "{algorithm:?}");
