@@ -26,7 +26,8 @@ impl RateLimiter {
     ///
     /// A pause never shortens a longer one, nor an admin [`RateLimiter::block`]: when the
     /// limits already make a call wait at least `pause`, nothing is written. It is a block
-    /// underneath ([`RateLimiter::reset`] lifts it). `pause` is trusted: bound it before
+    /// underneath ([`RateLimiter::reset`] lifts it), read before it is written: of two pauses
+    /// written by two processes in the same instant, the later write stands. `pause` is trusted: bound it before
     /// passing a partner's value (the client layer cuts it to its `max_pause`).
     ///
     /// ```
