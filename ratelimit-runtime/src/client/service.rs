@@ -14,7 +14,7 @@ use tower_service::Service;
 
 use super::answer::{Advice, Answer, Budget, IetfFields, ReadAnswer, RetryAfter};
 use crate::call::plan::{Count, Dynamic, Input, Outcome, QuotaFrom, cost_of};
-use crate::call::{Call, prepare, wait};
+use crate::call::{Admitted, Call, prepare, wait};
 use crate::caller::Caller;
 use crate::cost::Units;
 use crate::error::RateLimitError;
@@ -42,7 +42,7 @@ const fn template(budget: Budget) -> &'static str {
 /// store. See the [module docs](crate::client).
 #[derive(Clone)]
 pub struct PartnerLayer {
-    partner: Arc<Partner>,
+    pub(super) partner: Arc<Partner>,
 }
 
 impl fmt::Debug for PartnerLayer {
@@ -230,9 +230,16 @@ impl PartnerLayerBuilder {
     }
 }
 
+/// A request admitted and sent: what to settle, and what each unsettled budget had left
+/// once it was admitted.
+pub(super) struct Sent<'l> {
+    call: Admitted<'l>,
+    known: Vec<Option<u64>>,
+}
+
 /// What a [`PartnerLayer`] holds.
-struct Partner {
-    limiter: Option<RateLimiter>,
+pub(super) struct Partner {
+    pub(super) limiter: Option<RateLimiter>,
     limits: Box<[Limit]>,
     /// Each limit's budget, by position.
     budgets: Box<[Budget]>,
@@ -333,43 +340,69 @@ impl Partner {
     {
         let limiter = self.limiter.clone().unwrap_or_else(RateLimiter::current);
         let (head, body) = request.into_parts();
-        let inputs = self.inputs(&head);
-        let request = Request::from_parts(head, body);
+        let admitted = self
+            .admit(&limiter, &head)
+            .await
+            .map_err(PartnerError::RateLimited)?;
+        let response = inner.call(Request::from_parts(head, body)).await;
+        let response = match response {
+            Ok(response) => response,
+            Err(error) => {
+                admitted.call.settle_to(Outcome::Err, None).await;
+                return Err(PartnerError::Service(error));
+            }
+        };
+        let (head, body) = response.into_parts();
+        self.answered(&limiter, admitted, &head).await;
+        Ok(Response::from_parts(head, body))
+    }
+
+    /// Before a request: its budget checked, waiting for a slot within the layer's wait.
+    pub(super) async fn admit(
+        &self,
+        limiter: &RateLimiter,
+        head: &http::request::Parts,
+    ) -> Result<Sent<'_>, RateLimitError> {
+        let inputs = self.inputs(head);
         let call = Call {
             limits: &self.limits,
             dynamics: self.dynamics.as_deref(),
             inputs: &inputs,
             templates: &self.templates,
         };
-        let admitted = wait::admit(&limiter, self.wait, || {
-            prepare(&limiter, call, &Caller::PLAIN)
+        let admitted = wait::admit(limiter, self.wait, || {
+            prepare(limiter, call, &Caller::PLAIN)
         })
         .await
-        .map_err(|refused| PartnerError::RateLimited(refused.into_error()))?;
+        .map_err(crate::call::Refused::into_error)?;
         // What each unsettled budget had left once this request was admitted.
-        let known: Vec<Option<u64>> = (0..self.limits.len())
+        let known = (0..self.limits.len())
             .map(|i| {
                 let settled = self.budgets[i] == Budget::Tokens && self.estimate.is_some();
                 let decision = admitted.verdict().decisions().get(i);
                 decision.filter(|_| !settled).map(|d| d.remaining)
             })
             .collect();
-        let response = match inner.call(request).await {
-            Ok(response) => response,
-            Err(error) => {
-                admitted.settle_to(Outcome::Err, None).await;
-                return Err(PartnerError::Service(error));
-            }
-        };
-        let (head, body) = response.into_parts();
-        let used = self.usage.as_ref().and_then(|u| u(&head)).map(Units::of);
-        admitted
+        Ok(Sent {
+            call: admitted,
+            known,
+        })
+    }
+
+    /// After the response: its tokens settled, its answer learnt.
+    pub(super) async fn answered(
+        &self,
+        limiter: &RateLimiter,
+        sent: Sent<'_>,
+        head: &http::response::Parts,
+    ) {
+        let used = self.usage.as_ref().and_then(|u| u(head)).map(Units::of);
+        sent.call
             .settle_to(Outcome::Status(head.status.as_u16()), used)
             .await;
         if self.learn {
-            self.learn(&limiter, &head, &known).await;
+            self.learn(limiter, head, &sent.known).await;
         }
-        Ok(Response::from_parts(head, body))
     }
 
     /// What each limit takes from this request: the tokens budget its estimate.
