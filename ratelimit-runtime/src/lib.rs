@@ -217,7 +217,8 @@
 //! * `metrics` — counters and a store-latency histogram through the `metrics` facade
 //!   ([`observe`]);
 //! * `client` — [`client::PartnerLayer`], a Tower layer for outgoing requests to a
-//!   rate-limited partner: one budget for the fleet, paced by the partner's answers.
+//!   rate-limited partner: one budget for the fleet, paced by the partner's answers;
+//! * `reqwest` — the same as a `reqwest-middleware` middleware ([`client::PartnerMiddleware`]).
 //!
 //! # The guide
 //!
@@ -277,7 +278,8 @@ pub mod __private;
     feature = "tonic",
     feature = "metrics",
     feature = "cluster",
-    feature = "client"
+    feature = "client",
+    feature = "reqwest"
 ))]
 pub mod guide {
     #[doc = include_str!("../docs/attribute.md")]

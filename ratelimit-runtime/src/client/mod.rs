@@ -68,12 +68,16 @@
 //! ```
 
 pub mod answer;
+#[cfg(feature = "reqwest")]
+mod middleware;
 mod service;
 
 pub use answer::{
     Advice, Answer, Budget, GitHubFields, IetfFields, OpenAiFields, ReadAnswer, Remaining,
     RetryAfter,
 };
+#[cfg(feature = "reqwest")]
+pub use middleware::PartnerMiddleware;
 pub use service::{PartnerError, PartnerFuture, PartnerLayer, PartnerLayerBuilder, PartnerService};
 
 #[cfg(doc)]

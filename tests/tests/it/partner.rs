@@ -507,16 +507,9 @@ async fn a_hostile_partner_pauses_the_fleet_no_longer_than_the_maximum() {
     );
 }
 
-/// One 429 with `Retry-After: 2`, seen by one process, pauses the budget for the others: a
-/// second process that may not wait is refused before sending, with the partner's time; one
-/// that may wait sends once the pause is over (and the partner sees no request in between).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_429_pauses_every_process_waiting_ones_wait_the_rest_are_refused_with_its_time() {
-    use ratelimit_runtime::RateLimitError;
-    use ratelimit_runtime::client::PartnerError;
-
-    let server = RedisServer::start();
-    let fleet = Fleet::Redis(server.url());
+/// A partner that answers its first request 429 with `Retry-After: 2`, then 200: its URL, and
+/// when it received each request.
+async fn one_429_then_200() -> (String, Arc<Mutex<Vec<Duration>>>) {
     let received = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&received);
     let start = Instant::now();
@@ -538,16 +531,43 @@ async fn one_429_pauses_every_process_waiting_ones_wait_the_rest_are_refused_wit
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1/call", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    (url, received)
+}
+
+/// A process's layer: 100 requests a second, waiting up to `wait`.
+async fn hundred_a_second(scope: &'static str, fleet: &Fleet, wait: Duration) -> PartnerLayer {
+    let requests = Policy::new(Algorithm::Gcra, 100, Duration::from_secs(1)).unwrap();
+    PartnerLayer::builder(scope)
+        .requests(requests)
+        .wait(wait)
+        .limiter(fleet.limiter().await)
+        .build()
+        .unwrap()
+}
+
+/// Nothing reached the partner during its pause: two requests, 2 s apart at least.
+fn paused_between(received: &Mutex<Vec<Duration>>) {
+    let received = received.lock().unwrap().clone();
+    assert_eq!(received.len(), 2, "nothing sent during the pause");
+    let gap = received[1].saturating_sub(received[0]);
+    assert!(gap >= Duration::from_millis(1900), "{gap:?}");
+}
+
+/// One 429 with `Retry-After: 2`, seen by one process, pauses the budget for the others: a
+/// second process that may not wait is refused before sending, with the partner's time; one
+/// that may wait sends once the pause is over (and the partner sees no request in between).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_429_pauses_every_process_waiting_ones_wait_the_rest_are_refused_with_its_time() {
+    use ratelimit_runtime::RateLimitError;
+    use ratelimit_runtime::client::PartnerError;
+
+    let server = RedisServer::start();
+    let fleet = Fleet::Redis(server.url());
+    let (url, received) = one_429_then_200().await;
     let process = |wait: Duration| {
         let fleet = fleet.clone();
         async move {
-            let requests = Policy::new(Algorithm::Gcra, 100, Duration::from_secs(1)).unwrap();
-            let layer = PartnerLayer::builder("paused")
-                .requests(requests)
-                .wait(wait)
-                .limiter(fleet.limiter().await)
-                .build()
-                .unwrap();
+            let layer = hundred_a_second("paused", &fleet, wait).await;
             layer.layer(Transport(reqwest::Client::new()))
         }
     };
@@ -572,8 +592,43 @@ async fn one_429_pauses_every_process_waiting_ones_wait_the_rest_are_refused_wit
     let mut patient = process(Duration::from_secs(10)).await;
     let sent = patient.call(request()).await.unwrap();
     assert_eq!(sent.status(), StatusCode::OK);
-    let received = received.lock().unwrap().clone();
-    assert_eq!(received.len(), 2, "nothing sent during the pause");
-    let gap = received[1].saturating_sub(received[0]);
-    assert!(gap >= Duration::from_millis(1900), "{gap:?}");
+    paused_between(&received);
+}
+
+/// The same through `reqwest-middleware`: the middleware learns as the layer does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reqwest_middleware_pauses_every_process_as_the_layer_does() {
+    use ratelimit_runtime::RateLimitError;
+    use ratelimit_runtime::client::PartnerMiddleware;
+
+    let server = RedisServer::start();
+    let fleet = Fleet::Redis(server.url());
+    let (url, received) = one_429_then_200().await;
+    let process = |wait: Duration| {
+        let fleet = fleet.clone();
+        async move {
+            let layer = hundred_a_second("paused_reqwest", &fleet, wait).await;
+            reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+                .with(PartnerMiddleware::from(layer))
+                .build()
+        }
+    };
+    let first = process(Duration::ZERO).await;
+    let refused = first.post(&url).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let impatient = process(Duration::ZERO).await;
+    match impatient.post(&url).send().await {
+        Err(reqwest_middleware::Error::Middleware(error)) => {
+            let limited = error.downcast_ref::<RateLimitError>();
+            assert!(
+                matches!(limited, Some(RateLimitError::Limited { retry_after, .. }) if *retry_after > Duration::ZERO),
+                "{error:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let patient = process(Duration::from_secs(10)).await;
+    let sent = patient.post(&url).send().await.unwrap();
+    assert_eq!(sent.status(), StatusCode::OK);
+    paused_between(&received);
 }
