@@ -216,7 +216,10 @@
 //!   `"user"` read from their `tonic::Request`), and `tonic::Status: From<RateLimitError>`
 //!   (see [`grpc`]);
 //! * `metrics` — counters and a store-latency histogram through the `metrics` facade
-//!   ([`observe`]).
+//!   ([`observe`]);
+//! * `client` — [`client::PartnerLayer`], a Tower layer for outgoing requests to a
+//!   rate-limited partner: one budget for the fleet, paced by the partner's answers;
+//! * `reqwest` — the same as a `reqwest-middleware` middleware ([`client::PartnerMiddleware`]).
 //!
 //! # The guide
 //!
@@ -226,8 +229,9 @@
 //! Axum, Actix-web, tonic), [the Tower layer](guide::layer), [limits that follow the
 //! caller](guide::quotas) (plans, overrides, costs, counting failures),
 //! [algorithms](guide::algorithms), [stores](guide::stores) (Redis, Cluster, engines, failures,
-//! a Redis for limits) and [operations](guide::operations) (shadow mode, exemptions, admin
-//! calls, metrics and logs, the example servers).
+//! a Redis for limits), [operations](guide::operations) (shadow mode, exemptions, admin
+//! calls, metrics and logs, the example servers) and [calling rate-limited
+//! APIs](guide::partners) (a partner's budget for the fleet, paced by its answers).
 //!
 //! # Where things are
 //!
@@ -237,6 +241,8 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))] // docs.rs: each item shows the features it needs
 pub mod algorithm;
+#[cfg(feature = "client")]
+pub mod client;
 mod error;
 pub mod grpc;
 pub mod http;
@@ -275,7 +281,9 @@ pub mod __private;
     feature = "tonic",
     feature = "metrics",
     feature = "cluster",
-    feature = "testing"
+    feature = "testing",
+    feature = "client",
+    feature = "reqwest"
 ))]
 pub mod guide {
     #[doc = include_str!("../docs/attribute.md")]
@@ -294,6 +302,8 @@ pub mod guide {
     pub mod operations {}
     #[doc = include_str!("../docs/testing.md")]
     pub mod testing {}
+    #[doc = include_str!("../docs/partners.md")]
+    pub mod partners {}
 }
 
 /// The README's code blocks, compiled and run as doc tests: a snippet that stops compiling

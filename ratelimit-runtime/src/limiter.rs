@@ -25,6 +25,7 @@ mod failure;
 mod lease;
 mod log_throttle;
 mod overrides;
+mod partner;
 mod replica;
 mod shadow;
 mod shutdown;

@@ -254,6 +254,7 @@ pub(crate) fn store_latency(store: &'static str, sent_at: Option<tokio::time::In
 /// | [`CALLER`](log::CALLER) | `WARN` | a forwarding header from a proxy nobody configured, or a hop that cannot be read (once per process each) |
 /// | | `ERROR` | a handler, gRPC method or layer without the peer address (`ConnectInfo`) (once) |
 /// | [`ADMIN`](log::ADMIN) | `INFO` | a caller reset or blocked by [`RateLimiter::reset`](crate::RateLimiter::reset) or [`RateLimiter::block`](crate::RateLimiter::block) |
+/// | [`CLIENT`](log::CLIENT) | `WARN` | a partner's rate-limit field ignored or cut to the layer's maximum pause (at most one line every 10 s); a partner's answer the store could not record |
 ///
 /// ```
 /// use ratelimit_runtime::observe::log;
@@ -271,6 +272,9 @@ pub mod log {
     pub const CALLER: &str = "ratelimit_runtime::caller";
     /// Admin calls that change a caller's state (reset, block).
     pub const ADMIN: &str = "ratelimit_runtime::admin";
+    /// The client layer: a partner's rate-limit field ignored or cut, a lesson the store
+    /// did not take.
+    pub const CLIENT: &str = "ratelimit_runtime::client";
 }
 
 #[cfg(test)]
@@ -303,7 +307,7 @@ mod log_tests {
                 let call = format!("tracing::{level}!(");
                 for (at, _) in text.match_indices(&call) {
                     let rest = text[at + call.len()..].trim_start();
-                    let named = ["LIMITER", "STORE", "CALLER", "ADMIN"]
+                    let named = ["LIMITER", "STORE", "CALLER", "ADMIN", "CLIENT"]
                         .iter()
                         .any(|t| rest.starts_with(&format!("target: crate::observe::log::{t},")));
                     assert!(

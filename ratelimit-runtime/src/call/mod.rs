@@ -52,7 +52,7 @@ use crate::limiter::RateLimiter;
 mod exempt;
 pub(crate) mod plan;
 pub(crate) mod settle;
-mod wait;
+pub(crate) mod wait;
 
 use self::plan::{Dynamic, Input, Outcome, Taken};
 
@@ -341,6 +341,12 @@ impl std::fmt::Debug for Admitted<'_> {
 }
 
 impl Admitted<'_> {
+    /// The decision that admitted the call, one per limit as they applied.
+    #[cfg(feature = "client")]
+    pub(crate) fn verdict(&self) -> &Verdict {
+        &self.verdict
+    }
+
     /// The limits as they applied (empty for an exempt caller).
     pub(crate) fn limits(&self) -> &[Limit] {
         match &self.applied {

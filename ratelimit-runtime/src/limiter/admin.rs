@@ -93,7 +93,11 @@ impl Target {
     }
 
     /// The keys of `limits` for this caller under `limiter`'s prefix.
-    fn keys(&self, limiter: &RateLimiter, limits: &[Limit]) -> Result<Vec<String>, StoreError> {
+    pub(super) fn keys(
+        &self,
+        limiter: &RateLimiter,
+        limits: &[Limit],
+    ) -> Result<Vec<String>, StoreError> {
         let settings = limiter.settings();
         let templates: Vec<Option<&str>> = vec![self.key.as_deref(); limits.len()];
         keys_for(&settings.prefix, limits, &templates, |by| {
@@ -141,7 +145,7 @@ impl RateLimiter {
     /// replaces the attribute's numbers, which are part of the key, so the admin calls find
     /// the caller's live state. An override that makes a limit unlimited, or that the limit's
     /// cost cannot fit, leaves the attribute's numbers.
-    fn in_force(&self, limits: &[Limit]) -> Vec<Limit> {
+    pub(super) fn in_force(&self, limits: &[Limit]) -> Vec<Limit> {
         limits
             .iter()
             .map(|l| {
@@ -290,7 +294,7 @@ impl RateLimiter {
 
     /// An admin store call, bounded by ten times the check timeout (they are rare, and may
     /// touch several slots).
-    async fn admin<T>(
+    pub(super) async fn admin<T>(
         &self,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {

@@ -37,7 +37,7 @@ const FLOORS: &[&[&str]] = &[
     // The one pipeline every transport calls (issue 22), and today's copies of it.
     &["call", "dynamic"],
     // The transports.
-    &["http", "grpc", "layer"],
+    &["http", "grpc", "layer", "client"],
     // Support for users' own tests (feature `testing`).
     &["testing"],
     // What the macro's generated code names; the tests of the whole crate.

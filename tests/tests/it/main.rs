@@ -39,6 +39,7 @@ pub mod memory_store;
 pub mod o1_algorithms;
 pub mod ops;
 pub mod oracle;
+pub mod partner;
 pub mod redis_faults;
 pub mod redis_store;
 pub mod settle;

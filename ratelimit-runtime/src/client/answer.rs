@@ -1,0 +1,748 @@
+//! Reading a partner's answer: `Retry-After`, the IETF `RateLimit` field, the `x-ratelimit-*`
+//! families. Pure functions over the header values (no I/O, "now" passed in), each a
+//! [`ReadAnswer`] the layer can be given; every value is untrusted input.
+//!
+//! A value that does not parse, or is negative, is ignored (one log line at most every ten
+//! seconds); a value that parses to a pause longer than the layer's maximum is
+//! cut to that maximum ([`Advice::bounded`], the one place the bound is applied).
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, StatusCode};
+
+/// Which of a partner's budgets a reading is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Budget {
+    /// Requests (one unit a call).
+    Requests,
+    /// Tokens (a cost a call estimates and settles).
+    Tokens,
+}
+
+/// What the partner says is left of one budget, and when it is whole again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remaining {
+    /// The budget.
+    pub budget: Budget,
+    /// Units left.
+    pub left: u64,
+    /// Until the partner's window resets (`None`: not said).
+    pub reset: Option<Duration>,
+}
+
+/// What one answer tells the fleet: a pause of every budget, and what is left of each.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Advice {
+    /// Every budget is unavailable for this long (a 429 or 503 with `Retry-After`). The
+    /// longest of several readings wins.
+    pub pause: Option<Duration>,
+    /// What is left of each budget (several readings of one budget: the least wins when the
+    /// layer applies them).
+    pub remaining: Vec<Remaining>,
+}
+
+impl Advice {
+    /// Records a pause, keeping the longest.
+    pub fn pause_for(&mut self, pause: Duration) {
+        self.pause = Some(self.pause.map_or(pause, |p| p.max(pause)));
+    }
+
+    /// The advice with every duration cut to `max` (a pause, a reset), logged when cut.
+    #[must_use]
+    pub fn bounded(mut self, max: Duration) -> Self {
+        let cut = |d: Duration| {
+            if d > max {
+                ignored(
+                    "a pause longer than the maximum (cut to it)",
+                    &format!("{d:?}"),
+                );
+            }
+            d.min(max)
+        };
+        self.pause = self.pause.map(cut);
+        for r in &mut self.remaining {
+            r.reset = r.reset.map(cut);
+        }
+        self
+    }
+
+    /// The least left of `budget`, with its reset (the latest among the least).
+    pub fn least(&self, budget: Budget) -> Option<Remaining> {
+        self.remaining
+            .iter()
+            .filter(|r| r.budget == budget)
+            .copied()
+            .reduce(|a, b| match a.left.cmp(&b.left) {
+                std::cmp::Ordering::Less => a,
+                std::cmp::Ordering::Greater => b,
+                std::cmp::Ordering::Equal => Remaining {
+                    reset: a.reset.max(b.reset),
+                    ..a
+                },
+            })
+    }
+}
+
+/// A partner's response as a reader sees it: its status, its headers, and the time it
+/// arrived (for an HTTP date or an epoch second).
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers.
+    pub headers: &'a HeaderMap,
+    /// The wall-clock time of the answer.
+    pub now: SystemTime,
+}
+
+/// Reads one family of fields from a partner's answer into [`Advice`]. Implement it for a
+/// partner that speaks its own dialect; it must not panic on any value (they are the
+/// partner's, untrusted).
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use ratelimit_runtime::client::{Advice, Answer, Budget, ReadAnswer, Remaining};
+///
+/// /// `x-credits-left: 12`
+/// struct Credits;
+///
+/// impl ReadAnswer for Credits {
+///     fn read(&self, answer: &Answer<'_>, advice: &mut Advice) {
+///         let left = answer.headers.get("x-credits-left").and_then(|v| v.to_str().ok());
+///         if let Some(left) = left.and_then(|v| v.trim().parse().ok()) {
+///             advice.remaining.push(Remaining { budget: Budget::Requests, left, reset: None });
+///         }
+///     }
+/// }
+///
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("x-credits-left", "12".parse()?);
+/// let mut advice = Advice::default();
+/// Credits.read(&Answer { status: http::StatusCode::OK, headers: &headers, now: SystemTime::now() }, &mut advice);
+/// assert_eq!(advice.least(Budget::Requests).map(|r| r.left), Some(12));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait ReadAnswer: Send + Sync + 'static {
+    /// Adds what `answer` says to `advice`.
+    fn read(&self, answer: &Answer<'_>, advice: &mut Advice);
+}
+
+/// `Retry-After` on a 429 or a 503 (delta-seconds or an HTTP date): a pause of every budget.
+/// On other statuses the field means something else (a redirect's wait) and is not read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RetryAfter;
+
+impl ReadAnswer for RetryAfter {
+    fn read(&self, answer: &Answer<'_>, advice: &mut Advice) {
+        let refused = matches!(
+            answer.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        );
+        let Some(value) = answer.headers.get(http::header::RETRY_AFTER) else {
+            return;
+        };
+        if !refused {
+            return;
+        }
+        match retry_after(value.as_bytes(), answer.now) {
+            Some(pause) => advice.pause_for(pause),
+            None => ignored("Retry-After", &show(value.as_bytes())),
+        }
+    }
+}
+
+/// The IETF `RateLimit` field (draft-ietf-httpapi-ratelimit-headers-11:
+/// `RateLimit: "default";r=0;t=20`): each member's `r` (left) and `t` (seconds to reset),
+/// for the requests budget, or the tokens budget for the member named by
+/// [`IetfFields::tokens`].
+#[derive(Debug, Clone, Default)]
+pub struct IetfFields {
+    tokens: Option<String>,
+}
+
+impl IetfFields {
+    /// The members of the `RateLimit` field, all for the requests budget.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The member named `policy` is the tokens budget.
+    #[must_use]
+    pub fn tokens(mut self, policy: impl Into<String>) -> Self {
+        self.tokens = Some(policy.into());
+        self
+    }
+}
+
+impl ReadAnswer for IetfFields {
+    fn read(&self, answer: &Answer<'_>, advice: &mut Advice) {
+        for value in answer.headers.get_all("ratelimit") {
+            let Some(members) = ietf_ratelimit(value.as_bytes()) else {
+                ignored("RateLimit", &show(value.as_bytes()));
+                continue;
+            };
+            for member in members {
+                let budget = if self.tokens.as_deref() == Some(member.name.as_str()) {
+                    Budget::Tokens
+                } else {
+                    Budget::Requests
+                };
+                advice.remaining.push(Remaining {
+                    budget,
+                    left: member.remaining,
+                    reset: member.reset,
+                });
+            }
+        }
+    }
+}
+
+/// OpenAI's family: `x-ratelimit-remaining-requests` with `x-ratelimit-reset-requests`, and
+/// `x-ratelimit-remaining-tokens` with `x-ratelimit-reset-tokens`, resets as Go durations
+/// (`6m0s`, `1s`, `20ms`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenAiFields;
+
+impl ReadAnswer for OpenAiFields {
+    fn read(&self, answer: &Answer<'_>, advice: &mut Advice) {
+        let families = [
+            (
+                Budget::Requests,
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+            ),
+            (
+                Budget::Tokens,
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+            ),
+        ];
+        for (budget, remaining, reset) in families {
+            read_pair(
+                answer.headers,
+                budget,
+                remaining,
+                reset,
+                advice,
+                go_duration,
+            );
+        }
+    }
+}
+
+/// GitHub's family: `x-ratelimit-remaining` with `x-ratelimit-reset` as epoch seconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GitHubFields;
+
+impl ReadAnswer for GitHubFields {
+    fn read(&self, answer: &Answer<'_>, advice: &mut Advice) {
+        let now = answer.now;
+        read_pair(
+            answer.headers,
+            Budget::Requests,
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+            advice,
+            |v| epoch_reset(v, now),
+        );
+    }
+}
+
+/// One `remaining` field and its `reset` field (read by `reset`): a reading when `remaining`
+/// parses; a reset that does not parse is ignored, the reading kept without it.
+fn read_pair(
+    headers: &HeaderMap,
+    budget: Budget,
+    remaining: &str,
+    reset: &str,
+    advice: &mut Advice,
+    parse_reset: impl Fn(&[u8]) -> Option<Duration>,
+) {
+    let Some(left) = headers.get(remaining) else {
+        return;
+    };
+    let Some(left) = unsigned(left.as_bytes()) else {
+        ignored(remaining, &show(left.as_bytes()));
+        return;
+    };
+    let reset = headers.get(reset).and_then(|v| {
+        let parsed = parse_reset(v.as_bytes());
+        if parsed.is_none() {
+            ignored(reset, &show(v.as_bytes()));
+        }
+        parsed
+    });
+    advice.remaining.push(Remaining {
+        budget,
+        left,
+        reset,
+    });
+}
+
+/// `Retry-After`: delta-seconds, or an HTTP date (a date before `now` is no pause).
+pub fn retry_after(value: &[u8], now: SystemTime) -> Option<Duration> {
+    if let Some(seconds) = unsigned(value) {
+        return Some(Duration::from_secs(seconds));
+    }
+    let text = std::str::from_utf8(value).ok()?.trim();
+    let at = httpdate::parse_http_date(text).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// GitHub's `x-ratelimit-reset`: epoch seconds; one before `now` is no wait.
+pub fn epoch_reset(value: &[u8], now: SystemTime) -> Option<Duration> {
+    let at = UNIX_EPOCH.checked_add(Duration::from_secs(unsigned(value)?))?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// An unsigned decimal integer with optional surrounding whitespace (no sign, no fraction),
+/// `None` past `u64::MAX`.
+pub fn unsigned(value: &[u8]) -> Option<u64> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
+}
+
+/// A Go duration as OpenAI writes resets: one or more `<number>[.<fraction>]<unit>` with units
+/// `h`, `m`, `s`, `ms`, `us`, `µs`, `ns` (`6m0s`, `1.5s`, `20ms`); `None` for anything else
+/// or past `u64::MAX` nanoseconds.
+pub fn go_duration(value: &[u8]) -> Option<Duration> {
+    let mut rest = value.trim_ascii();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total: u128 = 0;
+    while !rest.is_empty() {
+        let (whole, after) = split_digits(rest);
+        let (fraction, after) = match after.strip_prefix(b".") {
+            Some(after) => split_digits(after),
+            None => (&after[..0], after),
+        };
+        if whole.is_empty() && fraction.is_empty() {
+            return None;
+        }
+        let (unit, after) = go_unit(after)?;
+        total = total.checked_add(scaled(whole, fraction, unit)?)?;
+        rest = after;
+    }
+    u64::try_from(total).ok().map(Duration::from_nanos)
+}
+
+/// The leading ASCII digits of `s`, and the rest.
+fn split_digits(s: &[u8]) -> (&[u8], &[u8]) {
+    let n = s.iter().take_while(|b| b.is_ascii_digit()).count();
+    s.split_at(n)
+}
+
+/// A Go duration unit at the start of `s`, in nanoseconds, and the rest.
+fn go_unit(s: &[u8]) -> Option<(u128, &[u8])> {
+    const UNITS: [(&[u8], u128); 7] = [
+        (b"ns", 1),
+        (b"us", 1_000),
+        ("µs".as_bytes(), 1_000),
+        (b"ms", 1_000_000),
+        (b"s", 1_000_000_000),
+        (b"m", 60_000_000_000),
+        (b"h", 3_600_000_000_000),
+    ];
+    UNITS
+        .iter()
+        .find_map(|(name, nanos)| s.strip_prefix(*name).map(|rest| (*nanos, rest)))
+}
+
+/// `whole.fraction` units of `unit` nanoseconds, truncated to a nanosecond; `None` on
+/// overflow (digits beyond the 18th of a fraction are below a nanosecond and dropped).
+fn scaled(whole: &[u8], fraction: &[u8], unit: u128) -> Option<u128> {
+    let number = |digits: &[u8]| {
+        digits.iter().try_fold(0u128, |n, d| {
+            n.checked_mul(10)?.checked_add(u128::from(d - b'0'))
+        })
+    };
+    let mut nanos = number(whole)?.checked_mul(unit)?;
+    let fraction = &fraction[..fraction.len().min(18)];
+    let denominator = 10u128.pow(u32::try_from(fraction.len()).ok()?);
+    nanos = nanos.checked_add(number(fraction)?.checked_mul(unit)? / denominator)?;
+    Some(nanos)
+}
+
+/// One member of the IETF `RateLimit` field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IetfMember {
+    /// The policy's name.
+    pub name: String,
+    /// `r`: units left.
+    pub remaining: u64,
+    /// `t`: seconds until the quota is whole again.
+    pub reset: Option<Duration>,
+}
+
+/// The IETF `RateLimit` field's members (`"default";r=0;t=20, "daily";r=5;t=3600`); members
+/// without `r`, or with a negative or malformed one, are left out; `None` when the field is
+/// not a list of such members at all.
+pub fn ietf_ratelimit(value: &[u8]) -> Option<Vec<IetfMember>> {
+    let text = std::str::from_utf8(value).ok()?;
+    let mut members = Vec::new();
+    let mut unread = text.trim_start_matches([' ', '\t']);
+    while !unread.is_empty() {
+        let (name, after) = sf_item_name(unread)?;
+        let (params, after) = sf_params(after)?;
+        let remaining = params
+            .iter()
+            .find(|(k, _)| *k == "r")
+            .and_then(|(_, v)| unsigned(v.as_bytes()));
+        let reset = params
+            .iter()
+            .find(|(k, _)| *k == "t")
+            .and_then(|(_, v)| unsigned(v.as_bytes()));
+        if let Some(remaining) = remaining {
+            members.push(IetfMember {
+                name,
+                remaining,
+                reset: reset.map(Duration::from_secs),
+            });
+        }
+        unread = after.trim_start_matches([' ', '\t']);
+        match unread.strip_prefix(',') {
+            Some(after) => unread = after.trim_start_matches([' ', '\t']),
+            None if unread.is_empty() => {}
+            None => return None,
+        }
+    }
+    Some(members)
+}
+
+/// A structured field item's name: a string (`"default"`, with `\"` and `\\` escapes) or a
+/// token; and the rest.
+fn sf_item_name(s: &str) -> Option<(String, &str)> {
+    if let Some(body) = s.strip_prefix('"') {
+        let mut name = String::new();
+        let mut chars = body.char_indices();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '"' => return Some((name, &body[i + 1..])),
+                '\\' => name.push(chars.next().filter(|(_, c)| matches!(c, '"' | '\\'))?.1),
+                c if c.is_ascii() && !c.is_ascii_control() => name.push(c),
+                _ => return None,
+            }
+        }
+        return None;
+    }
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~:/".contains(c)))
+        .unwrap_or(s.len());
+    (end > 0).then(|| (s[..end].to_owned(), &s[end..]))
+}
+
+/// A structured field item's parameters (`;r=0;t=20`; a key alone is `?1`), each value as
+/// its text; and the rest.
+fn sf_params(mut s: &str) -> Option<(Vec<(&str, &str)>, &str)> {
+    let mut params = Vec::new();
+    while let Some(after) = s.strip_prefix(';') {
+        let after = after.trim_start_matches(' ');
+        let key_end = after
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || "_-.*".contains(c)))
+            .unwrap_or(after.len());
+        if key_end == 0 {
+            return None;
+        }
+        let (key, after) = after.split_at(key_end);
+        let Some(value) = after.strip_prefix('=') else {
+            params.push((key, "?1"));
+            s = after;
+            continue;
+        };
+        let end = value.find([';', ',', ' ', '\t']).unwrap_or(value.len());
+        params.push((key, &value[..end]));
+        s = &value[end..];
+    }
+    Some((params, s))
+}
+
+/// A header value as a log shows it: at most 64 bytes, escaped.
+fn show(value: &[u8]) -> String {
+    value[..value.len().min(64)].escape_ascii().to_string()
+}
+
+/// Logs that a partner's value was ignored (or cut): one line at most every ten seconds for
+/// the process, so that a partner sending garbage on every answer cannot flood the log.
+pub(crate) fn ignored(field: &str, value: &str) {
+    static START: LazyLock<std::time::Instant> = LazyLock::new(std::time::Instant::now);
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let now = START.elapsed().as_secs();
+    let next = NEXT.load(Ordering::Relaxed);
+    if now < next
+        || NEXT
+            .compare_exchange(next, now + 10, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    tracing::warn!(target: crate::observe::log::CLIENT, field, value,
+        "a partner's rate-limit field was ignored: malformed, negative or out of range (one line per 10 s)");
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const NOW: Duration = Duration::from_secs(1_700_000_000);
+
+    fn now() -> SystemTime {
+        UNIX_EPOCH + NOW
+    }
+
+    fn read(reader: &dyn ReadAnswer, status: u16, fields: &[(&str, &[u8])]) -> Advice {
+        let mut headers = HeaderMap::new();
+        for (name, value) in fields {
+            headers.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_bytes(value).unwrap(),
+            );
+        }
+        read_headers(reader, status, &headers)
+    }
+
+    fn read_headers(reader: &dyn ReadAnswer, status: u16, headers: &HeaderMap) -> Advice {
+        let answer = Answer {
+            status: StatusCode::from_u16(status).unwrap(),
+            headers,
+            now: now(),
+        };
+        let mut advice = Advice::default();
+        reader.read(&answer, &mut advice);
+        advice
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates_and_ignores_the_rest() {
+        assert_eq!(retry_after(b"20", now()), Some(Duration::from_secs(20)));
+        assert_eq!(retry_after(b" 0 ", now()), Some(Duration::ZERO));
+        let date = httpdate::fmt_http_date(now() + Duration::from_secs(90));
+        assert_eq!(
+            retry_after(date.as_bytes(), now()),
+            Some(Duration::from_secs(90))
+        );
+        let past = httpdate::fmt_http_date(now() - Duration::from_secs(90));
+        assert_eq!(retry_after(past.as_bytes(), now()), Some(Duration::ZERO));
+        for bad in [
+            &b"-5"[..],
+            b"1.5",
+            b"",
+            b"soon",
+            b"99999999999999999999999",
+            "２".as_bytes(),
+        ] {
+            assert_eq!(retry_after(bad, now()), None, "{bad:?}");
+        }
+        // Only a refusal's Retry-After pauses.
+        let refused = read(&RetryAfter, 429, &[("retry-after", b"20")]);
+        assert_eq!(refused.pause, Some(Duration::from_secs(20)));
+        assert_eq!(
+            read(&RetryAfter, 503, &[("retry-after", b"3")]).pause,
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            read(&RetryAfter, 301, &[("retry-after", b"20")]).pause,
+            None
+        );
+    }
+
+    #[test]
+    fn ietf_members_read_r_and_t() {
+        let members =
+            ietf_ratelimit(br#""default";r=0;t=20, "tokens";r=500;t=60;pk=:YWJj:"#).unwrap();
+        assert_eq!(members.len(), 2);
+        assert_eq!(
+            members[0],
+            IetfMember {
+                name: "default".into(),
+                remaining: 0,
+                reset: Some(Duration::from_secs(20))
+            }
+        );
+        assert_eq!(members[1].remaining, 500);
+        assert_eq!(ietf_ratelimit(b"day;r=3").unwrap()[0].reset, None);
+        // A negative or missing r leaves the member out; a broken list is ignored whole.
+        assert_eq!(ietf_ratelimit(br#""a";r=-1;t=5"#).unwrap(), vec![]);
+        assert_eq!(ietf_ratelimit(br#""a";t=5"#).unwrap(), vec![]);
+        assert_eq!(ietf_ratelimit(br#""a;r=1"#), None);
+        assert_eq!(ietf_ratelimit(br#""a" "b";r=1"#), None);
+        let reader = IetfFields::new().tokens("tokens");
+        let advice = read(
+            &reader,
+            200,
+            &[("ratelimit", br#""default";r=4;t=1, "tokens";r=500;t=60"#)],
+        );
+        assert_eq!(advice.least(Budget::Requests).unwrap().left, 4);
+        assert_eq!(
+            advice.least(Budget::Tokens).unwrap().reset,
+            Some(Duration::from_secs(60))
+        );
+    }
+
+    #[test]
+    fn go_durations_read_as_openai_writes_them() {
+        let ms = Duration::from_millis;
+        assert_eq!(go_duration(b"6m0s"), Some(Duration::from_secs(360)));
+        assert_eq!(go_duration(b"1s"), Some(ms(1000)));
+        assert_eq!(go_duration(b"20ms"), Some(ms(20)));
+        assert_eq!(go_duration(b"1.5s"), Some(ms(1500)));
+        assert_eq!(go_duration(b"1h2m3.25s"), Some(ms(3_723_250)));
+        assert_eq!(
+            go_duration("7µs".as_bytes()),
+            Some(Duration::from_micros(7))
+        );
+        for bad in [
+            &b""[..],
+            b"5",
+            b"-1s",
+            b"1x",
+            b"s",
+            b".s",
+            b"1.2.3s",
+            b"99999999999999999999h",
+        ] {
+            assert_eq!(go_duration(bad), None, "{bad:?}");
+        }
+        let advice = read(
+            &OpenAiFields,
+            200,
+            &[
+                ("x-ratelimit-remaining-requests", b"59"),
+                ("x-ratelimit-reset-requests", b"1s"),
+                ("x-ratelimit-remaining-tokens", b"149984"),
+                ("x-ratelimit-reset-tokens", b"6m0s"),
+            ],
+        );
+        assert_eq!(
+            advice.least(Budget::Requests),
+            Some(Remaining {
+                budget: Budget::Requests,
+                left: 59,
+                reset: Some(ms(1000))
+            })
+        );
+        assert_eq!(
+            advice.least(Budget::Tokens).unwrap().reset,
+            Some(Duration::from_secs(360))
+        );
+    }
+
+    #[test]
+    fn github_reads_epoch_resets() {
+        let reset = (NOW.as_secs() + 42).to_string();
+        let advice = read(
+            &GitHubFields,
+            200,
+            &[
+                ("x-ratelimit-remaining", b"0"),
+                ("x-ratelimit-reset", reset.as_bytes()),
+            ],
+        );
+        assert_eq!(
+            advice.least(Budget::Requests).unwrap().reset,
+            Some(Duration::from_secs(42))
+        );
+        // A malformed reset keeps the reading without it; a malformed remaining drops it.
+        let advice = read(
+            &GitHubFields,
+            200,
+            &[
+                ("x-ratelimit-remaining", b"3"),
+                ("x-ratelimit-reset", b"tomorrow"),
+            ],
+        );
+        assert_eq!(advice.least(Budget::Requests).unwrap().reset, None);
+        assert!(
+            read(&GitHubFields, 200, &[("x-ratelimit-remaining", b"-3")])
+                .remaining
+                .is_empty()
+        );
+        assert_eq!(epoch_reset(b"18446744073709551615", now()), None);
+    }
+
+    #[test]
+    fn bounded_cuts_every_duration_to_the_maximum() {
+        let mut advice = Advice::default();
+        advice.pause_for(Duration::from_secs(10 * 365 * 86_400));
+        advice.remaining.push(Remaining {
+            budget: Budget::Tokens,
+            left: 0,
+            reset: Some(Duration::MAX),
+        });
+        let advice = advice.bounded(Duration::from_secs(60));
+        assert_eq!(advice.pause, Some(Duration::from_secs(60)));
+        assert_eq!(advice.remaining[0].reset, Some(Duration::from_secs(60)));
+    }
+
+    /// Every reader, over any bytes in any of its fields, with any status: no panic, and no
+    /// duration past the maximum once bounded.
+    fn any_answer(reader: &dyn ReadAnswer, status: u16, values: &[Vec<u8>]) {
+        const NAMES: [&str; 9] = [
+            "retry-after",
+            "ratelimit",
+            "ratelimit-policy",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ];
+        let mut headers = HeaderMap::new();
+        for (name, value) in NAMES.iter().zip(values) {
+            if let Ok(value) = http::HeaderValue::from_bytes(value) {
+                headers.insert(*name, value);
+            }
+        }
+        let advice = read_headers(reader, status, &headers);
+        let max = Duration::from_secs(300);
+        let advice = advice.bounded(max);
+        assert!(advice.pause.is_none_or(|p| p <= max));
+        assert!(
+            advice
+                .remaining
+                .iter()
+                .all(|r| r.reset.is_none_or(|d| d <= max))
+        );
+    }
+
+    fn field() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..40),
+            "[0-9a-zµ.;=\", -]{0,40}".prop_map(String::into_bytes),
+            r#""[a-z]{1,5}";r=-?[0-9]{1,25};t=-?[0-9]{1,25}"#.prop_map(String::into_bytes),
+            "([0-9]{1,22}(\\.[0-9]{0,25})?(h|m|s|ms|us|ns)){1,4}".prop_map(String::into_bytes),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn no_value_panics_or_pauses_past_the_maximum(
+            status in 100u16..600,
+            values in proptest::collection::vec(field(), 9),
+        ) {
+            let readers: [&dyn ReadAnswer; 4] = [&RetryAfter, &IetfFields::new(), &OpenAiFields, &GitHubFields];
+            for reader in readers {
+                any_answer(reader, status, &values);
+            }
+        }
+
+        #[test]
+        fn parsers_take_any_bytes(value in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = retry_after(&value, now());
+            let _ = epoch_reset(&value, now());
+            let _ = go_duration(&value);
+            let _ = ietf_ratelimit(&value);
+            let _ = unsigned(&value);
+        }
+    }
+}

@@ -1,0 +1,464 @@
+//! The client layer: [`PartnerLayer`] over a `tower::Service<http::Request<B>>` that sends
+//! requests to a partner (hyper's client, an SDK built on it).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use http::{Request, Response};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::answer::{Advice, Answer, Budget, IetfFields, ReadAnswer, RetryAfter};
+use crate::call::plan::{Count, Dynamic, Input, Outcome, QuotaFrom, cost_of};
+use crate::call::{Admitted, Call, prepare, wait};
+use crate::caller::Caller;
+use crate::cost::Units;
+use crate::error::RateLimitError;
+use crate::layer::LayerError;
+use crate::limit::{By, Limit};
+use crate::limiter::RateLimiter;
+use crate::limiter::admin::Target;
+use crate::policy::Policy;
+
+/// Reads a request's estimated tokens.
+type Estimate = Arc<dyn Fn(&http::request::Parts) -> u64 + Send + Sync>;
+/// Reads the tokens a response says were used.
+type Usage = Arc<dyn Fn(&http::response::Parts) -> Option<u64> + Send + Sync>;
+
+/// The key template of each budget's limit, so the two limits of one scope never share a key.
+const fn template(budget: Budget) -> &'static str {
+    match budget {
+        Budget::Requests => "requests",
+        Budget::Tokens => "tokens",
+    }
+}
+
+/// A Tower layer for outgoing requests to one partner: each request checked (with waiting)
+/// against the fleet's budget for the partner, each response read and its lesson told to the
+/// store. See the [module docs](crate::client).
+#[derive(Clone)]
+pub struct PartnerLayer {
+    pub(super) partner: Arc<Partner>,
+}
+
+impl fmt::Debug for PartnerLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PartnerLayer")
+            .field("limits", &self.partner.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartnerLayer {
+    /// A builder for the partner whose budget is named `scope` (every process that names the
+    /// same scope, with the same policies, on the same store shares the budget).
+    pub fn builder(scope: &'static str) -> PartnerLayerBuilder {
+        PartnerLayerBuilder {
+            scope,
+            requests: None,
+            tokens: None,
+            usage: None,
+            readers: Vec::new(),
+            wait: Duration::from_secs(30),
+            max_pause: Duration::from_secs(60),
+            limiter: None,
+            learn: true,
+        }
+    }
+}
+
+impl<S> Layer<S> for PartnerLayer {
+    type Service = PartnerService<S>;
+
+    fn layer(&self, inner: S) -> PartnerService<S> {
+        PartnerService {
+            inner,
+            partner: Arc::clone(&self.partner),
+        }
+    }
+}
+
+/// Builds a [`PartnerLayer`]: its budgets (requests, tokens or both), the readers of the
+/// partner's answer, how long a request may wait, the longest pause an answer may ask.
+pub struct PartnerLayerBuilder {
+    scope: &'static str,
+    requests: Option<Policy>,
+    tokens: Option<(Policy, Estimate)>,
+    usage: Option<Usage>,
+    readers: Vec<Box<dyn ReadAnswer>>,
+    wait: Duration,
+    max_pause: Duration,
+    limiter: Option<RateLimiter>,
+    learn: bool,
+}
+
+impl fmt::Debug for PartnerLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PartnerLayerBuilder")
+            .field("scope", &self.scope)
+            .field("requests", &self.requests)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartnerLayerBuilder {
+    /// The requests budget: one unit a request.
+    #[must_use]
+    pub fn requests(mut self, policy: Policy) -> Self {
+        self.requests = Some(policy);
+        self
+    }
+
+    /// The tokens budget: each request takes `estimate(request)` units before it is sent,
+    /// settled after the response to what [`PartnerLayerBuilder::settle_tokens`] reads (the
+    /// estimate stays counted without it).
+    #[must_use]
+    pub fn tokens(
+        mut self,
+        policy: Policy,
+        estimate: impl Fn(&http::request::Parts) -> u64 + Send + Sync + 'static,
+    ) -> Self {
+        self.tokens = Some((policy, Arc::new(estimate)));
+        self
+    }
+
+    /// Reads the tokens a request used from its response's head (a usage header): the
+    /// tokens budget is settled to them (the difference back, or the excess charged); `None`
+    /// keeps the estimate.
+    #[must_use]
+    pub fn settle_tokens(
+        mut self,
+        used: impl Fn(&http::response::Parts) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.usage = Some(Arc::new(used));
+        self
+    }
+
+    /// Adds a reader of the partner's answer. None given: [`RetryAfter`] and
+    /// [`IetfFields`].
+    #[must_use]
+    pub fn read(mut self, reader: impl ReadAnswer) -> Self {
+        self.readers.push(Box::new(reader));
+        self
+    }
+
+    /// How long a request may wait for its slot before it fails with
+    /// [`RateLimitError::Limited`] (default 30 s; zero: never waits).
+    #[must_use]
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// The longest pause one answer may impose on the fleet (default 60 s): a longer
+    /// `Retry-After` or reset is cut to it.
+    #[must_use]
+    pub fn max_pause(mut self, max: Duration) -> Self {
+        self.max_pause = max;
+        self
+    }
+
+    /// The limiter whose store keeps the budget (default: the installed one, as
+    /// [`RateLimiter::current`] finds it per request).
+    #[must_use]
+    pub fn limiter(mut self, limiter: RateLimiter) -> Self {
+        self.limiter = Some(limiter);
+        self
+    }
+
+    /// Whether the partner's answers are told to the store (default `true`; `false` paces
+    /// by the configured budget alone).
+    #[must_use]
+    pub fn learn(mut self, learn: bool) -> Self {
+        self.learn = learn;
+        self
+    }
+
+    /// The layer, or what is wrong with it: a scope that cannot name a bucket, or no budget.
+    pub fn build(self) -> Result<PartnerLayer, LayerError> {
+        if !crate::key::valid_scope(self.scope) {
+            return Err(LayerError::InvalidScope {
+                scope: self.scope.to_owned(),
+            });
+        }
+        let mut budgets = Vec::new();
+        let mut limits = Vec::new();
+        if let Some(policy) = self.requests {
+            budgets.push(Budget::Requests);
+            limits.push(Limit::new(policy, self.scope, By::Global));
+        }
+        let estimate = self.tokens.map(|(policy, estimate)| {
+            budgets.push(Budget::Tokens);
+            limits.push(Limit::new(policy, self.scope, By::Global));
+            estimate
+        });
+        if limits.is_empty() {
+            return Err(LayerError::MissingNum { limit: 0 });
+        }
+        let dynamics = estimate.is_some().then(|| {
+            let settles = |b: &Budget| Dynamic {
+                quota: QuotaFrom::Attribute,
+                count: Count::All,
+                settle: *b == Budget::Tokens,
+            };
+            budgets.iter().map(settles).collect()
+        });
+        let mut readers = self.readers;
+        if readers.is_empty() {
+            readers = vec![Box::new(RetryAfter), Box::new(IetfFields::new())];
+        }
+        let templates = budgets.iter().map(|b| Some(template(*b))).collect();
+        Ok(PartnerLayer {
+            partner: Arc::new(Partner {
+                limiter: self.limiter,
+                limits: limits.into(),
+                budgets: budgets.into(),
+                dynamics,
+                templates,
+                estimate,
+                usage: self.usage,
+                readers,
+                wait: self.wait,
+                max_pause: self.max_pause,
+                learn: self.learn,
+            }),
+        })
+    }
+}
+
+/// A request admitted and sent: what to settle, and what each unsettled budget had left
+/// once it was admitted.
+pub(super) struct Sent<'l> {
+    call: Admitted<'l>,
+    known: Vec<Option<u64>>,
+}
+
+/// What a [`PartnerLayer`] holds.
+pub(super) struct Partner {
+    pub(super) limiter: Option<RateLimiter>,
+    limits: Box<[Limit]>,
+    /// Each limit's budget, by position.
+    budgets: Box<[Budget]>,
+    /// The tokens budget settles (`None`: requests only).
+    dynamics: Option<Box<[Dynamic]>>,
+    templates: Box<[Option<&'static str>]>,
+    estimate: Option<Estimate>,
+    usage: Option<Usage>,
+    readers: Vec<Box<dyn ReadAnswer>>,
+    wait: Duration,
+    max_pause: Duration,
+    learn: bool,
+}
+
+/// Why a [`PartnerService`] call failed: the budget (or the store) refused it before it was
+/// sent, or the wrapped service failed.
+#[derive(Debug)]
+pub enum PartnerError<E> {
+    /// Refused before sending: [`RateLimitError::Limited`] with the time the budget is
+    /// whole again (the partner's, after a pause), or the store failed and the failure
+    /// policy refused.
+    RateLimited(RateLimitError),
+    /// The wrapped service's error.
+    Service(E),
+}
+
+impl<E: fmt::Display> fmt::Display for PartnerError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::RateLimited(e) => write!(f, "not sent to the partner: {e}"),
+            Self::Service(e) => e.fmt(f),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for PartnerError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::RateLimited(e) => Some(e),
+            Self::Service(e) => Some(e),
+        }
+    }
+}
+
+/// The service of a [`PartnerLayer`].
+#[derive(Clone)]
+pub struct PartnerService<S> {
+    inner: S,
+    partner: Arc<Partner>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for PartnerService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PartnerService")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future of a [`PartnerService`] call.
+pub type PartnerFuture<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<B>, PartnerError<E>>> + Send + 'static>>;
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for PartnerService<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Send + 'static,
+{
+    type Response = Response<ResB>;
+    type Error = PartnerError<S::Error>;
+    type Future = PartnerFuture<ResB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(PartnerError::Service)
+    }
+
+    fn call(&mut self, request: Request<ReqB>) -> Self::Future {
+        // The service that was polled ready is the one to call.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(Arc::clone(&self.partner).send(inner, request))
+    }
+}
+
+impl Partner {
+    /// One request: admitted (waiting for its slot), sent, its answer learnt, its tokens
+    /// settled.
+    async fn send<S, ReqB, ResB>(
+        self: Arc<Self>,
+        mut inner: S,
+        request: Request<ReqB>,
+    ) -> Result<Response<ResB>, PartnerError<S::Error>>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+    {
+        let limiter = self.limiter.clone().unwrap_or_else(RateLimiter::current);
+        let (head, body) = request.into_parts();
+        let admitted = self
+            .admit(&limiter, &head)
+            .await
+            .map_err(PartnerError::RateLimited)?;
+        let response = inner.call(Request::from_parts(head, body)).await;
+        let response = match response {
+            Ok(response) => response,
+            Err(error) => {
+                admitted.call.settle_to(Outcome::Err, None).await;
+                return Err(PartnerError::Service(error));
+            }
+        };
+        let (head, body) = response.into_parts();
+        self.answered(&limiter, admitted, &head).await;
+        Ok(Response::from_parts(head, body))
+    }
+
+    /// Before a request: its budget checked, waiting for a slot within the layer's wait.
+    pub(super) async fn admit(
+        &self,
+        limiter: &RateLimiter,
+        head: &http::request::Parts,
+    ) -> Result<Sent<'_>, RateLimitError> {
+        let inputs = self.inputs(head);
+        let call = Call {
+            limits: &self.limits,
+            dynamics: self.dynamics.as_deref(),
+            inputs: &inputs,
+            templates: &self.templates,
+        };
+        let admitted = wait::admit(limiter, self.wait, || {
+            prepare(limiter, call, &Caller::PLAIN)
+        })
+        .await
+        .map_err(crate::call::Refused::into_error)?;
+        // What each unsettled budget had left once this request was admitted.
+        let known = (0..self.limits.len())
+            .map(|i| {
+                let settled = self.budgets[i] == Budget::Tokens && self.estimate.is_some();
+                let decision = admitted.verdict().decisions().get(i);
+                decision.filter(|_| !settled).map(|d| d.remaining)
+            })
+            .collect();
+        Ok(Sent {
+            call: admitted,
+            known,
+        })
+    }
+
+    /// After the response: its tokens settled, its answer learnt.
+    pub(super) async fn answered(
+        &self,
+        limiter: &RateLimiter,
+        sent: Sent<'_>,
+        head: &http::response::Parts,
+    ) {
+        let used = self.usage.as_ref().and_then(|u| u(head)).map(Units::of);
+        sent.call
+            .settle_to(Outcome::Status(head.status.as_u16()), used)
+            .await;
+        if self.learn {
+            self.learn(limiter, head, &sent.known).await;
+        }
+    }
+
+    /// What each limit takes from this request: the tokens budget its estimate.
+    fn inputs(&self, head: &http::request::Parts) -> Vec<Input> {
+        let Some(estimate) = &self.estimate else {
+            return Vec::new();
+        };
+        let tokens = cost_of(estimate(head));
+        self.budgets
+            .iter()
+            .map(|b| match b {
+                Budget::Tokens => Input {
+                    quota: None,
+                    cost: Some(tokens),
+                },
+                Budget::Requests => Input::NONE,
+            })
+            .collect()
+    }
+
+    /// Reads the partner's answer and tells the store: a pause defers every budget; a spent
+    /// budget with a reset is deferred until then; one with units left is lowered to them
+    /// (skipped when this request's admission already left no more than that).
+    async fn learn(
+        &self,
+        limiter: &RateLimiter,
+        head: &http::response::Parts,
+        known: &[Option<u64>],
+    ) {
+        let answer = Answer {
+            status: head.status,
+            headers: &head.headers,
+            now: SystemTime::now(),
+        };
+        let mut advice = Advice::default();
+        for reader in &self.readers {
+            reader.read(&answer, &mut advice);
+        }
+        let advice = advice.bounded(self.max_pause);
+        for (i, budget) in self.budgets.iter().enumerate() {
+            let limit = &self.limits[i..=i];
+            let target = Target::global().key(template(*budget));
+            let least = advice.least(*budget);
+            // A spent budget waits for its reset; a pause for every budget, the longer one.
+            let spent = least.filter(|r| r.left == 0).and_then(|r| r.reset);
+            let lesson = match (advice.pause.max(spent), least) {
+                (Some(pause), _) if !pause.is_zero() => limiter.defer(limit, &target, pause).await,
+                (_, Some(r)) if known[i].is_none_or(|has| has > r.left) => {
+                    limiter.lower(limit, &target, r.left).await
+                }
+                _ => Ok(()),
+            };
+            if let Err(error) = lesson {
+                tracing::warn!(target: crate::observe::log::CLIENT, %error,
+                    scope = limit[0].scope, "a partner's answer could not be recorded in the store");
+            }
+        }
+    }
+}
