@@ -217,9 +217,11 @@ impl<'r> Caller<'r> {
         (!value.trim_ascii().is_empty()).then_some(value)
     }
 
-    /// The path, `/` for a transport without one (what an exemption predicate sees).
-    pub(crate) fn path_or_root(&self) -> &'r str {
-        self.path.unwrap_or("/")
+    /// The path an exemption predicate sees: empty when the request carries none (a gRPC
+    /// method whose server records no path), so that a predicate written for an HTTP route
+    /// (`/`, say) never matches it.
+    pub(crate) fn path_or_empty(&self) -> &'r str {
+        self.path.unwrap_or("")
     }
 
     /// The value `by` identifies this caller with (`None` for `global`), or what is missing.

@@ -3,6 +3,8 @@
 //! `Status` for a refusal, the rate-limit metadata on an admitted response
 //! ([`Admission::finish`]), which also settles a `count = …` limit by the method's result.
 
+use std::borrow::Cow;
+
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status};
 
@@ -35,18 +37,36 @@ impl std::fmt::Debug for GrpcCall {
 }
 
 /// What a tonic request offers the limiter: the peer address tonic's transport recorded, the
-/// metadata as headers, the [`UserId`] and [`Quota`] an interceptor put in the extensions.
-/// A method's call has no path (every call of a method has the same one).
-fn caller<T>(request: &Request<T>) -> Caller<'_> {
+/// method's path ([`method_path`]), the metadata as headers, the [`UserId`] and [`Quota`] an
+/// interceptor put in the extensions.
+fn caller<'r, T>(request: &'r Request<T>, path: Option<&'r str>) -> Caller<'r> {
     let extensions = request.extensions();
     Caller {
         peer: request.remote_addr().map(|a| a.ip()),
-        path: None,
+        path,
         headers: request.metadata().as_ref(),
         user: extensions.get::<UserId>(),
         quota: extensions.get::<Quota>().copied(),
         transport: Transport::Grpc,
     }
+}
+
+/// The path of the method a request calls, `/package.Service/Method`, as an HTTP request to it
+/// has it: from tonic's [`tonic::GrpcMethod`] extension, or the URI tonic's router recorded
+/// (Axum's `OriginalUri`, which its router keeps when Axum's `original-uri` feature is on, as
+/// the `axum` feature of this crate turns it on). `None` when the request carries neither: an
+/// exemption predicate then sees an empty path, never one an HTTP route has.
+fn method_path<T>(request: &Request<T>) -> Option<Cow<'_, str>> {
+    let extensions = request.extensions();
+    if let Some(method) = extensions.get::<tonic::GrpcMethod<'static>>() {
+        let (service, method) = (method.service(), method.method());
+        return Some(Cow::Owned(format!("/{service}/{method}")));
+    }
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::OriginalUri(uri)) = extensions.get::<axum::extract::OriginalUri>() {
+        return Some(Cow::Borrowed(uri.path()));
+    }
+    None
 }
 
 /// Reads what `limits` are `by` from `request` (the limiter of its extensions, else
@@ -71,7 +91,15 @@ pub fn prepare<T>(
         inputs,
         templates,
     };
-    let prepared = call::prepare(&limiter, call, &caller(request));
+    // Only an exemption predicate reads a method's path (the macro refuses `by = "url"` on
+    // a method): looked up for it alone.
+    let path = limiter
+        .settings()
+        .exemptions
+        .has_predicate()
+        .then(|| method_path(request))
+        .flatten();
+    let prepared = call::prepare(&limiter, call, &caller(request, path.as_deref()));
     GrpcCall { limiter, prepared }
 }
 
@@ -256,7 +284,7 @@ mod tests {
         by: By,
         settings: &HttpSettings,
     ) -> Result<Option<Vec<u8>>, Status> {
-        caller(request)
+        caller(request, None)
             .by_value(by, settings)
             .map(|v| v.map(|v| v.as_ref().to_vec()))
             .map_err(|missing| status_of(&missing.refusal()))
@@ -291,6 +319,30 @@ mod tests {
         assert_eq!(v(By::AppId), Some(b" a1 ".to_vec()));
         assert_eq!(v(By::Header("x-key")), Some(b"k".to_vec()));
         assert_eq!(v(By::User), Some(b"alice".to_vec()));
+    }
+
+    /// A method's path comes from tonic's `GrpcMethod` extension, else the URI the router
+    /// kept; with neither, none (an empty path for a predicate, never `/`).
+    #[test]
+    fn a_method_s_path_is_read_from_the_request() {
+        let mut r = request(&[]);
+        assert_eq!(method_path(&r), None);
+        assert_eq!(caller(&r, None).path_or_empty(), "");
+        #[cfg(feature = "axum")]
+        {
+            let uri: http::Uri = "/greeter.Greeter/SayHelloWithKey?x=1".parse().unwrap();
+            r.extensions_mut().insert(axum::extract::OriginalUri(uri));
+            assert_eq!(
+                method_path(&r).as_deref(),
+                Some("/greeter.Greeter/SayHelloWithKey")
+            );
+        }
+        r.extensions_mut()
+            .insert(tonic::GrpcMethod::new("greeter.Greeter", "SayHello"));
+        assert_eq!(
+            method_path(&r).as_deref(),
+            Some("/greeter.Greeter/SayHello")
+        );
     }
 
     #[test]

@@ -215,3 +215,38 @@ async fn spoofed_forwarding_metadata_changes_nothing() {
         ]
     );
 }
+
+/// Through the layer, an exemption written for an HTTP route (`/`) does not exempt a gRPC
+/// call: the predicate sees the method's path, as the `#[rate_limit]` methods do.
+#[tokio::test]
+async fn an_exemption_for_the_root_path_does_not_exempt_a_grpc_call() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let paths = std::sync::Arc::clone(&seen);
+    let limiter = RateLimiter::builder()
+        .memory()
+        .exempt_when(move |caller| {
+            paths.lock().unwrap().push(caller.path().to_owned());
+            caller.path() == "/"
+        })
+        .build()
+        .await
+        .expect("limiter");
+    let addr = serve(per_ip(&limiter, 3)).await;
+    let client = client_from(addr, "127.0.0.1").await;
+    let mut codes = Vec::new();
+    for _ in 0..10 {
+        codes.push(check(&client).await.map(drop).map_err(|s| s.code()));
+    }
+    let admitted = codes.iter().filter(|c| c.is_ok()).count();
+    assert_eq!(admitted, 3, "{codes:?}");
+    assert!(
+        codes[3..]
+            .iter()
+            .all(|c| *c == Err(Code::ResourceExhausted))
+    );
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen.len() == 10 && seen.iter().all(|p| p == "/grpc.health.v1.Health/Check"),
+        "{seen:?}"
+    );
+}
