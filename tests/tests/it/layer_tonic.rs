@@ -220,17 +220,7 @@ async fn spoofed_forwarding_metadata_changes_nothing() {
 /// call: the predicate sees the method's path, as the `#[rate_limit]` methods do.
 #[tokio::test]
 async fn an_exemption_for_the_root_path_does_not_exempt_a_grpc_call() {
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let paths = std::sync::Arc::clone(&seen);
-    let limiter = RateLimiter::builder()
-        .memory()
-        .exempt_when(move |caller| {
-            paths.lock().unwrap().push(caller.path().to_owned());
-            caller.path() == "/"
-        })
-        .build()
-        .await
-        .expect("limiter");
+    let (limiter, seen) = ratelimit_tests::env::root_path_exempt().await;
     let addr = serve(per_ip(&limiter, 3)).await;
     let client = client_from(addr, "127.0.0.1").await;
     let mut codes = Vec::new();
