@@ -19,7 +19,7 @@ pub(crate) mod admin;
 mod blocked;
 mod breaker;
 mod builder;
-pub(crate) mod env;
+mod env;
 pub(crate) mod exempt;
 mod failure;
 mod lease;

@@ -4,6 +4,7 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+pub(crate) use crate::store::env::{Unreadable, var};
 
 /// The variable that sets the timeout of the limiter built from the environment.
 pub(super) const TIMEOUT_ENV: &str = "RATELIMIT_TIMEOUT_MS";
@@ -14,28 +15,6 @@ pub(super) fn parse_timeout_ms(raw: &str) -> Option<Duration> {
     (1..=60_000)
         .contains(&ms)
         .then(|| Duration::from_millis(ms))
-}
-
-/// An environment variable that is set but whose value is not UTF-8: its name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Unreadable(pub(crate) &'static str);
-
-impl From<Unreadable> for ConfigError {
-    fn from(Unreadable(name): Unreadable) -> Self {
-        Self::Invalid(format!("{name} is set but its value is not valid UTF-8"))
-    }
-}
-
-/// The value of environment variable `name`: `None` when it is unset, [`Unreadable`] when it
-/// is set but not UTF-8 (a mistake to report, never "unset": a Redis URL read as unset would
-/// leave every process on its own memory store). Every variable the limiter reads goes
-/// through here.
-pub(crate) fn var(name: &'static str) -> Result<Option<String>, Unreadable> {
-    match std::env::var(name) {
-        Ok(value) => Ok(Some(value)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => Err(Unreadable(name)),
-    }
 }
 
 /// The store the environment names, and the variable that named it: the Cluster's seed nodes

@@ -180,7 +180,7 @@ impl RedisClusterStore {
     /// # Ok::<(), ratelimit_runtime::ConfigError>(())
     /// ```
     pub fn from_env() -> Option<Result<Self, ConfigError>> {
-        let list = match crate::limiter::env::var(NODES_ENV) {
+        let list = match crate::store::env::var(NODES_ENV) {
             Ok(list) => list?,
             Err(unreadable) => return Some(Err(unreadable.into())),
         };
