@@ -11,7 +11,7 @@ use tonic::{Code, Request, Response, Status};
 use super::details::retry_info_status;
 use crate::call::plan::{Dynamic, Input, Outcome};
 use crate::call::{self, Admitted, Call, Prepared, Refused};
-use crate::caller::answer::{FieldSet, Fields, Refusal, reset_seconds, whole_seconds};
+use crate::caller::answer::{FieldSet, Fields, Refusal, reset_seconds, retry_seconds};
 use crate::caller::settings::HttpSettings;
 use crate::caller::{Caller, Transport, UserId};
 use crate::error::RateLimitError;
@@ -224,7 +224,7 @@ fn metadata(fields: &Fields) -> MetadataMap {
 }
 
 /// `RESOURCE_EXHAUSTED` for [`RateLimitError::Limited`], with `retry-after` (whole seconds,
-/// rounded up, at least 1), the legacy `x-ratelimit-limit` / `-remaining` / `-reset` of the
+/// rounded up, at least 1, never past `x-ratelimit-reset`), the legacy `x-ratelimit-limit` / `-remaining` / `-reset` of the
 /// binding limit and the `google.rpc.RetryInfo` detail; `UNAVAILABLE` for
 /// [`RateLimitError::StoreUnavailable`].
 ///
@@ -254,7 +254,10 @@ impl From<RateLimitError> for Status {
             } => {
                 let mut refusal = Refusal::new(429, "too_many_requests", &error.to_string());
                 refusal.fields = vec![
-                    ("retry-after", whole_seconds(retry_after).max(1).to_string()),
+                    (
+                        "retry-after",
+                        retry_seconds(retry_after, reset_after).to_string(),
+                    ),
                     ("x-ratelimit-limit", limit.to_string()),
                     ("x-ratelimit-remaining", remaining.to_string()),
                     ("x-ratelimit-reset", reset_seconds(reset_after).to_string()),
@@ -343,6 +346,32 @@ mod tests {
             method_path(&r).as_deref(),
             Some("/greeter.Greeter/SayHello")
         );
+    }
+
+    /// A plain limited error whose slot the store put a few microseconds past a 10 s window:
+    /// `retry-after` says 10, never 11; `RetryInfo` carries the exact wait.
+    #[test]
+    fn a_limited_error_s_retry_after_never_passes_the_window() {
+        use tonic_types::StatusExt as _;
+        let us = std::time::Duration::from_micros;
+        for (wait_us, reset_us, secs) in [
+            (10_000_001, 10_000_003, "10"),
+            (9_300_000, 10_000_000, "10"),
+        ] {
+            let status = Status::from(RateLimitError::Limited {
+                retry_after: us(wait_us),
+                limit: 3,
+                remaining: 0,
+                reset_after: us(reset_us),
+            });
+            assert_eq!(
+                status.metadata().get("retry-after").unwrap(),
+                secs,
+                "{wait_us}"
+            );
+            let detail = status.get_details_retry_info().unwrap().retry_delay;
+            assert_eq!(detail, Some(us(wait_us)));
+        }
     }
 
     #[test]
