@@ -63,6 +63,15 @@ pub(crate) enum Transport {
 }
 
 impl Transport {
+    /// What this transport calls a request's named values, in messages: gRPC carries
+    /// `metadata`, the others `header`s.
+    pub(crate) fn header_word(self) -> &'static str {
+        match self {
+            Self::Grpc => "metadata",
+            Self::Plain | Self::Axum | Self::Actix | Self::Layer => "header",
+        }
+    }
+
     /// What to do when `by = "ip"` finds no peer address on this transport.
     pub(crate) fn missing_peer_message(self) -> &'static str {
         match self {
@@ -171,8 +180,9 @@ pub(crate) enum Missing {
     User,
     /// `app_id`: no or a blank `appId` header.
     AppId,
-    /// `header:<name>`: no or a blank header.
-    Header(&'static str),
+    /// `header:<name>`: no or a blank header (a metadata entry on gRPC: the transport says
+    /// which).
+    Header(&'static str, Transport),
 }
 
 /// A missing peer address is the server's setup, not the client's: logged once per process.
@@ -189,7 +199,10 @@ impl Missing {
             ),
             Self::User => Cow::Borrowed(Refusal::NO_USER),
             Self::AppId => Cow::Borrowed("appId must not be empty"),
-            Self::Header(name) => Cow::Owned(format!("header {name} must not be empty")),
+            Self::Header(name, transport) => Cow::Owned(format!(
+                "{} {name} must not be empty",
+                transport.header_word()
+            )),
         }
     }
 
@@ -205,7 +218,7 @@ impl Missing {
                 Refusal::new(500, "internal_error", &message)
             }
             Self::User => Refusal::no_user(),
-            Self::AppId | Self::Header(_) => Refusal::new(400, "bad_request", &self.message()),
+            Self::AppId | Self::Header(..) => Refusal::new(400, "bad_request", &self.message()),
         }
     }
 }
@@ -250,7 +263,10 @@ impl<'r> Caller<'r> {
                 _ => return Err(Missing::User),
             },
             By::AppId => ByValue::Borrowed(self.header("appid").ok_or(Missing::AppId)?),
-            By::Header(name) => ByValue::Borrowed(self.header(name).ok_or(Missing::Header(name))?),
+            By::Header(name) => {
+                let missing = Missing::Header(name, self.transport);
+                ByValue::Borrowed(self.header(name).ok_or(missing)?)
+            }
         }))
     }
 }

@@ -270,7 +270,11 @@ async fn metadata_header_values_are_buckets(limiter: RateLimiter) {
             Code::InvalidArgument,
             "{key:?}: {missing:?}"
         );
-        assert!(missing.message().contains("x-api-key"), "{missing:?}");
+        assert_eq!(
+            missing.message(),
+            "metadata x-api-key must not be empty",
+            "{missing:?}"
+        );
     }
     assert!(with_key(&mut s.client, Some("key-3")).await.is_ok());
     // A header value equal to the client's IP is not the per-IP bucket.
