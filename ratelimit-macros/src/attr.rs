@@ -26,6 +26,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "shadow",
     "export",
     "on_store_error",
+    "replica_ack",
     "wait",
     "settle",
     "lease",
@@ -241,6 +242,8 @@ pub(crate) struct Args {
     pub(crate) export: Option<Ident>,
     /// `on_store_error = "deny"`: this limit's failure policy.
     pub(crate) on_store_error: Option<Spanned<OnStoreError>>,
+    /// `replica_ack = true`: an admitted call waits for a replica to acknowledge its write.
+    pub(crate) replica_ack: Option<Spanned<bool>>,
     /// `wait = "5s"`: the longest a limited call waits for a slot, in milliseconds.
     pub(crate) wait: Option<Spanned<u64>>,
     /// `lease = "100ms"`: the longest life of a lease of this limit's units, in milliseconds.
@@ -333,6 +336,7 @@ impl Args {
             shadow: None,
             export: None,
             on_store_error: None,
+            replica_ack: None,
             wait: None,
             lease: None,
             lease_max: None,
@@ -385,7 +389,10 @@ impl Args {
             "cost" => positive("cost", value).map(|v| self.cost = Some(v)),
             "scope" => parse_scope(value).map(|v| self.scope = Some(v)),
             "framework" => parse_framework(value).map(|v| self.framework = Some(v)),
-            "shadow" => parse_shadow(value).map(|v| self.shadow = Some(v)),
+            "shadow" => parse_bool("shadow", SHADOW, value).map(|v| self.shadow = Some(v)),
+            "replica_ack" => {
+                parse_bool("replica_ack", REPLICA_ACK, value).map(|v| self.replica_ack = Some(v))
+            }
             "export" => parse_export(value).map(|v| self.export = Some(v)),
             "on_store_error" => parse_on_store_error(value).map(|v| self.on_store_error = Some(v)),
             "wait" => parse_wait(value).map(|v| self.wait = Some(v)),
@@ -694,8 +701,8 @@ fn parse_on_store_error(value: &Expr) -> syn::Result<Spanned<OnStoreError>> {
     })
 }
 
-/// `shadow`: the literal `true` or `false`.
-fn parse_shadow(value: &Expr) -> syn::Result<Spanned<bool>> {
+/// `shadow`, `replica_ack`: the literal `true` or `false`; `meaning` says what `true` does.
+fn parse_bool(name: &str, meaning: &str, value: &Expr) -> syn::Result<Spanned<bool>> {
     match value {
         Expr::Lit(ExprLit {
             lit: Lit::Bool(b), ..
@@ -705,10 +712,16 @@ fn parse_shadow(value: &Expr) -> syn::Result<Spanned<bool>> {
         }),
         other => Err(syn::Error::new(
             other.span(),
-            "`shadow` must be `true` or `false` (no quotes): `shadow = true` checks and counts the limit but never rejects a call",
+            format!("`{name}` must be `true` or `false` (no quotes): `{name} = true` {meaning}"),
         )),
     }
 }
+
+/// What `shadow = true` does, for its error message.
+const SHADOW: &str = "checks and counts the limit but never rejects a call";
+
+/// What `replica_ack = true` does, for its error message.
+const REPLICA_ACK: &str = "admits a call only once a replica acknowledged its count";
 
 /// A positive integer literal (`num`, `burst`, `cost`).
 fn positive(name: &str, value: &Expr) -> syn::Result<Spanned<u64>> {
@@ -1059,6 +1072,23 @@ mod tests {
         assert_eq!(a.cost.unwrap().value, 2);
         assert_eq!(a.scope.unwrap().value, "sms");
         assert_eq!(a.framework.unwrap().value, Framework::Axum);
+    }
+
+    #[test]
+    fn replica_ack_is_a_bool_literal() {
+        let a = args(quote::quote!(num = 3, time = 60, replica_ack = true));
+        assert!(a.errors.is_empty(), "{:?}", a.errors);
+        assert!(a.replica_ack.unwrap().value);
+        let a = args(quote::quote!(num = 3, time = 60, replica_ack = "yes"));
+        let message = a
+            .errors
+            .first()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        assert!(
+            message.contains("`replica_ack` must be `true` or `false`"),
+            "{message}"
+        );
     }
 
     #[test]

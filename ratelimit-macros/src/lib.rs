@@ -184,7 +184,7 @@ use proc_macro::TokenStream;
 ///     Ok(())
 /// }
 ///
-/// // Admitted while the store fails (under the default `allow`).
+/// // Checked in this process while the store fails (under the default `local`).
 /// #[rate_limit(num = 100, time = 60, key = "{user}")]
 /// async fn search(user: &str) -> Result<(), RateLimitError> {
 ///     Ok(())

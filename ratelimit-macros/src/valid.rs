@@ -31,6 +31,8 @@ pub(crate) struct Limit {
     pub(crate) shadow: bool,
     /// `on_store_error = "…"`.
     pub(crate) on_store_error: Option<OnStoreError>,
+    /// `replica_ack = true`.
+    pub(crate) replica_ack: bool,
     /// `lease = "…"` and `lease_max`: the lease's life in milliseconds and its largest take,
     /// spanned at `lease`.
     pub(crate) lease: Option<Spanned<(u64, u64)>>,
@@ -560,6 +562,7 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         dynamic: dynamic.clone(),
         shadow: args.shadow.as_ref().is_some_and(|s| s.value),
         on_store_error: args.on_store_error.as_ref().map(|p| p.value),
+        replica_ack: args.replica_ack.as_ref().is_some_and(|a| a.value),
         lease: None,
     })
 }
@@ -711,6 +714,7 @@ fn quota_limit(args: &Args, quota: Span, errors: &mut Vec<syn::Error>) -> Option
         dynamic: dynamic.clone(),
         shadow: args.shadow.as_ref().is_some_and(|s| s.value),
         on_store_error: args.on_store_error.as_ref().map(|p| p.value),
+        replica_ack: args.replica_ack.as_ref().is_some_and(|a| a.value),
         lease: None,
     })
 }
@@ -732,6 +736,7 @@ fn const_limit(args: &Args, algo: Algo) -> Limit {
         dynamic: args.dynamic.clone(),
         shadow: args.shadow.as_ref().is_some_and(|s| s.value),
         on_store_error: args.on_store_error.as_ref().map(|p| p.value),
+        replica_ack: args.replica_ack.as_ref().is_some_and(|a| a.value),
         lease: None,
     }
 }

@@ -191,6 +191,13 @@ pub enum StoreError {
     /// defaults of [`crate::Store::peek`], [`crate::Store::reset`] or [`crate::Store::block`]):
     /// an error for this call only. Holds the operation's name.
     Unsupported(&'static str),
+    /// Replica acknowledgement is on ([`crate::Builder::replica_ack`],
+    /// [`crate::Limit::with_replica_ack`]) and no replica acknowledged the call's write within
+    /// the wait it holds: the master counted the call, a failover now could forget it. The
+    /// failure policy answers the call (the limiter gives the count back in the background
+    /// when the policy did not admit it); a master without replicas never acknowledges. An
+    /// error for this call only: it does not open the breaker.
+    Unreplicated(Duration),
 }
 
 impl StoreError {
@@ -258,6 +265,19 @@ impl StoreError {
         self.is_full() || self.is_out_of_memory()
     }
 
+    /// `true` when no replica acknowledged the call's write in time
+    /// ([`StoreError::Unreplicated`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::StoreError;
+    /// let e = StoreError::Unreplicated(Duration::from_millis(10));
+    /// assert!(e.is_unreplicated() && !e.is_transport() && !e.cannot_record());
+    /// ```
+    pub fn is_unreplicated(&self) -> bool {
+        matches!(self, Self::Unreplicated(_))
+    }
+
     /// `true` when the store does not implement the operation.
     ///
     /// ```
@@ -304,6 +324,12 @@ impl fmt::Display for StoreError {
             Self::Unsupported(operation) => {
                 write!(f, "this store does not implement `{operation}`")
             }
+            Self::Unreplicated(d) => write!(
+                f,
+                "no replica acknowledged the call's write within {}ms (replica acknowledgement \
+                 is on; a master without a replica never acknowledges)",
+                d.as_millis()
+            ),
         }
     }
 }
@@ -314,7 +340,11 @@ impl std::error::Error for StoreError {
             Self::Connection { source }
             | Self::Backend { source }
             | Self::OutOfMemory { source } => Some(&**source),
-            Self::Timeout(_) | Self::BadReply(_) | Self::Full { .. } | Self::Unsupported(_) => None,
+            Self::Timeout(_)
+            | Self::BadReply(_)
+            | Self::Full { .. }
+            | Self::Unsupported(_)
+            | Self::Unreplicated(_) => None,
         }
     }
 }

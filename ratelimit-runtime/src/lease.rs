@@ -22,8 +22,10 @@
 //!   receipt), so a key called once a second is decided exactly as before.
 //! * **The price is under-admission**, never over-admission: units sitting in one process's
 //!   lease are unavailable to the others until it uses or returns them, at most `k_max` per
-//!   process (`k_max × instances` in all), for at most the lease's life. A process that dies
-//!   holding a lease loses its units until the take's receipt expires (the store counts them).
+//!   process (`k_max × instances` in all), for at most the lease's life. A process that exits
+//!   calls [`RateLimiter::shutdown`](crate::RateLimiter::shutdown) to give its leases' unused
+//!   units back (the store then counts exactly what it admitted); one that dies holding a lease
+//!   loses its units until the take's receipt expires (the store counts them).
 //!   The gauge `ratelimit_lease_units_held` reports the units held in leases now
 //!   ([`crate::observe`]).
 //! * **Failures are answered as today**: a lease that cannot be taken (the store fails, does

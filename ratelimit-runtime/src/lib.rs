@@ -148,10 +148,11 @@
 //! # When the store fails
 //!
 //! A check never hangs: each is bounded by [`Builder::timeout`], and a store that failed is
-//! skipped for a short backoff. The [`FailurePolicy`] answers meanwhile: admit
-//! ([`FailurePolicy::Allow`], the default), refuse ([`FailurePolicy::Deny`]: a 503, or
-//! [`RateLimitError::StoreUnavailable`]), or check the same limits in this process
-//! ([`FailurePolicy::Local`]). One limit can choose its own (`on_store_error = "deny"` on the
+//! skipped for a short backoff. The [`FailurePolicy`] answers meanwhile: check the same limits
+//! in this process ([`FailurePolicy::Local`], the default: a store that is away, for an outage
+//! or the seconds of a Cluster failover, never switches a limit off), refuse
+//! ([`FailurePolicy::Deny`]: a 503, or [`RateLimitError::StoreUnavailable`]), or admit
+//! ([`FailurePolicy::Allow`], fail open, by name). One limit can choose its own (`on_store_error = "deny"` on the
 //! attribute, [`Limit::failure_policy`]); a call stacking limits gets the strictest. The limits
 //! are exact while checks answer within the timeout; past it, the policy answers. Checks go
 //! back to the store as soon as it answers. A store error
@@ -249,6 +250,8 @@ mod net;
 pub mod observe;
 mod policy;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 // Run-time quotas: callers' plans and scope overrides.
 mod quota;
 // Who is calling: what a request offers the limiter, read alike on every transport.
@@ -271,7 +274,8 @@ pub mod __private;
     feature = "tower",
     feature = "tonic",
     feature = "metrics",
-    feature = "cluster"
+    feature = "cluster",
+    feature = "testing"
 ))]
 pub mod guide {
     #[doc = include_str!("../docs/attribute.md")]
@@ -288,6 +292,8 @@ pub mod guide {
     pub mod stores {}
     #[doc = include_str!("../docs/operations.md")]
     pub mod operations {}
+    #[doc = include_str!("../docs/testing.md")]
+    pub mod testing {}
 }
 
 /// The README's code blocks, compiled and run as doc tests: a snippet that stops compiling
@@ -299,7 +305,7 @@ pub mod guide {
     feature = "tower",
     feature = "tonic"
 ))]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
 pub use algorithm::Algorithm;
@@ -316,7 +322,7 @@ pub use limit::FailurePolicy;
 pub use limit::{By, Limit};
 pub use limiter::admin::Target;
 pub use limiter::exempt::{CallerView, Exemptions};
-pub use limiter::{Builder, RateLimiter, Settings};
+pub use limiter::{Builder, RateLimiter, Settings, ShutdownTimedOut};
 pub use net::{IntoNetwork, IpNet, IpNetParseError};
 pub use policy::{MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS, Policy, PolicyError};
 pub use quota::{AsQuota, Quota};

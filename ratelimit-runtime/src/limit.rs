@@ -90,6 +90,10 @@ pub struct Limit {
     /// (`lease = "100ms"`, `lease_max`; see [`crate::lease`]); `None`: every call is checked
     /// at the store.
     pub lease: Option<Lease>,
+    /// Whether this limit's admitted calls wait for a replica to acknowledge their write
+    /// (the attribute's `replica_ack = true`, [`Limit::with_replica_ack`]; the limiter's
+    /// [`Builder::replica_ack`](crate::Builder::replica_ack) asks it of every limit).
+    pub replica_ack: bool,
 }
 
 impl Limit {
@@ -117,6 +121,7 @@ impl Limit {
             shadow: false,
             failure_policy: None,
             lease: None,
+            replica_ack: false,
         }
     }
 
@@ -150,6 +155,28 @@ impl Limit {
     #[must_use]
     pub const fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.failure_policy = Some(policy);
+        self
+    }
+
+    /// The same limit, its admitted calls waiting for a replica to acknowledge their write (see
+    /// [`Builder::replica_ack`](crate::Builder::replica_ack), which asks it of every limit): a
+    /// Cluster failover never forgets an admitted call of this limit. A write no replica
+    /// acknowledged in time is answered by the failure policy; a limit that must never admit
+    /// more than its quota pairs it with [`FailurePolicy::Deny`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, By, FailurePolicy, Limit, Policy};
+    /// let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60))?;
+    /// let login = Limit::new(policy, "login", By::User)
+    ///     .failure_policy(FailurePolicy::Deny)
+    ///     .with_replica_ack();
+    /// assert!(login.replica_ack);
+    /// # Ok::<(), ratelimit_runtime::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub const fn with_replica_ack(mut self) -> Self {
+        self.replica_ack = true;
         self
     }
 
@@ -317,19 +344,20 @@ pub(crate) fn keys_for<V: AsRef<[u8]>, E>(
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
-    /// Fail open: admit the call and log the failure (throttled). The default: a rate limiter
-    /// that is down does not take the application down with it. One exception, under every
+    /// Fail open: admit the call and log the failure (throttled), for those who choose it by
+    /// name: a limit that only protects capacity, where an outage of the limiter must never
+    /// refuse a call. While the store is away (an outage, and every Cluster failover, a few
+    /// seconds each) such a limit admits everything. One exception, under every
     /// policy: a store that answered but cannot record the call
     /// ([`StoreError::cannot_record`](crate::StoreError::cannot_record): a memory store whose every entry is a live caller, a
     /// Redis at its `maxmemory`; someone minting keys) refuses it as under
     /// [`FailurePolicy::Deny`] — a flood of keys never switches other callers' limits off.
-    #[default]
     Allow,
     /// Fail closed: reject the call (503 for handlers, [`RateLimitError::StoreUnavailable`](crate::RateLimitError::StoreUnavailable) for
     /// plain functions). For limits that protect something costly or abusable (logins, SMS,
     /// payments), where letting everything through is worse than refusing for a while.
     Deny,
-    /// Check the same limits against an in-process memory store until the store answers again
+    /// **The default.** Check the same limits against an in-process memory store until the store answers again
     /// (every limit of the call, when one of them asks for it; the memory store is made by the
     /// first call that needs it): the limits still hold, per process (see the bound below). A store
     /// that cannot record the call ([`StoreError::cannot_record`](crate::StoreError::cannot_record)) is not failing: its calls
@@ -361,6 +389,12 @@ pub enum FailurePolicy {
     /// # let _ = limiter;
     /// # Ok::<(), ratelimit_runtime::ConfigError>(())
     /// ```
+    ///
+    /// Why the default: a store is away for ordinary reasons (a restart, a network blip, each
+    /// Cluster failover for the seconds a replica takes to be promoted), and a client can make
+    /// a store slow. A limit written `num = 3` stays a limit of 3 a period per process
+    /// meanwhile (its share, with `local_share`), instead of switching off.
+    #[default]
     Local,
 }
 

@@ -25,7 +25,9 @@ mod failure;
 mod lease;
 mod log_throttle;
 mod overrides;
+mod replica;
 mod shadow;
+mod shutdown;
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, OnceLock};
@@ -45,6 +47,7 @@ pub use self::builder::Builder;
 use self::env::{TIMEOUT_ENV, env_store, parse_timeout_ms};
 use self::failure::refund_when_answered;
 use self::log_throttle::{LOG_INTERVAL, LogThrottle};
+pub use self::shutdown::ShutdownTimedOut;
 use crate::limit::FailurePolicy;
 
 /// Milliseconds since `origin`, saturating.
@@ -83,6 +86,10 @@ pub struct Settings {
     /// limit scaled to its share ([`crate::Policy::share`]), so that the fleet stays near the
     /// global quota rather than at `instances ×` it.
     pub local_share: NonZeroU32,
+    /// Whether every check waits for a replica to acknowledge its write
+    /// ([`Builder::replica_ack`]; default `false`). A limit can ask for it alone
+    /// ([`crate::Limit::with_replica_ack`]).
+    pub replica_ack: bool,
 }
 
 impl Settings {
@@ -98,12 +105,13 @@ impl Default for Settings {
         Self {
             prefix: key::DEFAULT_PREFIX.to_owned(),
             timeout: Self::DEFAULT_TIMEOUT,
-            failure_policy: FailurePolicy::Allow,
+            failure_policy: FailurePolicy::Local,
             blocked_cache: Self::DEFAULT_BLOCKED_CACHE,
             http: HttpSettings::default(),
             shadow: false,
             exemptions: exempt::Exemptions::default(),
             local_share: NonZeroU32::MIN,
+            replica_ack: false,
         }
     }
 }
@@ -121,6 +129,8 @@ struct Inner {
     overrides: overrides::Overrides,
     /// The leases this process holds on hot keys ([`crate::lease`]).
     leases: lease::Leases,
+    /// Background store calls in flight, and whether [`RateLimiter::shutdown`] ran.
+    background: shutdown::Background,
 }
 
 /// A store with the settings every check uses. Cheap to clone.
@@ -175,6 +185,7 @@ impl RateLimiter {
                 warnings: LogThrottle::new(LOG_INTERVAL),
                 overrides: overrides::Overrides::default(),
                 leases: lease::Leases::default(),
+                background: shutdown::Background::default(),
             }),
         }
     }
@@ -280,7 +291,7 @@ impl RateLimiter {
     /// use std::time::Duration;
     /// use ratelimit_runtime::{Algorithm, Check, FailurePolicy, Policy, RateLimiter};
     ///
-    /// // A Redis nobody listens on, with the default policy (allow).
+    /// // A Redis nobody listens on, with the default policy (local: checked in this process).
     /// let limiter = RateLimiter::builder().redis_url("redis://127.0.0.1:1").build_lazy()?;
     /// let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60))?;
     /// let search = Check::new("search", &policy);
@@ -342,18 +353,30 @@ impl RateLimiter {
             let refunds_timeouts = policy != FailurePolicy::Allow && !inner.store.is_local();
             let own_id = (call_id.is_none() && refunds_timeouts).then(crate::store::new_call_id);
             let sent_id = call_id.or(own_id.as_deref());
-            let call = match sent_id {
-                Some(id) => inner.store.take(checks, id),
-                None => inner.store.check(checks),
-            };
-            if let Ok(r) = tokio::time::timeout(timeout, call).await {
-                r
-            } else {
-                if let Some(id) = sent_id.filter(|_| refunds_timeouts) {
-                    refund_when_answered(&inner.store, checks, id);
+            let replica_ack = self.wants_replica_ack(checks);
+            let call = async {
+                let verdict = match sent_id {
+                    Some(id) => inner.store.take(checks, id).await,
+                    None => inner.store.check(checks).await,
+                }?;
+                // Admitted only once a replica has the count (when asked): the policy answers
+                // a write no replica acknowledged, as it answers a timeout.
+                if replica_ack && verdict.is_admitted() {
+                    self.acknowledged(checks).await?;
                 }
-                Err(StoreError::Timeout(timeout))
+                Ok(verdict)
+            };
+            let result = tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout(timeout)));
+            // The policy answers in the store's place: what the store counted (or will, once
+            // it wakes) is given back, as the call was not admitted by it.
+            if let (Err(e), Some(id)) = (&result, sent_id.filter(|_| refunds_timeouts))
+                && (e.is_timeout() || e.is_unreplicated())
+            {
+                refund_when_answered(self, checks, id);
             }
+            result
         };
         crate::observe::store_latency(inner.store.name(), sent_at);
         if let Err(error) = &result {
@@ -977,6 +1000,36 @@ pub(crate) mod tests {
                 .unwrap()
                 .is_admitted()
         );
+    }
+
+    /// What users hold (a `usize` from configuration, an `i64`) is taken; what does not fit a
+    /// process count (0, negative, past `u32::MAX`) is a config error, never a panic.
+    #[test]
+    fn a_local_share_takes_any_integer_and_refuses_what_does_not_fit() {
+        let share = |b: Builder| b.build_lazy().map(|l| l.settings().local_share.get());
+        assert_eq!(
+            share(RateLimiter::builder().local_share(3_usize)).ok(),
+            Some(3)
+        );
+        assert_eq!(
+            share(RateLimiter::builder().local_share(5_i64)).ok(),
+            Some(5)
+        );
+        assert_eq!(
+            share(RateLimiter::builder().local_share(u32::MAX)).ok(),
+            Some(u32::MAX)
+        );
+        for refused in [
+            RateLimiter::builder().local_share(u64::from(u32::MAX) + 1),
+            RateLimiter::builder().local_share(usize::MAX),
+            RateLimiter::builder().local_share(-1_i32),
+        ] {
+            let err = share(refused).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Invalid(m) if m.contains("local_share")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

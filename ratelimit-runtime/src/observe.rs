@@ -163,6 +163,7 @@ fn error_label(error: &StoreError) -> &'static str {
         StoreError::Full { .. } => "full",
         StoreError::OutOfMemory { .. } => "out_of_memory",
         StoreError::Unsupported(_) => "unsupported",
+        StoreError::Unreplicated(_) => "unreplicated",
     }
 }
 

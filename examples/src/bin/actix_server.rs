@@ -87,5 +87,13 @@ async fn main() -> std::io::Result<()> {
             RateLimiter::global().store().name()
         );
     }
-    server.run().await
+    // Actix-web stops on Ctrl-C (SIGINT) or SIGTERM and waits for the requests in flight; then
+    // the limiter gives back what it holds in leases and finishes its background store calls.
+    server.run().await?;
+    RateLimiter::global()
+        .shutdown(std::time::Duration::from_secs(5))
+        .await
+        .map_err(std::io::Error::other)?;
+    println!("actix_server stopped");
+    Ok(())
 }

@@ -275,6 +275,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
+    .with_graceful_shutdown(async {
+        // Ctrl-C: stop accepting, let the requests in flight finish.
+        let _ = tokio::signal::ctrl_c().await;
+    })
     .await?;
+    // The requests are drained: give back the units the limiter holds in leases and let its
+    // background store calls finish, so that the store counts exactly what this process admitted.
+    limiter.shutdown(Duration::from_secs(5)).await?;
+    println!("axum_server stopped");
     Ok(())
 }

@@ -69,6 +69,7 @@ pub(super) fn limit_literal(p: &TokenStream, l: &valid::Limit, fn_name: &str) ->
         By::Header(h) => quote!(#p::By::Header(#h)),
     };
     let shadow = l.shadow;
+    let replica_ack = l.replica_ack;
     let failure_policy = l.on_store_error.map_or_else(
         || quote!(::core::option::Option::None),
         |policy| {
@@ -91,6 +92,7 @@ pub(super) fn limit_literal(p: &TokenStream, l: &valid::Limit, fn_name: &str) ->
             shadow: #shadow,
             failure_policy: #failure_policy,
             lease: #lease,
+            replica_ack: #replica_ack,
         }
     }
 }

@@ -428,12 +428,19 @@ impl Drop for Taken {
         let Some(Pending { limiter, call_id }) = self.pending.take() else {
             return;
         };
+        // A store in this process releases before the drop returns: a call retried at once
+        // after a cancelled or panicking one finds its slot free.
+        if limiter.forget_at_once(&self.plan.checks(), &call_id) {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // no runtime to send it on: the receipts expire by themselves
         };
         let limits = std::mem::take(&mut self.plan.limits);
         let keys = std::mem::take(&mut self.plan.keys);
+        let tracked = limiter.track(); // shutdown waits for the release
         runtime.spawn(async move {
+            let _tracked = tracked;
             let checks: Vec<Check<'_>> = limits
                 .iter()
                 .zip(&keys)

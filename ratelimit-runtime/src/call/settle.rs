@@ -61,6 +61,7 @@ type Slot = Arc<Mutex<Option<Admitted<'static>>>>;
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
+#[must_use = "a reservation dropped unsettled leaves the call counted at its estimate: call `settle(used)`"]
 pub struct Reservation {
     admitted: Admitted<'static>,
 }
@@ -80,6 +81,12 @@ impl Reservation {
     /// Settles the call to the units it used: the difference back when it used less than its
     /// estimate, the excess charged when it used more. A negative value keeps the estimate
     /// (and is logged); 0 gives the whole estimate back.
+    ///
+    /// **What it returns:** nothing to handle. It returns once the store has the settle, or
+    /// once it failed or ran past the limiter's timeout; then the call stays counted at its
+    /// estimate (never less than it used: a store fault never gives units back) and a `WARN`
+    /// event "rate-limit settle failed" says so (target `ratelimit_runtime::limiter`). The
+    /// caller's own result does not change either way.
     pub async fn settle<C: IntoUnits>(self, used: C) {
         self.admitted
             .settle_to(Outcome::Ok, Some(Units::of(used)))

@@ -301,6 +301,7 @@ mod tests {
             shadow: false,
             failure_policy: None,
             lease: None,
+            replica_ack: false,
         }
     }
 

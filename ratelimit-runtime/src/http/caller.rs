@@ -413,6 +413,7 @@ mod tests {
             shadow: false,
             failure_policy: None,
             lease: None,
+            replica_ack: false,
         }
     }
 

@@ -451,6 +451,7 @@ impl RateLimitLayerBuilder {
                 shadow: false,
                 failure_policy: draft.failure_policy,
                 lease: draft.lease,
+                replica_ack: false,
             });
             rules.push(Rule {
                 route: draft.route(i)?,

@@ -611,6 +611,7 @@ mod tests {
             shadow: false,
             failure_policy: None,
             lease: None,
+            replica_ack: false,
         }
     }
 
@@ -708,6 +709,7 @@ mod tests {
             shadow: false,
             failure_policy: None,
             lease: None,
+            replica_ack: false,
         }];
         let verdict = crate::decision::Verdict::new(vec![crate::decision::Decision::new(
             false,

@@ -163,7 +163,9 @@ impl RateLimiter {
     /// block's end). Goes to the store directly: no failure policy, no breaker, no
     /// blocked-caller cache.
     ///
-    /// `limits` name the function's limits as the attribute wrote them (see [`Limit`]).
+    /// `limits` name the function's limits as the attribute wrote them (see [`Limit`]); for a
+    /// function with stacked attributes, its `export` const lists them in the order written,
+    /// top to bottom, and the decisions follow that order.
     ///
     /// ```
     /// use std::time::Duration;

@@ -12,7 +12,8 @@ use crate::store::{MemoryStore, RedisStore, Store};
 
 impl RateLimiter {
     /// A builder with the defaults: memory store, prefix `ratelimit`, no trusted proxies,
-    /// IPv6 grouped by /64, 50 ms timeout, fail open, IETF headers.
+    /// IPv6 grouped by /64, 50 ms timeout, [`FailurePolicy::Local`] while the store fails, IETF
+    /// headers.
     pub fn builder() -> Builder {
         Builder {
             store: StoreChoice::Memory,
@@ -22,7 +23,7 @@ impl RateLimiter {
             deny: Vec::new(),
             require_noeviction: false,
             overrides: Vec::new(),
-            local_share: 1,
+            local_share: Some(1),
             unreadable_timeout: None,
         }
     }
@@ -120,8 +121,9 @@ pub struct Builder {
     require_noeviction: bool,
     /// Scope quotas set from the start ([`Builder::override_quota`]).
     pub(super) overrides: Vec<(String, crate::quota::Quota)>,
-    /// [`Builder::local_share`], as given (0 fails the build).
-    local_share: u32,
+    /// [`Builder::local_share`], as given (0, or a number past `u32::MAX`: `None`, fails the
+    /// build).
+    local_share: Option<u32>,
     /// `RATELIMIT_TIMEOUT_MS` was set but unreadable ([`Builder::from_env`]; fails the build
     /// unless [`Builder::timeout`] sets one).
     unreadable_timeout: Option<super::env::Unreadable>,
@@ -227,7 +229,17 @@ impl Builder {
         self
     }
 
-    /// What to do when the store fails (default [`FailurePolicy::Allow`]).
+    /// What to do when the store fails (default [`FailurePolicy::Local`]: the same limits,
+    /// checked in this process, so that an outage or a failover never switches a limit off;
+    /// [`FailurePolicy::Allow`] to fail open, [`FailurePolicy::Deny`] to fail closed).
+    ///
+    /// ```
+    /// use ratelimit_runtime::{FailurePolicy, RateLimiter};
+    /// let limiter = RateLimiter::builder().redis_url("redis://127.0.0.1:6379").build_lazy()?;
+    /// assert_eq!(limiter.settings().failure_policy, FailurePolicy::Local);
+    /// assert_eq!(FailurePolicy::default(), FailurePolicy::Local);
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.settings.failure_policy = policy;
         self
@@ -244,8 +256,9 @@ impl Builder {
     /// A call whose `cost` is more than its share's capacity cannot be admitted within the
     /// share: it is refused as under [`FailurePolicy::Deny`] while the store is down. The
     /// healthy path is untouched: the store keeps the whole quota. Count the processes that
-    /// serve the limits (replicas); more than there are only makes each share smaller. `0`
-    /// fails the build ([`ConfigError::Invalid`]).
+    /// serve the limits (replicas); more than there are only makes each share smaller. It takes
+    /// any integer (a replica count read from configuration is often a `usize`); `0`, a
+    /// negative number or one past `u32::MAX` fails the build ([`ConfigError::Invalid`]).
     ///
     /// ```
     /// use ratelimit_runtime::{FailurePolicy, RateLimiter};
@@ -257,10 +270,45 @@ impl Builder {
     ///     .build_lazy()?;
     /// assert_eq!(limiter.settings().local_share.get(), 4);
     /// assert!(RateLimiter::builder().local_share(0).build_lazy().is_err());
+    ///
+    /// let replicas: usize = 3; // as read from configuration
+    /// let limiter = RateLimiter::builder().local_share(replicas).build_lazy()?;
+    /// assert_eq!(limiter.settings().local_share.get(), 3);
+    /// # #[cfg(target_pointer_width = "64")]
+    /// assert!(RateLimiter::builder().local_share(usize::MAX).build_lazy().is_err());
     /// # Ok::<(), ratelimit_runtime::ConfigError>(())
     /// ```
-    pub fn local_share(mut self, instances: u32) -> Self {
-        self.local_share = instances;
+    pub fn local_share(mut self, instances: impl TryInto<u32>) -> Self {
+        self.local_share = instances.try_into().ok();
+        self
+    }
+
+    /// Whether an admitted check waits for a replica of the store's master to acknowledge its
+    /// write (Redis `WAIT 1`, at most 10 ms or the timeout if shorter) before the call is
+    /// admitted; default `false`. A Redis master acknowledges a write before its replica has
+    /// it, so a failover can forget the last counts it acknowledged and admit those calls
+    /// again; with this on, no admitted call's count is lost by a failover to the replica that
+    /// acknowledged it. A write no replica acknowledged in time is a store failure for that
+    /// call ([`StoreError::Unreplicated`](crate::StoreError::Unreplicated)): the failure policy
+    /// answers it, and the count is given back when the policy does not admit the call. Costs
+    /// one more round trip per admitted call (measured in BENCHMARKS.md).
+    ///
+    /// It applies to `RedisClusterStore`, whose masters have replicas. A master without a
+    /// replica never acknowledges: every admitted call would be answered by the failure
+    /// policy (and logged). The memory store and [`RedisStore`] (one server) have no replica
+    /// to wait for: there it changes nothing. See the guide's stores chapter, "Failover".
+    ///
+    /// ```
+    /// use ratelimit_runtime::RateLimiter;
+    /// let limiter = RateLimiter::builder()
+    ///     .redis_url("redis://127.0.0.1:6379") // `redis_cluster([...])` in production
+    ///     .replica_ack(true)
+    ///     .build_lazy()?;
+    /// assert!(limiter.settings().replica_ack);
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
+    pub fn replica_ack(mut self, on: bool) -> Self {
+        self.settings.replica_ack = on;
         self
     }
 
@@ -438,12 +486,14 @@ impl Builder {
                 self.settings.http.ipv6_prefix
             )));
         }
-        self.settings.local_share = std::num::NonZeroU32::new(self.local_share).ok_or_else(|| {
-            ConfigError::Invalid(
-                "local_share must be at least 1: the number of processes that share each limit during an outage"
-                    .to_owned(),
-            )
-        })?;
+        self.settings.local_share = (self.local_share)
+            .and_then(std::num::NonZeroU32::new)
+            .ok_or_else(|| {
+                ConfigError::Invalid(
+                    "local_share must be between 1 and 4294967295: the number of processes that share each limit during an outage"
+                        .to_owned(),
+                )
+            })?;
         if let Some(unreadable) = self.unreadable_timeout {
             return Err(unreadable.into());
         }

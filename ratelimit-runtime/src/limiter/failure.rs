@@ -138,14 +138,14 @@ pub(super) const REFUND_WAIT: Duration = Duration::from_secs(10);
 /// after all (the caller already had the failure policy's answer and never waits for this).
 /// The store runs a connection's commands in order, so the refund runs after the take; a take
 /// that never ran, or was rejected, left no receipt and nothing is given back.
-pub(super) fn refund_when_answered(store: &Arc<dyn Store>, checks: &[Check<'_>], call_id: &str) {
-    let store = Arc::clone(store);
+pub(super) fn refund_when_answered(limiter: &RateLimiter, checks: &[Check<'_>], call_id: &str) {
+    let store = Arc::clone(&limiter.inner.store);
     let owned: Vec<(String, String, crate::policy::Policy)> = checks
         .iter()
         .map(|c| (c.key.to_owned(), c.scope.to_owned(), *c.policy))
         .collect();
     let call_id = call_id.to_owned();
-    tokio::spawn(async move {
+    limiter.spawn_tracked(async move {
         let checks: Vec<Check<'_>> = owned
             .iter()
             .map(|(key, scope, policy)| Check::new(key, policy).with_scope(scope))

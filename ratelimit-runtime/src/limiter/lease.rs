@@ -33,10 +33,6 @@ const MAX_KEYS: usize = 4096;
 /// least time between two such sweeps (a full table of busy keys is not scanned per call).
 const IDLE: Duration = Duration::from_secs(2);
 
-/// The longest a lease's take waits for a replica to acknowledge it ([`crate::Store::replicate`];
-/// at most the limiter's timeout). On loopback a healthy replica answers in well under 1 ms.
-const REPLICA_WAIT: Duration = Duration::from_millis(10);
-
 /// How long a key whose last take no replica acknowledged is checked call by call (no lease)
 /// before trying again: a master that lost its replica (the one a failover promoted) would
 /// otherwise cost every take the wait.
@@ -122,6 +118,8 @@ struct State {
 
 /// A lease this process holds.
 struct Held {
+    /// The limit's scope (the return's labels).
+    scope: &'static str,
     /// The take's receipts.
     call_id: String,
     /// The limit's policy with the take's units as its cost.
@@ -246,11 +244,9 @@ impl Take {
         // Kept only once a replica has the take: a failover must not forget `k` units that
         // this process goes on serving. Not replicated in time, the take serves this call
         // only (as an ordinary check would) and gives the rest back now.
-        let wait = limiter.inner.settings.timeout.min(REPLICA_WAIT);
-        let replicated = tokio::time::timeout(wait * 2, limiter.inner.store.replicate(&key, wait))
-            .await
-            .is_ok_and(|r| r.is_ok_and(|acknowledged| acknowledged));
+        let replicated = limiter.replicated(&key).await;
         let held = Held {
+            scope,
             call_id,
             policy,
             left: k - cost,
@@ -302,6 +298,7 @@ impl RateLimiter {
             return None;
         };
         (call_id.is_none()
+            && !self.is_shut_down()
             && limit.lease.is_some()
             && Lease::supports(limit.policy.algorithm())
             && !self.is_shadow(limit)
@@ -368,7 +365,7 @@ impl RateLimiter {
                 cost,
                 now,
             };
-            if let Ok(Some(verdict)) = tokio::spawn(take.run(refill)).await {
+            if let Ok(Some(verdict)) = self.spawn_tracked(take.run(refill)).await {
                 return Ok(verdict);
             }
             // Fewer than `k` units left, or no answer from the store: the call's own check
@@ -393,7 +390,8 @@ impl RateLimiter {
     /// Keeps `held` in `slot` until it ends (then retires it), or retires it at once when its
     /// life is over already (a window ending now) or it has nothing left.
     fn hold(&self, slot: &Arc<Slot>, scope: &'static str, key: &str, held: Held) {
-        if held.left == 0 || held.until <= Instant::now() {
+        // After shutdown, a take that was in flight gives its lease back at once.
+        if held.left == 0 || held.until <= Instant::now() || self.is_shut_down() {
             self.retire(scope, key, held, false);
             return;
         }
@@ -440,7 +438,7 @@ impl RateLimiter {
             );
         }
         let (limiter, key) = (self.clone(), key.to_owned());
-        tokio::spawn(async move {
+        self.spawn_tracked(async move {
             let check = Check::new(&key, &held.policy).with_scope(scope);
             let taken = held.policy.cost();
             if held.left == 0 {
@@ -452,6 +450,24 @@ impl RateLimiter {
                 crate::observe::lease_units_returned(scope, held.left);
             }
         });
+    }
+
+    /// Gives back every lease this process holds ([`RateLimiter::shutdown`]): each ends now,
+    /// and what it did not use goes back by its receipt, in the background.
+    pub(super) fn return_leases(&self) {
+        let slots: Vec<(Box<str>, Arc<Slot>)> = {
+            let table = self.inner.leases.table.read();
+            let table = table.unwrap_or_else(PoisonError::into_inner);
+            (table.slots.iter())
+                .map(|(key, slot)| (key.clone(), Arc::clone(slot)))
+                .collect()
+        };
+        for (key, slot) in slots {
+            let held = slot.lock().held.take();
+            if let Some(held) = held {
+                self.retire(held.scope, &key, held, true);
+            }
+        }
     }
 
     /// Units this process holds in leases now ([`crate::lease`]): taken from their quotas and

@@ -331,6 +331,18 @@ impl RateLimiter {
             tracing::debug!(target: crate::observe::log::LIMITER, store = self.inner.store.name(), %error, "rate-limit receipts could not be dropped; they expire by themselves");
         }
     }
+
+    /// [`RateLimiter::forget`] before returning, where the store answers at once (a store in
+    /// this process, [`Store::is_local`]): whether it was done. A remote store's release is a
+    /// round trip, left to the caller's task.
+    pub(crate) fn forget_at_once(&self, checks: &[Check<'_>], call_id: &str) -> bool {
+        if checks.is_empty() || !self.inner.store.is_local() {
+            return false;
+        }
+        let mut forget = std::pin::pin!(self.inner.store.forget(checks, call_id));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        forget.as_mut().poll(&mut cx).is_ready()
+    }
 }
 
 impl super::Builder {

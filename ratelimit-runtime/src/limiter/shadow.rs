@@ -38,7 +38,8 @@ impl RateLimiter {
 
     /// The store check of `limit` under `key`.
     fn check_of<'a>(&self, limit: &'a Limit, key: &'a str) -> Check<'a> {
-        let check = Check::new(key, &limit.policy).with_scope(limit.scope);
+        let mut check = Check::new(key, &limit.policy).with_scope(limit.scope);
+        check.replica_ack = limit.replica_ack;
         // A shadow limit never refuses a call: its own failure policy waits until it is
         // enforced.
         match limit.failure_policy.filter(|_| !self.is_shadow(limit)) {

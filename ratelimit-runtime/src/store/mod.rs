@@ -64,6 +64,10 @@ pub struct Check<'a> {
     /// the strictest policy among its checks ([`crate::FailurePolicy::stricter`]). Stores
     /// never read it.
     pub failure_policy: Option<FailurePolicy>,
+    /// Whether the limiter waits for a replica to acknowledge this check's write before it
+    /// admits the call ([`crate::Limit::with_replica_ack`]; the limiter's
+    /// [`crate::Settings::replica_ack`] asks it of every check). Stores never read it.
+    pub replica_ack: bool,
 }
 
 impl<'a> Check<'a> {
@@ -74,6 +78,7 @@ impl<'a> Check<'a> {
             policy,
             scope: "",
             failure_policy: None,
+            replica_ack: false,
         }
     }
 
@@ -98,6 +103,23 @@ impl<'a> Check<'a> {
     #[must_use]
     pub fn with_failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.failure_policy = Some(policy);
+        self
+    }
+
+    /// Makes the limiter wait for a replica's acknowledgement of this check's write (see
+    /// [`Check::replica_ack`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, Policy};
+    ///
+    /// let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60))?;
+    /// assert!(Check::new("login", &policy).with_replica_ack().replica_ack);
+    /// # Ok::<(), ratelimit_runtime::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub fn with_replica_ack(mut self) -> Self {
+        self.replica_ack = true;
         self
     }
 }

@@ -38,6 +38,8 @@ const FLOORS: &[&[&str]] = &[
     &["call", "dynamic"],
     // The transports.
     &["http", "grpc", "layer"],
+    // Support for users' own tests (feature `testing`).
+    &["testing"],
     // What the macro's generated code names; the tests of the whole crate.
     &["__private", "structure_tests"],
 ];

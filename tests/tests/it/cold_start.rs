@@ -202,7 +202,9 @@ async fn child(mode: Mode, algorithm: Algorithm) {
             let mut counts = Counts::default();
             match verdict {
                 // The allow policy's answer: everything left, nothing taken. A call the store
-                // admitted has taken one unit.
+                // admitted has taken one unit. (The default `local` policy's answer looks like
+                // the store's: an admission from this process's own quota makes the three
+                // processes admit more than LIMIT, which the parent's exact sum refuses.)
                 Ok(v) if v.is_admitted() && v.decisions()[0].remaining == LIMIT => {
                     counts.failure = 1;
                 }

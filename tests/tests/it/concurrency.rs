@@ -478,3 +478,93 @@ async fn a_key_per_call_leaves_no_holders_behind_memory() {
     assert!(store.len() <= 64, "{} keys held", store.len());
     assert_eq!(store.receipts_held(), 0);
 }
+
+/// One call at a time, held until told (or panicking while it holds its slot).
+#[rate_limit(
+    algo = "concurrency",
+    num = 1,
+    time = 60,
+    scope = "conc_retry",
+    export = "ONE"
+)]
+async fn one_until(gate: Arc<Notify>, panic: bool) -> Result<(), RateLimitError> {
+    assert!(!panic, "the body panics while it holds its slot");
+    gate.notified().await;
+    Ok(())
+}
+
+/// On the memory store a slot is free again before a cancelled call's drop returns, and before
+/// a panicking call's task is joined: a call retried at once (no await in between that would
+/// let a background release run; one thread) is admitted.
+#[tokio::test(flavor = "current_thread")]
+async fn a_call_retried_at_once_after_a_cancelled_or_panicking_one_is_admitted_memory() {
+    let limiter = memory().await;
+    let gate = Arc::new(Notify::new());
+    // A call that holds the only slot, cancelled mid-body (its future dropped).
+    let mut held = Box::pin(limiter.clone().scope(one_until(Arc::clone(&gate), false)));
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(held.as_mut().poll(cx))).await;
+    assert!(first.is_pending(), "the first call holds its slot");
+    let refused = limiter.clone().scope(one_until(Arc::clone(&gate), false));
+    assert!(refused.await.unwrap_err().is_limited(), "one slot, taken");
+    drop(held);
+    let mut retried = Box::pin(limiter.clone().scope(one_until(Arc::clone(&gate), false)));
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(retried.as_mut().poll(cx))).await;
+    assert!(
+        polled.is_pending(),
+        "the retry is admitted and runs: {polled:?}"
+    );
+    drop(retried);
+
+    // A call that panics while it holds the slot, in a task of its own.
+    let panicked = tokio::spawn(limiter.clone().scope(one_until(Arc::clone(&gate), true)));
+    assert!(panicked.await.unwrap_err().is_panic());
+    let mut retried = Box::pin(limiter.clone().scope(one_until(Arc::clone(&gate), false)));
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(retried.as_mut().poll(cx))).await;
+    assert!(
+        polled.is_pending(),
+        "the retry is admitted and runs: {polled:?}"
+    );
+    gate.notify_one();
+    retried.await.expect("admitted, and let through");
+}
+
+/// [`one_until`]'s limit (the same scope and policy: the same slot), on a body that says when
+/// it runs.
+#[rate_limit(algo = "concurrency", num = 1, time = 60, scope = "conc_retry")]
+async fn one_running(running: Arc<Notify>, gate: Arc<Notify>) -> Result<(), RateLimitError> {
+    running.notify_one();
+    gate.notified().await;
+    Ok(())
+}
+
+/// On Redis a cancelled call's slot goes back in a task of its own; `shutdown` returns only
+/// once that release is done: the slot reads free right after, every time. (The call is
+/// cancelled in its body: one cancelled while its take is in flight leaves the slot to its
+/// lease, as the algorithms chapter says.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_a_cancelled_call_s_release_redis() {
+    let server = RedisServer::start();
+    let limiter = redis(&server).await;
+    let gate = Arc::new(Notify::new());
+    for round in 0..20 {
+        let running = Arc::new(Notify::new());
+        let call = tokio::spawn(
+            limiter
+                .clone()
+                .scope(one_running(Arc::clone(&running), Arc::clone(&gate))),
+        );
+        running.notified().await;
+        assert_eq!(
+            free_slots(&limiter, ONE).await,
+            0,
+            "the call holds its slot"
+        );
+        call.abort();
+        assert!(call.await.unwrap_err().is_cancelled(), "dropped mid-body");
+        limiter
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("the release finishes within 10 s");
+        assert_eq!(free_slots(&limiter, ONE).await, 1, "round {round}");
+    }
+}

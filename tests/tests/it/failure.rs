@@ -342,6 +342,44 @@ async fn redis_killed_under_8_callers_local_keeps_the_quota_per_process_and_reco
     );
 }
 
+/// The default failure policy keeps limiting: a limiter built with no `failure_policy`, its
+/// Redis killed, checks the same limit in this process. 2 calls of a quota of 5 counted in
+/// Redis before the kill; then 40 calls: the process admits at most its own quota of 5 and
+/// refuses the rest as limited (never as unavailable, never all admitted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_limiter_with_its_redis_killed_still_refuses_past_the_quota() {
+    let _serial = SERIAL.lock().await;
+    let mut server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis_url(server.url())
+        .blocked_cache(0)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("build: {e}"));
+    assert_eq!(limiter.settings().failure_policy, FailurePolicy::Local);
+    let (key, policy) = ("default-policy-killed", quota());
+    for _ in 0..2 {
+        assert_eq!(
+            call(&limiter, key, &policy).await.outcome,
+            Outcome::Admitted
+        );
+    }
+    assert_eq!(counter(&server, key).await, 2, "counted in Redis");
+    server.kill();
+    let mut outcomes = Vec::new();
+    for _ in 0..40 {
+        outcomes.push(call(&limiter, key, &policy).await.outcome);
+    }
+    let admitted = outcomes.iter().filter(|o| **o == Outcome::Admitted).count();
+    let rejected = outcomes.iter().filter(|o| **o == Outcome::Rejected).count();
+    assert!(
+        (1..=5).contains(&admitted) && admitted + rejected == 40,
+        "with Redis killed the default policy admitted {admitted} of 40 for a quota of 5 \
+         ({outcomes:?})"
+    );
+    assert!(limiter.store_failing());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_gives_plain_callers_the_store_unavailable_error() {
     let _serial = SERIAL.lock().await;

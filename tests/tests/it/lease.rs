@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ratelimit_runtime::{RateLimitError, RateLimiter, Target, rate_limit};
+use ratelimit_runtime::{Limit, RateLimitError, RateLimiter, Target, rate_limit};
 use ratelimit_tests::env::Env;
 use ratelimit_tests::redis_server::{RedisServer, say};
 
@@ -435,7 +435,13 @@ async fn a_lease_that_cannot_be_taken_follows_the_failure_policy() {
     async fn deny() -> Result<(), RateLimitError> {
         Ok(())
     }
-    #[rate_limit(num = 100000, time = 60, scope = "lease-down-allow", lease = "100ms")]
+    #[rate_limit(
+        num = 100000,
+        time = 60,
+        scope = "lease-down-allow",
+        lease = "100ms",
+        on_store_error = "allow"
+    )]
     async fn allow() -> Result<(), RateLimitError> {
         Ok(())
     }
@@ -669,4 +675,180 @@ async fn callers_that_hang_up_never_waste_a_lease() {
         admitted <= counted && counted <= admitted + cut,
         "admitted {admitted}, cut {cut}, counted {counted}"
     );
+}
+
+// ---------------------------------------------------------------- shutdown
+
+/// The quota of the shutdown test's key: far above what its calls take, so that every call is
+/// admitted and only the leases' unused units could make Redis count more.
+const ROOMY: u64 = 1_000_000;
+
+#[rate_limit(
+    num = 1000000,
+    time = 60,
+    scope = "lease-shutdown",
+    lease = "1s",
+    export = "ROOMY_HOT"
+)]
+async fn roomy_hot() -> Result<(), RateLimitError> {
+    Ok(())
+}
+
+/// A limiter of its own (a process of the fleet) on `server`, with a generous timeout.
+async fn limiter_on(server: &RedisServer) -> RateLimiter {
+    RateLimiter::builder()
+        .redis_url(server.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("connect to the test's Redis")
+}
+
+/// What Redis counts for `limits` (a quota of [`ROOMY`]) and `target`, peeked through a limiter
+/// of its own.
+async fn roomy_counted(server: &RedisServer, limits: &[Limit], target: &Target) -> u64 {
+    let peeked = limiter_on(server)
+        .await
+        .peek(limits, target)
+        .await
+        .expect("peek");
+    ROOMY - peeked.decisions()[0].remaining
+}
+
+/// Four limiters on their own connections (four processes of a fleet) each make 8 × 600 leased
+/// calls on one hot key, then shut down: the units they held in leases go back, so Redis counts
+/// exactly what they admitted (without shutdown, up to a lease's units more per process until
+/// the leases end). A call after shutdown still goes to Redis, one unit, no lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_that_shut_down_leave_exactly_what_they_admitted_counted() {
+    let _saturating = ratelimit_tests::SATURATING.lock().await;
+    let server = RedisServer::start();
+    let mut limiters = Vec::new();
+    for _ in 0..PROCESSES {
+        limiters.push(limiter_on(&server).await);
+    }
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for limiter in &limiters {
+        for _ in 0..8 {
+            let admitted = Arc::clone(&admitted);
+            tasks.spawn(limiter.clone().scope(async move {
+                for _ in 0..600 {
+                    let answer = roomy_hot().await;
+                    assert!(answer.is_ok(), "{answer:?}");
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    while let Some(task) = tasks.join_next().await {
+        task.expect("a calling task");
+    }
+    let admitted = admitted.load(Ordering::Relaxed);
+    let held: Vec<u64> = limiters.iter().map(RateLimiter::lease_units_held).collect();
+    let before = roomy_counted(&server, ROOMY_HOT, &Target::global()).await;
+    for limiter in &limiters {
+        limiter
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("shut down within 10 s");
+        assert_eq!(limiter.lease_units_held(), 0);
+    }
+    let counted = roomy_counted(&server, ROOMY_HOT, &Target::global()).await;
+    say(&format!(
+        "shutdown: {PROCESSES} processes admitted {admitted}; Redis counted {before} before shutdown (units held in leases {held:?}), {counted} after"
+    ));
+    assert!(held.iter().any(|&h| h > 0), "no lease was held: {held:?}");
+    assert_eq!(counted, admitted, "Redis counts exactly what was admitted");
+
+    // After shutdown: answered at the store, one unit, never from a lease; shutting down
+    // again is a no-op.
+    let late = limiters[0].clone().scope(roomy_hot()).await;
+    assert!(late.is_ok(), "{late:?}");
+    assert_eq!(limiters[0].lease_units_held(), 0);
+    assert_eq!(
+        roomy_counted(&server, ROOMY_HOT, &Target::global()).await,
+        admitted + 1
+    );
+    limiters[0]
+        .shutdown(Duration::from_secs(1))
+        .await
+        .expect("a second shutdown");
+}
+
+#[rate_limit(
+    num = 1000000,
+    time = 60,
+    by = "url",
+    scope = "lease-shutdown-http",
+    lease = "1s",
+    export = "HTTP_HOT"
+)]
+async fn http_hot() -> &'static str {
+    "ok"
+}
+
+/// The example servers' shutdown path, in process: an Axum server on a leased handler serves
+/// 4 clients × 150 requests, stops on its signal through `with_graceful_shutdown` (draining the
+/// requests in flight), then its limiter shuts down: Redis counts exactly the requests the
+/// server answered 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_stopped_on_its_signal_leaves_exactly_what_it_admitted_counted() {
+    use std::net::SocketAddr;
+
+    let _saturating = ratelimit_tests::SATURATING.lock().await;
+    let server = RedisServer::start();
+    let limiter = limiter_on(&server).await;
+    let app = axum::Router::new()
+        .route("/hot", axum::routing::get(http_hot))
+        .layer(axum::Extension(limiter.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let addr = listener.local_addr().expect("its address");
+    let (signal, stop) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async {
+            let _ = stop.await;
+        })
+        .await
+    });
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let url = format!("http://{addr}/hot");
+        clients.spawn(async move {
+            let client = reqwest::Client::new();
+            let mut ok = 0_u64;
+            for _ in 0..150 {
+                let answer = client.get(&url).send().await.expect("an answer");
+                assert_eq!(answer.status(), 200);
+                ok += 1;
+            }
+            ok
+        });
+    }
+    let mut admitted = 0;
+    while let Some(ok) = clients.join_next().await {
+        admitted += ok.expect("a client");
+    }
+    let held = limiter.lease_units_held();
+    signal.send(()).expect("the server listens for its signal");
+    serving
+        .await
+        .expect("the server task")
+        .expect("a graceful stop");
+    limiter
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("shut down within 10 s");
+    let counted = roomy_counted(&server, HTTP_HOT, &Target::path("/hot")).await;
+    say(&format!(
+        "graceful stop: {admitted} requests answered 200, {held} units held in leases before, Redis counted {counted} after"
+    ));
+    assert!(held > 0, "no lease was held");
+    assert_eq!(counted, admitted);
 }

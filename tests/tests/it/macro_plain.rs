@@ -484,11 +484,24 @@ async fn error_tells_limited_from_store_unavailable() {
     ));
     assert_eq!(sms.sent.load(Ordering::SeqCst), 0);
 
-    // With the default policy (allow) the same dead store lets the call through.
-    let allow = RateLimiter::builder()
+    // With the default policy (local) the same dead store checks the limit in this process:
+    // the first call is admitted, the second limited, neither unavailable.
+    let local = RateLimiter::builder()
         .redis_url(&dead)
         .timeout(Duration::from_millis(200))
         .build_lazy()
         .expect("a well-formed URL");
-    assert_eq!(allow.scope(once_a_minute()).await.unwrap(), 7);
+    assert_eq!(local.clone().scope(once_a_minute()).await.unwrap(), 7);
+    let err = local.clone().scope(once_a_minute()).await.unwrap_err();
+    assert!(err.is_limited() && !err.is_store_unavailable(), "{err}");
+    // `allow`, chosen by name, lets every call through.
+    let allow = RateLimiter::builder()
+        .redis_url(&dead)
+        .timeout(Duration::from_millis(200))
+        .failure_policy(FailurePolicy::Allow)
+        .build_lazy()
+        .expect("a well-formed URL");
+    for _ in 0..2 {
+        assert_eq!(allow.clone().scope(once_a_minute()).await.unwrap(), 7);
+    }
 }

@@ -429,8 +429,8 @@ fn next(seed: &mut u64) -> u64 {
 }
 
 /// The security review's case: once minted keys fill the store, a login limit of 1 a minute
-/// for a caller not seen yet must not admit every attempt (it admitted 50 of 50 under the
-/// default `allow` policy): it admits none until the store has room, never more than 1.
+/// for a caller not seen yet must not admit every attempt: it admits none until the store has
+/// room, never more than 1.
 #[tokio::test(flavor = "current_thread")]
 async fn a_flood_of_minted_keys_never_switches_a_new_callers_limit_off() {
     let limiter = RateLimiter::builder()
