@@ -57,9 +57,9 @@ pub(crate) enum Transport {
     Actix,
     /// A gRPC method (tonic).
     Grpc,
-    /// The Tower layer.
+    /// The Tower layer; `grpc`: the request is a gRPC call (its named values are metadata).
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
-    Layer,
+    Layer { grpc: bool },
 }
 
 impl Transport {
@@ -67,8 +67,8 @@ impl Transport {
     /// `metadata`, the others `header`s.
     pub(crate) fn header_word(self) -> &'static str {
         match self {
-            Self::Grpc => "metadata",
-            Self::Plain | Self::Axum | Self::Actix | Self::Layer => "header",
+            Self::Grpc | Self::Layer { grpc: true } => "metadata",
+            Self::Plain | Self::Axum | Self::Actix | Self::Layer { grpc: false } => "header",
         }
     }
 
@@ -92,7 +92,7 @@ impl Transport {
                  serve the service with tonic's transport server (`tonic::transport::Server`), which records it \
                  (`Request::remote_addr`), or use another `by`"
             }
-            Self::Layer => {
+            Self::Layer { .. } => {
                 "rate limiting by IP needs the client address, which this request does not carry: \
                  serve an Axum router with `into_make_service_with_connect_info::<SocketAddr>()`, a tonic server with \
                  `Server::serve` or `serve_with_incoming` (ratelimit-runtime's `tonic` feature), or give the layer a `peer_addr` hook"

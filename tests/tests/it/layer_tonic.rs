@@ -148,7 +148,7 @@ async fn a_tonic_server_is_exact_under_40_concurrent_calls_redis() {
     exact_under_40_concurrent_calls(limiter(Some(&server)).await).await;
 }
 
-/// A call lacking the header a limit is by: `INVALID_ARGUMENT` naming it. The store down under
+/// A call lacking the metadata entry a limit is by: `INVALID_ARGUMENT` naming it as metadata. The store down under
 /// the deny policy: `UNAVAILABLE`.
 #[tokio::test]
 async fn missing_header_is_invalid_argument_and_a_store_down_is_unavailable() {
@@ -165,7 +165,7 @@ async fn missing_header_is_invalid_argument_and_a_store_down_is_unavailable() {
     let client = client_from(addr, "127.0.0.1").await;
     let status = check(&client).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    assert_eq!(status.message(), "header x-tenant must not be empty");
+    assert_eq!(status.message(), "metadata x-tenant must not be empty");
     let with_tenant = || {
         let mut request = tonic::Request::new(HealthCheckRequest {
             service: String::new(),
