@@ -139,10 +139,12 @@ struct Inner {
 /// `#[rate_limit]` uses the limiter installed for the process ([`RateLimiter::install`]); when
 /// none was installed, the first check builds one from the environment:
 /// `RATELIMIT_REDIS_CLUSTER_NODES` (with the `cluster` feature), then `RATELIMIT_REDIS_URL`, then
-/// `REDIS_URL`, else the memory store (logged once as a warning). `RATELIMIT_TIMEOUT_MS` sets
-/// that limiter's [`Settings::timeout`] in milliseconds (1 to 60,000; default 50): the first
-/// checks of a process wait for the store's connection within it, so a store that takes
-/// longer to reach at a cold start (a Redis Cluster: every master) needs a longer one.
+/// `REDIS_URL`, else the memory store (logged once as a warning; a value that is malformed or
+/// not UTF-8 is logged as an error naming its variable, and the memory store used).
+/// `RATELIMIT_TIMEOUT_MS` sets that limiter's [`Settings::timeout`] in milliseconds (1 to
+/// 60,000; default 50): the first checks of a process wait for the store's connection within
+/// it, so a store that takes longer to reach at a cold start (a Redis Cluster: every master)
+/// needs a longer one.
 ///
 /// **The memory store's limits are per process**: several instances of an application share
 /// limits only through Redis.
@@ -229,7 +231,8 @@ impl RateLimiter {
     }
 
     /// The installed limiter, or one built from the environment on first use (see the type's
-    /// docs). A malformed URL in the environment is logged and the memory store used.
+    /// docs). A malformed URL in the environment, or a value that is not UTF-8, is logged as an
+    /// error naming its variable and the memory store used.
     pub fn global() -> &'static RateLimiter {
         GLOBAL.get_or_init(Self::from_env)
     }

@@ -59,3 +59,23 @@ impl Env {
         matches!(self, Self::Memory(_))
     }
 }
+
+/// The paths an exemption predicate saw, in order.
+pub type SeenPaths = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// A memory limiter whose exemption predicate is written for an HTTP landing page
+/// (`caller.path() == "/"`) and records every path it sees.
+pub async fn root_path_exempt() -> (RateLimiter, SeenPaths) {
+    let seen = SeenPaths::default();
+    let paths = std::sync::Arc::clone(&seen);
+    let limiter = RateLimiter::builder()
+        .memory()
+        .exempt_when(move |caller| {
+            paths.lock().unwrap().push(caller.path().to_owned());
+            caller.path() == "/"
+        })
+        .build()
+        .await
+        .expect("limiter");
+    (limiter, seen)
+}

@@ -79,7 +79,7 @@ fn exemption(caller: &Caller<'_>, settings: &Settings, limits: &[Limit]) -> Opti
     let view = CallerView {
         ip,
         user: caller.user,
-        path: caller.path_or_root(),
+        path: caller.path_or_empty(),
         header: &header,
         scope: limits.first().map_or("", |l| l.scope),
     };

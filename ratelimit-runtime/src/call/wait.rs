@@ -23,10 +23,16 @@
 //! no receipt), and nothing is held across a sleep but the call's place in its line, which its
 //! drop gives up: dropping a waiting call's future costs the quota nothing.
 //!
-//! **Bounded.** The keys of a line come from the call's arguments, which a client may choose;
-//! a line lives only while some call waits in it (the last one to leave removes it), so the
-//! map holds at most one entry per waiting call. Beyond [`MAX_LINES`] lines, a refused call
-//! waits without a line (it retries on its own, with its jitter and its budget, in no order).
+//! **Bounded, per scope.** The keys of a line come from the call's arguments, which a client
+//! may choose; a line lives only while some call waits in it (the last one to leave removes
+//! it), so the lines are at most one per waiting call, and at most [`MAX_LINES`] lines of keys
+//! in the process, [`MAX_LINES_PER_SCOPE`] of them for one scope (the scopes of a function's
+//! limits, on one store): a client minting keys on one function fills that function's lines,
+//! never another's. A refused call that finds no room for a line of its own waits in its
+//! scope's **overflow line**, in order like any line (the head sleeps for its own slot; a call
+//! whose slot passed while it stood in the line is checked at once). Past [`MAX_SCOPES`]
+//! scopes with lines, the process's one overflow line takes their calls. No refused call
+//! waits out of line.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -41,8 +47,15 @@ use crate::decision::Verdict;
 use crate::limit::Limit;
 use crate::limiter::RateLimiter;
 
-/// The most lines the process keeps at once (one per set of keys some call waits for).
+/// The most lines of keys the process keeps at once (one per set of keys some call waits for).
 pub(crate) const MAX_LINES: usize = 10_000;
+
+/// The most lines of keys one scope keeps at once (the scopes of a function's limits, on one
+/// store).
+pub(crate) const MAX_LINES_PER_SCOPE: usize = 1_000;
+
+/// The most scopes the process keeps lines for at once.
+pub(crate) const MAX_SCOPES: usize = 1_000;
 
 /// The shortest sleep between two checks of one call, so a refusal whose `retry_after` rounds
 /// to 0 never spins.
@@ -86,37 +99,35 @@ async fn admit_in<'l>(
         }
     }
     let place = lines.join(key);
-    if let (Some(place), Some(spent)) = (&place, &last) {
+    if let Some(spent) = &last {
         place.line.record(spent);
     }
-    let _turn = match &place {
-        Some(place) => match tokio::time::timeout_at(deadline, place.line.turn.lock()).await {
-            Ok(turn) => Some(turn),
-            // The budget ran out in the line: the latest refusal this call or its line saw.
-            Err(_) => {
-                return match last.or_else(|| place.line.latest()) {
-                    Some(spent) => Err(spent.refused()),
-                    None => prepare()?.run(limiter).await,
-                };
-            }
-        },
-        None => None,
+    let Ok(_turn) = tokio::time::timeout_at(deadline, place.line.turn.lock()).await else {
+        // The budget ran out in the line: the latest refusal this call or its line saw.
+        return match last.or_else(|| place.latest()) {
+            Some(spent) => Err(spent.refused()),
+            None => prepare()?.run(limiter).await,
+        };
     };
     // The head of the line: sleep until the slot, check, again until admitted or out of time.
+    // A slot that passed while the call waited in the line is checked at once; a refusal
+    // just answered is slept on (at least [`MIN_SLEEP`], so it never spins).
+    let mut fresh = false;
     loop {
-        if let Some(spent) = &last {
+        if let Some(spent) = &last
+            && (fresh || spent.at > Instant::now())
+        {
             tokio::time::sleep_until(spent.next_try().min(deadline)).await;
         }
         match prepare()?.run(limiter).await {
             Err(Refused::Limited { limits, verdict }) => {
                 let spent = Limited::new(limits, verdict);
-                if let Some(place) = &place {
-                    place.line.record(&spent);
-                }
+                place.line.record(&spent);
                 if !spent.fits(deadline) {
                     return Err(spent.refused());
                 }
                 last = Some(spent);
+                fresh = true;
             }
             answered => return answered,
         }
@@ -171,6 +182,50 @@ impl Limited {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct LineKey(u64);
 
+/// Whose capacity a line takes: its store and the scopes of the function's limits (static
+/// names, written in the program: a client cannot mint them).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct ScopeKey(u64);
+
+/// The line a call holds a place in.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Seat {
+    /// The line of its keys.
+    Keys(ScopeKey, LineKey),
+    /// Its scope's overflow line: the scope keeps its most lines.
+    Overflow(ScopeKey),
+    /// The process's overflow line: the process keeps its most scopes.
+    Spill,
+}
+
+impl Seat {
+    fn scope(self) -> Option<ScopeKey> {
+        match self {
+            Self::Keys(scope, _) | Self::Overflow(scope) => Some(scope),
+            Self::Spill => None,
+        }
+    }
+}
+
+/// How many lines the process keeps at once.
+#[derive(Clone, Copy, Debug)]
+struct Bounds {
+    /// Lines of keys, the whole process.
+    lines: usize,
+    /// Lines of keys, one scope.
+    per_scope: usize,
+    /// Scopes with a line (each may add its overflow line).
+    scopes: usize,
+}
+
+/// The bounds of the process's lines: one scope's keys fill at most a tenth of the process's
+/// lines, so a client minting keys on one function leaves the others theirs.
+const BOUNDS: Bounds = Bounds {
+    lines: MAX_LINES,
+    per_scope: MAX_LINES_PER_SCOPE,
+    scopes: MAX_SCOPES,
+};
+
 /// One line: its turn, handed over first come first served, and the latest refusal its head
 /// saw (what a call whose budget ends in the line answers).
 #[derive(Default)]
@@ -192,93 +247,167 @@ impl Line {
     }
 }
 
-/// The process's lines, by key, each with how many calls hold a place in it.
+/// The lines that exist, each with how many calls hold a place in it, and how many lines each
+/// scope has (its lines of keys and its overflow line).
+#[derive(Default)]
+struct Seats {
+    lines: HashMap<Seat, (Arc<Line>, usize)>,
+    /// Lines of keys in `lines`.
+    keyed: usize,
+    per_scope: HashMap<ScopeKey, usize>,
+}
+
+impl Seats {
+    /// Where a call waiting for `scope`'s line `key` sits: that line when it exists or fits
+    /// in the bounds, else its scope's overflow line, else (the process keeps its most
+    /// scopes) the process's.
+    fn seat_for(&self, scope: ScopeKey, key: LineKey, bounds: Bounds) -> Seat {
+        let keyed = Seat::Keys(scope, key);
+        if self.lines.contains_key(&keyed) {
+            return keyed;
+        }
+        let scope_lines = self.per_scope.get(&scope).copied();
+        if scope_lines.is_none() && self.per_scope.len() >= bounds.scopes {
+            return Seat::Spill;
+        }
+        let full = scope_lines.unwrap_or(0) >= bounds.per_scope || self.keyed >= bounds.lines;
+        if full { Seat::Overflow(scope) } else { keyed }
+    }
+
+    /// A place in `seat`'s line, made when there is none.
+    fn enter(&mut self, seat: Seat) -> Arc<Line> {
+        let (line, places) = self.lines.entry(seat).or_insert_with(|| {
+            if let Some(scope) = seat.scope() {
+                *self.per_scope.entry(scope).or_default() += 1;
+            }
+            if matches!(seat, Seat::Keys(..)) {
+                self.keyed += 1;
+            }
+            (Arc::default(), 0)
+        });
+        *places += 1;
+        Arc::clone(line)
+    }
+
+    /// Leaves `seat`'s line; the last to leave removes it.
+    fn leave(&mut self, seat: Seat) {
+        let Some((_, places)) = self.lines.get_mut(&seat) else {
+            return;
+        };
+        *places -= 1;
+        if *places > 0 {
+            return;
+        }
+        self.lines.remove(&seat);
+        if matches!(seat, Seat::Keys(..)) {
+            self.keyed -= 1;
+        }
+        if let Some(scope) = seat.scope()
+            && let Some(n) = self.per_scope.get_mut(&scope)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.per_scope.remove(&scope);
+            }
+        }
+    }
+}
+
+/// The process's lines.
 struct Lines {
-    map: Mutex<HashMap<LineKey, (Arc<Line>, usize)>>,
+    seats: Mutex<Seats>,
     /// How many calls hold a place in some line: 0 is the fast path's one load.
     waiting: AtomicUsize,
-    /// The most lines at once.
-    max: usize,
+    bounds: Bounds,
     hasher: std::collections::hash_map::RandomState,
 }
 
-static LINES: LazyLock<Lines> = LazyLock::new(|| Lines::new(MAX_LINES));
+static LINES: LazyLock<Lines> = LazyLock::new(|| Lines::new(BOUNDS));
 
 impl Lines {
-    fn new(max: usize) -> Self {
+    fn new(bounds: Bounds) -> Self {
         Self {
-            map: Mutex::new(HashMap::new()),
+            seats: Mutex::new(Seats::default()),
             waiting: AtomicUsize::new(0),
-            max,
+            bounds,
             hasher: std::collections::hash_map::RandomState::new(),
         }
     }
 
-    /// The line of a prepared call: its store and its keys (none for an exempt call).
-    fn key(&self, limiter: &RateLimiter, prepared: &Prepared<'_>) -> Option<LineKey> {
-        let keys: &[String] = match prepared {
+    /// The scope and the line of a prepared call: its store, its function's scopes and its
+    /// keys (none for an exempt call).
+    fn key(&self, limiter: &RateLimiter, prepared: &Prepared<'_>) -> Option<(ScopeKey, LineKey)> {
+        let (limits, keys): (&[Limit], &[String]) = match prepared {
             Prepared::Exempt => return None,
-            Prepared::Fixed { keys, .. } => keys,
-            Prepared::Planned { plan, .. } => &plan.keys,
+            Prepared::Fixed { limits, keys } => (limits, keys),
+            Prepared::Planned { limits, plan } => (limits, &plan.keys),
         };
+        let store = Arc::as_ptr(limiter.store()).cast::<()>().addr();
         let mut h = self.hasher.build_hasher();
-        Arc::as_ptr(limiter.store())
-            .cast::<()>()
-            .addr()
-            .hash(&mut h);
-        keys.hash(&mut h);
-        Some(LineKey(h.finish()))
-    }
-
-    fn map(&self) -> MutexGuard<'_, HashMap<LineKey, (Arc<Line>, usize)>> {
-        self.map.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether some call waits for `key` (without a lock while no call waits at all).
-    fn has_line(&self, key: LineKey) -> bool {
-        self.waiting.load(Ordering::Relaxed) > 0 && self.map().contains_key(&key)
-    }
-
-    /// A place at the back of `key`'s line (made when there is none), or `None` when the
-    /// process already keeps its most lines.
-    fn join(&'static self, key: LineKey) -> Option<Place> {
-        let mut map = self.map();
-        if map.len() >= self.max && !map.contains_key(&key) {
-            return None;
+        store.hash(&mut h);
+        for limit in limits {
+            limit.scope.hash(&mut h);
         }
-        let (line, places) = map.entry(key).or_insert_with(|| (Arc::default(), 0));
-        *places += 1;
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        Some(Place {
-            lines: self,
-            key,
-            line: Arc::clone(line),
-        })
+        let scope = ScopeKey(h.finish());
+        let mut h = self.hasher.build_hasher();
+        store.hash(&mut h);
+        keys.hash(&mut h);
+        Some((scope, LineKey(h.finish())))
     }
 
-    /// How many lines there are (for the tests).
+    fn seats(&self) -> MutexGuard<'_, Seats> {
+        self.seats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether some call waits in the line of `key` (without a lock while no call waits at
+    /// all).
+    fn has_line(&self, (scope, key): (ScopeKey, LineKey)) -> bool {
+        self.waiting.load(Ordering::Relaxed) > 0
+            && self.seats().lines.contains_key(&Seat::Keys(scope, key))
+    }
+
+    /// A place at the back of the line of `key` (made when there is none), or of the
+    /// overflow line of its scope when the scope or the process keeps its most lines.
+    fn join(&'static self, (scope, key): (ScopeKey, LineKey)) -> Place {
+        let mut seats = self.seats();
+        let seat = seats.seat_for(scope, key, self.bounds);
+        let line = seats.enter(seat);
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        Place {
+            lines: self,
+            seat,
+            line,
+        }
+    }
+
+    /// How many lines there are, overflow lines included (for the tests).
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.map().len()
+        self.seats().lines.len()
     }
 }
 
 /// A call's place in a line; its drop leaves the line, and the last to leave removes it.
 struct Place {
     lines: &'static Lines,
-    key: LineKey,
+    seat: Seat,
     line: Arc<Line>,
+}
+
+impl Place {
+    /// The latest refusal of the line, when it is the line of the call's own keys (an
+    /// overflow line's is another key's).
+    fn latest(&self) -> Option<Limited> {
+        match self.seat {
+            Seat::Keys(..) => self.line.latest(),
+            Seat::Overflow(_) | Seat::Spill => None,
+        }
+    }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        let mut map = self.lines.map();
-        if let Some((_, places)) = map.get_mut(&self.key) {
-            *places -= 1;
-            if *places == 0 {
-                map.remove(&self.key);
-            }
-        }
+        self.lines.seats().leave(self.seat);
         self.lines.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -333,8 +462,8 @@ mod tests {
             .unwrap()
     }
 
-    fn lines(max: usize) -> &'static Lines {
-        Box::leak(Box::new(Lines::new(max)))
+    fn lines(bounds: Bounds) -> &'static Lines {
+        Box::leak(Box::new(Lines::new(bounds)))
     }
 
     /// One call under `key`, waiting up to `budget` in `lines`: admitted or not.
@@ -356,7 +485,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn waiters_are_admitted_first_come_first_served_one_slot_apart() {
-        let (lines, limiter, limits) = (lines(MAX_LINES), limiter().await, one_per_100ms());
+        let (lines, limiter, limits) = (lines(BOUNDS), limiter().await, one_per_100ms());
         let start = Instant::now();
         call(lines, &limiter, &limits, "k", Duration::ZERO)
             .await
@@ -396,7 +525,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_slot_beyond_the_budget_fails_at_once_and_one_within_it_is_waited_for() {
-        let (lines, limiter, limits) = (lines(MAX_LINES), limiter().await, one_per_100ms());
+        let (lines, limiter, limits) = (lines(BOUNDS), limiter().await, one_per_100ms());
         call(lines, &limiter, &limits, "k", Duration::ZERO)
             .await
             .unwrap();
@@ -421,7 +550,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_waiter_whose_budget_ends_in_the_line_answers_the_line_s_latest_refusal() {
-        let (lines, limiter, limits) = (lines(MAX_LINES), limiter().await, one_per_100ms());
+        let (lines, limiter, limits) = (lines(BOUNDS), limiter().await, one_per_100ms());
         call(lines, &limiter, &limits, "k", Duration::ZERO)
             .await
             .unwrap();
@@ -450,7 +579,7 @@ mod tests {
             .and_then(|p| p.with_burst(1))
             .unwrap();
         let limits = [Limit::new(policy, "wait_tests", By::Global)];
-        let (lines, limiter) = (lines(MAX_LINES), limiter().await);
+        let (lines, limiter) = (lines(BOUNDS), limiter().await);
         call(lines, &limiter, &limits, "k", Duration::ZERO)
             .await
             .unwrap();
@@ -475,12 +604,17 @@ mod tests {
         );
     }
 
-    /// A flood of distinct keys (a client picks the arguments that make them): the map holds
-    /// at most its most lines, every call still waits within its budget, and the map empties
-    /// as the calls leave.
+    /// A flood of distinct keys (a client picks the arguments that make them): the scope holds
+    /// at most its most lines and its overflow line, every call still waits within its
+    /// budget, and the lines empty as the calls leave.
     #[tokio::test(start_paused = true)]
     async fn a_flood_of_distinct_keys_never_grows_the_lines_past_their_bound() {
-        let (lines, limiter, limits) = (lines(64), limiter().await, one_per_100ms());
+        let bounds = Bounds {
+            lines: 1_000,
+            per_scope: 64,
+            scopes: 8,
+        };
+        let (lines, limiter, limits) = (lines(bounds), limiter().await, one_per_100ms());
         let keys: Vec<String> = (0..1000).map(|i| format!("user-{i}")).collect();
         for key in &keys {
             call(lines, &limiter, &limits, key, Duration::ZERO)
@@ -500,15 +634,165 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(
             lines.len(),
-            64,
-            "as many lines as allowed while 1000 keys wait"
+            64 + 1,
+            "the scope's most lines and its overflow line while 1000 keys wait"
         );
         for t in tasks {
             t.await.unwrap().unwrap();
         }
-        assert!(peak.load(Ordering::Relaxed) <= 64);
+        assert!(peak.load(Ordering::Relaxed) <= 64 + 1);
         assert_eq!(lines.len(), 0);
         assert_eq!(lines.waiting.load(Ordering::Relaxed), 0);
+    }
+
+    /// The bounds: a scope past its most lines sits in its overflow line, the process past
+    /// its most lines puts every scope's new keys in that scope's overflow line, and past its
+    /// most scopes in the process's; the lines of keys never pass the process's bound.
+    #[test]
+    fn seats_stay_within_their_bounds() {
+        let bounds = Bounds {
+            lines: 5,
+            per_scope: 3,
+            scopes: 2,
+        };
+        let mut seats = Seats::default();
+        let (a, b, c) = (ScopeKey(1), ScopeKey(2), ScopeKey(3));
+        let taken: Vec<Seat> = (0..4)
+            .map(|k| {
+                let seat = seats.seat_for(a, LineKey(k), bounds);
+                seats.enter(seat);
+                seat
+            })
+            .collect();
+        assert_eq!(taken[3], Seat::Overflow(a), "{taken:?}");
+        assert_eq!(
+            seats.seat_for(a, LineKey(0), bounds),
+            Seat::Keys(a, LineKey(0))
+        );
+        for k in 10..12 {
+            assert_eq!(
+                seats.seat_for(b, LineKey(k), bounds),
+                Seat::Keys(b, LineKey(k))
+            );
+            seats.enter(Seat::Keys(b, LineKey(k)));
+        }
+        assert_eq!(seats.keyed, 5);
+        assert_eq!(seats.seat_for(b, LineKey(12), bounds), Seat::Overflow(b));
+        assert_eq!(seats.seat_for(c, LineKey(20), bounds), Seat::Spill);
+        for seat in taken {
+            seats.leave(seat);
+        }
+        assert_eq!(seats.per_scope.get(&a), None);
+        assert_eq!(
+            seats.seat_for(c, LineKey(20), bounds),
+            Seat::Keys(c, LineKey(20))
+        );
+    }
+
+    /// A GCRA limit of `num` calls per `period`, no burst, in `scope`.
+    fn gcra(num: u64, period: Duration, scope: &'static str) -> [Limit; 1] {
+        let policy = Policy::new(Algorithm::Gcra, num, period)
+            .and_then(|p| p.with_burst(1))
+            .unwrap();
+        [Limit::new(policy, scope, By::Global)]
+    }
+
+    /// Waiters of one function (of `scope`), 3 ms apart, waiter `i` giving up at
+    /// `(i + 1) * 100 + 60` ms on a limit of 10 a second whose slot is spent: the ids of those
+    /// admitted, in the order they were.
+    async fn ten_waiters(
+        lines: &'static Lines,
+        limiter: &RateLimiter,
+        scope: &'static str,
+    ) -> Vec<u32> {
+        let limits = gcra(10, Duration::from_secs(1), scope);
+        call(lines, limiter, &limits, "v", Duration::ZERO)
+            .await
+            .unwrap();
+        let start = Instant::now();
+        let order = Arc::new(StdMutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..10_u32 {
+            let (limiter, order) = (limiter.clone(), Arc::clone(&order));
+            let gives_up = Duration::from_millis(u64::from(i + 1) * 100 + 60);
+            tasks.push(tokio::spawn(async move {
+                let budget = gives_up.saturating_sub(start.elapsed());
+                if call(lines, &limiter, &limits, "v", budget).await.is_ok() {
+                    order.lock().unwrap().push(i);
+                }
+            }));
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        order.lock().unwrap().clone()
+    }
+
+    /// `n` calls of the flooding function, each under a key of its own whose slot is spent,
+    /// waiting for it (10 s away, within their budget).
+    async fn flood(
+        lines: &'static Lines,
+        limiter: &RateLimiter,
+        n: usize,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let limits = gcra(1, Duration::from_secs(10), "wait_flood");
+        let mut tasks = Vec::with_capacity(n);
+        for i in 0..n {
+            let key = format!("minted-{i}");
+            call(lines, limiter, &limits, &key, Duration::ZERO)
+                .await
+                .unwrap();
+            let limiter = limiter.clone();
+            tasks.push(tokio::spawn(async move {
+                let _ = call(lines, &limiter, &limits, &key, Duration::from_secs(20)).await;
+            }));
+        }
+        // Every flooding call has found its place before the other function's calls come.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        tasks
+    }
+
+    /// One function's minted keys cannot take another's order: with 10,000 (and more) keys
+    /// of one function waiting, the 10 waiters of another are all admitted, in arrival order.
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_one_function_s_keys_leaves_another_s_line_in_order() {
+        for n in [0, 10_000, 12_000] {
+            let (lines, limiter) = (lines(BOUNDS), limiter().await);
+            let flooding = flood(lines, &limiter, n).await;
+            let order = ten_waiters(lines, &limiter, "wait_victim").await;
+            let ids: Vec<u32> = (0..10).collect();
+            let shown: Vec<String> = order.iter().map(u32::to_string).collect();
+            assert_eq!(
+                order,
+                ids,
+                "{n} minted keys: {} of 10 admitted, order {}",
+                order.len(),
+                shown.join("-")
+            );
+            for t in flooding {
+                t.abort();
+            }
+        }
+    }
+
+    /// The flooding function's own calls past its most lines wait in its overflow line: in
+    /// order and within their budgets.
+    #[tokio::test(start_paused = true)]
+    async fn a_flooded_scope_s_overflow_callers_wait_in_order() {
+        let (lines, limiter) = (lines(BOUNDS), limiter().await);
+        let flooding = flood(lines, &limiter, MAX_LINES_PER_SCOPE).await;
+        assert_eq!(lines.len(), MAX_LINES_PER_SCOPE);
+        let order = ten_waiters(lines, &limiter, "wait_flood").await;
+        assert_eq!(order, (0..10).collect::<Vec<u32>>());
+        assert_eq!(
+            lines.len(),
+            MAX_LINES_PER_SCOPE,
+            "the overflow line left with its last call"
+        );
+        for t in flooding {
+            t.abort();
+        }
     }
 
     #[test]

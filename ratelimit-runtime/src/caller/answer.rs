@@ -185,7 +185,9 @@ impl Refusal {
         } else {
             (limits, verdict)
         };
-        let wait = whole_seconds(verdict.retry_after().unwrap_or_default()).max(1);
+        let retry_after = verdict.retry_after().unwrap_or_default();
+        let reset_after = verdict.binding().map_or(retry_after, |d| d.reset_after);
+        let wait = retry_seconds(retry_after, reset_after);
         let mut body = String::with_capacity(80 + settings.message.len());
         body.push_str("{\"error\":\"too_many_requests\",\"message\":");
         push_json_string(&mut body, &settings.message);
@@ -199,7 +201,7 @@ impl Refusal {
             fields,
             body,
             message: settings.message.clone(),
-            retry_after: Some(verdict.retry_after().unwrap_or_default()),
+            retry_after: Some(retry_after),
         }
     }
 
@@ -222,6 +224,23 @@ impl Refusal {
     }
 }
 
+/// A refusal's wait in whole seconds (`Retry-After`, the body's `retry_after`, gRPC's
+/// `retry-after`): `retry_after` rounded up, so that a client is never early, but never past
+/// the `t` of the same refusal (its `reset_after` as [`reset_seconds`] rounds it), and at
+/// least 1. A slot the stores put a little past the window (calls close together get distinct
+/// microseconds on the sliding log; Redis rounds to the millisecond: a sliding 3 per 10 s
+/// answering 10.000002 s) is answered as the window's 10, not 11. The exact wait (gRPC's
+/// `RetryInfo`, `RateLimitError::Limited`) is not rounded.
+pub(crate) fn retry_seconds(retry_after: Duration, reset_after: Duration) -> u64 {
+    let wait = whole_seconds(retry_after);
+    let bound = if reset_after >= retry_after {
+        reset_seconds(reset_after)
+    } else {
+        wait
+    };
+    wait.min(bound).max(1)
+}
+
 /// Rounds up to whole seconds: `Retry-After`, which is never early.
 pub(crate) fn whole_seconds(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
@@ -231,7 +250,8 @@ pub(crate) fn whole_seconds(d: Duration) -> u64 {
 /// less the millisecond the stores round a window's end up by. Redis and the memory store
 /// count expiries in whole milliseconds, so a fresh window of `w` seconds ends up to 1 ms
 /// after `w`; without this a fresh 60 s window read `t=61`. `t` is then early by at most that
-/// millisecond; `Retry-After`, the wait a client obeys, stays rounded up ([`whole_seconds`]).
+/// millisecond; `Retry-After`, the wait a client obeys, stays rounded up, up to `t`
+/// ([`retry_seconds`]).
 pub(crate) fn reset_seconds(d: Duration) -> u64 {
     whole_seconds(d.saturating_sub(Duration::from_millis(1)))
 }
@@ -658,6 +678,39 @@ mod tests {
                     "{{\"error\":\"too_many_requests\",\"message\":\"slow \\\"down\\\"\\n\",\"retry_after\":{secs}}}"
                 )
             );
+        }
+    }
+
+    /// A sliding 3 per 10 s whose calls fell close together: the stores put the slot a few
+    /// microseconds (Redis: up to a millisecond) past the window. `Retry-After` and the body
+    /// never pass the window's 10 s; a wait under it still rounds up; the exact wait (what
+    /// gRPC's `RetryInfo` carries) is kept.
+    #[test]
+    fn a_wait_in_seconds_never_passes_the_limit_s_window() {
+        let limits = [limit("login", Algorithm::Sliding, 3, 10_000, 3)];
+        let settings = HttpSettings::default();
+        let us = Duration::from_micros;
+        for (wait_us, reset_us, secs) in [
+            (10_000_001, 10_000_003, 10),
+            (10_001_000, 10_001_000, 10),
+            (9_300_000, 10_000_000, 10),
+            (1_200_000, 10_000_000, 2),
+            (1_200_000, 1_200_000, 2),
+            (0, 0, 1),
+        ] {
+            let v = Verdict::new(vec![Decision::new(false, 3, 0, us(reset_us), us(wait_us))]);
+            let r = Refusal::too_many_requests(&limits, &v, &settings);
+            assert!(
+                r.fields.contains(&("retry-after", secs.to_string())),
+                "{wait_us} µs: {:?}",
+                r.fields
+            );
+            assert!(
+                r.body.ends_with(&format!("\"retry_after\":{secs}}}")),
+                "{}",
+                r.body
+            );
+            assert_eq!(r.retry_after, Some(us(wait_us)), "{wait_us} µs");
         }
     }
 

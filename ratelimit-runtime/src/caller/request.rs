@@ -57,12 +57,21 @@ pub(crate) enum Transport {
     Actix,
     /// A gRPC method (tonic).
     Grpc,
-    /// The Tower layer.
+    /// The Tower layer; `grpc`: the request is a gRPC call (its named values are metadata).
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
-    Layer,
+    Layer { grpc: bool },
 }
 
 impl Transport {
+    /// What this transport calls a request's named values, in messages: gRPC carries
+    /// `metadata`, the others `header`s.
+    pub(crate) fn header_word(self) -> &'static str {
+        match self {
+            Self::Grpc | Self::Layer { grpc: true } => "metadata",
+            Self::Plain | Self::Axum | Self::Actix | Self::Layer { grpc: false } => "header",
+        }
+    }
+
     /// What to do when `by = "ip"` finds no peer address on this transport.
     pub(crate) fn missing_peer_message(self) -> &'static str {
         match self {
@@ -83,7 +92,7 @@ impl Transport {
                  serve the service with tonic's transport server (`tonic::transport::Server`), which records it \
                  (`Request::remote_addr`), or use another `by`"
             }
-            Self::Layer => {
+            Self::Layer { .. } => {
                 "rate limiting by IP needs the client address, which this request does not carry: \
                  serve an Axum router with `into_make_service_with_connect_info::<SocketAddr>()`, a tonic server with \
                  `Server::serve` or `serve_with_incoming` (ratelimit-runtime's `tonic` feature), or give the layer a `peer_addr` hook"
@@ -171,8 +180,9 @@ pub(crate) enum Missing {
     User,
     /// `app_id`: no or a blank `appId` header.
     AppId,
-    /// `header:<name>`: no or a blank header.
-    Header(&'static str),
+    /// `header:<name>`: no or a blank header (a metadata entry on gRPC: the transport says
+    /// which).
+    Header(&'static str, Transport),
 }
 
 /// A missing peer address is the server's setup, not the client's: logged once per process.
@@ -189,7 +199,10 @@ impl Missing {
             ),
             Self::User => Cow::Borrowed(Refusal::NO_USER),
             Self::AppId => Cow::Borrowed("appId must not be empty"),
-            Self::Header(name) => Cow::Owned(format!("header {name} must not be empty")),
+            Self::Header(name, transport) => Cow::Owned(format!(
+                "{} {name} must not be empty",
+                transport.header_word()
+            )),
         }
     }
 
@@ -205,7 +218,7 @@ impl Missing {
                 Refusal::new(500, "internal_error", &message)
             }
             Self::User => Refusal::no_user(),
-            Self::AppId | Self::Header(_) => Refusal::new(400, "bad_request", &self.message()),
+            Self::AppId | Self::Header(..) => Refusal::new(400, "bad_request", &self.message()),
         }
     }
 }
@@ -217,9 +230,11 @@ impl<'r> Caller<'r> {
         (!value.trim_ascii().is_empty()).then_some(value)
     }
 
-    /// The path, `/` for a transport without one (what an exemption predicate sees).
-    pub(crate) fn path_or_root(&self) -> &'r str {
-        self.path.unwrap_or("/")
+    /// The path an exemption predicate sees: empty when the request carries none (a gRPC
+    /// method whose server records no path), so that a predicate written for an HTTP route
+    /// (`/`, say) never matches it.
+    pub(crate) fn path_or_empty(&self) -> &'r str {
+        self.path.unwrap_or("")
     }
 
     /// The value `by` identifies this caller with (`None` for `global`), or what is missing.
@@ -248,7 +263,10 @@ impl<'r> Caller<'r> {
                 _ => return Err(Missing::User),
             },
             By::AppId => ByValue::Borrowed(self.header("appid").ok_or(Missing::AppId)?),
-            By::Header(name) => ByValue::Borrowed(self.header(name).ok_or(Missing::Header(name))?),
+            By::Header(name) => {
+                let missing = Missing::Header(name, self.transport);
+                ByValue::Borrowed(self.header(name).ok_or(missing)?)
+            }
         }))
     }
 }

@@ -3,13 +3,15 @@
 //! `Status` for a refusal, the rate-limit metadata on an admitted response
 //! ([`Admission::finish`]), which also settles a `count = …` limit by the method's result.
 
+use std::borrow::Cow;
+
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status};
 
 use super::details::retry_info_status;
 use crate::call::plan::{Dynamic, Input, Outcome};
 use crate::call::{self, Admitted, Call, Prepared, Refused};
-use crate::caller::answer::{FieldSet, Fields, Refusal, reset_seconds, whole_seconds};
+use crate::caller::answer::{FieldSet, Fields, Refusal, reset_seconds, retry_seconds};
 use crate::caller::settings::HttpSettings;
 use crate::caller::{Caller, Transport, UserId};
 use crate::error::RateLimitError;
@@ -35,18 +37,36 @@ impl std::fmt::Debug for GrpcCall {
 }
 
 /// What a tonic request offers the limiter: the peer address tonic's transport recorded, the
-/// metadata as headers, the [`UserId`] and [`Quota`] an interceptor put in the extensions.
-/// A method's call has no path (every call of a method has the same one).
-fn caller<T>(request: &Request<T>) -> Caller<'_> {
+/// method's path ([`method_path`]), the metadata as headers, the [`UserId`] and [`Quota`] an
+/// interceptor put in the extensions.
+fn caller<'r, T>(request: &'r Request<T>, path: Option<&'r str>) -> Caller<'r> {
     let extensions = request.extensions();
     Caller {
         peer: request.remote_addr().map(|a| a.ip()),
-        path: None,
+        path,
         headers: request.metadata().as_ref(),
         user: extensions.get::<UserId>(),
         quota: extensions.get::<Quota>().copied(),
         transport: Transport::Grpc,
     }
+}
+
+/// The path of the method a request calls, `/package.Service/Method`, as an HTTP request to it
+/// has it: from tonic's [`tonic::GrpcMethod`] extension, or the URI tonic's router recorded
+/// (Axum's `OriginalUri`, which its router keeps when Axum's `original-uri` feature is on, as
+/// the `axum` feature of this crate turns it on). `None` when the request carries neither: an
+/// exemption predicate then sees an empty path, never one an HTTP route has.
+fn method_path<T>(request: &Request<T>) -> Option<Cow<'_, str>> {
+    let extensions = request.extensions();
+    if let Some(method) = extensions.get::<tonic::GrpcMethod<'static>>() {
+        let (service, method) = (method.service(), method.method());
+        return Some(Cow::Owned(format!("/{service}/{method}")));
+    }
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::OriginalUri(uri)) = extensions.get::<axum::extract::OriginalUri>() {
+        return Some(Cow::Borrowed(uri.path()));
+    }
+    None
 }
 
 /// Reads what `limits` are `by` from `request` (the limiter of its extensions, else
@@ -71,7 +91,15 @@ pub fn prepare<T>(
         inputs,
         templates,
     };
-    let prepared = call::prepare(&limiter, call, &caller(request));
+    // Only an exemption predicate reads a method's path (the macro refuses `by = "url"` on
+    // a method): looked up for it alone.
+    let path = limiter
+        .settings()
+        .exemptions
+        .has_predicate()
+        .then(|| method_path(request))
+        .flatten();
+    let prepared = call::prepare(&limiter, call, &caller(request, path.as_deref()));
     GrpcCall { limiter, prepared }
 }
 
@@ -196,7 +224,7 @@ fn metadata(fields: &Fields) -> MetadataMap {
 }
 
 /// `RESOURCE_EXHAUSTED` for [`RateLimitError::Limited`], with `retry-after` (whole seconds,
-/// rounded up, at least 1), the legacy `x-ratelimit-limit` / `-remaining` / `-reset` of the
+/// rounded up, at least 1, never past `x-ratelimit-reset`), the legacy `x-ratelimit-limit` / `-remaining` / `-reset` of the
 /// binding limit and the `google.rpc.RetryInfo` detail; `UNAVAILABLE` for
 /// [`RateLimitError::StoreUnavailable`].
 ///
@@ -226,7 +254,10 @@ impl From<RateLimitError> for Status {
             } => {
                 let mut refusal = Refusal::new(429, "too_many_requests", &error.to_string());
                 refusal.fields = vec![
-                    ("retry-after", whole_seconds(retry_after).max(1).to_string()),
+                    (
+                        "retry-after",
+                        retry_seconds(retry_after, reset_after).to_string(),
+                    ),
                     ("x-ratelimit-limit", limit.to_string()),
                     ("x-ratelimit-remaining", remaining.to_string()),
                     ("x-ratelimit-reset", reset_seconds(reset_after).to_string()),
@@ -256,7 +287,7 @@ mod tests {
         by: By,
         settings: &HttpSettings,
     ) -> Result<Option<Vec<u8>>, Status> {
-        caller(request)
+        caller(request, None)
             .by_value(by, settings)
             .map(|v| v.map(|v| v.as_ref().to_vec()))
             .map_err(|missing| status_of(&missing.refusal()))
@@ -294,6 +325,56 @@ mod tests {
         assert_eq!(v(By::User), Some(b"alice".to_vec()));
     }
 
+    /// A method's path comes from tonic's `GrpcMethod` extension, else the URI the router
+    /// kept; with neither, none (an empty path for a predicate, never `/`).
+    #[test]
+    fn a_method_s_path_is_read_from_the_request() {
+        let mut r = request(&[]);
+        assert_eq!(method_path(&r), None);
+        assert_eq!(caller(&r, None).path_or_empty(), "");
+        #[cfg(feature = "axum")]
+        {
+            let uri: http::Uri = "/greeter.Greeter/SayHelloWithKey?x=1".parse().unwrap();
+            r.extensions_mut().insert(axum::extract::OriginalUri(uri));
+            assert_eq!(
+                method_path(&r).as_deref(),
+                Some("/greeter.Greeter/SayHelloWithKey")
+            );
+        }
+        r.extensions_mut()
+            .insert(tonic::GrpcMethod::new("greeter.Greeter", "SayHello"));
+        assert_eq!(
+            method_path(&r).as_deref(),
+            Some("/greeter.Greeter/SayHello")
+        );
+    }
+
+    /// A plain limited error whose slot the store put a few microseconds past a 10 s window:
+    /// `retry-after` says 10, never 11; `RetryInfo` carries the exact wait.
+    #[test]
+    fn a_limited_error_s_retry_after_never_passes_the_window() {
+        use tonic_types::StatusExt as _;
+        let us = std::time::Duration::from_micros;
+        for (wait_us, reset_us, secs) in [
+            (10_000_001, 10_000_003, "10"),
+            (9_300_000, 10_000_000, "10"),
+        ] {
+            let status = Status::from(RateLimitError::Limited {
+                retry_after: us(wait_us),
+                limit: 3,
+                remaining: 0,
+                reset_after: us(reset_us),
+            });
+            assert_eq!(
+                status.metadata().get("retry-after").unwrap(),
+                secs,
+                "{wait_us}"
+            );
+            let detail = status.get_details_retry_info().unwrap().retry_delay;
+            assert_eq!(detail, Some(us(wait_us)));
+        }
+    }
+
     #[test]
     fn missing_sources_are_statuses_with_a_message() {
         let s = HttpSettings::default();
@@ -301,8 +382,12 @@ mod tests {
         let err = |r: &Request<()>, by| by_value(r, by, &s).unwrap_err();
         let e = err(&r, By::Header("x-key"));
         assert_eq!(e.code(), Code::InvalidArgument);
-        assert!(e.message().contains("x-key"), "{e:?}");
-        assert!(err(&r, By::Header("x-other")).message().contains("x-other"));
+        // gRPC carries metadata, not headers: the message names it so.
+        assert_eq!(e.message(), "metadata x-key must not be empty");
+        assert_eq!(
+            err(&r, By::Header("x-other")).message(),
+            "metadata x-other must not be empty"
+        );
         assert_eq!(err(&r, By::AppId).code(), Code::InvalidArgument);
         assert_eq!(err(&r, By::User).code(), Code::Unauthenticated);
         r.extensions_mut().insert(UserId::new(""));

@@ -57,7 +57,8 @@
 //!   takes its units before the body, and gives them back when its result does not count.
 //! * The limiter's run-time overrides ([`crate::RateLimiter::set_quota`]), exemptions
 //!   ([`crate::Builder::exempt_networks`], [`crate::Builder::exempt_when`]: the predicate sees
-//!   the metadata as headers, the extensions' `UserId`, and `/` as the path) and deny list
+//!   the metadata as headers, the extensions' `UserId`, and the method's path,
+//!   `/package.Service/Method`, when the request carries it, else an empty one) and deny list
 //!   ([`crate::Builder::deny_networks`]) apply as to handlers.
 //!
 //! # Answers

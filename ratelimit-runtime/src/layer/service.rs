@@ -232,7 +232,11 @@ impl Shared {
             inputs: &inputs,
             templates: &[],
         };
-        let prepared = call::prepare(&limiter, call, &self.caller(&request, settings));
+        let prepared = call::prepare(
+            &limiter,
+            call,
+            &self.caller(&request, settings, grpc.is_some()),
+        );
         let admitted = match prepared {
             Ok(prepared) => prepared.run(&limiter).await,
             Err(refused) => Err(refused),
@@ -267,9 +271,14 @@ impl Shared {
         }
     }
 
-    /// What `request` offers the limiter. The peer address is looked up only when a limit or
-    /// the deny and exempt lists read it.
-    fn caller<'r, B>(&self, request: &'r Request<B>, settings: &Settings) -> Caller<'r> {
+    /// What `request` offers the limiter (`grpc`: it is a gRPC call). The peer address is
+    /// looked up only when a limit or the deny and exempt lists read it.
+    fn caller<'r, B>(
+        &self,
+        request: &'r Request<B>,
+        settings: &Settings,
+        grpc: bool,
+    ) -> Caller<'r> {
         let extensions = request.extensions();
         let wants_peer = self.needs_peer || !settings.exemptions.is_empty();
         Caller {
@@ -282,7 +291,7 @@ impl Shared {
             headers: request.headers(),
             user: extensions.get::<UserId>(),
             quota: extensions.get::<Quota>().copied(),
-            transport: Transport::Layer,
+            transport: Transport::Layer { grpc },
         }
     }
 

@@ -24,6 +24,7 @@ impl RateLimiter {
             require_noeviction: false,
             overrides: Vec::new(),
             local_share: Some(1),
+            unreadable_timeout: None,
         }
     }
 }
@@ -35,8 +36,9 @@ impl Builder {
     /// memory store; the timeout from `RATELIMIT_TIMEOUT_MS`. Every other setting is the
     /// default, for the chain to change: an application that needs the builder (trusted
     /// proxies, overrides, shadow mode) keeps the environment's store without reading the
-    /// variables itself. Unlike the default limiter, a malformed URL or timeout is an error at
-    /// `build()`, not a warning and the memory store.
+    /// variables itself. Unlike the default limiter, a malformed URL or timeout, or a variable
+    /// that is set but not UTF-8, is an error at `build()` naming it, not a log line and the
+    /// memory store.
     ///
     /// ```
     /// use ratelimit_runtime::Builder;
@@ -49,14 +51,21 @@ impl Builder {
     pub fn from_env() -> Self {
         let mut builder = RateLimiter::builder();
         match super::env_store() {
-            Some((_, EnvStore::Url(url))) => builder.store = StoreChoice::RedisUrl(url),
+            Ok(Some((_, EnvStore::Url(url)))) => builder.store = StoreChoice::RedisUrl(url),
             #[cfg(feature = "cluster")]
-            Some((_, EnvStore::Cluster(nodes))) => builder.store = StoreChoice::RedisCluster(nodes),
-            None => {}
+            Ok(Some((_, EnvStore::Cluster(nodes)))) => {
+                builder.store = StoreChoice::RedisCluster(nodes);
+            }
+            Ok(None) => {}
+            Err(unreadable) => builder.store = StoreChoice::Unreadable(unreadable),
         }
-        if let Ok(raw) = std::env::var(super::TIMEOUT_ENV) {
+        match super::env::var(super::TIMEOUT_ENV) {
             // A malformed value fails the build (a zero timeout is refused there).
-            builder.settings.timeout = super::parse_timeout_ms(&raw).unwrap_or(Duration::ZERO);
+            Ok(Some(raw)) => {
+                builder.settings.timeout = super::parse_timeout_ms(&raw).unwrap_or(Duration::ZERO);
+            }
+            Ok(None) => {}
+            Err(unreadable) => builder.unreadable_timeout = Some(unreadable),
         }
         builder
     }
@@ -73,6 +82,9 @@ pub(super) enum EnvStore {
 
 enum StoreChoice {
     Memory,
+    /// [`Builder::from_env`]: a store variable set but unreadable (fails the build unless
+    /// another store is chosen).
+    Unreadable(super::env::Unreadable),
     RedisUrl(String),
     #[cfg(feature = "cluster")]
     RedisCluster(Vec<String>),
@@ -112,6 +124,9 @@ pub struct Builder {
     /// [`Builder::local_share`], as given (0, or a number past `u32::MAX`: `None`, fails the
     /// build).
     local_share: Option<u32>,
+    /// `RATELIMIT_TIMEOUT_MS` was set but unreadable ([`Builder::from_env`]; fails the build
+    /// unless [`Builder::timeout`] sets one).
+    unreadable_timeout: Option<super::env::Unreadable>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -210,6 +225,7 @@ impl Builder {
     /// The longest wait for the store on one check (default 50 ms).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.settings.timeout = timeout;
+        self.unreadable_timeout = None;
         self
     }
 
@@ -478,6 +494,9 @@ impl Builder {
                         .to_owned(),
                 )
             })?;
+        if let Some(unreadable) = self.unreadable_timeout {
+            return Err(unreadable.into());
+        }
         if self.settings.timeout.is_zero() {
             return Err(ConfigError::Invalid(
                 "the timeout must be positive".to_owned(),
@@ -513,6 +532,7 @@ impl Builder {
         let (store, settings) = self.settings()?;
         let store: Arc<dyn Store> = match store {
             StoreChoice::Memory => Arc::new(MemoryStore::new()),
+            StoreChoice::Unreadable(unreadable) => return Err(unreadable.into()),
             StoreChoice::RedisUrl(url) => Arc::new(RedisStore::connect(&url).await?),
             #[cfg(feature = "cluster")]
             StoreChoice::RedisCluster(nodes) => {
@@ -537,6 +557,7 @@ impl Builder {
         let (store, settings) = self.settings()?;
         let store: Arc<dyn Store> = match store {
             StoreChoice::Memory => Arc::new(MemoryStore::new()),
+            StoreChoice::Unreadable(unreadable) => return Err(unreadable.into()),
             StoreChoice::RedisUrl(url) => Arc::new(RedisStore::lazy(&url)?),
             #[cfg(feature = "cluster")]
             StoreChoice::RedisCluster(nodes) => {

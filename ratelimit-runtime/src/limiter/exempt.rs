@@ -61,7 +61,11 @@ impl<'a> CallerView<'a> {
         self.user
     }
 
-    /// The request path, without the query.
+    /// The request path, without the query. On a gRPC method, the method's path
+    /// (`/package.Service/Method`), as an HTTP request to it has it: the Tower layer reads it
+    /// from the request; a `#[rate_limit]` method from tonic's `GrpcMethod` extension or the
+    /// URI tonic's router keeps (Axum's `OriginalUri`, with the `axum` feature), and sees an
+    /// empty path when the request carries neither (never `/`).
     pub fn path(&self) -> &'a str {
         self.path
     }

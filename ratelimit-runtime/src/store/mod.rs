@@ -25,6 +25,7 @@ use crate::policy::Policy;
 #[cfg(feature = "cluster")]
 #[doc(hidden)]
 pub mod cluster;
+pub(crate) mod env;
 mod lazy;
 #[doc(hidden)]
 pub mod memory;

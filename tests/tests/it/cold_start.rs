@@ -409,6 +409,22 @@ fn cold_start_on_a_cluster_admits_exactly_the_limit_across_three_processes() {
     assert_exactly_the_limit(&cluster.urls(), Mode::EnvCluster);
 }
 
+/// Runs this binary's test `name` in a child process with `marker` set, none of the limiter's
+/// variables but `vars`: its standard output.
+fn env_child(name: &str, marker: &str, vars: &[(&str, std::ffi::OsString)]) -> String {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([test_path(name).as_str(), "--exact", "--nocapture"])
+        .env(marker, "1")
+        .env_remove("RATELIMIT_REDIS_CLUSTER_NODES")
+        .env_remove("RATELIMIT_REDIS_URL")
+        .env_remove("REDIS_URL")
+        .env_remove("RATELIMIT_TIMEOUT_MS");
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    String::from_utf8_lossy(&cmd.output().unwrap().stdout).into_owned()
+}
+
 /// Set in the child of [`the_builder_reads_the_environment_like_the_default_limiter`].
 const BUILDER_CHILD_ENV: &str = "RATELIMIT_TEST_BUILDER_CHILD";
 
@@ -445,23 +461,13 @@ fn the_builder_reads_the_environment_like_the_default_limiter() {
     }
     let server = RedisServer::start();
     let run = |vars: &[(&str, &str)]| -> String {
-        let exe = std::env::current_exe().unwrap();
-        let mut cmd = Command::new(exe);
-        cmd.args([
-            test_path("the_builder_reads_the_environment_like_the_default_limiter").as_str(),
-            "--exact",
-            "--nocapture",
-        ])
-        .env(BUILDER_CHILD_ENV, "1")
-        .env_remove("RATELIMIT_REDIS_CLUSTER_NODES")
-        .env_remove("RATELIMIT_REDIS_URL")
-        .env_remove("REDIS_URL")
-        .env_remove("RATELIMIT_TIMEOUT_MS");
-        for (k, v) in vars {
-            cmd.env(k, v);
-        }
-        let out = cmd.output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let vars: Vec<(&str, std::ffi::OsString)> =
+            vars.iter().map(|(k, v)| (*k, (*v).into())).collect();
+        let stdout = env_child(
+            "the_builder_reads_the_environment_like_the_default_limiter",
+            BUILDER_CHILD_ENV,
+            &vars,
+        );
         stdout
             .lines()
             .find(|l| l.starts_with("BUILT") || l.starts_with("FAILED"))
@@ -484,4 +490,89 @@ fn the_builder_reads_the_environment_like_the_default_limiter() {
     );
     assert!(run(&[("RATELIMIT_TIMEOUT_MS", "soon")]).starts_with("FAILED"));
     assert!(run(&[("REDIS_URL", "not a url")]).starts_with("FAILED"));
+}
+
+/// Set in the child of [`unreadable_environment_values_are_errors_naming_the_variable`].
+const UNREADABLE_CHILD_ENV: &str = "RATELIMIT_TEST_UNREADABLE_ENV_CHILD";
+
+/// A variable that is set but not UTF-8 is not unset: `Builder::from_env()` fails naming it
+/// (never the memory store, nor the next variable in line, nor the default timeout), and the
+/// default limiter logs an error naming it, as for a malformed value. Run in child processes:
+/// the environment is the process's.
+#[test]
+fn unreadable_environment_values_are_errors_naming_the_variable() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt as _;
+
+    if std::env::var_os(UNREADABLE_CHILD_ENV).is_some() {
+        ratelimit_tests::logs::capture();
+        match ratelimit_runtime::Builder::from_env().build_lazy() {
+            Ok(limiter) => println!(
+                "BUILT store={} timeout_ms={}",
+                limiter.store().name(),
+                limiter.settings().timeout.as_millis()
+            ),
+            Err(e) => println!("FAILED {e}"),
+        }
+        let default = RateLimiter::global();
+        let errors: Vec<String> = ratelimit_tests::logs::events()
+            .iter()
+            .filter(|e| e.level == tracing::Level::ERROR)
+            .filter_map(|e| e.field("source").map(str::to_owned))
+            .collect();
+        println!(
+            "DEFAULT store={} errors={}",
+            default.store().name(),
+            errors.join(",")
+        );
+        return;
+    }
+    if std::env::var_os(CHILD_ENV).is_some() || std::env::var_os(BUILDER_CHILD_ENV).is_some() {
+        return;
+    }
+    let server = RedisServer::start();
+    let run = |vars: &[(&str, OsString)]| -> (String, String) {
+        let stdout = env_child(
+            "unreadable_environment_values_are_errors_naming_the_variable",
+            UNREADABLE_CHILD_ENV,
+            vars,
+        );
+        let line = |prefixes: &[&str]| {
+            stdout
+                .lines()
+                .find(|l| prefixes.iter().any(|p| l.starts_with(p)))
+                .unwrap_or_else(|| panic!("no report: {stdout}"))
+                .to_owned()
+        };
+        (line(&["BUILT", "FAILED"]), line(&["DEFAULT"]))
+    };
+    let bytes = |text: &[u8]| {
+        let mut v = text.to_vec();
+        v.push(0xff);
+        OsString::from_vec(v)
+    };
+    let url = server.url();
+    for (var, value) in [
+        ("RATELIMIT_REDIS_URL", bytes(url.as_bytes())),
+        ("REDIS_URL", bytes(url.as_bytes())),
+        ("RATELIMIT_REDIS_CLUSTER_NODES", bytes(b"127.0.0.1:7000")),
+        ("RATELIMIT_TIMEOUT_MS", bytes(b"12")),
+    ] {
+        let (built, default) = run(&[(var, value)]);
+        assert!(
+            built.starts_with("FAILED") && built.contains(var) && built.contains("UTF-8"),
+            "{var}: {built}"
+        );
+        assert!(
+            default.ends_with(&format!("errors={var}")),
+            "{var}: {default}"
+        );
+    }
+    // Set but unreadable is not unset: the next variable in line is not read instead.
+    let (built, default) = run(&[
+        ("RATELIMIT_REDIS_URL", bytes(url.as_bytes())),
+        ("REDIS_URL", OsString::from(&url)),
+    ]);
+    assert!(built.contains("RATELIMIT_REDIS_URL"), "{built}");
+    assert!(default.ends_with("errors=RATELIMIT_REDIS_URL"), "{default}");
 }

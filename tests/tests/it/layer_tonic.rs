@@ -148,7 +148,7 @@ async fn a_tonic_server_is_exact_under_40_concurrent_calls_redis() {
     exact_under_40_concurrent_calls(limiter(Some(&server)).await).await;
 }
 
-/// A call lacking the header a limit is by: `INVALID_ARGUMENT` naming it. The store down under
+/// A call lacking the metadata entry a limit is by: `INVALID_ARGUMENT` naming it as metadata. The store down under
 /// the deny policy: `UNAVAILABLE`.
 #[tokio::test]
 async fn missing_header_is_invalid_argument_and_a_store_down_is_unavailable() {
@@ -165,7 +165,7 @@ async fn missing_header_is_invalid_argument_and_a_store_down_is_unavailable() {
     let client = client_from(addr, "127.0.0.1").await;
     let status = check(&client).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    assert_eq!(status.message(), "header x-tenant must not be empty");
+    assert_eq!(status.message(), "metadata x-tenant must not be empty");
     let with_tenant = || {
         let mut request = tonic::Request::new(HealthCheckRequest {
             service: String::new(),
@@ -213,5 +213,30 @@ async fn spoofed_forwarding_metadata_changes_nothing() {
             Code::ResourceExhausted,
             Code::ResourceExhausted
         ]
+    );
+}
+
+/// Through the layer, an exemption written for an HTTP route (`/`) does not exempt a gRPC
+/// call: the predicate sees the method's path, as the `#[rate_limit]` methods do.
+#[tokio::test]
+async fn an_exemption_for_the_root_path_does_not_exempt_a_grpc_call() {
+    let (limiter, seen) = ratelimit_tests::env::root_path_exempt().await;
+    let addr = serve(per_ip(&limiter, 3)).await;
+    let client = client_from(addr, "127.0.0.1").await;
+    let mut codes = Vec::new();
+    for _ in 0..10 {
+        codes.push(check(&client).await.map(drop).map_err(|s| s.code()));
+    }
+    let admitted = codes.iter().filter(|c| c.is_ok()).count();
+    assert_eq!(admitted, 3, "{codes:?}");
+    assert!(
+        codes[3..]
+            .iter()
+            .all(|c| *c == Err(Code::ResourceExhausted))
+    );
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen.len() == 10 && seen.iter().all(|p| p == "/grpc.health.v1.Health/Check"),
+        "{seen:?}"
     );
 }

@@ -169,7 +169,7 @@ impl RedisClusterStore {
     }
 
     /// A lazy store on the seed nodes listed in [`NODES_ENV`], or `None` when it is unset or
-    /// blank.
+    /// blank; an error when it is set but not UTF-8.
     ///
     /// ```
     /// use ratelimit_runtime::RedisClusterStore;
@@ -180,7 +180,10 @@ impl RedisClusterStore {
     /// # Ok::<(), ratelimit_runtime::ConfigError>(())
     /// ```
     pub fn from_env() -> Option<Result<Self, ConfigError>> {
-        let list = std::env::var(NODES_ENV).ok()?;
+        let list = match crate::store::env::var(NODES_ENV) {
+            Ok(list) => list?,
+            Err(unreadable) => return Some(Err(unreadable.into())),
+        };
         let nodes = split_nodes(&list);
         if nodes.is_empty() {
             return None;
