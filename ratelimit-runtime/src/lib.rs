@@ -1,4 +1,4 @@
-#![warn(missing_docs)] // every public item is documented (issue 22); keep it so
+#![warn(missing_docs)] // every public item is documented; keep it so
 //! Rate limits on async functions with one attribute, kept in memory, Redis or Redis Cluster.
 //!
 //! ```

@@ -4,9 +4,6 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::algorithm::{Algorithm, Params};
-// `pub(crate)`: files that issue 22's pipeline rewrites still name these three here; they go
-// once every file names `crate::algorithm` and `crate::decision` (no public path: the root
-// re-exports them from their homes).
 
 /// Why a [`Policy`] could not be built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

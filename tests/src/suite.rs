@@ -560,7 +560,7 @@ pub async fn stacked_rejection_consumes_nothing(h: &impl Harness) {
 
 /// One call that names the same key twice applies once per limit, in order, each seeing what
 /// the ones before it took; when the second would not fit, the whole call is rejected and takes
-/// nothing. Every store gives exactly these numbers (issue 10: on Redis the two were evaluated
+/// nothing. Every store gives exactly these numbers (on Redis the two were once evaluated
 /// against the old state and both committed, so the counter passed its limit, the reply failed
 /// and the breaker opened for every key).
 pub async fn same_key_twice_applies_in_order(h: &impl Harness, algo: Algorithm) {

@@ -1,4 +1,4 @@
-//! Waiting for a slot instead of failing (`wait = "5s"`, issue 26): a step of the pipeline
+//! Waiting for a slot instead of failing (`wait = "5s"`): a step of the pipeline
 //! around steps 1–4, for any transport that asks for it (plain functions today).
 //!
 //! A call refused as [`Refused::Limited`] whose `retry_after` fits in what is left of its

@@ -1,4 +1,4 @@
-//! The crate's structure, checked from its sources (issue 22): the macro crate is pinned exactly,
+//! The crate's structure, checked from its sources: the macro crate is pinned exactly,
 //! and the top-level modules import one another downward only, without a cycle and without the
 //! crate root's re-exports.
 //!
@@ -30,11 +30,11 @@ const FLOORS: &[&[&str]] = &[
     ],
     // Where counts live.
     &["store"],
-    // What a request offers the limiter (peer, forwarding headers, path, user; issue 22).
+    // What a request offers the limiter (peer, forwarding headers, path, user).
     &["caller"],
     // The limiter: stores, failure policy, overrides, exemptions, shadow mode, admin calls.
     &["limiter"],
-    // The one pipeline every transport calls (issue 22), and today's copies of it.
+    // The one pipeline every transport calls, and today's copies of it.
     &["call", "dynamic"],
     // The transports.
     &["http", "grpc", "layer", "client"],

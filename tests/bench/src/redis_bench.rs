@@ -442,7 +442,7 @@ pub fn table_peers(
 ) -> Result<String, String> {
     let url = server.url();
     let policy = throughput_policy(Algorithm::Fixed);
-    // GCRA: issue 13's second contender against the peers (one integer of state).
+    // GCRA: the second contender against the peers (one integer of state).
     let gcra = throughput_policy(Algorithm::Gcra);
     let keys_g = keys(&gcra, "bgcra");
     let (keys_o, keys_l, keys_a, keys_e) = (

@@ -702,7 +702,7 @@ async fn a_cross_slot_check_cut_short_by_a_timeout_still_refunds() {
     );
 }
 
-// Refunds across slots (issue 10, point 4). A cross-slot call takes its units slot by slot and,
+// Refunds across slots. A cross-slot call takes its units slot by slot and,
 // when a later slot rejects, gives back what the earlier slots took. Each case below sends a
 // refund the way the cluster can deliver it — late (a retried or queued script), twice (the
 // cluster client retries after a timeout although the first attempt ran) — through the store's

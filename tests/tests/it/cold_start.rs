@@ -1,4 +1,4 @@
-//! A cold start does not fail open (issue 10, point 3; SPEC §8): checks that arrive while the
+//! A cold start does not fail open (SPEC §8): checks that arrive while the
 //! store is still connecting wait for that connection within their own timeout instead of
 //! being answered by the failure policy.
 //!
@@ -428,7 +428,7 @@ fn env_child(name: &str, marker: &str, vars: &[(&str, std::ffi::OsString)]) -> S
 /// Set in the child of [`the_builder_reads_the_environment_like_the_default_limiter`].
 const BUILDER_CHILD_ENV: &str = "RATELIMIT_TEST_BUILDER_CHILD";
 
-/// `Builder::from_env()` (issue 28, point 7): the store and the timeout from the same
+/// `Builder::from_env()`: the store and the timeout from the same
 /// variables, in the same order, as the default limiter, with the rest of the chain the
 /// application's; a malformed timeout fails the build. Run in child processes: the
 /// environment is the process's.

@@ -1,4 +1,4 @@
-//! Concurrency limits (`algo = "concurrency"`, issue 26 point 2): at most `num` calls in
+//! Concurrency limits (`algo = "concurrency"`): at most `num` calls in
 //! flight per key, the slot released when the call ends in any way, and on Redis a lease that
 //! gives a killed process's slots back.
 //!

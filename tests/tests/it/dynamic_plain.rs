@@ -522,7 +522,7 @@ async fn a_body_longer_than_its_receipt_stays_counted() {
         .await;
 }
 
-// ---------------------------------------------------------------- hostile callers (issue 21)
+// ---------------------------------------------------------------- hostile callers
 
 /// Five failed logins a minute per user; successful ones do not count.
 #[rate_limit(

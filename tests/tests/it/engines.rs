@@ -1,4 +1,4 @@
-//! The engines the stores run on (issue 24): each store logs, once at connect, which server it
+//! The engines the stores run on: each store logs, once at connect, which server it
 //! reached (name and version, as `INFO server` says) and which path its checks take (`FCALL` of
 //! the library, or `EVALSHA` of the scripts where the server has no Functions). Run on whichever
 //! engine `RATELIMIT_TEST_SERVER` names (see `ratelimit_tests::redis_server`).

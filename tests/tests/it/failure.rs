@@ -1,4 +1,4 @@
-//! When Redis fails (SPEC §8, issue 5), against `redis-server` processes these tests start,
+//! When Redis fails (SPEC §8), against `redis-server` processes these tests start,
 //! kill, restart and pause: every call returns within the timeout (+ 50 ms of scheduling slack)
 //! with the failure policy's answer, the limiter goes back to Redis by itself within 2 s of
 //! Redis answering again, a flushed script cache costs nothing, and the blocked-caller cache
@@ -714,7 +714,7 @@ async fn blocked_cache_rejects_without_a_round_trip_and_never_outlives_redis() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A limit's own failure policy (`on_store_error`, issue 28 point 9), under an `allow` limiter.
+// A limit's own failure policy (`on_store_error`), under an `allow` limiter.
 
 #[ratelimit_runtime::rate_limit(
     num = 3,

@@ -1,4 +1,4 @@
-//! The call pipeline on gRPC methods (issue 22), end to end: a real tonic server on a loopback
+//! The call pipeline on gRPC methods, end to end: a real tonic server on a loopback
 //! port, a real tonic client, on the memory store and on a private Redis, with exact counts.
 //!
 //! * run-time overrides (`set_quota` tighter and looser, `clear_quota` back to the attribute's

@@ -1,5 +1,5 @@
 //! Regression tests over real HTTP on memory and a private Redis: a caller-supplied value equal
-//! to another source's value names another bucket, never the same one (issue 10, point 1);
+//! to another source's value names another bucket, never the same one;
 //! another spelling of the same path is the same bucket (found by the security review); and
 //! nothing a client sends turns a limit off for other callers.
 
@@ -15,7 +15,7 @@ use ratelimit_runtime::{RateLimiter, rate_limit};
 
 use crate::http_support::{Backend, client, serve_axum, statuses};
 
-/// A per-IP and a per-device limit of the same size on one handler: before issue 10 a client
+/// A per-IP and a per-device limit of the same size on one handler: without the source in each key part a client
 /// whose `x-device` equals its own IP named one key twice.
 #[rate_limit(num = 10, time = 60, by = "ip")]
 #[rate_limit(num = 10, time = 60, by = "header:x-device")]

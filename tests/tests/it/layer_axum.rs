@@ -298,7 +298,7 @@ async fn both_limits(backend: &Backend) {
     let first = get("/tight").await;
     assert_eq!(first.status, 200, "{first:?}");
     // The members of a field, without `t=` (Redis counts whole seconds from its own clock):
-    // one field (one line), the route's members first (issue 28, point 15).
+    // one field (one line), the route's members first.
     let lists = |a: &Answer, name: &str| -> Vec<String> {
         let lines: Vec<_> = a.headers.get_all(name).iter().collect();
         assert_eq!(lines.len(), 1, "{name}: one field, {a:?}");

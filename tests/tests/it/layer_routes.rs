@@ -1,4 +1,4 @@
-//! `RateLimitLayer` through the one call pipeline (issue 22), end to end on an Axum router over
+//! `RateLimitLayer` through the one call pipeline, end to end on an Axum router over
 //! real loopback HTTP and on a tonic server called by a tonic client, each on the memory store
 //! and on a private Redis, with exact counts: per-route limits in one layer (`/login` 5, the
 //! rest 100; hostile spellings of `/login`), the limiter's run-time overrides, a quota from the
@@ -213,7 +213,7 @@ async fn layer_routes_login_5_and_the_rest_100_in_one_layer_redis() {
     login_and_the_rest(Store::Redis(RedisServer::start())).await;
 }
 
-/// A leased global limit on a whole router (`.lease(…)`, issue 27) over loopback on Redis: 8
+/// A leased global limit on a whole router (`.lease(…)`) over loopback on Redis: 8
 /// clients send 2,000 requests against 1,000 a minute. Admitted: at most 1,000, and at least
 /// 1,000 less one lease's most units (a tenth of the quota: 100); every refusal is a 429 with
 /// `Retry-After`; once the leases end, Redis counts exactly the admitted requests (the unused

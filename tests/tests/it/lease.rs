@@ -1,4 +1,4 @@
-//! Leases for hot keys (issue 27): a process takes several units of a limit in one take and
+//! Leases for hot keys: a process takes several units of a limit in one take and
 //! serves the next calls from them, never over the quota.
 //!
 //! * 4 processes × 16 tasks hammer one global key of 100,000 a minute on one Redis, from a

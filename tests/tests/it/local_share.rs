@@ -1,4 +1,4 @@
-//! An outage that keeps the global quota (issue 26, point 4): with
+//! An outage that keeps the global quota: with
 //! `Builder::local_share(N)`, `FailurePolicy::Local` checks each limit against one process's
 //! share of it while Redis is down, so that N processes admit at most the quota between them
 //! (`N × max(1, ⌊num / N⌋) ≤ max(num, N)` per window), not N times it.

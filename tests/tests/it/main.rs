@@ -1,4 +1,4 @@
-//! The integration tests, in one test binary (issue 23): each of these modules was a binary of
+//! The integration tests, in one test binary: each of these modules was a binary of
 //! its own, each linking axum, actix-web, tonic, reqwest and mlua; one binary links them once.
 //! Run one topic with a module filter, e.g.
 //! `cargo test -p ratelimit-tests --all-features --test it -- redis_store::`.

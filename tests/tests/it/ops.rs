@@ -1,4 +1,4 @@
-//! Operating limits safely (issue 15): shadow mode, exemptions and the deny list, the admin
+//! Operating limits safely: shadow mode, exemptions and the deny list, the admin
 //! calls (peek, reset, block) and the metrics, on the memory store and a private Redis (and a
 //! Redis Cluster for the admin calls), over real HTTP where a handler is involved.
 //!

@@ -1,4 +1,4 @@
-//! Faults of a real `redis-server` that a client can cause or that strike mid-call (issue 21):
+//! Faults of a real `redis-server` that a client can cause or that strike mid-call:
 //! a server at its `maxmemory` (`noeviction`: writes refused; an evicting policy: other
 //! callers' counters evicted), and a `FUNCTION FLUSH` racing the library's reload. Each test
 //! starts its own server.
@@ -285,7 +285,7 @@ async fn an_evicting_maxmemory_policy_is_warned_about_and_can_be_refused_at_buil
     assert!(eviction_warnings("noeviction").is_empty());
 }
 
-/// The hostile-fault run of issue 21: `maxmemory 2mb`, a client mints 30,000 keys, then a
+/// The hostile-fault run: `maxmemory 2mb`, a client mints 30,000 keys, then a
 /// caller who had used 2 of 5 before the flood and a fresh caller try 10 calls each, under each
 /// failure policy. Under `noeviction` every policy holds the quota: the caller at 2 of 5 gets
 /// at most 3 more, the fresh one at most 5 (both are refused while the server is full; under

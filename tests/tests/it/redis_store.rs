@@ -1040,7 +1040,7 @@ async fn numbers_at_the_bounds_stay_exact_and_match_memory() {
     }
 }
 
-/// A bucket written by the version before issue 25 (`"<level>:<stamp µs>"`, a TTL until
+/// A bucket written by an earlier 0.1.0 pre-release (`"<level>:<stamp µs>"`, a TTL until
 /// empty) is read as it was, drained since its stamp, and rewritten in the one-integer form by
 /// the check that reads it: an upgrade keeps every caller's spent level.
 #[tokio::test]

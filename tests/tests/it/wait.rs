@@ -1,4 +1,4 @@
-//! `wait = "…"` (issue 26): a limited plain call waits for its slot instead of failing.
+//! `wait = "…"`: a limited plain call waits for its slot instead of failing.
 //!
 //! * The fleet: 3 processes (children of this test binary) share 10 calls a second on one
 //!   private Redis, 300 calls each with `wait`: all 900 complete, no 1-second window of the
