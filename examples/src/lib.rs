@@ -1,4 +1,7 @@
-//! What the example servers share: the guard of their admin APIs.
+//! What the example servers share (the guard of their admin APIs), and the Axum server's body
+//! (its binary passes Ctrl-C to [`axum_server::serve`]; a test passes a signal of its own).
+
+pub mod axum_server;
 
 pub mod admin {
     //! An admin API's guard: a bearer token compared in constant time, on a listener of its
