@@ -1,6 +1,8 @@
-//! What the example servers share (the guard of their admin APIs), and the Axum server's body
-//! (its binary passes Ctrl-C to [`axum_server::serve`]; a test passes a signal of its own).
+//! What the example servers share (the guard of their admin APIs), and the bodies of the Axum
+//! and Actix-web servers: their binaries pass Ctrl-C to [`axum_server::serve`] and
+//! [`actix_server::serve`]; a test may pass a signal of its own.
 
+pub mod actix_server;
 pub mod axum_server;
 
 pub mod admin {

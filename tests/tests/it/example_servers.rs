@@ -1,6 +1,6 @@
-//! The example servers stop cleanly on their signal: the Axum example's own binary, started on
-//! a private Redis, answers a few logins, gets SIGINT, drains, shuts its limiter down and exits
-//! with success; Redis counts exactly the logins it admitted.
+//! The example servers stop cleanly on their signal: each example's own binary (Axum,
+//! Actix-web), started on a private Redis, answers a few logins, gets SIGINT, drains, shuts its
+//! limiter down and exits with success; Redis counts exactly the logins it admitted.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::Stdio;
@@ -11,10 +11,10 @@ use ratelimit_tests::redis_server::RedisServer;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-/// The example's `POST /login` limit (the same scope and policy: the same key).
-fn login_limit() -> Limit {
+/// An example's `POST /login` limit under `scope` (the same scope and policy: the same key).
+fn login_limit(scope: &'static str) -> Limit {
     let policy = Policy::new(Algorithm::Sliding, 3, Duration::from_secs(10)).expect("a policy");
-    Limit::new(policy, "login", By::Ip)
+    Limit::new(policy, scope, By::Ip)
 }
 
 /// The first line of `lines` that contains `what`, within 90 s.
@@ -35,10 +35,12 @@ async fn line_with(
         .unwrap_or_else(|_| panic!("no {what:?} within 90 s"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_axum_example_stopped_by_sigint_leaves_exactly_what_it_admitted_counted() {
+/// Starts the example server `binary` (its `name`, its login limit's `scope`) on a private
+/// Redis, makes 5 logins (3 admitted), sends SIGINT, and checks its clean exit and what Redis
+/// counts.
+async fn stops_cleanly_on_sigint(binary: &str, name: &str, scope: &'static str) {
     let server = RedisServer::start();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_axum_server"))
+    let mut child = Command::new(binary)
         .env("RATELIMIT_REDIS_URL", server.url())
         .env("PORT", "0")
         .env("ADMIN_PORT", "0")
@@ -80,7 +82,7 @@ async fn the_axum_example_stopped_by_sigint_leaves_exactly_what_it_admitted_coun
         .status()
         .expect("kill runs");
     assert!(sent.success(), "SIGINT sent");
-    line_with(&mut lines, "axum_server stopped").await;
+    line_with(&mut lines, &format!("{name} stopped")).await;
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
         .await
         .expect("it exits within 30 s")
@@ -94,7 +96,7 @@ async fn the_axum_example_stopped_by_sigint_leaves_exactly_what_it_admitted_coun
         .expect("a limiter on the same Redis");
     let peeked = limiter
         .peek(
-            &[login_limit()],
+            &[login_limit(scope)],
             &Target::ip(IpAddr::V4(Ipv4Addr::LOCALHOST)),
         )
         .await
@@ -105,4 +107,19 @@ async fn the_axum_example_stopped_by_sigint_leaves_exactly_what_it_admitted_coun
         "the window (10 s) ended before the count was read ({elapsed:?})"
     );
     assert_eq!(3 - peeked.decisions()[0].remaining, admitted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_axum_example_stopped_by_sigint_leaves_exactly_what_it_admitted_counted() {
+    stops_cleanly_on_sigint(env!("CARGO_BIN_EXE_axum_server"), "axum_server", "login").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_actix_example_stopped_by_sigint_leaves_exactly_what_it_admitted_counted() {
+    stops_cleanly_on_sigint(
+        env!("CARGO_BIN_EXE_actix_server"),
+        "actix_server",
+        "ratelimit_examples::actix_server::login",
+    )
+    .await;
 }
