@@ -1,4 +1,9 @@
-//! What the example servers share: the guard of their admin APIs.
+//! What the example servers share (the guard of their admin APIs), and the bodies of the Axum
+//! and Actix-web servers: their binaries pass Ctrl-C to [`axum_server::serve`] and
+//! [`actix_server::serve`]; a test may pass a signal of its own.
+
+pub mod actix_server;
+pub mod axum_server;
 
 pub mod admin {
     //! An admin API's guard: a bearer token compared in constant time, on a listener of its

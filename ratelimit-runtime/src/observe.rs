@@ -53,7 +53,7 @@
 //! assert_eq!(observe::STORE_ERRORS, "ratelimit_store_errors_total");
 //! ```
 //!
-//! The example server (`examples/src/bin/axum_server.rs`) exports them on `/metrics` in the
+//! The example server (`examples/src/axum_server.rs`) exports them on `/metrics` in the
 //! Prometheus text format.
 //!
 //! # What is logged

@@ -4,7 +4,7 @@
 
 use std::io::{self, Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -67,15 +67,22 @@ impl std::error::Error for StartError {
 /// use ratelimit_runtime::RateLimiter;
 /// use ratelimit_runtime::testing::RedisServer;
 ///
-/// let server = RedisServer::start()?; // a clear error when redis-server is not installed
+/// let mut server = RedisServer::start()?; // a clear error when redis-server is not installed
 /// let limiter = RateLimiter::builder().redis_url(server.url()).build().await?;
+/// // An outage, for a test of the failure policy: the server goes away and comes back
+/// // (empty) on the same port.
+/// server.kill();
+/// server.restart()?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
 pub struct RedisServer {
-    child: Child,
+    child: Option<Child>,
     port: u16,
     dir: PathBuf,
+    /// Whether `dir` was made for this server (removed on drop) or given by the caller.
+    own_dir: bool,
+    args: Vec<String>,
 }
 
 impl RedisServer {
@@ -88,11 +95,31 @@ impl RedisServer {
     /// [`StartError::NotInstalled`] without the binary, [`StartError::NotReady`] (with the
     /// log's tail) when the server did not come up.
     pub fn start() -> Result<Self, StartError> {
-        let binary = std::env::var(SERVER_ENV).unwrap_or_else(|_| "redis-server".to_owned());
+        Self::start_with(&[])
+    }
+
+    /// [`RedisServer::start`] with extra `redis-server` arguments, e.g. a password
+    /// (`["--requirepass", "pw"]`) or a memory cap (`["--maxmemory", "1mb"]`).
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::start`].
+    ///
+    /// ```no_run
+    /// use ratelimit_runtime::testing::RedisServer;
+    ///
+    /// let server = RedisServer::start_with(&["--requirepass", "s3cret"])?;
+    /// let url = format!("redis://:s3cret@127.0.0.1:{}", server.port());
+    /// # Ok::<(), ratelimit_runtime::testing::StartError>(())
+    /// ```
+    pub fn start_with(args: &[&str]) -> Result<Self, StartError> {
         let mut last = None;
         for _ in 0..5 {
-            match Self::start_once(&binary) {
-                Ok(server) => return Ok(server),
+            let port = free_port().map_err(StartError::Io)?;
+            let dir = fresh_dir().map_err(StartError::Io)?;
+            let mut server = Self::new(port, dir, true, args);
+            match server.run() {
+                Ok(()) => return Ok(server),
                 Err(e @ (StartError::NotInstalled { .. } | StartError::Io(_))) => return Err(e),
                 Err(e) => last = Some(e),
             }
@@ -102,50 +129,81 @@ impl RedisServer {
         }))
     }
 
-    fn start_once(binary: &str) -> Result<Self, StartError> {
-        static STARTED: AtomicU64 = AtomicU64::new(0);
-        let port = TcpListener::bind(("127.0.0.1", 0))
-            .and_then(|l| l.local_addr())
-            .map_err(StartError::Io)?
-            .port();
-        let dir = std::env::temp_dir().join(format!(
-            "ratelimit-redis-{}-{}",
-            std::process::id(),
-            STARTED.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).map_err(StartError::Io)?;
+    /// Starts a server on `port`, its files (`redis-<port>.log`) in `dir`, which stays when
+    /// the server is dropped: a server that comes up after the store under test connected,
+    /// or the nodes of a cluster sharing one directory.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::start`] (a port in use is [`StartError::NotReady`]).
+    ///
+    /// ```no_run
+    /// use ratelimit_runtime::testing::RedisServer;
+    ///
+    /// let dir = std::env::temp_dir();
+    /// let node = RedisServer::start_on(7000, &dir, &["--cluster-enabled", "yes"])?;
+    /// # Ok::<(), ratelimit_runtime::testing::StartError>(())
+    /// ```
+    pub fn start_on(port: u16, dir: &Path, args: &[&str]) -> Result<Self, StartError> {
+        let mut server = Self::new(port, dir.to_path_buf(), false, args);
+        server.run()?;
+        Ok(server)
+    }
+
+    fn new(port: u16, dir: PathBuf, own_dir: bool, args: &[&str]) -> Self {
+        Self {
+            child: None,
+            port,
+            dir,
+            own_dir,
+            args: args.iter().map(|&a| a.to_owned()).collect(),
+        }
+    }
+
+    /// Spawns the process (when it is not running) and waits until it answers.
+    fn run(&mut self) -> Result<(), StartError> {
+        if self.is_running() {
+            return Ok(());
+        }
+        self.spawn_binary(&server_binary())
+    }
+
+    /// Spawns `binary` as this server and waits until it answers.
+    fn spawn_binary(&mut self, binary: &str) -> Result<(), StartError> {
         let child = Command::new(binary)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--logfile", "redis.log"])
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
-            .arg(&dir)
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(child) => child,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(if e.kind() == io::ErrorKind::NotFound {
+            .spawn()
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::NotFound {
                     StartError::NotInstalled {
                         binary: binary.to_owned(),
                     }
                 } else {
                     StartError::Io(e)
-                });
-            }
-        };
-        let mut server = Self { child, port, dir };
-        server.wait_ready()?;
-        Ok(server)
+                }
+            })?;
+        self.child = Some(child);
+        let ready = self.wait_ready();
+        if ready.is_err() {
+            self.kill();
+        }
+        ready
     }
 
     /// Waits until the server answers `PING`, or says why it did not.
     fn wait_ready(&mut self) -> Result<(), StartError> {
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 return Err(self.not_ready(&format!("it exited with {status}")));
             }
             if self.ping().is_ok() {
@@ -156,25 +214,29 @@ impl RedisServer {
         Err(self.not_ready(&format!("no answer to PING within {START_TIMEOUT:?}")))
     }
 
+    /// `Ok` once the server answers: `+PONG`, or an error other than `-LOADING` (a server with
+    /// `--requirepass` answers `-NOAUTH`: it is up).
     fn ping(&self) -> io::Result<()> {
         let mut conn = TcpStream::connect(("127.0.0.1", self.port))?;
         conn.set_read_timeout(Some(Duration::from_millis(500)))?;
         conn.write_all(b"PING\r\n")?;
-        let mut reply = [0; 7];
-        conn.read_exact(&mut reply)?;
-        if &reply == b"+PONG\r\n" {
+        let mut reply = [0; 8];
+        let n = conn.read(&mut reply)?;
+        let reply = &reply[..n];
+        if reply.starts_with(b"+") || (reply.starts_with(b"-") && !reply.starts_with(b"-LOADING")) {
             Ok(())
         } else {
-            Err(io::Error::other("not PONG"))
+            Err(io::Error::other("not ready"))
         }
     }
 
     fn not_ready(&self, what: &str) -> StartError {
-        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        let tail = lines[lines.len().saturating_sub(10)..].join("\n");
         StartError::NotReady {
-            detail: format!("port {}: {what}; log tail:\n{tail}", self.port),
+            detail: format!(
+                "port {}: {what}; log tail:\n{}",
+                self.port,
+                self.log_tail(10)
+            ),
         }
     }
 
@@ -187,13 +249,92 @@ impl RedisServer {
     pub fn port(&self) -> u16 {
         self.port
     }
+
+    /// The server's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("redis-{}.log", self.port))
+    }
+
+    /// The last `lines` lines of the server's log (for a test's failure message).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Whether the process is running (as far as this handle knows).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(None)))
+    }
+
+    /// Kills the server (SIGKILL) and waits for it: its connections drop, its data is gone.
+    /// Idempotent.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, with the same arguments, empty (after
+    /// [`RedisServer::kill`]; a running server is left as it is).
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::start`].
+    pub fn restart(&mut self) -> Result<(), StartError> {
+        self.run()
+    }
+}
+
+/// The server binary [`RedisServer`] starts: [`SERVER_ENV`] when set and not empty, else
+/// `redis-server` (found on `PATH`).
+///
+/// ```
+/// let binary = ratelimit_runtime::testing::server_binary();
+/// assert!(!binary.is_empty());
+/// ```
+pub fn server_binary() -> String {
+    std::env::var(SERVER_ENV)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
+/// A port on 127.0.0.1 that nothing listened on a moment ago: for
+/// [`RedisServer::start_on`], e.g. a server started after the store under test connected.
+///
+/// # Errors
+///
+/// When no loopback port can be bound.
+///
+/// ```
+/// let port = ratelimit_runtime::testing::free_port()?;
+/// assert_ne!(port, 0);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+}
+
+/// A new empty directory under the system's temporary directory.
+fn fresh_dir() -> io::Result<PathBuf> {
+    static STARTED: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "ratelimit-redis-{}-{}",
+        std::process::id(),
+        STARTED.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        self.kill();
+        if self.own_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -204,7 +345,8 @@ mod tests {
     /// A missing binary is a typed error naming it and how to install Redis, never a panic.
     #[test]
     fn a_missing_binary_says_how_to_install_redis() {
-        let Err(e) = RedisServer::start_once("ratelimit-no-such-redis-server") else {
+        let mut server = RedisServer::new(0, std::env::temp_dir(), false, &[]);
+        let Err(e) = server.spawn_binary("ratelimit-no-such-redis-server") else {
             panic!("a server started from a binary that does not exist");
         };
         assert!(matches!(e, StartError::NotInstalled { .. }), "{e:?}");

@@ -13,7 +13,7 @@
 //! # }
 //! ```
 //!
-//! Each node is a [`RedisProcess`] (the standalone harness's building block: no persistence,
+//! Each node is a [`RedisServer`] (the runtime's test helper: no persistence,
 //! log in the temp dir, killed on drop) started with `--cluster-enabled yes
 //! --cluster-config-file <tmp>/nodes-<port>.conf --cluster-node-timeout 1000` on a free port
 //! whose cluster-bus port (port + 10000) is free too. The nodes are joined with
@@ -35,7 +35,9 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use tempfile::TempDir;
 
-use crate::redis_server::{RedisProcess, tail};
+use ratelimit_runtime::testing::RedisServer;
+
+use crate::redis_server::try_engine;
 
 /// Masters in the cluster.
 pub const MASTERS: usize = 3;
@@ -48,7 +50,7 @@ pub const NODE_TIMEOUT_MS: u64 = 1000;
 const READY_WAIT: Duration = Duration::from_secs(45);
 
 struct Node {
-    process: RedisProcess,
+    process: RedisServer,
     alive: bool,
 }
 
@@ -62,7 +64,7 @@ impl Node {
     }
 
     fn log_tail(&self) -> String {
-        tail(&self.process.log_path(), 15)
+        self.process.log_tail(15)
     }
 
     fn kill(&mut self) {
@@ -254,6 +256,7 @@ impl RedisCluster {
             .prefix("ratelimit-cluster-")
             .tempdir()
             .map_err(|e| format!("temp dir: {e}"))?;
+        try_engine()?; // printed once, and the install hint when it is missing
         let mut taken = HashSet::new();
         let mut cluster = Self {
             nodes: Vec::new(),
@@ -266,7 +269,7 @@ impl RedisCluster {
             let conf = dir.join(format!("nodes-{port}.conf"));
             let conf = conf.to_string_lossy();
             let node_timeout = NODE_TIMEOUT_MS.to_string();
-            let process = RedisProcess::spawn(
+            let process = RedisServer::start_on(
                 port,
                 &dir,
                 &[
@@ -277,7 +280,8 @@ impl RedisCluster {
                     "--cluster-node-timeout",
                     &node_timeout,
                 ],
-            )?;
+            )
+            .map_err(|e| e.to_string())?;
             cluster.nodes.push(Node {
                 process,
                 alive: true,

@@ -1,9 +1,10 @@
 //! Private `redis-server` processes for tests: a free loopback port, no persistence, the log in
 //! a temporary directory, killed on drop. Never the Redis on 6379.
 //!
-//! [`RedisProcess`] is the building block (spawn one server with extra arguments, wait until it
-//! answers `PING`, kill it); [`RedisServer`] is a standalone server for store tests. A cluster
-//! harness spawns six [`RedisProcess`]es with `--cluster-enabled yes` and joins them with
+//! The servers are the runtime's own test helper, [`ratelimit_runtime::testing::RedisServer`];
+//! [`RedisServer`] here adds what the tests do with one (connections, a store, a pause, a
+//! panic instead of an error). A cluster harness starts six of them with
+//! `--cluster-enabled yes` and joins them with
 //! `redis-cli --cluster create … --cluster-replicas 1 --cluster-yes`.
 //!
 //! ```no_run
@@ -30,34 +31,18 @@
     reason = "the non-Result helpers are test steps that fail by panicking (see the module docs)"
 )]
 
-use std::fmt::Write as _;
 use std::io::{self, Write as _};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ratelimit_runtime::RedisStore;
+use ratelimit_runtime::testing::StartError;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 
-/// How long a server may take to answer its first `PING`.
-pub const START_TIMEOUT: Duration = Duration::from_secs(10);
-
-const INSTALL_HINT: &str = "`redis-server` was not found on PATH: install it (Debian/Ubuntu: \
-     `apt-get install redis-server`; macOS: `brew install redis`) to run the Redis tests, or \
-     name a server binary in RATELIMIT_TEST_SERVER";
-
-/// The environment variable naming the server binary the tests start.
-pub const SERVER_VAR: &str = "RATELIMIT_TEST_SERVER";
-
-/// The server binary the tests start: `$RATELIMIT_TEST_SERVER`, or `redis-server` (on `PATH`).
-pub fn server_binary() -> String {
-    std::env::var(SERVER_VAR)
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "redis-server".to_owned())
-}
+pub use ratelimit_runtime::testing::{
+    SERVER_ENV as SERVER_VAR, START_TIMEOUT, free_port, server_binary,
+};
 
 /// The engine the tests run on: what `<binary> --version` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,8 +110,8 @@ pub fn engine() -> &'static Engine {
     try_engine().unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// [`engine`], or why it is not known: [`INSTALL_HINT`] when the binary is missing.
-fn try_engine() -> Result<&'static Engine, String> {
+/// [`engine`], or why it is not known: how to install Redis when the binary is missing.
+pub(crate) fn try_engine() -> Result<&'static Engine, String> {
     static ENGINE: OnceLock<Result<Engine, String>> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
@@ -137,7 +122,10 @@ fn try_engine() -> Result<&'static Engine, String> {
                 .output()
                 .map_err(|e| {
                     if e.kind() == io::ErrorKind::NotFound {
-                        INSTALL_HINT.to_owned()
+                        StartError::NotInstalled {
+                            binary: binary.clone(),
+                        }
+                        .to_string()
                     } else {
                         format!("cannot run `{binary} --version`: {e}")
                     }
@@ -183,162 +171,6 @@ pub fn say(line: &str) {
 /// that a dead one fails the test.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A port on 127.0.0.1 that nothing listened on a moment ago.
-pub fn free_port() -> io::Result<u16> {
-    Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
-}
-
-/// The last `lines` lines of a file (for error messages), or why it could not be read.
-pub fn tail(path: &Path, lines: usize) -> String {
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let all: Vec<&str> = text.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(e) => format!("(cannot read {}: {e})", path.display()),
-    }
-}
-
-/// One `redis-server` process listening on `127.0.0.1:<port>`, with its working directory and
-/// log file in `dir`. Killed on drop.
-#[derive(Debug)]
-pub struct RedisProcess {
-    child: Option<Child>,
-    port: u16,
-    dir: PathBuf,
-    extra: Vec<String>,
-}
-
-impl RedisProcess {
-    /// Starts `redis-server --port <port> --bind 127.0.0.1 --save "" --appendonly no --dir <dir>
-    /// --logfile <dir>/redis-<port>.log <extra…>` and waits (at most [`START_TIMEOUT`]) until it
-    /// answers `PING`. The error says how to install Redis when it is missing, and holds the
-    /// log's tail when the server did not come up.
-    pub fn spawn(port: u16, dir: &Path, extra: &[&str]) -> Result<Self, String> {
-        let mut process = Self {
-            child: None,
-            port,
-            dir: dir.to_path_buf(),
-            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
-        };
-        process.start()?;
-        Ok(process)
-    }
-
-    /// The log file.
-    pub fn log_path(&self) -> PathBuf {
-        self.dir.join(format!("redis-{}.log", self.port))
-    }
-
-    /// The port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `redis://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Whether the process is running (as far as this handle knows).
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(None)))
-    }
-
-    /// Starts the process again (same port, directory and arguments) after [`Self::kill`].
-    pub fn start(&mut self) -> Result<(), String> {
-        if self.is_running() {
-            return Ok(());
-        }
-        let port = self.port.to_string();
-        let log = self.log_path();
-        let binary = try_engine()?.binary.clone();
-        let mut cmd = Command::new(&binary);
-        cmd.args([
-            "--port",
-            &port,
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .arg("--dir")
-        .arg(&self.dir)
-        .arg("--logfile")
-        .arg(&log)
-        .args(&self.extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-        let child = cmd.spawn().map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                INSTALL_HINT.to_owned()
-            } else {
-                format!("cannot start {binary}: {e}")
-            }
-        })?;
-        self.child = Some(child);
-        self.wait_ready()
-    }
-
-    fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
-        let mut last_error = String::new();
-        while Instant::now() < deadline {
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
-                let mut stderr = String::new();
-                if let Some(mut err) = self.child.take().and_then(|mut c| c.stderr.take()) {
-                    let _ = io::Read::read_to_string(&mut err, &mut stderr);
-                }
-                return Err(format!(
-                    "the server on port {} exited with {status}.\nstderr: {stderr}\nlog tail:\n{}",
-                    self.port,
-                    tail(&self.log_path(), 20)
-                ));
-            }
-            match client
-                .get_connection_with_timeout(Duration::from_millis(500))
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-            {
-                Ok(_) => return Ok(()),
-                // The server answered (e.g. NOAUTH with --requirepass): it is up, unless it is
-                // still loading its data.
-                Err(e)
-                    if !(e.is_io_error() || e.is_connection_refusal() || e.is_timeout())
-                        && e.code() != Some("LOADING") =>
-                {
-                    return Ok(());
-                }
-                Err(e) => last_error = e.to_string(),
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.kill();
-        Err(format!(
-            "the server on port {} did not answer PING within {START_TIMEOUT:?} (last error: {last_error}).\nlog tail:\n{}",
-            self.port,
-            tail(&self.log_path(), 20)
-        ))
-    }
-
-    /// Kills the process (SIGKILL) and waits for it. Idempotent.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for RedisProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// A private standalone Redis server for one test (or a few sharing it).
 ///
 /// Behaviour: started on a free loopback port with persistence off and its files in a fresh
@@ -346,9 +178,7 @@ impl Drop for RedisProcess {
 /// [`RedisServer::restart`] (same port) let failure tests take it away and bring it back.
 #[derive(Debug)]
 pub struct RedisServer {
-    process: RedisProcess,
-    // Dropped after the process (fields drop in order), so the log stays until the end.
-    _dir: tempfile::TempDir,
+    server: ratelimit_runtime::testing::RedisServer,
 }
 
 impl RedisServer {
@@ -368,35 +198,23 @@ impl RedisServer {
         Self::try_start_with(&[])
     }
 
-    /// Starts a server with extra arguments; `Err` says why not. A port taken between picking
-    /// it and binding it (by a test running in parallel) is retried with another one.
+    /// Starts a server with extra arguments (the engine printed first, once); `Err` says why
+    /// not.
     pub fn try_start_with(extra: &[&str]) -> Result<Self, String> {
-        let dir = tempfile::Builder::new()
-            .prefix("ratelimit-redis-")
-            .tempdir()
-            .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
-        let mut errors = String::new();
-        for _ in 0..5 {
-            let port = free_port().map_err(|e| format!("no free port: {e}"))?;
-            match RedisProcess::spawn(port, dir.path(), extra) {
-                Ok(process) => return Ok(Self { process, _dir: dir }),
-                Err(e) if e == INSTALL_HINT => return Err(e),
-                Err(e) => {
-                    let _ = writeln!(errors, "{e}");
-                }
-            }
-        }
-        Err(errors)
+        try_engine()?;
+        let server = ratelimit_runtime::testing::RedisServer::start_with(extra)
+            .map_err(|e| e.to_string())?;
+        Ok(Self { server })
     }
 
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        self.process.url()
+        self.server.url()
     }
 
     /// The port.
     pub fn port(&self) -> u16 {
-        self.process.port()
+        self.server.port()
     }
 
     /// A client for this server.
@@ -433,13 +251,13 @@ impl RedisServer {
 
     /// Kills the server (SIGKILL): connections drop, all data is lost.
     pub fn kill(&mut self) {
-        self.process.kill();
+        self.server.kill();
     }
 
     /// Starts the server again on the same port (empty, and with an empty script cache).
     pub fn restart(&mut self) {
-        self.process.kill();
-        self.process.start().unwrap_or_else(|e| panic!("{e}"));
+        self.server.kill();
+        self.server.restart().unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Makes the server hold every client command for `d` (`CLIENT PAUSE <ms> ALL`), to test
@@ -458,6 +276,6 @@ impl RedisServer {
 
     /// The server's log so far (its last `lines` lines).
     pub fn log_tail(&self, lines: usize) -> String {
-        tail(&self.process.log_path(), lines)
+        self.server.log_tail(lines)
     }
 }

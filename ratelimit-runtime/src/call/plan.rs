@@ -326,6 +326,33 @@ impl Plan {
         let holds = self.limits.iter().any(Limit::holds_slot);
         let receipts = self.filtered > 0 || holds || self.settled.iter().any(Option::is_some);
         let call_id = receipts.then(crate::store::new_call_id);
+        if call_id.is_none() || limiter.store_is_local() {
+            // Nothing to release, or a store that decides within one poll.
+            return self.take(limiter, call_id).await;
+        }
+        // A remote take with receipts runs on a task of its own: a caller dropped while the
+        // take is in flight (a client that hung up) leaves the task to finish it, and the
+        // `Taken` nobody claims releases what it got (a concurrency slot held for the whole
+        // lease otherwise). The release follows the take's answer, so it never runs before
+        // the take, and it runs once: the caller never got that `Taken`.
+        let owner = limiter.clone();
+        limiter
+            .run_detached(async move { self.take(&owner, call_id).await })
+            .await
+            .unwrap_or_else(|| {
+                Err(crate::error::StoreError::connection(
+                    "the runtime shut down while the check was in flight",
+                ))
+            })
+    }
+
+    /// Takes (with receipts under `call_id`, when given) and keeps what an admitted take must
+    /// release.
+    async fn take(
+        self,
+        limiter: &RateLimiter,
+        call_id: Option<String>,
+    ) -> Result<(Verdict, Taken), crate::error::StoreError> {
         let verdict = limiter
             .decide_as(&self.limits, &self.keys, call_id.as_deref())
             .await?;

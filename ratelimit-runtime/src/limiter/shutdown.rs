@@ -94,6 +94,36 @@ impl RateLimiter {
         })
     }
 
+    /// Runs `fut` to the end on a task of its own, even when the caller's future is dropped
+    /// first: a result nobody awaits any more is dropped on that task, while shutdown still
+    /// counts it as a background call (so a drop that releases something, as a call's receipts
+    /// do, is waited for). Outside a Tokio runtime it runs in place.
+    ///
+    /// `None` when the task was cancelled (its runtime shut down). A panic in `fut` resumes in
+    /// the caller.
+    pub(crate) async fn run_detached<F>(&self, fut: F) -> Option<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Some(fut.await);
+        };
+        let tracked = self.track();
+        // A tuple drops its fields in order: an unclaimed output before the guard.
+        let task = runtime.spawn(async move { (fut.await, tracked) });
+        match task.await {
+            Ok((output, _tracked)) => Some(output),
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            Err(_) => None,
+        }
+    }
+
+    /// Whether the limiter's store keeps its state in this process ([`crate::Store::is_local`]).
+    pub(crate) fn store_is_local(&self) -> bool {
+        self.inner.store.is_local()
+    }
+
     /// Whether [`RateLimiter::shutdown`] was called on this limiter (or a clone of it).
     pub fn is_shut_down(&self) -> bool {
         self.inner.background.closed.load(Ordering::Acquire)

@@ -14,6 +14,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ratelimit_runtime::{
@@ -539,8 +540,8 @@ async fn one_running(running: Arc<Notify>, gate: Arc<Notify>) -> Result<(), Rate
 
 /// On Redis a cancelled call's slot goes back in a task of its own; `shutdown` returns only
 /// once that release is done: the slot reads free right after, every time. (The call is
-/// cancelled in its body: one cancelled while its take is in flight leaves the slot to its
-/// lease, as the algorithms chapter says.)
+/// cancelled in its body; [`a_call_cancelled_mid_take_leaves_no_slot_taken_redis`] cancels it
+/// during its take.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_waits_for_a_cancelled_call_s_release_redis() {
     let server = RedisServer::start();
@@ -567,4 +568,53 @@ async fn shutdown_waits_for_a_cancelled_call_s_release_redis() {
             .expect("the release finishes within 10 s");
         assert_eq!(free_slots(&limiter, ONE).await, 1, "round {round}");
     }
+}
+
+/// [`one_until`]'s limit (the same scope and policy: the same slot), on a body that holds the
+/// slot until the call is dropped.
+#[rate_limit(algo = "concurrency", num = 1, time = 60, scope = "conc_retry")]
+async fn one_forever() -> Result<(), RateLimitError> {
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// A call dropped at any point of its take (after its first poll, the take sent but its answer
+/// not read; or after a timeout of a few microseconds, anywhere in the round trip) never keeps
+/// its slot: once `shutdown` has drained the limiter's background calls, the slot reads free and
+/// a fresh call is admitted at once. Otherwise a client that hangs up at the right moment holds
+/// the slots of a concurrency limit for its whole lease, locking innocent callers out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cancelled_mid_take_leaves_no_slot_taken_redis() {
+    let server = RedisServer::start();
+    let limiter = redis(&server).await;
+    for round in 0_u64..300 {
+        let mut call = Box::pin(limiter.clone().scope(one_forever()));
+        if round % 2 == 0 {
+            // One poll: the take is on its way to Redis, the call dropped before its answer.
+            let polled = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+            assert!(polled.is_pending(), "round {round}: {polled:?}");
+            drop(call);
+        } else {
+            // Dropped after a few microseconds: before, during or after the round trip.
+            let within = Duration::from_micros(round * 37 % 1500);
+            let timed = tokio::time::timeout(within, call).await;
+            assert!(timed.is_err(), "round {round}: the body never ends");
+        }
+        limiter
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("the background calls finish within 10 s");
+        assert_eq!(
+            free_slots(&limiter, ONE).await,
+            1,
+            "round {round}: the cancelled call's slot is free"
+        );
+    }
+    let gate = Arc::new(Notify::new());
+    gate.notify_one();
+    limiter
+        .clone()
+        .scope(one_until(gate, false))
+        .await
+        .expect("a fresh call is admitted at once");
 }

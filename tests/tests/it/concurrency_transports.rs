@@ -210,3 +210,71 @@ async fn an_axum_handler_and_the_layer_hold_two_slots_memory() {
 async fn an_axum_handler_and_the_layer_hold_two_slots_redis() {
     axum_and_layer(Backend::redis()).await;
 }
+
+/// The Tower layer's side of `concurrency::a_call_cancelled_mid_take_leaves_no_slot_taken_redis`:
+/// a request dropped at any point of its take (after one poll, or after a timeout of a few
+/// microseconds) leaves no slot of the layer's one taken once `shutdown` has drained the
+/// limiter's background calls: the next request is admitted (its body runs), never a 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cancelled_mid_take_leaves_no_slot_taken_layer_redis() {
+    use std::task::Poll;
+
+    use axum::body::Body;
+    use ratelimit_runtime::{Algorithm, RateLimitLayer};
+    use tower::{Layer as _, ServiceExt as _};
+
+    let backend = Backend::redis();
+    let limiter = backend.limiter(&[]).await;
+    let layer = RateLimitLayer::builder()
+        .scope("conc_layer_cancelled")
+        .algorithm(Algorithm::Concurrency)
+        .num(1)
+        .period(Duration::from_secs(60))
+        .by("global")
+        .limiter(limiter.clone())
+        .build()
+        .expect("layer");
+    // A body that says it runs, then holds the slot until the request is dropped.
+    let (ran, mut running) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let service = layer.layer(tower::service_fn(move |_: axum::http::Request<Body>| {
+        let ran = ran.clone();
+        async move {
+            let _ = ran.send(());
+            std::future::pending::<()>().await;
+            Ok::<_, std::convert::Infallible>(axum::http::Response::new(Body::empty()))
+        }
+    }));
+    let request = || axum::http::Request::new(Body::empty());
+    for round in 0_u64..300 {
+        let mut call = Box::pin(service.clone().oneshot(request()));
+        if round % 2 == 0 {
+            let polled = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+            assert!(polled.is_pending(), "round {round}");
+            drop(call);
+        } else {
+            let within = Duration::from_micros(round * 37 % 1500);
+            assert!(
+                tokio::time::timeout(within, call).await.is_err(),
+                "round {round}"
+            );
+        }
+        limiter
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("the background calls finish within 10 s");
+        while running.try_recv().is_ok() {} // the cancelled request's body, if it ran
+        // The next request takes the slot and runs its body, or is refused (a 429).
+        let next = service.clone().oneshot(request());
+        tokio::select! {
+            _ = running.recv() => {}
+            answer = next => panic!(
+                "round {round}: the cancelled request's slot is still taken: {}",
+                answer.expect("infallible").status()
+            ),
+        }
+        limiter
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("the next request's release finishes within 10 s");
+    }
+}

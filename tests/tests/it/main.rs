@@ -17,6 +17,7 @@ pub mod conformance;
 pub mod dynamic_http;
 pub mod dynamic_plain;
 pub mod engines;
+pub mod example_servers;
 pub mod failover;
 pub mod failure;
 pub mod grpc;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ratelimit_runtime::{
     Algorithm, Check, ConfigError, Policy, RedisStore, Store, StoreError, Verdict, key,
 };
-use ratelimit_tests::redis_server::{self, RedisProcess, RedisServer, free_port};
+use ratelimit_tests::redis_server::{self, RedisServer, free_port};
 use ratelimit_tests::suite::{self, Harness};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
@@ -783,7 +783,8 @@ async fn bad_urls_and_unreachable_servers_are_clear_errors() {
         "{err:?}"
     );
     let dir = tempfile::tempdir().unwrap();
-    let _server = RedisProcess::spawn(port, dir.path(), &[]).unwrap_or_else(|e| panic!("{e}"));
+    let _server = ratelimit_runtime::testing::RedisServer::start_on(port, dir.path(), &[])
+        .unwrap_or_else(|e| panic!("{e}"));
     let v = check(&lazy, &[(&key, &p)]).await;
     assert!(
         v.is_admitted(),
