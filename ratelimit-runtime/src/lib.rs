@@ -219,7 +219,9 @@
 //!   ([`observe`]);
 //! * `client` — [`client::PartnerLayer`], a Tower layer for outgoing requests to a
 //!   rate-limited partner: one budget for the fleet, paced by the partner's answers;
-//! * `reqwest` — the same as a `reqwest-middleware` middleware ([`client::PartnerMiddleware`]).
+//! * `reqwest` — the same as a `reqwest-middleware` middleware ([`client::PartnerMiddleware`]);
+//! * `testing` — [`testing::RedisServer`], a private `redis-server` on a free port for
+//!   integration tests of your own limits (see [the testing chapter](guide::testing)).
 //!
 //! # The guide
 //!
@@ -230,7 +232,8 @@
 //! caller](guide::quotas) (plans, overrides, costs, counting failures),
 //! [algorithms](guide::algorithms), [stores](guide::stores) (Redis, Cluster, engines, failures,
 //! a Redis for limits), [operations](guide::operations) (shadow mode, exemptions, admin
-//! calls, metrics and logs, the example servers) and [calling rate-limited
+//! calls, metrics and logs, the example servers), [testing your limits](guide::testing)
+//! (handlers answered in process on paused time, a real Redis) and [calling rate-limited
 //! APIs](guide::partners) (a partner's budget for the fleet, paced by its answers).
 //!
 //! # Where things are
