@@ -12,7 +12,7 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::answer::{Advice, Answer, Budget, IetfFields, ReadAnswer, RetryAfter};
+use super::answer::{Advice, Answer, Budget, IetfFields, ReadAnswer, Remaining, RetryAfter};
 use crate::call::plan::{Count, Dynamic, Input, Outcome, QuotaFrom, cost_of};
 use crate::call::{Admitted, Call, prepare, wait};
 use crate::caller::Caller;
@@ -28,6 +28,10 @@ use crate::policy::Policy;
 type Estimate = Arc<dyn Fn(&http::request::Parts) -> u64 + Send + Sync>;
 /// Reads the tokens a response says were used.
 type Usage = Arc<dyn Fn(&http::response::Parts) -> Option<u64> + Send + Sync>;
+
+/// The unit a budget may be refilling when it is read: counted in flight (see
+/// [`Partner::lesson`]).
+const REFILLING: u64 = 1;
 
 /// The key template of each budget's limit, so the two limits of one scope never share a key.
 const fn template(budget: Budget) -> &'static str {
@@ -423,9 +427,9 @@ impl Partner {
             .collect()
     }
 
-    /// Reads the partner's answer and tells the store: a pause defers every budget; a spent
-    /// budget with a reset is deferred until then; one with units left is lowered to them
-    /// (skipped when this request's admission already left no more than that).
+    /// Reads the partner's answer and tells the store: a pause defers every budget; a budget
+    /// with units left is brought down to what the partner will still admit
+    /// ([`Partner::lesson`]).
     async fn learn(
         &self,
         limiter: &RateLimiter,
@@ -446,19 +450,55 @@ impl Partner {
             let limit = &self.limits[i..=i];
             let target = Target::global().key(template(*budget));
             let least = advice.least(*budget);
-            // A spent budget waits for its reset; a pause for every budget, the longer one.
-            let spent = least.filter(|r| r.left == 0).and_then(|r| r.reset);
-            let lesson = match (advice.pause.max(spent), least) {
-                (Some(pause), _) if !pause.is_zero() => limiter.defer(limit, &target, pause).await,
-                (_, Some(r)) if known[i].is_none_or(|has| has > r.left) => {
-                    limiter.lower(limit, &target, r.left).await
-                }
-                _ => Ok(()),
-            };
+            let lesson = self
+                .lesson(limiter, limit, &target, advice.pause, least, known[i])
+                .await;
             if let Err(error) = lesson {
                 tracing::warn!(target: crate::observe::log::CLIENT, %error,
                     scope = limit[0].scope, "a partner's answer could not be recorded in the store");
             }
+        }
+    }
+
+    /// One budget's lesson. The partner's `left` counts the requests it had received; the
+    /// calls the fleet admitted since this one (`known`, what the budget had left once this
+    /// call was admitted, less what it has now) are on their way and take from it too, and so
+    /// does the unit the budget is refilling (read as whole units, it may be a moment from
+    /// admitting one more before the next answer is learnt). What the partner will still
+    /// admit is `left` less those: none, and the budget is deferred until the partner's reset
+    /// (or the pause, the longer); some, and the budget is lowered to them. Without `known`
+    /// (a settled budget) nothing is counted in flight.
+    async fn lesson(
+        &self,
+        limiter: &RateLimiter,
+        limit: &[Limit],
+        target: &Target,
+        pause: Option<Duration>,
+        least: Option<Remaining>,
+        known: Option<u64>,
+    ) -> Result<(), crate::error::StoreError> {
+        // A partner with more left than the budget had, counting the unit refilling, has
+        // nothing to teach (and costs no round trip).
+        let news = |r: &Remaining| known.is_none_or(|k| r.left <= k.saturating_add(REFILLING));
+        let Some(partner) = least.filter(news) else {
+            return match pause {
+                Some(pause) => limiter.defer(limit, target, pause).await,
+                None => Ok(()),
+            };
+        };
+        let in_flight = match known {
+            Some(known) => {
+                let now = limiter.peek(limit, target).await?;
+                let has = now.decisions().first().map_or(0, |d| d.remaining);
+                known.saturating_sub(has).saturating_add(REFILLING)
+            }
+            None => 0,
+        };
+        let left = partner.left.saturating_sub(in_flight);
+        let spent = partner.reset.filter(|_| left == 0);
+        match pause.max(spent).filter(|p| !p.is_zero()) {
+            Some(pause) => limiter.defer(limit, target, pause).await,
+            None => limiter.lower(limit, target, left).await,
         }
     }
 }
