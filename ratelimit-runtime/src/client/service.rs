@@ -461,13 +461,15 @@ impl Partner {
     }
 
     /// One budget's lesson. The partner's `left` counts the requests it had received; the
-    /// calls the fleet admitted since this one (`known`, what the budget had left once this
-    /// call was admitted, less what it has now) are on their way and take from it too, and so
+    /// calls the fleet admitted since this one are on their way and take from it too, and so
     /// does the unit the budget is refilling (read as whole units, it may be a moment from
-    /// admitting one more before the next answer is learnt). What the partner will still
-    /// admit is `left` less those: none, and the budget is deferred until the partner's reset
-    /// (or the pause, the longer); some, and the budget is lowered to them. Without `known`
-    /// (a settled budget) nothing is counted in flight.
+    /// admitting one more before the next answer is learnt). The calls in flight are what the
+    /// budget lost since this call was admitted (`known`, less what it has now): a lowering
+    /// by another answer in between counts as calls too, so the count errs towards fewer
+    /// calls, never more. What the partner will still admit is `left` less those: none, and
+    /// the budget is deferred until the partner's reset (or the pause, the longer); some, and
+    /// the budget is lowered to them. Without `known` (a settled budget) nothing is counted in
+    /// flight.
     async fn lesson(
         &self,
         limiter: &RateLimiter,
@@ -500,5 +502,113 @@ impl Partner {
             Some(pause) => limiter.defer(limit, target, pause).await,
             None => limiter.lower(limit, target, left).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::store::{MemoryStore, TokioClock};
+
+    /// A layer at 20 a second on a memory store whose clock is tokio's (paused in the tests).
+    async fn layer() -> (RateLimiter, PartnerLayer) {
+        let store = MemoryStore::with_clock(TokioClock::default());
+        let limiter = RateLimiter::builder().store(store).build().await.unwrap();
+        let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
+        let layer = PartnerLayer::builder("partner")
+            .requests(policy)
+            .wait(Duration::ZERO)
+            .max_pause(Duration::from_secs(5))
+            .limiter(limiter.clone())
+            .build()
+            .unwrap();
+        (limiter, layer)
+    }
+
+    fn request() -> http::request::Parts {
+        http::Request::new(()).into_parts().0
+    }
+
+    /// A 200 whose `RateLimit` field says `left` with a reset of `reset` seconds.
+    fn says(left: u64, reset: u64) -> http::response::Parts {
+        let field = format!("\"default\";r={left};t={reset}");
+        let response = http::Response::builder().header("ratelimit", field);
+        response.body(()).unwrap().into_parts().0
+    }
+
+    async fn budget(limiter: &RateLimiter, layer: &PartnerLayer) -> crate::decision::Verdict {
+        let target = Target::global().key("requests");
+        limiter.peek(&layer.partner.limits, &target).await.unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_calls_in_flight_take_from_what_the_partner_says_is_left() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        let mut sent = Vec::new();
+        for _ in 0..3 {
+            sent.push(partner.admit(&limiter, &request()).await.unwrap());
+        }
+        // The first call's answer: 6 left; two calls in flight and the unit refilling take 3.
+        partner
+            .answered(&limiter, sent.remove(0), &says(6, 1))
+            .await;
+        assert_eq!(budget(&limiter, &layer).await.decisions()[0].remaining, 3);
+        // The second's: 3 left, but the budget lost 15 since that call was admitted (a call
+        // and the lowering): counted in flight, nothing is left for the partner, and the
+        // budget waits for its reset instead of refilling past it.
+        partner
+            .answered(&limiter, sent.remove(0), &says(3, 1))
+            .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = budget(&limiter, &layer).await;
+        assert!(!now.is_admitted(), "{now:?}");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(budget(&limiter, &layer).await.is_admitted());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_partners_last_unit_is_not_refilled_past() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        // One left and nothing in flight: the unit the budget may be refilling is counted, so
+        // the budget waits for the partner's reset.
+        partner.answered(&limiter, sent, &says(1, 1)).await;
+        assert!(!budget(&limiter, &layer).await.is_admitted());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spent_budget_that_reads_empty_still_waits_for_the_partners_reset() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        let mut last = None;
+        for _ in 0..20 {
+            last = Some(partner.admit(&limiter, &request()).await.unwrap());
+        }
+        // The budget had nothing left either: still, the partner's 0 holds until its reset,
+        // past the budget's own refill (one unit every 50 ms).
+        partner.answered(&limiter, last.unwrap(), &says(0, 2)).await;
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert!(!budget(&limiter, &layer).await.is_admitted());
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(budget(&limiter, &layer).await.is_admitted());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_partner_with_more_left_than_the_budget_neither_raises_nor_pauses_it() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner.answered(&limiter, sent, &says(1_000, 3600)).await;
+        assert_eq!(budget(&limiter, &layer).await.decisions()[0].remaining, 19);
+        // A ten-year reset with nothing left pauses no longer than `max_pause` (5 s).
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner
+            .answered(&limiter, sent, &says(0, 315_360_000))
+            .await;
+        tokio::time::sleep(Duration::from_millis(5_100)).await;
+        assert!(budget(&limiter, &layer).await.is_admitted());
     }
 }
