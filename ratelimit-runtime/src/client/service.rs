@@ -542,6 +542,15 @@ mod tests {
         limiter.peek(&layer.partner.limits, &target).await.unwrap()
     }
 
+    /// The budget refuses until `reset` (still 100 ms before it), and admits after it.
+    async fn deferred_until(limiter: &RateLimiter, layer: &PartnerLayer, reset: Duration) {
+        tokio::time::sleep(reset - Duration::from_millis(100)).await;
+        let now = budget(limiter, layer).await;
+        assert!(!now.is_admitted(), "{now:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(budget(limiter, layer).await.is_admitted());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_calls_in_flight_take_from_what_the_partner_says_is_left() {
         let (limiter, layer) = layer().await;
@@ -561,11 +570,7 @@ mod tests {
         partner
             .answered(&limiter, sent.remove(0), &says(3, 1))
             .await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = budget(&limiter, &layer).await;
-        assert!(!now.is_admitted(), "{now:?}");
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        assert!(budget(&limiter, &layer).await.is_admitted());
+        deferred_until(&limiter, &layer, Duration::from_secs(1)).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -590,10 +595,7 @@ mod tests {
         // The budget had nothing left either: still, the partner's 0 holds until its reset,
         // past the budget's own refill (one unit every 50 ms).
         partner.answered(&limiter, last.unwrap(), &says(0, 2)).await;
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-        assert!(!budget(&limiter, &layer).await.is_admitted());
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        assert!(budget(&limiter, &layer).await.is_admitted());
+        deferred_until(&limiter, &layer, Duration::from_secs(2)).await;
     }
 
     #[tokio::test(start_paused = true)]
