@@ -544,7 +544,7 @@ mod tests {
 
     /// The budget refuses until `reset` (still 100 ms before it), and admits after it.
     async fn deferred_until(limiter: &RateLimiter, layer: &PartnerLayer, reset: Duration) {
-        tokio::time::sleep(reset - Duration::from_millis(100)).await;
+        tokio::time::sleep(reset.saturating_sub(Duration::from_millis(100))).await;
         let now = budget(limiter, layer).await;
         assert!(!now.is_admitted(), "{now:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
