@@ -25,9 +25,9 @@
 //!     rest are refused with the partner's time);
 //!   - what the partner will still admit is what it says is left (`r=3`, `remaining: 3`)
 //!     less the calls in flight: those the fleet admitted after this one (what the budget
-//!     lost since this call was admitted; a lowering by another answer in between counts
-//!     too, so the count errs towards fewer calls) and the unit the budget may be refilling
-//!     before the next answer is learnt;
+//!     lost since this call was admitted, less what this process's lessons took meanwhile; a
+//!     lowering by another process counts too, so the count errs towards fewer calls) and
+//!     the unit the budget may be refilling before the next answer is learnt;
 //!   - a budget with nothing left for the partner is deferred until the partner's reset, so
 //!     no call is sent past the partner's window;
 //!   - a budget with units left becomes [`RateLimiter::lower`]: the shared budget is brought

@@ -5,6 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -216,6 +217,7 @@ impl PartnerLayerBuilder {
             readers = vec![Box::new(RetryAfter), Box::new(IetfFields::new())];
         }
         let templates = budgets.iter().map(|b| Some(template(*b))).collect();
+        let limits_len = limits.len();
         Ok(PartnerLayer {
             partner: Arc::new(Partner {
                 limiter: self.limiter,
@@ -229,6 +231,7 @@ impl PartnerLayerBuilder {
                 wait: self.wait,
                 max_pause: self.max_pause,
                 learn: self.learn,
+                lowered: (0..limits_len).map(|_| AtomicU64::new(0)).collect(),
             }),
         })
     }
@@ -238,7 +241,15 @@ impl PartnerLayerBuilder {
 /// once it was admitted.
 pub(super) struct Sent<'l> {
     call: Admitted<'l>,
-    known: Vec<Option<u64>>,
+    known: Vec<Option<Known>>,
+}
+
+/// What an unsettled budget had left once a call was admitted, and how many units this
+/// process's lessons had taken from it by then.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    left: u64,
+    lowered: u64,
 }
 
 /// What a [`PartnerLayer`] holds.
@@ -256,6 +267,8 @@ pub(super) struct Partner {
     wait: Duration,
     max_pause: Duration,
     learn: bool,
+    /// The units this process's lessons took from each budget, by position.
+    lowered: Box<[AtomicU64]>,
 }
 
 /// Why a [`PartnerService`] call failed: the budget (or the store) refused it before it was
@@ -384,7 +397,10 @@ impl Partner {
             .map(|i| {
                 let settled = self.budgets[i] == Budget::Tokens && self.estimate.is_some();
                 let decision = admitted.verdict().decisions().get(i);
-                decision.filter(|_| !settled).map(|d| d.remaining)
+                decision.filter(|_| !settled).map(|d| Known {
+                    left: d.remaining,
+                    lowered: self.lowered[i].load(Ordering::Relaxed),
+                })
             })
             .collect();
         Ok(Sent {
@@ -434,7 +450,7 @@ impl Partner {
         &self,
         limiter: &RateLimiter,
         head: &http::response::Parts,
-        known: &[Option<u64>],
+        known: &[Option<Known>],
     ) {
         let answer = Answer {
             status: head.status,
@@ -451,7 +467,7 @@ impl Partner {
             let target = Target::global().key(template(*budget));
             let least = advice.least(*budget);
             let lesson = self
-                .lesson(limiter, limit, &target, advice.pause, least, known[i])
+                .lesson(limiter, i, &target, advice.pause, least, known[i])
                 .await;
             if let Err(error) = lesson {
                 tracing::warn!(target: crate::observe::log::CLIENT, %error,
@@ -464,24 +480,25 @@ impl Partner {
     /// calls the fleet admitted since this one are on their way and take from it too, and so
     /// does the unit the budget is refilling (read as whole units, it may be a moment from
     /// admitting one more before the next answer is learnt). The calls in flight are what the
-    /// budget lost since this call was admitted (`known`, less what it has now): a lowering
-    /// by another answer in between counts as calls too, so the count errs towards fewer
-    /// calls, never more. What the partner will still admit is `left` less those: none, and
+    /// budget lost since this call was admitted (`known`, less what it has now), less what
+    /// this process's lessons took from it meanwhile: a lowering by another process in
+    /// between counts as calls too, so the count errs towards fewer calls, never more. What the partner will still admit is `left` less those: none, and
     /// the budget is deferred until the partner's reset (or the pause, the longer); some, and
     /// the budget is lowered to them. Without `known` (a settled budget) nothing is counted in
     /// flight.
     async fn lesson(
         &self,
         limiter: &RateLimiter,
-        limit: &[Limit],
+        i: usize,
         target: &Target,
         pause: Option<Duration>,
         least: Option<Remaining>,
-        known: Option<u64>,
+        known: Option<Known>,
     ) -> Result<(), crate::error::StoreError> {
+        let limit = &self.limits[i..=i];
         // A partner with more left than the budget had, counting the unit refilling, has
         // nothing to teach (and costs no round trip).
-        let news = |r: &Remaining| known.is_none_or(|k| r.left <= k.saturating_add(REFILLING));
+        let news = |r: &Remaining| known.is_none_or(|k| r.left <= k.left.saturating_add(REFILLING));
         let Some(partner) = least.filter(news) else {
             return match pause {
                 Some(pause) => limiter.defer(limit, target, pause).await,
@@ -492,16 +509,22 @@ impl Partner {
             Some(known) => {
                 let now = limiter.peek(limit, target).await?;
                 let has = now.decisions().first().map_or(0, |d| d.remaining);
-                known.saturating_sub(has).saturating_add(REFILLING)
+                let lowered = self.lowered[i]
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(known.lowered);
+                let lost = known.left.saturating_sub(has);
+                lost.saturating_sub(lowered).saturating_add(REFILLING)
             }
             None => 0,
         };
         let left = partner.left.saturating_sub(in_flight);
         let spent = partner.reset.filter(|_| left == 0);
-        match pause.max(spent).filter(|p| !p.is_zero()) {
-            Some(pause) => limiter.defer(limit, target, pause).await,
-            None => limiter.lower(limit, target, left).await,
+        if let Some(pause) = pause.max(spent).filter(|p| !p.is_zero()) {
+            return limiter.defer(limit, target, pause).await;
         }
+        let took = limiter.lower_taking(limit, target, left).await?;
+        self.lowered[i].fetch_add(took, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -564,11 +587,16 @@ mod tests {
             .answered(&limiter, sent.remove(0), &says(6, 1))
             .await;
         assert_eq!(budget(&limiter, &layer).await.decisions()[0].remaining, 3);
-        // The second's: 3 left, but the budget lost 15 since that call was admitted (a call
-        // and the lowering): counted in flight, nothing is left for the partner, and the
-        // budget waits for its reset instead of refilling past it.
+        // The second's: 3 left; the budget lost 15 since, 14 of them to the first lesson: one
+        // call in flight and the unit refilling leave 1.
         partner
             .answered(&limiter, sent.remove(0), &says(3, 1))
+            .await;
+        assert_eq!(budget(&limiter, &layer).await.decisions()[0].remaining, 1);
+        // The third's: 1 left, nothing in flight but the unit refilling: none for the partner,
+        // so the budget waits for its reset instead of refilling past it.
+        partner
+            .answered(&limiter, sent.remove(0), &says(1, 1))
             .await;
         deferred_until(&limiter, &layer, Duration::from_secs(1)).await;
     }
