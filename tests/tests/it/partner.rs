@@ -6,7 +6,7 @@
 //! `calls` calls and retrying the 429s it gets. The run with learning and the run without go
 //! at the same time against two partners, and their figures are printed side by side.
 //!
-//! One run is at the issue's scale (`ISSUE`: 10 a second, 800 calls, ~90 s): with learning,
+//! One run is at the issue's scale (`ISSUE`: 10 a second, 800 calls, ~100 s): with learning,
 //! every call completes, the partner receives at most its quota plus one round of in-flight
 //! calls in every second, and no 429 arrives past the first pause (`FIRST_PAUSE` after the
 //! first 429: the calls in flight when the partner's budget first ran out); without, the 429s
@@ -40,7 +40,7 @@ struct Scale {
     calls: usize,
 }
 
-/// The issue's partner: 10 a second, the fleet told 20, 200 calls a process (~80 s a run).
+/// The issue's partner: 10 a second, the fleet told 20, 200 calls a process (~100 s a run).
 const ISSUE: Scale = Scale {
     partner_per_second: 10,
     configured_per_second: 20,
