@@ -23,11 +23,16 @@
 //!   - a pause (a 429 or 503 with `Retry-After`) becomes [`RateLimiter::defer`]: every budget
 //!     of the partner is unavailable until then, for every process (waiting callers wait; the
 //!     rest are refused with the partner's time);
-//!   - a budget the partner says is spent (`r=0`, `remaining: 0`) with a reset is deferred
-//!     until the reset;
+//!   - what the partner will still admit is what it says is left (`r=3`, `remaining: 3`)
+//!     less the calls in flight: those the fleet admitted after this one (what the budget
+//!     lost since this call was admitted, less what this process's lessons took meanwhile; a
+//!     lowering by another process counts too, so the count errs towards fewer calls) and
+//!     the unit the budget may be refilling before the next answer is learnt;
+//!   - a budget with nothing left for the partner is deferred until the partner's reset, so
+//!     no call is sent past the partner's window;
 //!   - a budget with units left becomes [`RateLimiter::lower`]: the shared budget is brought
-//!     down to what the partner says is left, by taking the difference; never up, so the
-//!     configured quota stays the most the fleet ever sends.
+//!     down to them, by taking the difference; never up, so the configured quota stays the
+//!     most the fleet ever sends.
 //!
 //!   Then the tokens budget is settled to what the response says was used (a closure over
 //!   the response's head, [`PartnerLayerBuilder::tokens`]).
@@ -42,7 +47,7 @@
 //! **Stores.** The pause is the admin [`RateLimiter::block`] (one key per limit, hash-tagged
 //! as every key is), the lowering a take through the store: on memory for one process, on
 //! Redis and Redis Cluster for the fleet. Learning costs a round trip or two only when the
-//! answer says something new (a pause, or less left than the budget has).
+//! answer says something new (a pause, or no more left than the budget had).
 //!
 //! **Without the layer**: a function under `#[rate_limit(…, wait = "…")]` that calls a
 //! partner reports a 429 it saw with [`RateLimiter::defer`] (and what is left with

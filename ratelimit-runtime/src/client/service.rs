@@ -5,6 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -12,7 +13,7 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::answer::{Advice, Answer, Budget, IetfFields, ReadAnswer, RetryAfter};
+use super::answer::{Advice, Answer, Budget, IetfFields, ReadAnswer, Remaining, RetryAfter};
 use crate::call::plan::{Count, Dynamic, Input, Outcome, QuotaFrom, cost_of};
 use crate::call::{Admitted, Call, prepare, wait};
 use crate::caller::Caller;
@@ -28,6 +29,10 @@ use crate::policy::Policy;
 type Estimate = Arc<dyn Fn(&http::request::Parts) -> u64 + Send + Sync>;
 /// Reads the tokens a response says were used.
 type Usage = Arc<dyn Fn(&http::response::Parts) -> Option<u64> + Send + Sync>;
+
+/// The unit a budget may be refilling when it is read: counted in flight (see
+/// [`Partner::lesson`]).
+const REFILLING: u64 = 1;
 
 /// The key template of each budget's limit, so the two limits of one scope never share a key.
 const fn template(budget: Budget) -> &'static str {
@@ -212,6 +217,7 @@ impl PartnerLayerBuilder {
             readers = vec![Box::new(RetryAfter), Box::new(IetfFields::new())];
         }
         let templates = budgets.iter().map(|b| Some(template(*b))).collect();
+        let limits_len = limits.len();
         Ok(PartnerLayer {
             partner: Arc::new(Partner {
                 limiter: self.limiter,
@@ -225,6 +231,7 @@ impl PartnerLayerBuilder {
                 wait: self.wait,
                 max_pause: self.max_pause,
                 learn: self.learn,
+                lowered: (0..limits_len).map(|_| AtomicU64::new(0)).collect(),
             }),
         })
     }
@@ -234,7 +241,15 @@ impl PartnerLayerBuilder {
 /// once it was admitted.
 pub(super) struct Sent<'l> {
     call: Admitted<'l>,
-    known: Vec<Option<u64>>,
+    known: Vec<Option<Known>>,
+}
+
+/// What an unsettled budget had left once a call was admitted, and how many units this
+/// process's lessons had taken from it by then.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    left: u64,
+    lowered: u64,
 }
 
 /// What a [`PartnerLayer`] holds.
@@ -252,6 +267,8 @@ pub(super) struct Partner {
     wait: Duration,
     max_pause: Duration,
     learn: bool,
+    /// The units this process's lessons took from each budget, by position.
+    lowered: Box<[AtomicU64]>,
 }
 
 /// Why a [`PartnerService`] call failed: the budget (or the store) refused it before it was
@@ -380,7 +397,10 @@ impl Partner {
             .map(|i| {
                 let settled = self.budgets[i] == Budget::Tokens && self.estimate.is_some();
                 let decision = admitted.verdict().decisions().get(i);
-                decision.filter(|_| !settled).map(|d| d.remaining)
+                decision.filter(|_| !settled).map(|d| Known {
+                    left: d.remaining,
+                    lowered: self.lowered[i].load(Ordering::Relaxed),
+                })
             })
             .collect();
         Ok(Sent {
@@ -423,14 +443,14 @@ impl Partner {
             .collect()
     }
 
-    /// Reads the partner's answer and tells the store: a pause defers every budget; a spent
-    /// budget with a reset is deferred until then; one with units left is lowered to them
-    /// (skipped when this request's admission already left no more than that).
+    /// Reads the partner's answer and tells the store: a pause defers every budget; a budget
+    /// with units left is brought down to what the partner will still admit
+    /// ([`Partner::lesson`]).
     async fn learn(
         &self,
         limiter: &RateLimiter,
         head: &http::response::Parts,
-        known: &[Option<u64>],
+        known: &[Option<Known>],
     ) {
         let answer = Answer {
             status: head.status,
@@ -446,19 +466,179 @@ impl Partner {
             let limit = &self.limits[i..=i];
             let target = Target::global().key(template(*budget));
             let least = advice.least(*budget);
-            // A spent budget waits for its reset; a pause for every budget, the longer one.
-            let spent = least.filter(|r| r.left == 0).and_then(|r| r.reset);
-            let lesson = match (advice.pause.max(spent), least) {
-                (Some(pause), _) if !pause.is_zero() => limiter.defer(limit, &target, pause).await,
-                (_, Some(r)) if known[i].is_none_or(|has| has > r.left) => {
-                    limiter.lower(limit, &target, r.left).await
-                }
-                _ => Ok(()),
-            };
+            let lesson = self
+                .lesson(limiter, i, &target, advice.pause, least, known[i])
+                .await;
             if let Err(error) = lesson {
                 tracing::warn!(target: crate::observe::log::CLIENT, %error,
                     scope = limit[0].scope, "a partner's answer could not be recorded in the store");
             }
         }
+    }
+
+    /// One budget's lesson. The partner's `left` counts the requests it had received; the
+    /// calls the fleet admitted since this one are on their way and take from it too, and so
+    /// does the unit the budget is refilling (read as whole units, it may be a moment from
+    /// admitting one more before the next answer is learnt). The calls in flight are what the
+    /// budget lost since this call was admitted (`known`, less what it has now), less what
+    /// this process's lessons took from it meanwhile: a lowering by another process in
+    /// between counts as calls too, so the count errs towards fewer calls, never more. What the partner will still admit is `left` less those: none, and
+    /// the budget is deferred until the partner's reset (or the pause, the longer); some, and
+    /// the budget is lowered to them. Without `known` (a settled budget) nothing is counted in
+    /// flight.
+    async fn lesson(
+        &self,
+        limiter: &RateLimiter,
+        i: usize,
+        target: &Target,
+        pause: Option<Duration>,
+        least: Option<Remaining>,
+        known: Option<Known>,
+    ) -> Result<(), crate::error::StoreError> {
+        let limit = &self.limits[i..=i];
+        // A partner with more left than the budget had, counting the unit refilling, has
+        // nothing to teach (and costs no round trip).
+        let news = |r: &Remaining| known.is_none_or(|k| r.left <= k.left.saturating_add(REFILLING));
+        let Some(partner) = least.filter(news) else {
+            return match pause {
+                Some(pause) => limiter.defer(limit, target, pause).await,
+                None => Ok(()),
+            };
+        };
+        let in_flight = match known {
+            Some(known) => {
+                let now = limiter.peek(limit, target).await?;
+                let has = now.decisions().first().map_or(0, |d| d.remaining);
+                let lowered = self.lowered[i]
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(known.lowered);
+                let lost = known.left.saturating_sub(has);
+                lost.saturating_sub(lowered).saturating_add(REFILLING)
+            }
+            None => 0,
+        };
+        let left = partner.left.saturating_sub(in_flight);
+        let spent = partner.reset.filter(|_| left == 0);
+        if let Some(pause) = pause.max(spent).filter(|p| !p.is_zero()) {
+            return limiter.defer(limit, target, pause).await;
+        }
+        let took = limiter.lower_taking(limit, target, left).await?;
+        self.lowered[i].fetch_add(took, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::store::{MemoryStore, TokioClock};
+
+    /// A layer at 20 a second on a memory store whose clock is tokio's (paused in the tests).
+    async fn layer() -> (RateLimiter, PartnerLayer) {
+        let store = MemoryStore::with_clock(TokioClock::default());
+        let limiter = RateLimiter::builder().store(store).build().await.unwrap();
+        let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
+        let layer = PartnerLayer::builder("partner")
+            .requests(policy)
+            .wait(Duration::ZERO)
+            .max_pause(Duration::from_secs(5))
+            .limiter(limiter.clone())
+            .build()
+            .unwrap();
+        (limiter, layer)
+    }
+
+    fn request() -> http::request::Parts {
+        http::Request::new(()).into_parts().0
+    }
+
+    /// A 200 whose `RateLimit` field says `left` with a reset of `reset` seconds.
+    fn says(left: u64, reset: u64) -> http::response::Parts {
+        let field = format!("\"default\";r={left};t={reset}");
+        let response = http::Response::builder().header("ratelimit", field);
+        response.body(()).unwrap().into_parts().0
+    }
+
+    async fn budget(limiter: &RateLimiter, layer: &PartnerLayer) -> crate::decision::Verdict {
+        let target = Target::global().key("requests");
+        limiter.peek(&layer.partner.limits, &target).await.unwrap()
+    }
+
+    /// The budget refuses until `reset` (still 100 ms before it), and admits after it.
+    async fn deferred_until(limiter: &RateLimiter, layer: &PartnerLayer, reset: Duration) {
+        tokio::time::sleep(reset.saturating_sub(Duration::from_millis(100))).await;
+        let now = budget(limiter, layer).await;
+        assert!(!now.is_admitted(), "{now:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(budget(limiter, layer).await.is_admitted());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_calls_in_flight_take_from_what_the_partner_says_is_left() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        let mut sent = Vec::new();
+        for _ in 0..3 {
+            sent.push(partner.admit(&limiter, &request()).await.unwrap());
+        }
+        // The first call's answer: 6 left; two calls in flight and the unit refilling take 3.
+        partner
+            .answered(&limiter, sent.remove(0), &says(6, 1))
+            .await;
+        assert_eq!(budget(&limiter, &layer).await.decisions()[0].remaining, 3);
+        // The second's: 3 left; the budget lost 15 since, 14 of them to the first lesson: one
+        // call in flight and the unit refilling leave 1.
+        partner
+            .answered(&limiter, sent.remove(0), &says(3, 1))
+            .await;
+        assert_eq!(budget(&limiter, &layer).await.decisions()[0].remaining, 1);
+        // The third's: 1 left, nothing in flight but the unit refilling: none for the partner,
+        // so the budget waits for its reset instead of refilling past it.
+        partner
+            .answered(&limiter, sent.remove(0), &says(1, 1))
+            .await;
+        deferred_until(&limiter, &layer, Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_partners_last_unit_is_not_refilled_past() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        // One left and nothing in flight: the unit the budget may be refilling is counted, so
+        // the budget waits for the partner's reset.
+        partner.answered(&limiter, sent, &says(1, 1)).await;
+        assert!(!budget(&limiter, &layer).await.is_admitted());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spent_budget_that_reads_empty_still_waits_for_the_partners_reset() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        let mut last = None;
+        for _ in 0..20 {
+            last = Some(partner.admit(&limiter, &request()).await.unwrap());
+        }
+        // The budget had nothing left either: still, the partner's 0 holds until its reset,
+        // past the budget's own refill (one unit every 50 ms).
+        partner.answered(&limiter, last.unwrap(), &says(0, 2)).await;
+        deferred_until(&limiter, &layer, Duration::from_secs(2)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_partner_with_more_left_than_the_budget_neither_raises_nor_pauses_it() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner.answered(&limiter, sent, &says(1_000, 3600)).await;
+        assert_eq!(budget(&limiter, &layer).await.decisions()[0].remaining, 19);
+        // A ten-year reset with nothing left pauses no longer than `max_pause` (5 s).
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner
+            .answered(&limiter, sent, &says(0, 315_360_000))
+            .await;
+        tokio::time::sleep(Duration::from_millis(5_100)).await;
+        assert!(budget(&limiter, &layer).await.is_admitted());
     }
 }

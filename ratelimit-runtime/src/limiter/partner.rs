@@ -107,27 +107,38 @@ impl RateLimiter {
         target: &Target,
         left: u64,
     ) -> Result<(), StoreError> {
-        let limits = &self.in_force(limits);
-        let keys = target.keys(self, limits)?;
-        for (limit, key) in limits.iter().zip(&keys) {
-            self.lower_one(limit, key, left).await?;
-        }
-        Ok(())
+        self.lower_taking(limits, target, left).await.map(|_| ())
     }
 
-    /// [`RateLimiter::lower`] for one limit under its key.
-    async fn lower_one(&self, limit: &Limit, key: &str, left: u64) -> Result<(), StoreError> {
+    /// [`RateLimiter::lower`], answering the units it took (over all of `limits`).
+    pub(crate) async fn lower_taking(
+        &self,
+        limits: &[Limit],
+        target: &Target,
+        left: u64,
+    ) -> Result<u64, StoreError> {
+        let limits = &self.in_force(limits);
+        let keys = target.keys(self, limits)?;
+        let mut took = 0_u64;
+        for (limit, key) in limits.iter().zip(&keys) {
+            took = took.saturating_add(self.lower_one(limit, key, left).await?);
+        }
+        Ok(took)
+    }
+
+    /// [`RateLimiter::lower`] for one limit under its key: the units taken.
+    async fn lower_one(&self, limit: &Limit, key: &str, left: u64) -> Result<u64, StoreError> {
         for _ in 0..LOWER_TRIES {
             let check = [Check::new(key, &limit.policy)];
             let now = self.admin(self.inner.store.peek(&check)).await?;
             let Some(has) = now.decisions().first().map(|d| d.remaining) else {
-                return Ok(());
+                return Ok(0);
             };
             let Some(excess) = has.checked_sub(left).filter(|e| *e > 0) else {
-                return Ok(());
+                return Ok(0);
             };
             let Ok(policy) = limit.policy.with_cost(excess) else {
-                return Ok(()); // more than a call may take: the limit is not below it anyway
+                return Ok(0); // more than a call may take: the limit is not below it anyway
             };
             let take = [Check::new(key, &policy).with_scope(limit.scope)];
             if self
@@ -135,10 +146,10 @@ impl RateLimiter {
                 .await?
                 .is_admitted()
             {
-                return Ok(());
+                return Ok(excess);
             }
         }
-        Ok(())
+        Ok(0)
     }
 }
 
