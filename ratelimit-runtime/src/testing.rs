@@ -180,7 +180,9 @@ impl RedisServer {
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            // A configuration the server refuses is reported on stderr, before the log file
+            // is opened: kept for the error (nothing else is written there once it runs).
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| {
                 if e.kind() == io::ErrorKind::NotFound {
@@ -204,7 +206,14 @@ impl RedisServer {
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
-                return Err(self.not_ready(&format!("it exited with {status}")));
+                let mut stderr = String::new();
+                if let Some(mut err) = self.child.as_mut().and_then(|c| c.stderr.take()) {
+                    let _ = err.read_to_string(&mut stderr);
+                }
+                return Err(self.not_ready(&format!(
+                    "it exited with {status}; stderr: {}",
+                    stderr.trim()
+                )));
             }
             if self.ping().is_ok() {
                 return Ok(());
