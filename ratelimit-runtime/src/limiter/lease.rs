@@ -477,10 +477,16 @@ impl RateLimiter {
                 .keys
                 .push((Arc::clone(&slot), limit.scope, key.to_owned()));
         }
-        for (slot, _, _) in &resetting.keys {
-            let returns = Arc::clone(&slot.returns).write_owned().await;
-            resetting.paused_returns.push(returns);
+        // Each slot's returns once, in one order for every reset: a key named twice, or two
+        // resets naming keys in opposite orders, never wait on a lock they hold.
+        let mut slots: Vec<_> = resetting.keys.iter().map(|(slot, _, _)| slot).collect();
+        slots.sort_by_key(|slot| Arc::as_ptr(slot).addr());
+        slots.dedup_by_key(|slot| Arc::as_ptr(slot).addr());
+        let mut paused_returns = Vec::with_capacity(slots.len());
+        for slot in slots {
+            paused_returns.push(Arc::clone(&slot.returns).write_owned().await);
         }
+        resetting.paused_returns = paused_returns;
         resetting
     }
 

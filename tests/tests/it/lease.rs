@@ -949,6 +949,23 @@ async fn a_block_and_a_reset_reach_this_processs_leases_at_once() {
     assert!(counted >= after_reset, "Redis counts {counted}");
 }
 
+/// A reset naming one leased key twice, and two resets naming keys in opposite orders, finish:
+/// each waits for a key's lease returns once, in one order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_naming_a_leased_key_twice_finishes() {
+    let (limiter, _env) = Env::redis().await;
+    let global = Target::global();
+    until_a_lease_is_held(&limiter).await;
+    let twice = [ADMIN[0], ADMIN[0]];
+    let reset = tokio::time::timeout(Duration::from_secs(10), limiter.reset(&twice, &global));
+    reset
+        .await
+        .expect("a reset naming one key twice waited on itself")
+        .expect("reset");
+    until_a_lease_is_held(&limiter).await;
+    assert!(limiter.lease_units_held() > 0, "leases come back after it");
+}
+
 /// A reset or a block made by another process (a second limiter with its own connection to the
 /// same Redis) reaches this process's leases within one lease's life: after a reset this
 /// process admits at most the fresh quota and the one lease it held; under a block, while the
