@@ -98,17 +98,14 @@
 //! `x-ratelimit-limit` / `x-ratelimit-remaining` / `x-ratelimit-reset` of the binding limit
 //! and the `RetryInfo` detail, or `UNAVAILABLE`.
 
+// The methods' plumbing (`prepare`, `check`, `Admission`…): `__private::grpc` re-exports it.
 #[cfg(feature = "tonic")]
-mod check;
+pub(crate) mod check;
 #[cfg(feature = "tonic")]
 mod details;
-#[cfg(feature = "tonic")]
-pub use check::{Admission, GrpcCall, GrpcReply, check, into_error, prepare};
 
 #[cfg(not(feature = "tonic"))]
-mod disabled;
-#[cfg(not(feature = "tonic"))]
-pub use disabled::{Admission, GrpcCall, check, into_error, prepare};
+pub(crate) mod disabled;
 
 /// `RequireTonic::<()>::OK` compiles only with the `tonic` feature: the macro evaluates it,
 /// spanned at the `by` that made a method a gRPC method, so that a missing feature is one
