@@ -68,11 +68,11 @@ pub mod counted {
 /// before the body, which runs in an inner `async` block, and `admission.finish(result).await`
 /// after it (the `count` settlement and the admitted response's metadata).
 pub mod grpc {
-    pub use crate::grpc::RequireTonic;
     #[cfg(feature = "tonic")]
     pub use crate::grpc::check::{Admission, GrpcCall, check, into_error, prepare};
     #[cfg(not(feature = "tonic"))]
     pub use crate::grpc::disabled::{Admission, GrpcCall, check, into_error, prepare};
+    pub use crate::grpc::require::RequireTonic;
 }
 
 /// `cost = <expression>`: its arithmetic, checked (see `crate::cost`).
