@@ -39,7 +39,11 @@ pub(super) fn plain(
         err,
     };
     if let Some(d) = dynamic {
-        return plain_dynamic(func, site, &check, key_refs, d, wait.as_ref());
+        let wait = wait.map_or_else(
+            || quote!(::core::option::Option::None),
+            |w| quote!(::core::option::Option::Some(#w)),
+        );
+        return plain_dynamic(func, site, &check, key_refs, d, &wait);
     }
     let Check {
         limits, err, from, ..
@@ -75,15 +79,15 @@ struct Check<'a> {
 }
 
 /// Plain mode with a dynamic limit (`quota`, `cost = <expression>`, `count`, `settle`) or a
-/// concurrency limit: `check_dyn`, whose hold is dropped at once, kept for the body (a
-/// concurrency slot), or settled by the body's result.
+/// concurrency limit: `check_dyn` (`wait` is its `Option<Duration>`), whose hold is dropped at
+/// once, kept for the body (a concurrency slot), or settled by the body's result.
 fn plain_dynamic(
     func: &ItemFn,
     site: &Site,
     check: &Check<'_>,
     key_refs: &[TokenStream],
     d: &Dyn,
-    wait: Option<&TokenStream>,
+    wait: &TokenStream,
 ) -> TokenStream {
     let p = private();
     let (ret, boxed) = (site.ret, site.boxed);
@@ -99,10 +103,6 @@ fn plain_dynamic(
     let hold = local("__ratelimit_hold");
     let result = local("__ratelimit_result");
     let (ins, dy) = (&d.inputs, quote!(::core::option::Option::Some(&#dyns)));
-    let wait = wait.map_or_else(
-        || quote!(::core::option::Option::None),
-        |w| quote!(::core::option::Option::Some(#w)),
-    );
     let checked_call = quote! {
         #p::check_dyn(&#limits, #dy, &[#(#key_refs),*], &#inputs, #wait).await
     };
