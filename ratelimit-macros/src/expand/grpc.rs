@@ -21,27 +21,17 @@ pub(super) fn grpc(
     dynamic: Option<&Dyn>,
 ) -> TokenStream {
     let check = admission(by, request, ret, statics, key_lets, key_refs, dynamic);
-    let mut func = func.clone();
-    // `recognise` found this site, so it is there; never emit the method unchecked.
-    let Some(site) = async_trait::check_site(&mut func) else {
-        let e = syn::Error::new(
-            ret,
-            "#[rate_limit] did not recognise this #[async_trait] body",
-        )
-        .into_compile_error();
-        return quote!(#func #e);
-    };
-    let stmts = std::mem::take(&mut site.stmts);
-    let finish = run_and_finish(&stmts, output, dynamic);
-    let body = quote! {
-        {
-            #check
-            #[allow(clippy::all, clippy::pedantic)]
-            #finish
-        }
-    };
-    site.stmts = vec![Stmt::Expr(Expr::Verbatim(body), None)];
-    func.into_token_stream()
+    edit_boxed_body(func, ret, |stmts| {
+        let finish = run_and_finish(stmts, output, dynamic);
+        let body = quote! {
+            {
+                #check
+                #[allow(clippy::all, clippy::pedantic)]
+                #finish
+            }
+        };
+        *stmts = vec![Stmt::Expr(Expr::Verbatim(body), None)];
+    })
 }
 
 /// Before the body: `RequireTonic`, the caller read from the request and the check, whose

@@ -226,6 +226,18 @@ pub(super) fn finish_plain(
 
 /// Puts `check` first in the user's body inside an `#[async_trait]` method's future.
 pub(super) fn into_boxed_body(func: &ItemFn, check: TokenStream, ret: Span) -> TokenStream {
+    edit_boxed_body(func, ret, |stmts| {
+        stmts.insert(0, Stmt::Expr(Expr::Verbatim(check), None));
+    })
+}
+
+/// The method with `edit` applied to the user's body inside its `#[async_trait]` future; a
+/// compile error at `ret` beside the method as written if that body is not found.
+pub(super) fn edit_boxed_body(
+    func: &ItemFn,
+    ret: Span,
+    edit: impl FnOnce(&mut Vec<Stmt>),
+) -> TokenStream {
     let mut func = func.clone();
     // `recognise` found this site, so it is there; never emit the method unchecked.
     let Some(site) = async_trait::check_site(&mut func) else {
@@ -236,7 +248,6 @@ pub(super) fn into_boxed_body(func: &ItemFn, check: TokenStream, ret: Span) -> T
         .into_compile_error();
         return quote!(#func #e);
     };
-    site.stmts
-        .insert(0, Stmt::Expr(Expr::Verbatim(check), None));
+    edit(&mut site.stmts);
     func.into_token_stream()
 }
