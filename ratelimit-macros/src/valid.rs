@@ -137,90 +137,24 @@ pub(crate) fn check(
         ));
     }
 
-    let receiver = sig.receiver().map(syn::Receiver::span);
-    let params: Vec<Vec<String>> = sig
-        .inputs
-        .iter()
-        .filter_map(|arg| match arg {
-            FnArg::Typed(t) => {
-                let mut names = Vec::new();
-                bound_names(&t.pat, &mut names);
-                Some(names)
-            }
-            FnArg::Receiver(_) => None,
-        })
-        .collect();
+    let params = param_names(sig);
+    let readable = readable_names(&params, boxed);
+    let receiver = sig.receiver().is_some();
+    let stack = check_stack(attrs, receiver, &readable, &mut errors);
 
-    // What a key template may read: the parameters, and inside an `#[async_trait]` future the
-    // names its argument `let`s bind (a pattern parameter is renamed in the signature).
-    let mut readable = params.clone();
-    if let Some(boxed) = boxed {
-        // async-trait's positional `__argN` stand for the patterns it binds in `bound`.
-        for names in &mut readable {
-            names.retain(|n| !crate::async_trait::is_positional(n));
-        }
-        readable.push(boxed.bound.clone());
-    }
-
-    let mut limits = Vec::new();
-    let mut http: Option<Span> = None;
-    let mut framework: Option<Spanned<Framework>> = None;
-    // The `by = "url"`s, which a gRPC method cannot have.
-    let mut urls: Vec<Span> = Vec::new();
-    let mut export: Option<Ident> = None;
-    let mut wait: Option<Spanned<u64>> = None;
-
-    for mut args in attrs {
-        errors.append(&mut args.errors);
-        if args.broken {
-            continue;
-        }
-        if let Some(f) = &args.framework {
-            http.get_or_insert(f.span);
-            one_framework(&mut framework, f, &mut errors);
-        }
-        if let Some(by) = args.by.as_ref().filter(|b| b.value.is_http()) {
-            http.get_or_insert(by.span);
-            if by.value == By::Url {
-                urls.push(by.span);
-            }
-        }
-        take_export(&mut args, &mut export, &mut errors);
-        take_wait(&mut args, &mut wait, &mut errors);
-        if let Some(key) = &args.key {
-            check_template(key, receiver.is_some(), &readable, &mut errors);
-        }
-        settle_needs_cost(&args, &mut errors);
-        if let Some(mut limit) = limit_of(&args, &mut errors) {
-            limit.lease = lease_of(&args, limit.algo, &mut errors);
-            errors.extend(shared_bucket(&limits, &limit, args.span));
-            check_dynamic(&mut limit, receiver.is_some(), &readable, &mut errors);
-            limits.push(limit);
-        }
-    }
-
-    let mode = mode_of(sig, http, framework, boxed, &mut errors);
-    if matches!(mode, Mode::Grpc { .. }) {
-        errors.extend(urls.into_iter().map(|span| {
-            syn::Error::new(
-                span,
-                "by = \"url\" is not available on a gRPC method: a tonic request carries no path, and every call of this method has the same one; the default scope is already per method, so use by = \"global\" (or another `by`)",
-            )
-        }));
-    }
+    let mode = mode_of(sig, stack.http, stack.framework, boxed, &mut errors);
+    no_url_on_grpc(&mode, stack.urls, &mut errors);
+    let Stack {
+        limits,
+        export,
+        wait,
+        ..
+    } = stack;
     check_dynamic_mode(&limits, &mode, boxed.is_some(), &mut errors);
     check_export(export.as_ref(), boxed.is_some(), &limits, &mut errors);
     check_wait(wait.as_ref(), &mode, &mut errors);
     check_lease_alone(&limits, &mut errors);
-
-    let name = sig.ident.to_string();
-    let name = name.strip_prefix("r#").unwrap_or(&name);
-    if !crate::attr::valid_scope(name) && limits.iter().any(|l| l.scope.is_none()) {
-        errors.push(syn::Error::new(
-            sig.ident.span(),
-            "the default scope is the function's module path and name, which must be ASCII: give this function a `scope = \"...\"`",
-        ));
-    }
+    check_default_scope(sig, &limits, &mut errors);
 
     match errors.into_iter().reduce(|mut a, b| {
         a.combine(b);
@@ -234,6 +168,117 @@ pub(crate) fn check(
             export,
             wait,
         }),
+    }
+}
+
+/// For each parameter (receiver excluded), the names its pattern binds.
+fn param_names(sig: &syn::Signature) -> Vec<Vec<String>> {
+    sig.inputs
+        .iter()
+        .filter_map(|arg| match arg {
+            FnArg::Typed(t) => {
+                let mut names = Vec::new();
+                bound_names(&t.pat, &mut names);
+                Some(names)
+            }
+            FnArg::Receiver(_) => None,
+        })
+        .collect()
+}
+
+/// What a key template may read: the parameters, and inside an `#[async_trait]` future the
+/// names its argument `let`s bind (a pattern parameter is renamed in the signature).
+fn readable_names(params: &[Vec<String>], boxed: Option<&AsyncTrait>) -> Vec<Vec<String>> {
+    let mut readable = params.to_vec();
+    if let Some(boxed) = boxed {
+        // async-trait's positional `__argN` stand for the patterns it binds in `bound`.
+        for names in &mut readable {
+            names.retain(|n| !crate::async_trait::is_positional(n));
+        }
+        readable.push(boxed.bound.clone());
+    }
+    readable
+}
+
+/// What the stacked attributes say together.
+struct Stack {
+    limits: Vec<Limit>,
+    /// The first HTTP `by` or `framework`.
+    http: Option<Span>,
+    framework: Option<Spanned<Framework>>,
+    /// The `by = "url"`s, which a gRPC method cannot have.
+    urls: Vec<Span>,
+    export: Option<Ident>,
+    wait: Option<Spanned<u64>>,
+}
+
+/// Checks each attribute of the stack on its own and against the ones before it.
+fn check_stack(
+    attrs: Vec<Args>,
+    receiver: bool,
+    readable: &[Vec<String>],
+    errors: &mut Vec<syn::Error>,
+) -> Stack {
+    let mut stack = Stack {
+        limits: Vec::new(),
+        http: None,
+        framework: None,
+        urls: Vec::new(),
+        export: None,
+        wait: None,
+    };
+    for mut args in attrs {
+        errors.append(&mut args.errors);
+        if args.broken {
+            continue;
+        }
+        if let Some(f) = &args.framework {
+            stack.http.get_or_insert(f.span);
+            one_framework(&mut stack.framework, f, errors);
+        }
+        if let Some(by) = args.by.as_ref().filter(|b| b.value.is_http()) {
+            stack.http.get_or_insert(by.span);
+            if by.value == By::Url {
+                stack.urls.push(by.span);
+            }
+        }
+        take_export(&mut args, &mut stack.export, errors);
+        take_wait(&mut args, &mut stack.wait, errors);
+        if let Some(key) = &args.key {
+            check_template(key, receiver, readable, errors);
+        }
+        settle_needs_cost(&args, errors);
+        if let Some(mut limit) = limit_of(&args, errors) {
+            limit.lease = lease_of(&args, limit.algo, errors);
+            errors.extend(shared_bucket(&stack.limits, &limit, args.span));
+            check_dynamic(&mut limit, receiver, readable, errors);
+            stack.limits.push(limit);
+        }
+    }
+    stack
+}
+
+/// `by = "url"` on a gRPC method: an error at each.
+fn no_url_on_grpc(mode: &Mode, urls: Vec<Span>, errors: &mut Vec<syn::Error>) {
+    if matches!(mode, Mode::Grpc { .. }) {
+        errors.extend(urls.into_iter().map(|span| {
+            syn::Error::new(
+                span,
+                "by = \"url\" is not available on a gRPC method: a tonic request carries no path, and every call of this method has the same one; the default scope is already per method, so use by = \"global\" (or another `by`)",
+            )
+        }));
+    }
+}
+
+/// The default scope (the module path and the function's name) must be ASCII.
+fn check_default_scope(sig: &syn::Signature, limits: &[Limit], errors: &mut Vec<syn::Error>) {
+    let name = sig.ident.to_string();
+    let name = name.strip_prefix("r#").unwrap_or(&name);
+    if !crate::attr::valid_scope(name) && limits.iter().any(|l| l.scope.is_none()) {
+        errors.push(syn::Error::new(
+            sig.ident.span(),
+            "the default scope is the function's module path and name, which must be ASCII: give this function a `scope = \"...\"`",
+        ));
     }
 }
 
@@ -469,6 +514,36 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         // A `quota` that did not parse: its error says why; no "missing `num`" besides.
         return None;
     }
+    missing_num_or_time(args, errors);
+    let algo = args.algo.as_ref().map_or(Algo::Fixed, |a| a.value);
+    if algo == Algo::Concurrency {
+        concurrency_args(args, errors);
+    }
+    let units_ok = check_each_number(args, algo, errors);
+    let consts = dynamic.num.is_some() || dynamic.time.is_some() || dynamic.burst.is_some();
+    if consts {
+        // The numbers are `const` items: the compiler checks the same rules when it evaluates
+        // the limit's `static` (`__private::policy`), with the same messages.
+        if errors.len() > before {
+            return None;
+        }
+        return Some(const_limit(args, algo));
+    }
+    let (num, time) = (args.num.as_ref()?, args.time.as_ref()?);
+    let burst = args.burst.as_ref().map_or(num.value, |b| b.value);
+    if units_ok {
+        check_scale(args, algo, num, time.value, burst, errors);
+    }
+    check_cost_fits(args, algo, num.value, burst, errors);
+    if errors.len() > before {
+        return None;
+    }
+    let cost = args.cost.as_ref().map_or(1, |c| c.value);
+    Some(limit_with(args, algo, [num.value, time.value, burst, cost]))
+}
+
+/// `num` and `time` are required (outside `quota = …`).
+fn missing_num_or_time(args: &Args, errors: &mut Vec<syn::Error>) {
     if !args.written.contains(&"num") {
         errors.push(syn::Error::new(
             args.span,
@@ -481,10 +556,11 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
             "missing `time`: the period, in seconds or as \"500ms\"/\"10s\"/\"1m\"/\"1h\"/\"1d\", e.g. #[rate_limit(num = 10, time = 60)]",
         ));
     }
-    let algo = args.algo.as_ref().map_or(Algo::Fixed, |a| a.value);
-    if algo == Algo::Concurrency {
-        concurrency_args(args, errors);
-    }
+}
+
+/// The rules each number obeys alone: the period's bounds, `burst` only on a bucket, `num`,
+/// `burst` and `cost` within the units' bound. `false` when a number is out of that bound.
+fn check_each_number(args: &Args, algo: Algo, errors: &mut Vec<syn::Error>) -> bool {
     // `num`, `time`, `burst` and `cost` are positive: `attr` rejects 0 where it parses them.
     if let Some(time) = &args.time
         && let Err(v) = rules::check_period(time.value)
@@ -495,7 +571,7 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         .burst
         .as_ref()
         .map(|b| b.span)
-        .or_else(|| path_span(dynamic.burst.as_ref()));
+        .or_else(|| path_span(args.dynamic.burst.as_ref()));
     if let Some(burst_span) = burst_span.filter(|_| !algo.kind().has_burst()) {
         errors.push(syn::Error::new(
                 burst_span,
@@ -509,18 +585,20 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
             units_ok = false;
         }
     }
-    let consts = dynamic.num.is_some() || dynamic.time.is_some() || dynamic.burst.is_some();
-    if consts {
-        // The numbers are `const` items: the compiler checks the same rules when it evaluates
-        // the limit's `static` (`__private::policy`), with the same messages.
-        if errors.len() > before {
-            return None;
-        }
-        return Some(const_limit(args, algo));
-    }
-    let (num, time) = (args.num.as_ref()?, args.time.as_ref()?);
-    let burst = args.burst.as_ref().map_or(num.value, |b| b.value);
-    if units_ok && let Err(v) = rules::check_kind(algo.kind(), num.value, time.value, burst) {
+    units_ok
+}
+
+/// The algorithm's own bounds on `num`, `time` and `burst` together (a sliding log's size, a
+/// bucket's or GCRA's scale).
+fn check_scale(
+    args: &Args,
+    algo: Algo,
+    num: &Spanned<u64>,
+    period_ms: u64,
+    burst: u64,
+    errors: &mut Vec<syn::Error>,
+) {
+    if let Err(v) = rules::check_kind(algo.kind(), num.value, period_ms, burst) {
         // The burst when it is what overflows a bucket's or GCRA's scale, else `num`.
         let at = match (v, &args.burst) {
             (rules::Violation::BucketTooFine | rules::Violation::GcraTooFine, Some(b)) => b.span,
@@ -528,8 +606,11 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
         };
         errors.push(syn::Error::new(at, v.message()));
     }
-    let cost = args.cost.as_ref().map_or(1, |c| c.value);
-    let capacity = rules::capacity(algo.kind(), num.value, burst);
+}
+
+/// A `cost` within the limit's capacity (`num`, or a bucket's `burst`).
+fn check_cost_fits(args: &Args, algo: Algo, num: u64, burst: u64, errors: &mut Vec<syn::Error>) {
+    let capacity = rules::capacity(algo.kind(), num, burst);
     if let Some(c) = &args.cost
         && let Err(v) = rules::check_cost(c.value, capacity)
     {
@@ -547,24 +628,6 @@ fn limit_of(args: &Args, errors: &mut Vec<syn::Error>) -> Option<Limit> {
             ),
         ));
     }
-    if errors.len() > before {
-        return None;
-    }
-    Some(Limit {
-        algo,
-        num: num.value,
-        period_ms: time.value,
-        burst,
-        cost,
-        by: args.by.as_ref().map_or(By::Global, |b| b.value.clone()),
-        key: args.key.clone(),
-        scope: args.scope.as_ref().map(|s| s.value.clone()),
-        dynamic: dynamic.clone(),
-        shadow: args.shadow.as_ref().is_some_and(|s| s.value),
-        on_store_error: args.on_store_error.as_ref().map(|p| p.value),
-        replica_ack: args.replica_ack.as_ref().is_some_and(|a| a.value),
-        lease: None,
-    })
 }
 
 /// A lease is for a function's one limit: on a stack, every limit that has one is refused.
@@ -702,34 +765,31 @@ fn quota_limit(args: &Args, quota: Span, errors: &mut Vec<syn::Error>) -> Option
         errors.push(syn::Error::new(c.span, v.message()));
         return None;
     }
-    Some(Limit {
-        algo,
-        num: 1,
-        period_ms: 1000,
-        burst: 1,
-        cost,
-        by: args.by.as_ref().map_or(By::Global, |b| b.value.clone()),
-        key: args.key.clone(),
-        scope: args.scope.as_ref().map(|s| s.value.clone()),
-        dynamic: dynamic.clone(),
-        shadow: args.shadow.as_ref().is_some_and(|s| s.value),
-        on_store_error: args.on_store_error.as_ref().map(|p| p.value),
-        replica_ack: args.replica_ack.as_ref().is_some_and(|a| a.value),
-        lease: None,
-    })
+    Some(limit_with(args, algo, [1, 1000, 1, cost]))
 }
 
 /// A limit whose numbers include `const` items: the literals it has, placeholders for the
 /// rest (the static's tokens name the consts).
 fn const_limit(args: &Args, algo: Algo) -> Limit {
-    let num = args.num.as_ref().map_or(1, |n| n.value);
+    let numbers = [
+        args.num.as_ref().map_or(1, |n| n.value),
+        args.time.as_ref().map_or(1000, |t| t.value),
+        // 0: the same as `num` (which may be a const).
+        args.burst.as_ref().map_or(0, |b| b.value),
+        args.cost.as_ref().map_or(1, |c| c.value),
+    ];
+    limit_with(args, algo, numbers)
+}
+
+/// The limit an attribute describes, with its numbers `[num, period_ms, burst, cost]` (the
+/// lease is added by the caller).
+fn limit_with(args: &Args, algo: Algo, [num, period_ms, burst, cost]: [u64; 4]) -> Limit {
     Limit {
         algo,
         num,
-        period_ms: args.time.as_ref().map_or(1000, |t| t.value),
-        // 0: the same as `num` (which may be a const).
-        burst: args.burst.as_ref().map_or(0, |b| b.value),
-        cost: args.cost.as_ref().map_or(1, |c| c.value),
+        period_ms,
+        burst,
+        cost,
         by: args.by.as_ref().map_or(By::Global, |b| b.value.clone()),
         key: args.key.clone(),
         scope: args.scope.as_ref().map(|s| s.value.clone()),

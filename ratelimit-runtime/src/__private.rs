@@ -22,14 +22,44 @@
 pub use crate::algorithm::Algorithm;
 pub use crate::call::settle::measure;
 pub use crate::call::{Hold, check, check_dyn, check_wait};
-pub use crate::http::{
-    HttpCaller, Limited, PolicyField, RequireActix, RequireAxum, RequireHttp, RequireOneFramework,
-    check_http, check_http_dyn, check_http_settle, counted,
+pub use crate::caller::answer::PolicyField;
+#[cfg(any(feature = "axum", feature = "actix"))]
+pub use crate::http::caller::{HttpCaller, Limited, check_http, check_http_dyn, check_http_settle};
+#[cfg(not(any(feature = "axum", feature = "actix")))]
+pub use crate::http::disabled::{
+    HttpCaller, Limited, check_http, check_http_dyn, check_http_settle,
 };
+pub use crate::http::require::{RequireActix, RequireAxum, RequireHttp, RequireOneFramework};
 pub use crate::lease::Lease;
 pub use crate::limit::FailurePolicy;
 pub use crate::limit::{By, Limit, Piece, period_ms, policy, render};
 pub use crate::policy::Policy;
+
+/// The items of `count = …` handlers, per framework (`#[rate_limit]` picks the module).
+pub mod counted {
+    /// Axum.
+    #[cfg(feature = "axum")]
+    pub mod axum {
+        pub use crate::http::axum::check_http_counted;
+        pub use crate::http::caller::HttpCaller as Caller;
+        /// What a counted handler answers.
+        pub type Response = ::axum::response::Response;
+    }
+    /// Actix-web.
+    #[cfg(feature = "actix")]
+    pub mod actix {
+        pub use crate::http::actix::{CountingCaller as Caller, check_http_counted};
+        /// What a counted handler answers.
+        pub type Response = ::actix_web::HttpResponse;
+    }
+    #[cfg(all(feature = "actix", not(feature = "axum")))]
+    pub use self::actix as default;
+    /// The one framework enabled (with both, the attribute names one: `RequireOneFramework`).
+    #[cfg(feature = "axum")]
+    pub use self::axum as default;
+    #[cfg(not(any(feature = "axum", feature = "actix")))]
+    pub use crate::http::disabled::counted as default;
+}
 
 /// gRPC mode (a method of an `#[async_trait]` impl taking a `tonic::Request<T>`, with an
 /// HTTP-like `by`): `RequireTonic::<()>::OK`, then
@@ -38,7 +68,11 @@ pub use crate::policy::Policy;
 /// before the body, which runs in an inner `async` block, and `admission.finish(result).await`
 /// after it (the `count` settlement and the admitted response's metadata).
 pub mod grpc {
-    pub use crate::grpc::{Admission, GrpcCall, RequireTonic, check, into_error, prepare};
+    #[cfg(feature = "tonic")]
+    pub use crate::grpc::check::{Admission, GrpcCall, check, into_error, prepare};
+    #[cfg(not(feature = "tonic"))]
+    pub use crate::grpc::disabled::{Admission, GrpcCall, check, into_error, prepare};
+    pub use crate::grpc::require::RequireTonic;
 }
 
 /// `cost = <expression>`: its arithmetic, checked (see `crate::cost`).

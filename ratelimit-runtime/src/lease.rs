@@ -105,7 +105,7 @@ impl Lease {
     ///
     /// # Errors
     ///
-    /// [`PolicyError::LeaseUnits`] for 0 or more than [`crate::MAX_UNITS`].
+    /// [`PolicyError::LeaseUnits`] for 0 or more than 2^50.
     pub const fn with_max_units(self, max_units: u64) -> Result<Self, PolicyError> {
         match rules::check_lease(rules::Kind::Window, self.ttl_ms, max_units) {
             Ok(()) => Ok(Self { max_units, ..self }),

@@ -337,7 +337,7 @@ pub use limiter::admin::Target;
 pub use limiter::exempt::{CallerView, Exemptions};
 pub use limiter::{Builder, RateLimiter, Settings, ShutdownTimedOut};
 pub use net::{IntoNetwork, IpNet, IpNetParseError};
-pub use policy::{MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS, Policy, PolicyError};
+pub use policy::{Policy, PolicyError};
 pub use quota::{AsQuota, Quota};
 pub use ratelimit_macros::rate_limit;
 #[cfg(feature = "cluster")]

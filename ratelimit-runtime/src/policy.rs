@@ -25,29 +25,29 @@ pub enum PolicyError {
     /// The algorithm name is not one of `fixed`, `sliding`, `leaky`, `token`, `gcra`,
     /// `sliding_counter`, `concurrency`.
     UnknownAlgorithm,
-    /// `num`, `burst` or `cost` is above [`MAX_UNITS`]: the Redis scripts count in doubles,
+    /// `num`, `burst` or `cost` is above 2^50: the Redis scripts count in doubles,
     /// exact only below 2^53, and every number they return must stay exact.
     TooManyUnits,
     /// A bucket too fine to keep exact: the Redis scripts keep a bucket's level as an integer
     /// in units of `1 / (period_µs / gcd(num, period_µs))`, and `burst` of those, and the
     /// `1000 × num / gcd(num, period_µs)` units of one millisecond's drain, must stay within
-    /// [`MAX_BUCKET_SCALE`].
+    /// 2^52.
     BucketTooFine,
-    /// A sliding log above [`MAX_SLIDING_LOG`] (one entry per admitted unit).
+    /// A sliding log above 10,000 units (one entry per admitted unit).
     SlidingLogTooLarge,
     /// GCRA faster than one unit per microsecond.
     GcraTooFast,
-    /// GCRA whose burst tolerance `burst × ⌈period_µs / num⌉` passes [`MAX_BUCKET_SCALE`].
+    /// GCRA whose burst tolerance `burst × ⌈period_µs / num⌉` passes 2^52.
     GcraTooFine,
-    /// A sliding counter whose `num × period_ms` passes [`MAX_BUCKET_SCALE`].
+    /// A sliding counter whose `num × period_ms` passes 2^52.
     CounterTooLarge,
-    /// A concurrency limit above [`MAX_SLIDING_LOG`] slots (one lease per call in flight).
+    /// A concurrency limit above 10,000 slots (one lease per call in flight).
     TooManySlots,
     /// A concurrency limit whose `cost` is not 1 (a call holds one slot).
     SlotCost,
     /// A [`Lease`](crate::Lease) shorter than 1 ms or longer than 1 s.
     LeaseTime,
-    /// A [`Lease`](crate::Lease) whose largest take is 0 or above [`MAX_UNITS`].
+    /// A [`Lease`](crate::Lease) whose largest take is 0 or above 2^50.
     LeaseUnits,
     /// A [`Lease`](crate::Lease) on the sliding log or a concurrency limit, which cannot take
     /// units early.
@@ -65,8 +65,10 @@ impl std::error::Error for PolicyError {}
 #[allow(unreachable_pub)] // some rules are the macro's only
 pub(crate) mod rules;
 
+pub(crate) use self::rules::MAX_BUCKET_SCALE;
 use self::rules::Violation;
-pub use self::rules::{MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS};
+#[cfg(test)]
+pub(crate) use self::rules::{MAX_SLIDING_LOG, MAX_UNITS};
 
 impl PolicyError {
     pub(crate) const fn from_violation(v: Violation) -> Self {

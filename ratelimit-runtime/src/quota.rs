@@ -40,7 +40,7 @@ pub struct Quota {
 
 impl Quota {
     /// `num` calls per `period` (at least 1 ms, at most 100 years; `num` at most
-    /// [`crate::MAX_UNITS`]). The bounds of the algorithm it is used with (a sliding log of
+    /// 2^50). The bounds of the algorithm it is used with (a sliding log of
     /// at most 10,000, a bucket's scale) are checked when it is applied: a quota a limit
     /// cannot keep is then [`crate::RateLimitError::InvalidQuota`].
     pub fn new(num: u64, period: Duration) -> Result<Self, PolicyError> {

@@ -20,12 +20,36 @@ pub(super) fn grpc(
     key_refs: &[TokenStream],
     dynamic: Option<&Dyn>,
 ) -> TokenStream {
+    let check = admission(by, request, ret, statics, key_lets, key_refs, dynamic);
+    edit_boxed_body(func, ret, |stmts| {
+        let finish = run_and_finish(stmts, output, dynamic);
+        let body = quote! {
+            {
+                #check
+                #[allow(clippy::all, clippy::pedantic)]
+                #finish
+            }
+        };
+        *stmts = vec![Stmt::Expr(Expr::Verbatim(body), None)];
+    })
+}
+
+/// Before the body: `RequireTonic`, the caller read from the request and the check, whose
+/// refusal returns the method's error.
+fn admission(
+    by: Span,
+    request: &Ident,
+    ret: Span,
+    statics: &TokenStream,
+    key_lets: &[TokenStream],
+    key_refs: &[TokenStream],
+    dynamic: Option<&Dyn>,
+) -> TokenStream {
     let p = private();
     let limits = local("__RATELIMIT_LIMITS");
     let call = local("__ratelimit_call");
     let status = local("__ratelimit_status");
     let admission = local("__ratelimit_admission");
-    let result = local("__ratelimit_result");
     let require = quote_spanned!(by=> const _: () = ::ratelimit_runtime::__private::grpc::RequireTonic::<()>::OK;);
     // Located at the parameter, so a `Request` that is not tonic's is reported there.
     let request = {
@@ -52,7 +76,7 @@ pub(super) fn grpc(
             quote!(&[]),
         ),
     };
-    let check = quote! {
+    quote! {
         #[allow(unused_braces, clippy::all, clippy::pedantic)]
         let #admission = {
             #require
@@ -67,19 +91,20 @@ pub(super) fn grpc(
                 }
             }
         };
-    };
-    let mut func = func.clone();
-    // `recognise` found this site, so it is there; never emit the method unchecked.
-    let Some(site) = async_trait::check_site(&mut func) else {
-        let e = syn::Error::new(
-            ret,
-            "#[rate_limit] did not recognise this #[async_trait] body",
-        )
-        .into_compile_error();
-        return quote!(#func #e);
-    };
-    let stmts = std::mem::take(&mut site.stmts);
-    // The body's `return`s and `?`s end the inner block, whose result is the method's.
+    }
+}
+
+/// The body in an inner `async` block (its `return`s and `?`s end the block, whose result is
+/// the method's), then the admission finished by its result: settled by it (`count`), by what
+/// `settle` reads from it, or (`"later"`) by the reservation the body took.
+fn run_and_finish(
+    stmts: &[Stmt],
+    output: Option<&syn::Type>,
+    dynamic: Option<&Dyn>,
+) -> TokenStream {
+    let p = private();
+    let admission = local("__ratelimit_admission");
+    let result = local("__ratelimit_result");
     let ty = output.map_or_else(|| quote!(_), ToTokens::to_token_stream);
     let run = quote! {
         async {
@@ -87,7 +112,7 @@ pub(super) fn grpc(
             #result
         }
     };
-    let finish = match dynamic.and_then(|d| d.settle.as_ref()) {
+    match dynamic.and_then(|d| d.settle.as_ref()) {
         None => quote! {
             let #result: #ty = #run.await;
             #admission.finish(#result).await
@@ -101,14 +126,5 @@ pub(super) fn grpc(
             }
         }
         Some(SettleArg::Later) => quote!(#admission.run_later(#run).await),
-    };
-    let body = quote! {
-        {
-            #check
-            #[allow(clippy::all, clippy::pedantic)]
-            #finish
-        }
-    };
-    site.stmts = vec![Stmt::Expr(Expr::Verbatim(body), None)];
-    func.into_token_stream()
+    }
 }

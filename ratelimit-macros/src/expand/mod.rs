@@ -125,49 +125,8 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
     };
 
     let http = matches!(checked.mode, Mode::Http { .. });
-    let mut key_lets = Vec::new();
-    let mut key_refs = Vec::new();
-    for (i, limit) in checked.limits.iter().enumerate() {
-        let Some(key) = &limit.key else {
-            key_refs.push(quote!(::core::option::Option::None));
-            continue;
-        };
-        if key.arg_roots().is_empty() {
-            let text: String = key
-                .pieces
-                .iter()
-                .map(|piece| match piece {
-                    Piece::Text(t) => t.as_str(),
-                    Piece::Arg(_) => "",
-                })
-                .collect();
-            key_refs.push(quote!(::core::option::Option::Some(#text)));
-            continue;
-        }
-        let ident = local(&format!("__ratelimit_key{i}"));
-        let render = render(key, boxed.and_then(|b| b.self_alias.as_ref()));
-        let value = if http {
-            let binds = http_bindings(func, checked, key);
-            quote!({ #(#binds)* #render })
-        } else {
-            render
-        };
-        key_lets.push(quote!(let #ident: ::std::string::String = #value;));
-        key_refs.push(quote!(::core::option::Option::Some(#ident.as_str())));
-    }
-
-    let dynamic = dynamic.then(|| Dyn {
-        inputs: inputs(func, checked, boxed, http),
-        count: checked
-            .limits
-            .iter()
-            .find_map(|l| l.dynamic.count.as_ref().map(|c| c.span)),
-        settle: checked
-            .limits
-            .iter()
-            .find_map(|l| l.dynamic.settle.as_ref().map(|s| s.value.clone())),
-        holds: checked.limits.iter().any(valid::Limit::holds_slot),
-    });
+    let (key_lets, key_refs) = keys(func, checked, boxed, http);
+    let dynamic = dynamic.then(|| dyn_of(func, checked, boxed, http));
     let item = match &checked.mode {
         Mode::Plain { ret } => plain(
             func,
@@ -204,6 +163,64 @@ fn generate(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>) -> Tok
         ),
     };
     quote!(#export #item)
+}
+
+/// Each limit's key for the check: `let`s rendering its template (before the check) and the
+/// references the check takes, `None` for a limit without a key, a literal for a fixed one.
+fn keys(
+    func: &ItemFn,
+    checked: &Checked,
+    boxed: Option<&AsyncTrait>,
+    http: bool,
+) -> (Vec<TokenStream>, Vec<TokenStream>) {
+    let mut key_lets = Vec::new();
+    let mut key_refs = Vec::new();
+    for (i, limit) in checked.limits.iter().enumerate() {
+        let Some(key) = &limit.key else {
+            key_refs.push(quote!(::core::option::Option::None));
+            continue;
+        };
+        if key.arg_roots().is_empty() {
+            let text: String = key
+                .pieces
+                .iter()
+                .map(|piece| match piece {
+                    Piece::Text(t) => t.as_str(),
+                    Piece::Arg(_) => "",
+                })
+                .collect();
+            key_refs.push(quote!(::core::option::Option::Some(#text)));
+            continue;
+        }
+        let ident = local(&format!("__ratelimit_key{i}"));
+        let render = render(key, boxed.and_then(|b| b.self_alias.as_ref()));
+        let value = if http {
+            let binds = http_bindings(func, checked, key);
+            quote!({ #(#binds)* #render })
+        } else {
+            render
+        };
+        key_lets.push(quote!(let #ident: ::std::string::String = #value;));
+        key_refs.push(quote!(::core::option::Option::Some(#ident.as_str())));
+    }
+    (key_lets, key_refs)
+}
+
+/// What a function with a dynamic limit passes and settles: its inputs, and the stack's
+/// `count`, `settle` and concurrency slot.
+fn dyn_of(func: &ItemFn, checked: &Checked, boxed: Option<&AsyncTrait>, http: bool) -> Dyn {
+    Dyn {
+        inputs: inputs(func, checked, boxed, http),
+        count: checked
+            .limits
+            .iter()
+            .find_map(|l| l.dynamic.count.as_ref().map(|c| c.span)),
+        settle: checked
+            .limits
+            .iter()
+            .find_map(|l| l.dynamic.settle.as_ref().map(|s| s.value.clone())),
+        holds: checked.limits.iter().any(valid::Limit::holds_slot),
+    }
 }
 
 /// Whether a limit reads a header (`by = "header:…"`, `"app_id"`): otherwise the hidden

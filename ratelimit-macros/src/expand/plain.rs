@@ -25,92 +25,29 @@ pub(super) fn plain(
     dynamic: Option<&Dyn>,
 ) -> TokenStream {
     let p = private();
-    let (ret, boxed) = (site.ret, site.boxed);
     let wait = site.wait.map(|ms| {
         let ms = Literal::u64_suffixed(ms);
         quote!(::core::time::Duration::from_millis(#ms))
     });
-    let (outer, inner) = split_attrs(&func.attrs);
-    let (vis, sig, stmts) = (&func.vis, &func.sig, &func.block.stmts);
-    let limits = local("__RATELIMIT_LIMITS");
     let err = local("__ratelimit_error");
-    // Spanned at the return type, so a missing `From<RateLimitError>` is reported there.
-    let from = quote_spanned!(ret=> ::core::convert::From::from({ #err }));
+    let check = Check {
+        statics,
+        key_lets,
+        limits: local("__RATELIMIT_LIMITS"),
+        // Spanned at the return type, so a missing `From<RateLimitError>` is reported there.
+        from: quote_spanned!(site.ret=> ::core::convert::From::from({ #err })),
+        err,
+    };
     if let Some(d) = dynamic {
-        let dyns = local("__RATELIMIT_DYN");
-        let inputs = local("__ratelimit_inputs");
-        let hold = local("__ratelimit_hold");
-        let result = local("__ratelimit_result");
-        let (ins, dy) = (&d.inputs, quote!(::core::option::Option::Some(&#dyns)));
-        let wait = wait.as_ref().map_or_else(
+        let wait = wait.map_or_else(
             || quote!(::core::option::Option::None),
             |w| quote!(::core::option::Option::Some(#w)),
         );
-        let checked_call = quote! {
-            #p::check_dyn(&#limits, #dy, &[#(#key_refs),*], &#inputs, #wait).await
-        };
-        if d.holds && boxed && d.count.is_none() {
-            // An `#[async_trait]` method: the hold lives in its boxed future, first thing in
-            // the user's body, and releases the slot when that future ends or is dropped.
-            let check = quote! {
-                #[allow(unused_braces, clippy::all, clippy::pedantic)]
-                let #hold = {
-                    #statics
-                    #(#key_lets)*
-                    #ins
-                    match #checked_call {
-                        ::core::result::Result::Ok(hold) => hold,
-                        ::core::result::Result::Err(#err) => {
-                            return ::core::result::Result::Err(#from);
-                        }
-                    }
-                };
-            };
-            return into_boxed_body(func, check, ret);
-        }
-        if d.count.is_none() && d.settle.is_none() && !d.holds {
-            let check = quote! {
-                #[allow(unused_braces, clippy::all, clippy::pedantic)]
-                {
-                    #statics
-                    #(#key_lets)*
-                    #ins
-                    if let ::core::result::Result::Err(#err) = #checked_call {
-                        return ::core::result::Result::Err(#from);
-                    }
-                }
-            };
-            return finish_plain(func, boxed, ret, check, &outer, &inner);
-        }
-        // `count`, `settle` (or a concurrency limit): taken before the body, settled after it
-        // by its result. The body runs in an async block, so that its `return`s and `?`s end
-        // the block, not the function.
-        let ReturnType::Type(_, ty) = &sig.output else {
-            return quote!(#func);
-        };
-        let run_and_settle = run_and_settle(d.settle.as_ref(), ty, stmts, &hold, &result);
-        return quote! {
-            #(#outer)*
-            #vis #sig {
-                #(#inner)*
-                #[allow(unused_braces, clippy::all, clippy::pedantic)]
-                let #hold = {
-                    #statics
-                    #(#key_lets)*
-                    #ins
-                    match #checked_call {
-                        ::core::result::Result::Ok(hold) => hold,
-                        ::core::result::Result::Err(#err) => {
-                            return ::core::result::Result::Err(#from);
-                        }
-                    }
-                };
-                #[allow(clippy::all, clippy::pedantic)]
-                #run_and_settle
-                #result
-            }
-        };
+        return plain_dynamic(func, site, &check, key_refs, d, &wait);
     }
+    let Check {
+        limits, err, from, ..
+    } = &check;
     let checked_call = if let Some(w) = &wait {
         quote!(#p::check_wait(&#limits, &[#(#key_refs),*], #w).await)
     } else {
@@ -127,7 +64,100 @@ pub(super) fn plain(
             }
         }
     };
-    finish_plain(func, boxed, ret, check, &outer, &inner)
+    let (outer, inner) = split_attrs(&func.attrs);
+    finish_plain(func, site.boxed, site.ret, check, &outer, &inner)
+}
+
+/// What every plain check is made of: the function's statics and key `let`s, its limits, and
+/// the early return of a refused call (`err` is the refusal, `from` the function's error).
+struct Check<'a> {
+    statics: &'a TokenStream,
+    key_lets: &'a [TokenStream],
+    limits: Ident,
+    err: Ident,
+    from: TokenStream,
+}
+
+/// Plain mode with a dynamic limit (`quota`, `cost = <expression>`, `count`, `settle`) or a
+/// concurrency limit: `check_dyn` (`wait` is its `Option<Duration>`), whose hold is dropped at
+/// once, kept for the body (a concurrency slot), or settled by the body's result.
+fn plain_dynamic(
+    func: &ItemFn,
+    site: &Site,
+    check: &Check<'_>,
+    key_refs: &[TokenStream],
+    d: &Dyn,
+    wait: &TokenStream,
+) -> TokenStream {
+    let p = private();
+    let (ret, boxed) = (site.ret, site.boxed);
+    let Check {
+        statics,
+        key_lets,
+        limits,
+        err,
+        from,
+    } = check;
+    let dyns = local("__RATELIMIT_DYN");
+    let inputs = local("__ratelimit_inputs");
+    let hold = local("__ratelimit_hold");
+    let result = local("__ratelimit_result");
+    let (ins, dy) = (&d.inputs, quote!(::core::option::Option::Some(&#dyns)));
+    let checked_call = quote! {
+        #p::check_dyn(&#limits, #dy, &[#(#key_refs),*], &#inputs, #wait).await
+    };
+    let take_hold = quote! {
+        #[allow(unused_braces, clippy::all, clippy::pedantic)]
+        let #hold = {
+            #statics
+            #(#key_lets)*
+            #ins
+            match #checked_call {
+                ::core::result::Result::Ok(hold) => hold,
+                ::core::result::Result::Err(#err) => {
+                    return ::core::result::Result::Err(#from);
+                }
+            }
+        };
+    };
+    if d.holds && boxed && d.count.is_none() {
+        // An `#[async_trait]` method: the hold lives in its boxed future, first thing in
+        // the user's body, and releases the slot when that future ends or is dropped.
+        return into_boxed_body(func, take_hold, ret);
+    }
+    let (outer, inner) = split_attrs(&func.attrs);
+    if d.count.is_none() && d.settle.is_none() && !d.holds {
+        let check = quote! {
+            #[allow(unused_braces, clippy::all, clippy::pedantic)]
+            {
+                #statics
+                #(#key_lets)*
+                #ins
+                if let ::core::result::Result::Err(#err) = #checked_call {
+                    return ::core::result::Result::Err(#from);
+                }
+            }
+        };
+        return finish_plain(func, boxed, ret, check, &outer, &inner);
+    }
+    // `count`, `settle` (or a concurrency limit): taken before the body, settled after it
+    // by its result. The body runs in an async block, so that its `return`s and `?`s end
+    // the block, not the function.
+    let (vis, sig, stmts) = (&func.vis, &func.sig, &func.block.stmts);
+    let ReturnType::Type(_, ty) = &sig.output else {
+        return quote!(#func);
+    };
+    let run_and_settle = run_and_settle(d.settle.as_ref(), ty, stmts, &hold, &result);
+    quote! {
+        #(#outer)*
+        #vis #sig {
+            #(#inner)*
+            #take_hold
+            #[allow(clippy::all, clippy::pedantic)]
+            #run_and_settle
+            #result
+        }
+    }
 }
 
 /// The body of a plain function with `count` or `settle`, run in an async block (its
@@ -196,6 +226,18 @@ pub(super) fn finish_plain(
 
 /// Puts `check` first in the user's body inside an `#[async_trait]` method's future.
 pub(super) fn into_boxed_body(func: &ItemFn, check: TokenStream, ret: Span) -> TokenStream {
+    edit_boxed_body(func, ret, |stmts| {
+        stmts.insert(0, Stmt::Expr(Expr::Verbatim(check), None));
+    })
+}
+
+/// The method with `edit` applied to the user's body inside its `#[async_trait]` future; a
+/// compile error at `ret` beside the method as written if that body is not found.
+pub(super) fn edit_boxed_body(
+    func: &ItemFn,
+    ret: Span,
+    edit: impl FnOnce(&mut Vec<Stmt>),
+) -> TokenStream {
     let mut func = func.clone();
     // `recognise` found this site, so it is there; never emit the method unchecked.
     let Some(site) = async_trait::check_site(&mut func) else {
@@ -206,7 +248,6 @@ pub(super) fn into_boxed_body(func: &ItemFn, check: TokenStream, ret: Span) -> T
         .into_compile_error();
         return quote!(#func #e);
     };
-    site.stmts
-        .insert(0, Stmt::Expr(Expr::Verbatim(check), None));
+    edit(&mut site.stmts);
     func.into_token_stream()
 }

@@ -54,7 +54,7 @@ impl FieldSet {
 
 /// A function's `RateLimit-Policy` value, formatted on first use and kept for the process:
 /// `#[rate_limit]` writes one `static` of it beside the function's limits and hands it to
-/// [`check_http`](crate::http::check_http), so that a response gets the value without formatting,
+/// `check_http` (the macro's HTTP call), so that a response gets the value without formatting,
 /// copying or validating it again (and the `RateLimit` value its members' names).
 #[derive(Debug)]
 #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(unreachable_pub))]

@@ -98,29 +98,13 @@
 //! `x-ratelimit-limit` / `x-ratelimit-remaining` / `x-ratelimit-reset` of the binding limit
 //! and the `RetryInfo` detail, or `UNAVAILABLE`.
 
+// The methods' plumbing (`prepare`, `check`, `Admission`…): `__private::grpc` re-exports it.
 #[cfg(feature = "tonic")]
-mod check;
+pub(crate) mod check;
 #[cfg(feature = "tonic")]
 mod details;
-#[cfg(feature = "tonic")]
-pub use check::{Admission, GrpcCall, GrpcReply, check, into_error, prepare};
 
 #[cfg(not(feature = "tonic"))]
-mod disabled;
-#[cfg(not(feature = "tonic"))]
-pub use disabled::{Admission, GrpcCall, check, into_error, prepare};
-
-/// `RequireTonic::<()>::OK` compiles only with the `tonic` feature: the macro evaluates it,
-/// spanned at the `by` that made a method a gRPC method, so that a missing feature is one
-/// clear error.
-#[doc(hidden)]
-#[derive(Debug)]
-pub struct RequireTonic<T>(T);
-
-impl<T> RequireTonic<T> {
-    /// `()`, or a compile error naming the feature to enable.
-    pub const OK: () = assert!(
-        cfg!(feature = "tonic"),
-        "this `by` on a gRPC method (a `tonic::Request<T>` parameter inside #[async_trait]) needs the `tonic` feature of ratelimit-runtime"
-    );
-}
+pub(crate) mod disabled;
+// The macro's compile-time check of the `tonic` feature: `__private::grpc` re-exports it.
+pub(crate) mod require;

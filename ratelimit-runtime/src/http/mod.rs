@@ -63,68 +63,23 @@
 //! the app data (Actix: `.app_data(limiter)` or `.app_data(web::Data::new(limiter))`), else
 //! [`crate::RateLimiter::current`].
 
-#[doc(hidden)]
-pub use crate::caller::answer::PolicyField;
 pub use crate::caller::ip::ClientAddr;
 pub use crate::caller::path::normalized_path;
 pub use crate::caller::settings::HttpSettings;
 
+// The handlers' plumbing (`HttpCaller`, `Limited`, `check_http…`): `__private` re-exports it.
 #[cfg(any(feature = "axum", feature = "actix"))]
-mod caller;
-#[cfg(any(feature = "axum", feature = "actix"))]
-pub use caller::{HttpCaller, Limited, check_http, check_http_dyn, check_http_settle};
+pub(crate) mod caller;
 
 #[cfg(feature = "actix")]
 pub(crate) mod actix;
 #[cfg(feature = "axum")]
 pub(crate) mod axum;
 
-/// The items of `count = …` handlers, per framework (`#[rate_limit]` picks the module).
-#[doc(hidden)]
-pub mod counted {
-    /// Axum.
-    #[cfg(feature = "axum")]
-    pub mod axum {
-        pub use crate::http::HttpCaller as Caller;
-        pub use crate::http::axum::check_http_counted;
-        /// What a counted handler answers.
-        pub type Response = ::axum::response::Response;
-    }
-    /// Actix-web.
-    #[cfg(feature = "actix")]
-    pub mod actix {
-        pub use crate::http::actix::{CountingCaller as Caller, check_http_counted};
-        /// What a counted handler answers.
-        pub type Response = ::actix_web::HttpResponse;
-    }
-    #[cfg(all(feature = "actix", not(feature = "axum")))]
-    pub use self::actix as default;
-    /// The one framework enabled (with both, the attribute names one: `RequireOneFramework`).
-    #[cfg(feature = "axum")]
-    pub use self::axum as default;
-    #[cfg(not(any(feature = "axum", feature = "actix")))]
-    pub use super::disabled::counted as default;
-}
-
-/// `RequireOneFramework::<()>::OK` compiles unless both HTTP integrations are enabled: a
-/// `count = …` handler turns its output into its framework's response, so with both it
-/// names its framework.
-#[doc(hidden)]
-#[derive(Debug)]
-pub struct RequireOneFramework<T>(T);
-
-impl<T> RequireOneFramework<T> {
-    /// `()`, or a compile error asking for `framework = …`.
-    pub const OK: () = assert!(
-        !(cfg!(feature = "axum") && cfg!(feature = "actix")),
-        "`count` on a handler turns its output into a response of its framework, and both the `axum` and `actix` features of ratelimit-runtime are enabled: name the framework, framework = \"axum\" or framework = \"actix\""
-    );
-}
-
 #[cfg(not(any(feature = "axum", feature = "actix")))]
-mod disabled;
-#[cfg(not(any(feature = "axum", feature = "actix")))]
-pub use disabled::{HttpCaller, Limited, check_http, check_http_dyn, check_http_settle};
+pub(crate) mod disabled;
+// The macro's compile-time checks of the features an attribute needs: `__private` re-exports them.
+pub(crate) mod require;
 
 /// The client of a request, as `by = "ip"` computes it before grouping: `peer` itself unless
 /// it is a trusted proxy, else the right-most hop that is not a trusted proxy in the one header
@@ -170,48 +125,4 @@ pub fn client_ip(
     settings: &HttpSettings,
 ) -> ClientAddr {
     crate::caller::ip::client_ip(peer, headers, settings)
-}
-
-const INTEGRATION_ENABLED: bool = cfg!(any(feature = "axum", feature = "actix"));
-
-/// `RequireHttp::<()>::OK` compiles only when an HTTP integration is enabled: the macro
-/// evaluates it, spanned at `by = "ip"` (or another HTTP source), so that a missing feature is
-/// one clear error.
-#[doc(hidden)]
-#[derive(Debug)]
-pub struct RequireHttp<T>(T);
-
-impl<T> RequireHttp<T> {
-    /// `()`, or a compile error naming the features to enable.
-    pub const OK: () = assert!(
-        INTEGRATION_ENABLED,
-        "an HTTP source (`by = \"ip\" | \"url\" | \"user\" | \"app_id\" | \"header:…\"`) needs an HTTP integration: enable the `axum` or `actix` feature of ratelimit-runtime"
-    );
-}
-
-/// `RequireAxum::<()>::OK` compiles only with the `axum` feature (for `framework = "axum"`).
-#[doc(hidden)]
-#[derive(Debug)]
-pub struct RequireAxum<T>(T);
-
-impl<T> RequireAxum<T> {
-    /// `()`, or a compile error naming the feature to enable.
-    pub const OK: () = assert!(
-        cfg!(feature = "axum"),
-        "`framework = \"axum\"` needs the `axum` feature of ratelimit-runtime"
-    );
-}
-
-/// `RequireActix::<()>::OK` compiles only with the `actix` feature (for
-/// `framework = "actix"`).
-#[doc(hidden)]
-#[derive(Debug)]
-pub struct RequireActix<T>(T);
-
-impl<T> RequireActix<T> {
-    /// `()`, or a compile error naming the feature to enable.
-    pub const OK: () = assert!(
-        cfg!(feature = "actix"),
-        "`framework = \"actix\"` needs the `actix` feature of ratelimit-runtime"
-    );
 }

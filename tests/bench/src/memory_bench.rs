@@ -13,6 +13,8 @@ use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
 use crate::report::{Table, median, paired_ratio, rate, ratio, verdict};
 use crate::{Config, XorShift};
 
+/// The runtime's largest bucket scale (2^52, `PolicyError::BucketTooFine`).
+const MAX_BUCKET_SCALE: u64 = 1 << 52;
 const THREADS: usize = 2;
 const MANY: usize = 100_000;
 
@@ -109,10 +111,10 @@ fn policy_of(a: Algorithm) -> Policy {
         Algorithm::Sliding => Policy::new(a, 1000, minute),
         Algorithm::Fixed => Policy::new(a, 1_000_000_000_000, minute),
         Algorithm::SlidingCounter => {
-            Policy::new(a, ratelimit_runtime::MAX_BUCKET_SCALE / 60_000, minute)
+            Policy::new(a, MAX_BUCKET_SCALE / 60_000, minute)
         }
         _ => Policy::new(a, 1, Duration::from_secs(1))
-            .and_then(|p| p.with_burst(ratelimit_runtime::MAX_BUCKET_SCALE / 1_000_000)),
+            .and_then(|p| p.with_burst(MAX_BUCKET_SCALE / 1_000_000)),
     };
     policy.unwrap_or_else(|e| panic!("{a}: {e}"))
 }

@@ -20,6 +20,10 @@ use crate::server::RedisServer;
 use crate::{Config, XorShift};
 
 /// Distinct callers the throughput runs spread over (redis-benchmark's `-r`).
+/// The runtime's bounds: the largest sliding log (`PolicyError::SlidingLogTooLarge`) and bucket
+/// scale (2^52, `PolicyError::BucketTooFine`).
+const MAX_SLIDING_LOG: u64 = 10_000;
+const MAX_BUCKET_SCALE: u64 = 1 << 52;
 const KEYSPACE: usize = 100_000;
 /// redis-benchmark's load: 50 connections, 16 commands in flight on each.
 const RB_CLIENTS: usize = 50;
@@ -47,10 +51,10 @@ pub(crate) fn throughput_policy(algorithm: Algorithm) -> Policy {
     // GCRA counts at most one unit per µs, the sliding counter's num × period_ms is bounded by
     // 2^52: their "never" is the largest they accept (no run reaches either).
     let num = match algorithm {
-        Algorithm::Sliding => ratelimit_runtime::MAX_SLIDING_LOG,
+        Algorithm::Sliding => MAX_SLIDING_LOG,
         Algorithm::Gcra => u64::try_from(PERIOD.as_micros()).unwrap_or(NEVER),
         Algorithm::SlidingCounter => {
-            ratelimit_runtime::MAX_BUCKET_SCALE / u64::try_from(PERIOD.as_millis()).unwrap_or(1)
+            MAX_BUCKET_SCALE / u64::try_from(PERIOD.as_millis()).unwrap_or(1)
         }
         _ => NEVER,
     };

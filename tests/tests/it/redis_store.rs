@@ -944,7 +944,10 @@ async fn tls_with_the_tls_feature() {
 #[tokio::test]
 async fn numbers_at_the_bounds_stay_exact_and_match_memory() {
     use ratelimit_runtime::MemoryStore;
-    use ratelimit_runtime::{MAX_BUCKET_SCALE, MAX_SLIDING_LOG, MAX_UNITS};
+    // The policy bounds (PolicyError's TooManyUnits, BucketTooFine, SlidingLogTooLarge).
+    const MAX_UNITS: u64 = 1 << 50;
+    const MAX_BUCKET_SCALE: u64 = 1 << 52;
+    const MAX_SLIDING_LOG: u64 = 10_000;
     let server = RedisServer::start();
     let redis = RedisStore::connect(&server.url()).await.expect("connect");
     let memory = MemoryStore::new();
