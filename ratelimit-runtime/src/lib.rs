@@ -384,3 +384,5 @@ mod docs_tests {
 
 #[cfg(test)]
 mod structure_tests;
+#[cfg(test)]
+mod test_support;

@@ -444,7 +444,7 @@ mod tests {
     use crate::caller::Caller;
     use crate::limit::By;
     use crate::policy::Policy;
-    use crate::store::{MemoryStore, TokioClock};
+    use crate::test_support::limiter;
 
     /// One call per 100 ms, no burst.
     fn one_per_100ms() -> [Limit; 1] {
@@ -452,14 +452,6 @@ mod tests {
             .and_then(|p| p.with_burst(1))
             .unwrap();
         [Limit::new(policy, "wait_tests", By::Global)]
-    }
-
-    async fn limiter() -> RateLimiter {
-        RateLimiter::builder()
-            .store(MemoryStore::with_clock(TokioClock::default()))
-            .build()
-            .await
-            .unwrap()
     }
 
     fn lines(bounds: Bounds) -> &'static Lines {

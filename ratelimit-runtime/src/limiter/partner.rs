@@ -159,15 +159,7 @@ mod tests {
     use crate::algorithm::Algorithm;
     use crate::limit::By;
     use crate::policy::Policy;
-    use crate::store::{MemoryStore, TokioClock};
-
-    async fn limiter() -> RateLimiter {
-        RateLimiter::builder()
-            .store(MemoryStore::with_clock(TokioClock::default()))
-            .build()
-            .await
-            .unwrap()
-    }
+    use crate::test_support::limiter;
 
     fn partner(algorithm: Algorithm) -> [Limit; 1] {
         let policy = Policy::new(algorithm, 20, Duration::from_secs(1)).unwrap();
