@@ -82,7 +82,12 @@ impl Leases {
                 return None;
             }
             table.swept_at = Some(now);
-            table.slots.retain(|_, slot| !lock(&slot.state).idle(now));
+            // A slot someone else holds (a call, a take, a return, a lease's timer, a reset)
+            // is in use: dropped, its key would get a second slot that the holder's
+            // bookkeeping never sees (a reset's epoch, a lease taken across it).
+            table
+                .slots
+                .retain(|_, slot| Arc::strong_count(slot) > 1 || !lock(&slot.state).idle(now));
             if table.slots.len() >= MAX_KEYS {
                 return None;
             }
@@ -95,6 +100,17 @@ impl Leases {
     /// Units held in leases now.
     pub(super) fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
+    }
+
+    /// The slot of `key`, made even when the table is full: the keys of an admin call (a
+    /// reset), which must stay in the table while it runs, so that no lease of them is taken
+    /// or held meanwhile. A reset names a few keys; the sweep drops them once idle.
+    fn slot_of_admin(&self, key: &str) -> Arc<Slot> {
+        if let Some(slot) = self.existing(key) {
+            return slot;
+        }
+        let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(table.slots.entry(key.into()).or_default())
     }
 
     /// The slot of `key` if it has one.
@@ -210,9 +226,11 @@ impl State {
         ))
     }
 
-    /// Whether the table may drop this key.
+    /// Whether the table may drop this key: no lease, no reset running, untouched for `IDLE`.
     fn idle(&self, now: Instant) -> bool {
-        self.held.is_none() && self.touched.is_none_or(|t| now.duration_since(t) >= IDLE)
+        self.held.is_none()
+            && self.resetting == 0
+            && self.touched.is_none_or(|t| now.duration_since(t) >= IDLE)
     }
 
     /// The units of the next take for a call of `policy`'s cost: what one lease's life would
@@ -421,6 +439,7 @@ impl RateLimiter {
             self.retire(&slot, limit.scope, check.key, held, true);
         }
         if k > cost
+            && !self.is_shut_down()
             && let Ok(policy) = check.policy.with_cost(k)
         {
             // The take runs on a task of its own, holding the refill lock: a caller cancelled
@@ -459,11 +478,8 @@ impl RateLimiter {
             keys: Vec::new(),
             paused_returns: Vec::new(),
         };
-        let now = Instant::now();
         for (limit, key) in self.leased_keys(limits, keys) {
-            let Some(slot) = self.inner.leases.slot(key, now) else {
-                continue;
-            };
+            let slot = self.inner.leases.slot_of_admin(key);
             let retired = {
                 let mut state = slot.lock();
                 state.resetting += 1;
@@ -540,16 +556,18 @@ impl RateLimiter {
     /// life is over already (a window ending now) or it has nothing left.
     /// A lease taken before an admin call on the key (an older epoch, or a reset running) is
     /// not held: it is retired at once, by the rule of its epoch.
+    /// After shutdown, a take that was in flight gives its lease back at once.
     fn hold(&self, slot: &Arc<Slot>, scope: &'static str, key: &str, held: Held) {
-        // After shutdown, a take that was in flight gives its lease back at once.
-        if held.left == 0 || held.until <= Instant::now() || self.is_shut_down() {
+        if held.left == 0 || held.until <= Instant::now() {
             self.retire(slot, scope, key, held, false);
             return;
         }
         let (until, call_id) = (held.until, held.call_id.clone());
         let earlier = {
             let mut state = slot.lock();
-            if state.epoch != held.epoch || state.resetting > 0 {
+            // Read under the slot's lock: shutdown sets its flag before it takes each slot's
+            // lease (under the same lock), so a lease put here unseen by shutdown is none.
+            if self.is_shut_down() || state.epoch != held.epoch || state.resetting > 0 {
                 drop(state);
                 self.retire(slot, scope, key, held, false);
                 return;
@@ -560,9 +578,14 @@ impl RateLimiter {
         if let Some(earlier) = earlier {
             self.retire(slot, scope, key, earlier, true);
         }
+        // The lease's end, tracked by shutdown, which it ends at once: shutdown gives back
+        // every lease held, this one too if it is held where shutdown did not look.
         let (limiter, slot, key) = (self.clone(), Arc::clone(slot), key.to_owned());
-        tokio::spawn(async move {
-            tokio::time::sleep_until(until).await;
+        self.spawn_tracked(async move {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                () = limiter.shut_down() => {}
+            }
             let ended = {
                 let mut state = slot.lock();
                 if state.held.as_ref().is_some_and(|h| h.call_id == call_id) {
@@ -656,6 +679,9 @@ impl RateLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::By;
+    use crate::limiter::admin::Target;
+    use crate::test_support::remote_limiter;
 
     fn policy(algorithm: Algorithm, num: u64) -> Policy {
         Policy::new(algorithm, num, Duration::from_secs(60)).expect("a policy")
@@ -773,6 +799,183 @@ mod tests {
         for bucket in [Algorithm::Token, Algorithm::Leaky, Algorithm::Gcra] {
             assert_eq!(life(lease(), bucket, period, &d(3)), ms(100));
         }
+    }
+
+    /// A limit of 100,000 a minute with a lease of 100 ms.
+    fn leased_limits() -> [Limit; 1] {
+        let limit = Limit::new(policy(Algorithm::Fixed, 100_000), "lease_tests", By::Global);
+        [limit.with_lease(lease()).expect("a leased limit")]
+    }
+
+    /// The store key of `limits` for the caller `name`.
+    fn key_of(limiter: &RateLimiter, limits: &[Limit], name: &str) -> String {
+        let keys = Target::global().key(name).keys(limiter, limits);
+        keys.expect("a key").remove(0)
+    }
+
+    /// One call of `limits` by the caller `name`: admitted or not.
+    async fn call(limiter: &RateLimiter, limits: &[Limit], name: &str) -> bool {
+        let verdict = limiter
+            .decide(limits, &[key_of(limiter, limits, name)])
+            .await;
+        verdict.expect("the store answers").is_admitted()
+    }
+
+    /// What the store counts of `limits` for the caller `name` (a quota of 100,000).
+    async fn counted(limiter: &RateLimiter, limits: &[Limit], name: &str) -> u64 {
+        let peeked = limiter.peek(limits, &Target::global().key(name)).await;
+        100_000 - peeked.expect("peek").decisions()[0].remaining
+    }
+
+    /// A reset's key keeps its slot through a flood of minted keys that fills the table and
+    /// sweeps it: the reset's bookkeeping and the key's calls meet in one slot, so no lease of
+    /// the key is taken or held while the reset runs (its units would be counted in the state
+    /// the reset deletes, and served on top of the fresh quota).
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_keys_during_a_reset_never_parts_the_reset_from_its_key() {
+        let (limiter, limits) = (remote_limiter().await, leased_limits());
+        let victim = key_of(&limiter, &limits, "victim");
+        let resetting = limiter.resetting_leases(&limits, &[&victim]).await;
+        for i in 0..MAX_KEYS {
+            assert!(call(&limiter, &limits, &format!("minted-{i}")).await);
+        }
+        tokio::time::advance(IDLE).await;
+        assert!(call(&limiter, &limits, "minted-sweeps").await);
+        for _ in 0..100 {
+            assert!(call(&limiter, &limits, "victim").await);
+        }
+        let held = limiter.lease_units_held();
+        drop(resetting);
+        assert_eq!(held, 0, "a lease of the key was held while its reset ran");
+    }
+
+    /// A reset of a key the full table has no slot for still keeps leases off it while it
+    /// runs, even when a sweep makes room meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn a_reset_reaches_a_key_the_full_table_had_no_slot_for() {
+        let (limiter, limits) = (remote_limiter().await, leased_limits());
+        for i in 0..MAX_KEYS {
+            assert!(call(&limiter, &limits, &format!("minted-{i}")).await);
+        }
+        let victim = key_of(&limiter, &limits, "victim");
+        let resetting = limiter.resetting_leases(&limits, &[&victim]).await;
+        tokio::time::advance(IDLE).await;
+        for _ in 0..100 {
+            assert!(call(&limiter, &limits, "victim").await);
+        }
+        let held = limiter.lease_units_held();
+        drop(resetting);
+        assert_eq!(held, 0, "a lease of the key was held while its reset ran");
+    }
+
+    /// A take whose lease reaches its slot while shutdown runs (the hold read the flag before
+    /// shutdown set it, and waits for the slot's lock) gives the lease back: after shutdown,
+    /// the store counts exactly the unit the take's call used.
+    #[test]
+    fn a_lease_held_across_a_shutdown_is_given_back() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let limits = leased_limits();
+        let limiter = runtime.block_on(remote_limiter());
+        let p = limits[0].policy.with_cost(10).expect("cost 10");
+        let call_id = crate::store::new_call_id();
+        let key = key_of(&limiter, &limits, "k");
+        let take = Check::new(&key, &p).with_scope("lease_tests");
+        let verdict = runtime.block_on(limiter.check_as(&[take], Some(&call_id)));
+        let verdict = verdict.expect("the take");
+        let d = &verdict.decisions()[0];
+        let now = Instant::now();
+        let held = Held {
+            scope: "lease_tests",
+            call_id,
+            policy: p,
+            left: 9,
+            granted: 9,
+            epoch: 0,
+            until: now + Duration::from_secs(1),
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_at: now + d.reset_after,
+        };
+        // A slot shutdown's sweep does not see (as one it passed before the lease came).
+        let slot = Arc::new(Slot::default());
+        let holding = slot.lock();
+        let holder = std::thread::spawn({
+            let (limiter, slot, handle) =
+                (limiter.clone(), Arc::clone(&slot), runtime.handle().clone());
+            move || {
+                let _entered = handle.enter();
+                limiter.hold(&slot, "lease_tests", &key, held);
+            }
+        });
+        // Long enough for the hold to pass its first checks and wait for the slot's lock.
+        std::thread::sleep(Duration::from_millis(200));
+        runtime
+            .block_on(limiter.shutdown(Duration::from_secs(5)))
+            .expect("shut down");
+        drop(holding);
+        holder.join().expect("the hold");
+        runtime
+            .block_on(limiter.shutdown(Duration::from_secs(5)))
+            .expect("the returns finish");
+        let left = (limiter.lease_units_held(), slot.lock().held.is_some());
+        let counted = runtime.block_on(counted(&limiter, &limits, "k"));
+        assert_eq!(left, (0, false), "a lease outlived shutdown");
+        assert_eq!(counted, 1, "the store counts the unit used, no more");
+    }
+
+    /// Shutdown ends a lease's timer at once (it does not wait for the lease's life), and
+    /// gives back what the lease did not use.
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_gives_back_a_held_lease_without_waiting_for_its_end() {
+        let (limiter, limits) = (remote_limiter().await, leased_limits());
+        let mut admitted = 0;
+        while limiter.lease_units_held() == 0 {
+            admitted += u64::from(call(&limiter, &limits, "k").await);
+            assert!(admitted < 100, "no lease was taken");
+        }
+        let shutdown = limiter.shutdown(Duration::from_millis(1)).await;
+        assert_eq!(shutdown, Ok(()));
+        assert_eq!(counted(&limiter, &limits, "k").await, admitted);
+    }
+
+    /// A block ends this process's lease and gives its unused units back into the key's
+    /// state; the key stays refused until the block ends (a block is a marker of its own in
+    /// each store, which a return of units does not touch), then admits from the state.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_given_back_at_a_block_never_lets_the_key_through_before_its_end() {
+        let (limiter, limits) = (remote_limiter().await, leased_limits());
+        let mut admitted = 0;
+        while limiter.lease_units_held() == 0 {
+            admitted += u64::from(call(&limiter, &limits, "k").await);
+            assert!(admitted < 100, "no lease was taken");
+        }
+        let target = Target::global().key("k");
+        let block = limiter
+            .block(&limits, &target, Duration::from_secs(10))
+            .await;
+        block.expect("block");
+        tokio::time::sleep(Duration::from_millis(1)).await; // the return lands
+        assert_eq!(limiter.lease_units_held(), 0);
+        let mut through = 0;
+        for _ in 0..500 {
+            through += u64::from(call(&limiter, &limits, "k").await);
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        assert_eq!(through, 0, "admitted while blocked");
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(
+            counted(&limiter, &limits, "k").await,
+            admitted,
+            "the lease's unused units went back, nothing else was taken"
+        );
+        assert!(
+            call(&limiter, &limits, "k").await,
+            "admitted after the block"
+        );
     }
 
     /// A full table takes no new key until one goes idle (its calls are then checked at the
