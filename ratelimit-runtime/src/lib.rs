@@ -384,5 +384,3 @@ mod docs_tests {
 
 #[cfg(test)]
 mod structure_tests;
-#[cfg(test)]
-mod test_support;

@@ -483,8 +483,8 @@ mod tests {
     use crate::call::{Call, prepare};
     use crate::caller::Caller;
     use crate::limit::By;
+    use crate::limiter::test_support::limiter;
     use crate::policy::Policy;
-    use crate::test_support::limiter;
 
     /// One call per 100 ms, no burst.
     fn one_per_100ms() -> [Limit; 1] {

@@ -158,8 +158,8 @@ mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
     use crate::limit::By;
+    use crate::limiter::test_support::limiter;
     use crate::policy::Policy;
-    use crate::test_support::limiter;
 
     fn partner(algorithm: Algorithm) -> [Limit; 1] {
         let policy = Policy::new(algorithm, 20, Duration::from_secs(1)).unwrap();

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::limiter::RateLimiter;
+use super::RateLimiter;
 use crate::store::{AdminFuture, Check, MemoryStore, RefundFuture, Store, StoreFuture, TokioClock};
 
 /// A limiter on a memory store that reads Tokio's clock (so `start_paused` tests control it).
