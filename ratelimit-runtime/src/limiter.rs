@@ -29,6 +29,8 @@ mod partner;
 mod replica;
 mod shadow;
 mod shutdown;
+#[cfg(test)]
+pub(crate) mod test_support;
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, OnceLock};

@@ -29,10 +29,13 @@
 //! in the process, [`MAX_LINES_PER_SCOPE`] of them for one scope (the scopes of a function's
 //! limits, on one store): a client minting keys on one function fills that function's lines,
 //! never another's. A refused call that finds no room for a line of its own waits in its
-//! scope's **overflow line**, in order like any line (the head sleeps for its own slot; a call
-//! whose slot passed while it stood in the line is checked at once). Past [`MAX_SCOPES`]
-//! scopes with lines, the process's one overflow line takes their calls. No refused call
-//! waits out of line.
+//! scope's **overflow line**, in order behind the earlier calls of its own keys only: the
+//! overflow line keeps a turn per key among its calls (a lock and a count, removed by the
+//! last of them to leave, so at most one per waiting call, as a line's queue of waiters
+//! is), and the first call of each key sleeps for its own slot. A client's minted keys in
+//! the overflow line never delay another key's call whose slot is free. Past [`MAX_SCOPES`]
+//! scopes with lines, the process's one overflow line takes their calls, alike. No refused
+//! call waits out of line.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -102,7 +105,7 @@ async fn admit_in<'l>(
     if let Some(spent) = &last {
         place.line.record(spent);
     }
-    let Ok(_turn) = tokio::time::timeout_at(deadline, place.line.turn.lock()).await else {
+    let Ok(_turn) = tokio::time::timeout_at(deadline, place.turn.lock()).await else {
         // The budget ran out in the line: the latest refusal this call or its line saw.
         return match last.or_else(|| place.latest()) {
             Some(spent) => Err(spent.refused()),
@@ -226,15 +229,40 @@ const BOUNDS: Bounds = Bounds {
     scopes: MAX_SCOPES,
 };
 
-/// One line: its turn, handed over first come first served, and the latest refusal its head
-/// saw (what a call whose budget ends in the line answers).
+/// A turn, handed over first come first served.
+type Turn = Arc<tokio::sync::Mutex<()>>;
+
+/// One line: its turn, and the latest refusal its head saw (what a call whose budget ends in
+/// the line answers). An overflow line holds calls of many keys: it keeps a turn per key
+/// among its calls instead (with how many hold a place in it), so that a call waits only
+/// behind earlier calls of its own keys, never behind another key's sleep.
 #[derive(Default)]
 struct Line {
-    turn: tokio::sync::Mutex<()>,
+    turn: Turn,
     latest: Mutex<Option<Limited>>,
+    by_key: Mutex<HashMap<LineKey, (Turn, usize)>>,
 }
 
 impl Line {
+    /// A place in the turn of `key`, in an overflow line (made when there is none).
+    fn enter_key(&self, key: LineKey) -> Turn {
+        let mut by_key = self.by_key.lock().unwrap_or_else(PoisonError::into_inner);
+        let (turn, places) = by_key.entry(key).or_default();
+        *places += 1;
+        Arc::clone(turn)
+    }
+
+    /// Leaves the turn of `key`; the last to leave removes it.
+    fn leave_key(&self, key: LineKey) {
+        let mut by_key = self.by_key.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, places)) = by_key.get_mut(&key) {
+            *places -= 1;
+            if *places == 0 {
+                by_key.remove(&key);
+            }
+        }
+    }
+
     fn record(&self, limited: &Limited) {
         *self.latest.lock().unwrap_or_else(PoisonError::into_inner) = Some(limited.clone());
     }
@@ -372,11 +400,17 @@ impl Lines {
         let mut seats = self.seats();
         let seat = seats.seat_for(scope, key, self.bounds);
         let line = seats.enter(seat);
+        let turn = match seat {
+            Seat::Keys(..) => Arc::clone(&line.turn),
+            Seat::Overflow(_) | Seat::Spill => line.enter_key(key),
+        };
         self.waiting.fetch_add(1, Ordering::Relaxed);
         Place {
             lines: self,
             seat,
+            key,
             line,
+            turn,
         }
     }
 
@@ -391,7 +425,10 @@ impl Lines {
 struct Place {
     lines: &'static Lines,
     seat: Seat,
+    key: LineKey,
     line: Arc<Line>,
+    /// The turn the call waits for: its line's, or in an overflow line its key's.
+    turn: Turn,
 }
 
 impl Place {
@@ -407,6 +444,9 @@ impl Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
+        if !matches!(self.seat, Seat::Keys(..)) {
+            self.line.leave_key(self.key);
+        }
         self.lines.seats().leave(self.seat);
         self.lines.waiting.fetch_sub(1, Ordering::Relaxed);
     }
@@ -443,8 +483,8 @@ mod tests {
     use crate::call::{Call, prepare};
     use crate::caller::Caller;
     use crate::limit::By;
+    use crate::limiter::test_support::limiter;
     use crate::policy::Policy;
-    use crate::store::{MemoryStore, TokioClock};
 
     /// One call per 100 ms, no burst.
     fn one_per_100ms() -> [Limit; 1] {
@@ -452,14 +492,6 @@ mod tests {
             .and_then(|p| p.with_burst(1))
             .unwrap();
         [Limit::new(policy, "wait_tests", By::Global)]
-    }
-
-    async fn limiter() -> RateLimiter {
-        RateLimiter::builder()
-            .store(MemoryStore::with_clock(TokioClock::default()))
-            .build()
-            .await
-            .unwrap()
     }
 
     fn lines(bounds: Bounds) -> &'static Lines {
@@ -790,6 +822,34 @@ mod tests {
             MAX_LINES_PER_SCOPE,
             "the overflow line left with its last call"
         );
+        for t in flooding {
+            t.abort();
+        }
+    }
+
+    /// Minted keys past the flooded function's most lines wait in its overflow line, each for
+    /// a slot 10 s away: an innocent caller of that function, whose own slot comes every
+    /// 100 ms, waits only for its own key. Its 10 waiters are all admitted, in arrival order,
+    /// within their budgets; the lines stay within their bounds.
+    #[tokio::test(start_paused = true)]
+    async fn an_innocent_caller_of_a_flooded_function_waits_only_for_its_own_key() {
+        let (lines, limiter) = (lines(BOUNDS), limiter().await);
+        let flooding = flood(lines, &limiter, MAX_LINES_PER_SCOPE + 100).await;
+        assert_eq!(
+            lines.len(),
+            MAX_LINES_PER_SCOPE + 1,
+            "the scope's lines and its overflow"
+        );
+        let order = ten_waiters(lines, &limiter, "wait_flood").await;
+        let shown: Vec<String> = order.iter().map(u32::to_string).collect();
+        assert_eq!(
+            order,
+            (0..10).collect::<Vec<u32>>(),
+            "{} of 10 admitted, order {}",
+            order.len(),
+            shown.join("-")
+        );
+        assert_eq!(lines.len(), MAX_LINES_PER_SCOPE + 1);
         for t in flooding {
             t.abort();
         }

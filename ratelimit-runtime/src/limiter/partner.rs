@@ -158,16 +158,8 @@ mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
     use crate::limit::By;
+    use crate::limiter::test_support::limiter;
     use crate::policy::Policy;
-    use crate::store::{MemoryStore, TokioClock};
-
-    async fn limiter() -> RateLimiter {
-        RateLimiter::builder()
-            .store(MemoryStore::with_clock(TokioClock::default()))
-            .build()
-            .await
-            .unwrap()
-    }
 
     fn partner(algorithm: Algorithm) -> [Limit; 1] {
         let policy = Policy::new(algorithm, 20, Duration::from_secs(1)).unwrap();

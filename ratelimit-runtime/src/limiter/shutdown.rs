@@ -17,6 +17,8 @@ pub(super) struct Background {
     pending: AtomicUsize,
     idle: Notify,
     closed: AtomicBool,
+    /// Wakes the tasks that wait for shutdown ([`RateLimiter::shut_down`]).
+    closing: Notify,
 }
 
 impl Background {
@@ -124,6 +126,18 @@ impl RateLimiter {
         self.inner.store.is_local()
     }
 
+    /// Returns once [`RateLimiter::shutdown`] was called on this limiter (or a clone of it):
+    /// a background task that waits for something else (a lease's end) ends early with it.
+    pub(super) async fn shut_down(&self) {
+        let notified = self.inner.background.closing.notified();
+        tokio::pin!(notified);
+        // Registered before the flag is read: a shutdown in between still wakes it.
+        notified.as_mut().enable();
+        if !self.is_shut_down() {
+            notified.await;
+        }
+    }
+
     /// Whether [`RateLimiter::shutdown`] was called on this limiter (or a clone of it).
     pub fn is_shut_down(&self) -> bool {
         self.inner.background.closed.load(Ordering::Acquire)
@@ -165,6 +179,7 @@ impl RateLimiter {
     pub async fn shutdown(&self, timeout: Duration) -> Result<(), ShutdownTimedOut> {
         let background = &self.inner.background;
         background.closed.store(true, Ordering::Release);
+        background.closing.notify_waiters();
         self.return_leases();
         if tokio::time::timeout(timeout, background.idle())
             .await

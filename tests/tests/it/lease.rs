@@ -779,6 +779,77 @@ async fn four_processes_that_shut_down_leave_exactly_what_they_admitted_counted(
 #[rate_limit(
     num = 1000000,
     time = 60,
+    key = "{user}",
+    scope = "lease-shutdown-race",
+    lease = "1s",
+    export = "RACE_HOT"
+)]
+async fn race_hot(user: &str) -> Result<(), RateLimitError> {
+    let _ = user;
+    Ok(())
+}
+
+/// Shutdown racing calls in flight: 16 tasks call 8 leased hot keys flat out on one limiter,
+/// and shutdown comes while they run (takes in flight, their leases reaching their slots while
+/// shutdown gives the leases back). The calls go on to their end (after shutdown each is
+/// checked at Redis, one unit); once they end and shutdown is called again (it waits for the
+/// background calls), no unit is held in a lease and Redis counts, key by key, exactly the
+/// calls admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_racing_calls_in_flight_leaves_exactly_what_was_admitted_counted() {
+    const KEYS: usize = 8;
+    let _saturating = ratelimit_tests::SATURATING.lock().await;
+    let server = RedisServer::start();
+    let limiter = limiter_on(&server).await;
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..TASKS {
+        let admitted = Arc::clone(&admitted);
+        tasks.spawn(limiter.clone().scope(async move {
+            for i in 0..600 {
+                let k = (usize::try_from(task).expect("a task number") + i) % KEYS;
+                let answer = race_hot(&format!("user-{k}")).await;
+                assert!(answer.is_ok(), "{answer:?}");
+                admitted[k].fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let start = Instant::now();
+    while limiter.lease_units_held() == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no lease was held"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let held = limiter.lease_units_held();
+    limiter
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("shut down within 10 s");
+    while let Some(task) = tasks.join_next().await {
+        task.expect("a calling task");
+    }
+    limiter
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("the background calls finish");
+    let mut counted = Vec::new();
+    for k in 0..KEYS {
+        let target = Target::global().key(format!("user-{k}"));
+        counted.push(roomy_counted(&server, RACE_HOT, &target).await);
+    }
+    let admitted: Vec<u64> = admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    say(&format!(
+        "shutdown racing calls: {held} units leased at shutdown; admitted {admitted:?}, Redis counted {counted:?}"
+    ));
+    assert_eq!(limiter.lease_units_held(), 0, "a lease outlived shutdown");
+    assert_eq!(counted, admitted, "Redis counts exactly what was admitted");
+}
+
+#[rate_limit(
+    num = 1000000,
+    time = 60,
     by = "url",
     scope = "lease-shutdown-http",
     lease = "1s",

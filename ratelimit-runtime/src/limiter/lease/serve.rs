@@ -1,197 +1,37 @@
-//! The lease step of a check ([`crate::lease`]): a hot key's calls served from units this
-//! process took a lease at a time.
-//!
-//! Per key, a [`Slot`] keeps the lease the process holds (if any) and the demand it saw since
-//! its last take. A call takes a unit from the lease under the slot's lock (no await); a call
-//! that finds none waits for the slot's refill lock, so that one call per key and process
-//! takes the next lease while the others wait for it, then serve from it. The refilling call
-//! retires the old lease (what it did not use goes back by receipt, in the background) and
-//! takes `k` units as one take of cost `k`; at `k` = the call's cost it makes the ordinary
-//! check instead.
-//!
-//! An admin call ([`RateLimiter::block`], [`RateLimiter::reset`]) ends the key's lease at once
-//! (`block_leases`, `resetting_leases`) and moves the slot's epoch on: a take that was in flight
-//! then is never held, and a lease taken before a reset gives nothing back after it (its units
-//! were counted in the state the reset deleted). A reset waits for the returns in flight first.
+//! Serving a call from its key's lease, and taking the next lease: how many units (`k`
+//! follows the rate the process sees), for how long (never past the window they were counted
+//! in), and holding it until it ends.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Asked, RateLimiter};
+use super::table::{Held, Slot, State};
 use crate::algorithm::Algorithm;
 use crate::decision::{Decision, Verdict};
 use crate::error::StoreError;
 use crate::lease::Lease;
 use crate::limit::Limit;
+use crate::limiter::{Asked, RateLimiter};
 use crate::policy::Policy;
 use crate::store::Check;
-
-/// The keys a limiter keeps lease state for. A key past it (a flood of minted keys on a leased
-/// limit) is checked at the store call by call, exactly as without leases.
-const MAX_KEYS: usize = 4096;
-
-/// How long a key with no lease keeps its state before a full table may drop it, and the
-/// least time between two such sweeps (a full table of busy keys is not scanned per call).
-const IDLE: Duration = Duration::from_secs(2);
 
 /// How long a key whose last take no replica acknowledged is checked call by call (no lease)
 /// before trying again: a master that lost its replica (the one a failover promoted) would
 /// otherwise cost every take the wait.
 const UNREPLICATED: Duration = Duration::from_secs(1);
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The lease state of a limiter: one slot per leased key, and the units unused in all of them.
-#[derive(Default)]
-pub(super) struct Leases {
-    table: RwLock<Table>,
-    held: AtomicU64,
-}
-
-#[derive(Default)]
-struct Table {
-    slots: HashMap<Box<str>, Arc<Slot>>,
-    swept_at: Option<Instant>,
-}
-
-impl Leases {
-    /// The slot of `key`, or `None` when the table is full of keys in use.
-    fn slot(&self, key: &str, now: Instant) -> Option<Arc<Slot>> {
-        // Calls on known keys share the read lock; a new key takes the write lock.
-        if let Some(slot) = self
-            .table
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .slots
-            .get(key)
-        {
-            return Some(Arc::clone(slot));
-        }
-        let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(slot) = table.slots.get(key) {
-            return Some(Arc::clone(slot));
-        }
-        if table.slots.len() >= MAX_KEYS {
-            if table.swept_at.is_some_and(|t| now.duration_since(t) < IDLE) {
-                return None;
-            }
-            table.swept_at = Some(now);
-            table.slots.retain(|_, slot| !lock(&slot.state).idle(now));
-            if table.slots.len() >= MAX_KEYS {
-                return None;
-            }
-        }
-        let slot = Arc::new(Slot::default());
-        table.slots.insert(key.into(), Arc::clone(&slot));
-        Some(slot)
-    }
-
-    /// Units held in leases now.
-    pub(super) fn held(&self) -> u64 {
-        self.held.load(Ordering::Relaxed)
-    }
-
-    /// The slot of `key` if it has one.
-    fn existing(&self, key: &str) -> Option<Arc<Slot>> {
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
-        table.slots.get(key).map(Arc::clone)
-    }
-}
-
-/// A reset of leased keys running ([`RateLimiter::resetting_leases`]): until it is dropped,
-/// no lease of those keys is served, taken or held, and no return of unused units runs.
-/// Dropped, it ends the leases taken meanwhile (giving nothing back) and lets leases start
-/// again from the fresh state.
-pub(super) struct Resetting {
-    limiter: RateLimiter,
-    keys: Vec<(Arc<Slot>, &'static str, String)>,
-    /// The returns of unused units on the keys, paused until the reset is done.
-    paused_returns: Vec<tokio::sync::OwnedRwLockWriteGuard<()>>,
-}
-
-impl Drop for Resetting {
-    fn drop(&mut self) {
-        for (slot, scope, key) in &self.keys {
-            let retired = {
-                let mut state = slot.lock();
-                state.resetting -= 1;
-                state.epoch += 1;
-                state.room = None;
-                state.held.take()
-            };
-            if let Some(held) = retired {
-                self.limiter.retire(slot, scope, key, held, true);
-            }
-        }
-        // The returns held back judge their leases by the epoch set above.
-        self.paused_returns.clear();
-    }
-}
-
-/// One key's lease and demand.
-#[derive(Default)]
-struct Slot {
-    state: Mutex<State>,
-    /// Held by the one call that takes the next lease for this key (and by its task).
-    refill: Arc<tokio::sync::Mutex<()>>,
-    /// Read by each return of unused units while it runs, written by a reset while it runs:
-    /// a return lands before the reset or is judged after it (by the epoch), never on top of
-    /// the fresh state.
-    returns: Arc<tokio::sync::RwLock<()>>,
-}
-
-#[derive(Default)]
-struct State {
-    held: Option<Held>,
-    /// Units asked for since `since` (served from the lease or not): the rate `k` follows.
-    demand: u64,
-    since: Option<Instant>,
-    /// The units of the last take (the next is at most twice as many).
-    last_k: u64,
-    /// The units the store said were left at its last answer: a take never asks for more.
-    room: Option<u64>,
-    /// Until then, no lease: the last take was not replicated in time.
-    unreplicated_until: Option<Instant>,
-    touched: Option<Instant>,
-    /// Moved on by every admin call on the key: a lease whose epoch is older was taken before
-    /// one, and is neither held nor given back.
-    epoch: u64,
-    /// Resets of the key running now: no lease is served, taken or held meanwhile.
-    resetting: u32,
-}
-
-/// A lease this process holds.
-struct Held {
-    /// The limit's scope (the return's labels).
-    scope: &'static str,
-    /// The take's receipts.
-    call_id: String,
-    /// The limit's policy with the take's units as its cost.
-    policy: Policy,
-    /// Units not used yet.
-    left: u64,
-    /// Units it had when this process began to hold it (the gauge's share of it).
-    granted: u64,
-    /// The key's epoch when it was taken (or when a block ended it, to give back by).
-    epoch: u64,
-    /// When it ends: its life, never past the window its units were counted in.
-    until: Instant,
-    /// The store's answer to the take.
-    limit: u64,
-    remaining: u64,
-    reset_at: Instant,
-}
-
 impl State {
     /// A call of `cost` served from the lease, if it holds enough until `now` (`unused`: the
     /// limiter's count of units unused in leases).
-    fn serve(&mut self, cost: u64, now: Instant, unused: &AtomicU64) -> Option<Decision> {
+    pub(super) fn serve(
+        &mut self,
+        cost: u64,
+        now: Instant,
+        unused: &AtomicU64,
+    ) -> Option<Decision> {
         if self.resetting > 0 {
             return None;
         }
@@ -210,16 +50,11 @@ impl State {
         ))
     }
 
-    /// Whether the table may drop this key.
-    fn idle(&self, now: Instant) -> bool {
-        self.held.is_none() && self.touched.is_none_or(|t| now.duration_since(t) >= IDLE)
-    }
-
     /// The units of the next take for a call of `policy`'s cost: what one lease's life would
     /// serve at the rate seen since the last take, at most twice the last take (or the calls
     /// waiting now), at most what the lease allows and what the store had left; at least the
     /// cost (which means: no lease, an ordinary check).
-    fn units(&mut self, lease: Lease, policy: &Policy, now: Instant) -> u64 {
+    pub(super) fn units(&mut self, lease: Lease, policy: &Policy, now: Instant) -> u64 {
         let cost = policy.cost();
         let demand = std::mem::take(&mut self.demand);
         let Some(since) = self.since.replace(now) else {
@@ -241,12 +76,6 @@ impl State {
         let k = k.max(cost);
         self.last_k = k;
         k
-    }
-}
-
-impl Slot {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        lock(&self.state)
     }
 }
 
@@ -348,7 +177,7 @@ fn life(lease: Lease, algorithm: Algorithm, period: Duration, d: &Decision) -> D
 impl RateLimiter {
     /// Whether `limits` (one call's, checked without receipts) go through the lease step: one
     /// enforced limit with a lease, on a store that is not in this process.
-    pub(super) fn leased<'l>(
+    pub(in crate::limiter) fn leased<'l>(
         &self,
         limits: &'l [Limit],
         call_id: Option<&str>,
@@ -367,7 +196,7 @@ impl RateLimiter {
 
     /// The lease step: `check` (the check of `limit`, whose lease is `lease`) served from this
     /// process's lease of its key, or by taking the next lease, or by an ordinary check.
-    pub(super) async fn check_leased(
+    pub(in crate::limiter) async fn check_leased(
         &self,
         limit: &Limit,
         check: Check<'_>,
@@ -379,7 +208,7 @@ impl RateLimiter {
         if let Some(blocked) = &self.inner.blocked
             && let Some(verdict) = blocked.lookup(&[check], now)
         {
-            super::log_rejection(&[check], &verdict, "blocked-cache");
+            crate::limiter::log_rejection(&[check], &verdict, "blocked-cache");
             return Ok(verdict);
         }
         let Some(slot) = self.inner.leases.slot(check.key, now) else {
@@ -421,6 +250,7 @@ impl RateLimiter {
             self.retire(&slot, limit.scope, check.key, held, true);
         }
         if k > cost
+            && !self.is_shut_down()
             && let Ok(policy) = check.policy.with_cost(k)
         {
             // The take runs on a task of its own, holding the refill lock: a caller cancelled
@@ -449,82 +279,6 @@ impl RateLimiter {
         self.check_room(&slot, check).await
     }
 
-    /// Starts a reset of `keys` (the keys of `limits`, in order) for this process's leases:
-    /// ends the leases held (their units were counted in the state the reset deletes: nothing
-    /// goes back), waits for the returns in flight, and keeps leases off the keys until the
-    /// guard is dropped, once the store's reset is done (or failed).
-    pub(super) async fn resetting_leases(&self, limits: &[Limit], keys: &[&str]) -> Resetting {
-        let mut resetting = Resetting {
-            limiter: self.clone(),
-            keys: Vec::new(),
-            paused_returns: Vec::new(),
-        };
-        let now = Instant::now();
-        for (limit, key) in self.leased_keys(limits, keys) {
-            let Some(slot) = self.inner.leases.slot(key, now) else {
-                continue;
-            };
-            let retired = {
-                let mut state = slot.lock();
-                state.resetting += 1;
-                state.epoch += 1;
-                state.held.take()
-            };
-            if let Some(held) = retired {
-                self.retire(&slot, limit.scope, key, held, true);
-            }
-            resetting
-                .keys
-                .push((Arc::clone(&slot), limit.scope, key.to_owned()));
-        }
-        // Each slot's returns once, in one order for every reset: a key named twice, or two
-        // resets naming keys in opposite orders, never wait on a lock they hold.
-        let mut slots: Vec<_> = resetting.keys.iter().map(|(slot, _, _)| slot).collect();
-        slots.sort_by_key(|slot| Arc::as_ptr(slot).addr());
-        slots.dedup_by_key(|slot| Arc::as_ptr(slot).addr());
-        let mut paused_returns = Vec::with_capacity(slots.len());
-        for slot in slots {
-            paused_returns.push(Arc::clone(&slot.returns).write_owned().await);
-        }
-        resetting.paused_returns = paused_returns;
-        resetting
-    }
-
-    /// Ends this process's leases of `keys` (the keys of `limits`, in order) at a block: what
-    /// they did not use goes back (the block rejects the calls they would have served), and a
-    /// take in flight is not held.
-    pub(super) fn block_leases(&self, limits: &[Limit], keys: &[&str]) {
-        for (limit, key) in self.leased_keys(limits, keys) {
-            let Some(slot) = self.inner.leases.existing(key) else {
-                continue;
-            };
-            let retired = {
-                let mut state = slot.lock();
-                state.epoch += 1;
-                state.held.take().map(|mut held| {
-                    held.epoch = state.epoch;
-                    held
-                })
-            };
-            if let Some(held) = retired {
-                self.retire(&slot, limit.scope, key, held, true);
-            }
-        }
-    }
-
-    /// The keys among `keys` (those of `limits`, in order) that this process may lease.
-    fn leased_keys<'a>(
-        &self,
-        limits: &'a [Limit],
-        keys: &'a [&'a str],
-    ) -> impl Iterator<Item = (&'a Limit, &'a str)> {
-        let remote = !self.inner.store.is_local();
-        limits
-            .iter()
-            .zip(keys.iter().copied())
-            .filter(move |(l, _)| remote && l.lease.is_some())
-    }
-
     /// The call's own check (no lease), noting what the store said was left.
     async fn check_room(&self, slot: &Slot, check: Check<'_>) -> Result<Verdict, StoreError> {
         let asked = self.ask(&[check], None).await;
@@ -540,16 +294,18 @@ impl RateLimiter {
     /// life is over already (a window ending now) or it has nothing left.
     /// A lease taken before an admin call on the key (an older epoch, or a reset running) is
     /// not held: it is retired at once, by the rule of its epoch.
-    fn hold(&self, slot: &Arc<Slot>, scope: &'static str, key: &str, held: Held) {
-        // After shutdown, a take that was in flight gives its lease back at once.
-        if held.left == 0 || held.until <= Instant::now() || self.is_shut_down() {
+    /// After shutdown, a take that was in flight gives its lease back at once.
+    pub(super) fn hold(&self, slot: &Arc<Slot>, scope: &'static str, key: &str, held: Held) {
+        if held.left == 0 || held.until <= Instant::now() {
             self.retire(slot, scope, key, held, false);
             return;
         }
         let (until, call_id) = (held.until, held.call_id.clone());
         let earlier = {
             let mut state = slot.lock();
-            if state.epoch != held.epoch || state.resetting > 0 {
+            // Read under the slot's lock: shutdown sets its flag before it takes each slot's
+            // lease (under the same lock), so a lease put here unseen by shutdown is none.
+            if self.is_shut_down() || state.epoch != held.epoch || state.resetting > 0 {
                 drop(state);
                 self.retire(slot, scope, key, held, false);
                 return;
@@ -560,9 +316,14 @@ impl RateLimiter {
         if let Some(earlier) = earlier {
             self.retire(slot, scope, key, earlier, true);
         }
+        // The lease's end, tracked by shutdown, which it ends at once: shutdown gives back
+        // every lease held, this one too if it is held where shutdown did not look.
         let (limiter, slot, key) = (self.clone(), Arc::clone(slot), key.to_owned());
-        tokio::spawn(async move {
-            tokio::time::sleep_until(until).await;
+        self.spawn_tracked(async move {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                () = limiter.shut_down() => {}
+            }
             let ended = {
                 let mut state = slot.lock();
                 if state.held.as_ref().is_some_and(|h| h.call_id == call_id) {
@@ -579,7 +340,7 @@ impl RateLimiter {
 
     /// Counts `held`'s units as held in leases (`held_now`), in the limiter's count and the
     /// gauge, or no longer.
-    fn count_held(&self, scope: &'static str, held: &Held, held_now: bool) {
+    pub(super) fn count_held(&self, scope: &'static str, held: &Held, held_now: bool) {
         let granted = i64::try_from(held.granted).unwrap_or(i64::MAX);
         let units = &self.inner.leases.held;
         if held_now {
@@ -590,80 +351,12 @@ impl RateLimiter {
             crate::observe::lease_units_held(scope, -granted);
         }
     }
-
-    /// Ends a lease: what it did not use goes back by its receipt (a settle to the units used),
-    /// in the background; a lease used up, or one of an epoch the key has left (taken before a
-    /// reset, or in flight at a block), only drops its receipt. A return that fails leaves the
-    /// units counted (never more admitted than the quota). `counted`: the lease was held (its
-    /// units are in the gauge).
-    fn retire(&self, slot: &Arc<Slot>, scope: &'static str, key: &str, held: Held, counted: bool) {
-        if counted {
-            self.count_held(scope, &held, false);
-        }
-        let (limiter, slot, key) = (self.clone(), Arc::clone(slot), key.to_owned());
-        self.spawn_tracked(async move {
-            let _returning = Arc::clone(&slot.returns).read_owned().await;
-            let current = slot.lock().epoch == held.epoch;
-            let check = Check::new(&key, &held.policy).with_scope(scope);
-            let taken = held.policy.cost();
-            if held.left == 0 || !current {
-                limiter.forget(&[check], &held.call_id).await;
-            } else {
-                limiter
-                    .settle(&[check], &held.call_id, &[taken - held.left])
-                    .await;
-                crate::observe::lease_units_returned(scope, held.left);
-            }
-        });
-    }
-
-    /// Gives back every lease this process holds ([`RateLimiter::shutdown`]): each ends now,
-    /// and what it did not use goes back by its receipt, in the background.
-    pub(super) fn return_leases(&self) {
-        let slots: Vec<(Box<str>, Arc<Slot>)> = {
-            let table = self.inner.leases.table.read();
-            let table = table.unwrap_or_else(PoisonError::into_inner);
-            (table.slots.iter())
-                .map(|(key, slot)| (key.clone(), Arc::clone(slot)))
-                .collect()
-        };
-        for (key, slot) in slots {
-            let held = slot.lock().held.take();
-            if let Some(held) = held {
-                self.retire(&slot, held.scope, &key, held, true);
-            }
-        }
-    }
-
-    /// Units this process holds in leases now ([`crate::lease`]): taken from their quotas and
-    /// not used yet, so that other processes may be refused them until this one uses them or
-    /// its leases end (at most each lease's life). The gauge `ratelimit_lease_units_held`
-    /// reports the same, by scope.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use ratelimit_runtime::RateLimiter;
-    /// let limiter = RateLimiter::builder().build().await?;
-    /// assert_eq!(limiter.lease_units_held(), 0); // the memory store never leases
-    /// # Ok(()) }
-    /// ```
-    pub fn lease_units_held(&self) -> u64 {
-        self.inner.leases.held()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn policy(algorithm: Algorithm, num: u64) -> Policy {
-        Policy::new(algorithm, num, Duration::from_secs(60)).expect("a policy")
-    }
-
-    fn lease() -> Lease {
-        Lease::new(Duration::from_millis(100)).expect("a lease")
-    }
+    use crate::limiter::lease::tests::{lease, policy};
 
     /// The units of the take a call of `state` makes at `now` after `demand` calls.
     fn take_after(state: &mut State, demand: u64, now: Instant, p: &Policy) -> u64 {
@@ -773,28 +466,5 @@ mod tests {
         for bucket in [Algorithm::Token, Algorithm::Leaky, Algorithm::Gcra] {
             assert_eq!(life(lease(), bucket, period, &d(3)), ms(100));
         }
-    }
-
-    /// A full table takes no new key until one goes idle (its calls are then checked at the
-    /// store one by one), and sweeps at most once per `IDLE`.
-    #[test]
-    fn a_full_table_refuses_new_keys_and_sweeps_idle_ones() {
-        let leases = Leases::default();
-        let start = Instant::now();
-        for i in 0..MAX_KEYS {
-            let slot = leases.slot(&format!("k{i}"), start).expect("room");
-            lock(&slot.state).touched = Some(start);
-        }
-        assert!(
-            leases.slot("k0", start).is_some(),
-            "a known key keeps its slot"
-        );
-        assert!(leases.slot("new", start).is_none());
-        let later = start + IDLE;
-        assert!(
-            leases.slot("new", later).is_some(),
-            "the idle keys were swept"
-        );
-        assert_eq!(leases.table.read().expect("the table").slots.len(), 1);
     }
 }
