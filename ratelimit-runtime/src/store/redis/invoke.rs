@@ -29,7 +29,7 @@ pub(crate) struct Calls {
 }
 
 impl Calls {
-    pub(super) fn functions(&self) -> bool {
+    pub(crate) fn functions(&self) -> bool {
         !self.scripts_only.load(Ordering::Relaxed)
     }
 
@@ -183,7 +183,11 @@ where
             "SCRIPT LOAD answered unexpected hashes",
         )));
     }
-    log_engine("redis", info.and_then(Result::ok).as_deref(), calls);
+    log_engine(
+        "redis",
+        info.and_then(Result::ok).as_deref(),
+        calls.functions(),
+    );
     Ok(())
 }
 
