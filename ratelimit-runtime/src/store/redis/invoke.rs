@@ -282,7 +282,7 @@ where
             cmd.arg(id);
         }
     };
-    let function = script_sources().check_function;
+    let (function, _) = script_sources().for_checks(checks);
     let reply = invoke(conn, calls, function, script, first.key, args).await?;
     parse_reply(&reply, checks)
 }

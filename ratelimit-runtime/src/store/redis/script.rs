@@ -18,12 +18,24 @@ const SLIDING_COUNTER: &str = include_str!("../../scripts/sliding_counter.lua");
 const CONCURRENCY: &str = include_str!("../../scripts/concurrency.lua");
 const DRIVER: &str = include_str!("../../scripts/driver.lua");
 const REFUND: &str = include_str!("../../scripts/refund.lua");
+/// The check of a call of one fixed-window limit (`fixed_one`), after the driver it hands
+/// every other case to.
+const FIXED_ONE: &str = include_str!("../../scripts/fixed_one.lua");
 
 /// The last line of an `EVAL` script: the driver's `check` (defined by `driver.lua`) on the
 /// script's own KEYS and ARGV.
 const EVAL_CHECK: &str = "return check(KEYS, ARGV)\n";
 /// The last line of the companion `EVAL` script (`refund.lua`'s `compensate`).
 const EVAL_COMPENSATE: &str = "return compensate(KEYS, ARGV)\n";
+/// The last line of the one-limit fixed window's `EVAL` script (`fixed_one.lua`).
+const EVAL_FIXED_ONE: &str = "return fixed_one(KEYS, ARGV)\n";
+
+/// Whether a call of `checks` goes to the one-limit fixed window's own function
+/// (`fixed_one.lua`) instead of the driver: one limit, a fixed window. That function hands
+/// any case it does not decide itself to the driver, in the same call.
+pub(super) fn fixed_one(checks: &[Check<'_>]) -> bool {
+    matches!(checks, [c] if c.policy.algorithm() == Algorithm::Fixed)
+}
 
 /// The Lua file that holds `algorithm`'s rule (its evaluate, commit and refund).
 /// Every algorithm file, once each.
@@ -79,6 +91,13 @@ pub struct ScriptSources {
     /// The function that checks a call (`FCALL <this> numkeys keys… args…`, the driver
     /// script's KEYS and ARGV): the library's name and `_check`.
     pub check_function: &'static str,
+    /// The script sent for a call of one fixed-window limit: the prelude, `fixed.lua`, the
+    /// driver and `fixed_one.lua` (whose `fixed_one` hands what it does not decide to the
+    /// driver's `check`), ending with a call of `fixed_one`.
+    pub fixed_one: &'static str,
+    /// The library's function for a call of one fixed-window limit (the driver's KEYS and
+    /// ARGV): the library's name and `_check_fixed_one`.
+    pub fixed_one_function: &'static str,
     /// The companion's function (peek and refund, the companion script's KEYS and ARGV): the
     /// library's name and `_compensate`.
     pub compensate_function: &'static str,
@@ -88,6 +107,20 @@ impl ScriptSources {
     /// The script sent for a call whose limits all use `algorithm`.
     pub fn for_algorithm(&self, algorithm: Algorithm) -> &'static str {
         self.single[usize::from(algorithm.code() - 1)]
+    }
+
+    /// The function (`FCALL`) and the script (`EVALSHA`, its text) a check of `checks` is
+    /// sent to: the one-limit fixed window's own, or the driver.
+    pub fn for_checks(&self, checks: &[Check<'_>]) -> (&'static str, &'static str) {
+        if fixed_one(checks) {
+            return (self.fixed_one_function, self.fixed_one);
+        }
+        let mut algorithms = checks.iter().map(|c| c.policy.algorithm());
+        let script = match algorithms.next() {
+            Some(first) if algorithms.all(|a| a == first) => self.for_algorithm(first),
+            _ => self.combined,
+        };
+        (self.check_function, script)
     }
 }
 
@@ -100,19 +133,23 @@ struct Texts {
     library_name: String,
     check_function: String,
     compensate_function: String,
+    fixed_one: String,
+    fixed_one_function: String,
 }
 
 static TEXTS: LazyLock<Texts> = LazyLock::new(|| {
     let algorithms = ALGORITHMS.concat();
-    let code = [PRELUDE, algorithms.as_str(), DRIVER, REFUND].concat();
+    let code = [PRELUDE, algorithms.as_str(), DRIVER, REFUND, FIXED_ONE].concat();
     let hash = Script::new(&code).get_hash().to_owned();
     let library_name = format!("ratelimit_{}", &hash[..16]);
     let check_function = format!("{library_name}_check");
     let compensate_function = format!("{library_name}_compensate");
+    let fixed_one_function = format!("{library_name}_check_fixed_one");
     let library = format!(
         "#!lua name={library_name}\n{code}\
          redis.register_function('{check_function}', check)\n\
-         redis.register_function('{compensate_function}', compensate)\n"
+         redis.register_function('{compensate_function}', compensate)\n\
+         redis.register_function('{fixed_one_function}', fixed_one)\n"
     );
     Texts {
         single: Algorithm::BY_CODE.map(|a| [PRELUDE, source(a), DRIVER, EVAL_CHECK].concat()),
@@ -122,6 +159,8 @@ static TEXTS: LazyLock<Texts> = LazyLock::new(|| {
         library_name,
         check_function,
         compensate_function,
+        fixed_one: [PRELUDE, FIXED, DRIVER, FIXED_ONE, EVAL_FIXED_ONE].concat(),
+        fixed_one_function,
     }
 });
 
@@ -137,6 +176,8 @@ pub fn script_sources() -> ScriptSources {
         library_name: &texts.library_name,
         check_function: &texts.check_function,
         compensate_function: &texts.compensate_function,
+        fixed_one: &texts.fixed_one,
+        fixed_one_function: &texts.fixed_one_function,
     }
 }
 
@@ -146,6 +187,8 @@ pub(super) struct Scripts {
     /// The script of each algorithm code, by `code() - 1`: an index into `distinct`.
     single: [usize; 7],
     combined: Script,
+    /// The one-limit fixed window's script ([`fixed_one`]).
+    fixed_one: Script,
     /// The per-algorithm scripts, each text once.
     distinct: Vec<Script>,
     /// The source of each script of [`Scripts::all`], in its order, for `SCRIPT LOAD`.
@@ -163,17 +206,23 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     });
     let distinct = sources.iter().map(|s| Script::new(s)).collect();
     sources.push(texts.combined);
+    sources.push(texts.fixed_one);
     Scripts {
         single,
         combined: Script::new(texts.combined),
+        fixed_one: Script::new(texts.fixed_one),
         distinct,
         sources,
     }
 });
 
 impl Scripts {
-    /// The smallest script that knows every algorithm in `checks`.
+    /// The script a check of `checks` is sent to: the one-limit fixed window's
+    /// ([`fixed_one`]), else the smallest driver that knows every algorithm in `checks`.
     pub(super) fn for_checks(&self, checks: &[Check<'_>]) -> &Script {
+        if fixed_one(checks) {
+            return &self.fixed_one;
+        }
         let Some(first) = checks.first() else {
             return &self.combined;
         };
@@ -190,9 +239,12 @@ impl Scripts {
         &self.distinct[self.single[usize::from(algorithm.code() - 1)]]
     }
 
-    /// Every script, each text once: the per-algorithm ones, then the combined one.
+    /// Every script, each text once: the per-algorithm ones, the combined one, the one-limit
+    /// fixed window's.
     pub(super) fn all(&self) -> impl Iterator<Item = &Script> {
-        self.distinct.iter().chain(std::iter::once(&self.combined))
+        self.distinct
+            .iter()
+            .chain([&self.combined, &self.fixed_one])
     }
 }
 
@@ -236,23 +288,48 @@ mod tests {
                 .into_iter()
                 .collect();
         assert_eq!(distinct.len(), 7, "{distinct:?}");
+        // One fixed-window limit alone: its own script.
+        let fixed_one = hash(&[Check::new("a", &f)]);
+        assert_ne!(fixed_one, fixed);
         // What is loaded is every script once, and each is the text `script_sources` gives.
         let loaded: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
         assert_eq!(
             loaded,
-            [&fixed, &sliding, &token, &gcra, &counter, &slots, &mixed]
+            [
+                &fixed, &sliding, &token, &gcra, &counter, &slots, &mixed, &fixed_one
+            ]
         );
         let texts = script_sources();
         for (a, p) in Algorithm::BY_CODE
             .into_iter()
             .zip([&f, &s, &l, &t, &g, &c, &n])
         {
+            let two = [Check::new("a", p), Check::new("b", p)];
             assert_eq!(
                 Script::new(texts.for_algorithm(a)).get_hash(),
-                hash(&[Check::new("a", p)]),
+                hash(&two),
                 "{a}"
             );
+            assert_eq!(
+                texts.for_checks(&two),
+                (texts.check_function, texts.for_algorithm(a))
+            );
+            let one = [Check::new("a", p)];
+            let (function, script) = texts.for_checks(&one);
+            assert_eq!(Script::new(script).get_hash(), hash(&one), "{a}");
+            if a == Algorithm::Fixed {
+                assert_eq!(
+                    (function, script),
+                    (texts.fixed_one_function, texts.fixed_one)
+                );
+            } else {
+                assert_eq!(
+                    (function, script),
+                    (texts.check_function, texts.for_algorithm(a))
+                );
+            }
         }
+        assert_eq!(Script::new(texts.fixed_one).get_hash(), fixed_one);
         assert_eq!(Script::new(texts.combined).get_hash(), mixed);
         let sources: Vec<String> = SCRIPTS
             .sources
@@ -282,9 +359,13 @@ mod tests {
             texts.companion,
             [PRELUDE, &algorithms, REFUND, EVAL_COMPENSATE].concat()
         );
+        assert_eq!(
+            texts.fixed_one,
+            [PRELUDE, FIXED, DRIVER, FIXED_ONE, EVAL_FIXED_ONE].concat()
+        );
         // The library: the same files once each, named by the hash of that code, registering
         // the two composers' functions under names of its own.
-        let code = [PRELUDE, &algorithms, DRIVER, REFUND].concat();
+        let code = [PRELUDE, &algorithms, DRIVER, REFUND, FIXED_ONE].concat();
         let name = format!("ratelimit_{}", &Script::new(&code).get_hash()[..16]);
         assert_eq!(texts.library_name, name);
         assert_eq!(texts.check_function, format!("{name}_check"));
@@ -295,7 +376,8 @@ mod tests {
             rest,
             format!(
                 "{code}redis.register_function('{name}_check', check)\n\
-                 redis.register_function('{name}_compensate', compensate)\n"
+                 redis.register_function('{name}_compensate', compensate)\n\
+                 redis.register_function('{name}_check_fixed_one', fixed_one)\n"
             )
         );
         // Every rule file registers its codes; the composers register none.
@@ -310,7 +392,7 @@ mod tests {
                 assert!(file.contains(code), "{code}");
             }
         }
-        for composer in [PRELUDE, DRIVER, REFUND] {
+        for composer in [PRELUDE, DRIVER, REFUND, FIXED_ONE] {
             for code in [
                 "ALGOS[1]", "ALGOS[2]", "ALGOS[3]", "ALGOS[4]", "ALGOS[5]", "ALGOS[6]",
             ] {
