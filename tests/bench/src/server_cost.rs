@@ -75,6 +75,50 @@ fn contenders(
             }),
         ));
     }
+    // Two limits of one algorithm stacked in one call (distinct keys), and the fixed window
+    // taken under a call id (`Store::take`, as `RateLimiter` sends every check under the
+    // default failure policy `local`: the call leaves a receipt).
+    for algorithm in [Algorithm::Fixed, Algorithm::Gcra] {
+        let policy = throughput_policy(algorithm);
+        let keys = table_keys(&policy, "bench2");
+        let store = store.clone();
+        out.push((
+            format!("ratelimit `RedisStore::check`, {algorithm}, two limits stacked"),
+            Rc::new(move |i| {
+                let (store, keys) = (store.clone(), keys.clone());
+                Box::pin(async move {
+                    let second = format!("{}:2", keys[i]);
+                    store
+                        .check(&[Check::new(&keys[i], &policy), Check::new(&second, &policy)])
+                        .await
+                        .map(|v| v.is_admitted())
+                        .map_err(|e| e.to_string())
+                })
+            }),
+        ));
+    }
+    {
+        let policy = throughput_policy(Algorithm::Fixed);
+        let keys = table_keys(&policy, "benchid");
+        let store = store.clone();
+        // A new id per call, as the limiter draws one.
+        let ids = Rc::new(std::cell::Cell::new(0_u64));
+        out.push((
+            "ratelimit `RedisStore::take` (a call id: a receipt), fixed".to_owned(),
+            Rc::new(move |i| {
+                let (store, keys) = (store.clone(), keys.clone());
+                ids.set(ids.get() + 1);
+                let id = format!("{:x}", ids.get());
+                Box::pin(async move {
+                    store
+                        .take(&[Check::new(&keys[i], &policy)], &id)
+                        .await
+                        .map(|v| v.is_admitted())
+                        .map_err(|e| e.to_string())
+                })
+            }),
+        ));
+    }
     let aerl = {
         let client = redis026::Client::open(url.as_str()).map_err(|e| e.to_string())?;
         let manager = rt
