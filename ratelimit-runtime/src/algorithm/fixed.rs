@@ -96,8 +96,8 @@ pub fn evaluate(w: Option<&Window>, p: &Params, now: u64) -> (Evaluation, Option
     (e, next)
 }
 
-/// A wait (`reset_after` or `retry_after`, µs) of a call of one fixed-window limit as the Redis
-/// stores answer it (`scripts/fixed_one.lua`, which reads no clock without a call id): counted
+/// A wait (`reset_after` or `retry_after`, µs) of a call of fixed-window limits only as the
+/// Redis stores answer it (`scripts/fixed_only.lua`, which reads no clock without a call id): counted
 /// from the start of `now`'s millisecond, so whole milliseconds, never earlier than the rule's
 /// and less than 1 ms later. No wait (0) stays none.
 ///

@@ -246,7 +246,7 @@ local function parse_limit(argv, base, i)
     -- arithmetic.
     p.cost_text = int(p.cost)
     limit = { algo = algo, p = p, capacity = p[algo.capacity] }
-    -- The period in whole milliseconds as PEXPIRE takes it (fixed_one.lua), when it is.
+    -- The period in whole milliseconds as PEXPIRE takes it (fixed_only.lua), when it is.
     if math.fmod(p.period, 1000) == 0 then
       limit.period_ms_text = int(p.period / 1000)
     end

@@ -129,12 +129,12 @@ impl Pair {
 }
 
 /// The verdict of `checks` at `now_us` (µs, either clock: they differ by whole milliseconds)
-/// as the Redis stores answer it: a call sent to the one-limit fixed window's own function
+/// as the Redis stores answer it: a call sent to the fixed windows' own function
 /// answers its waits from the start of the current millisecond (`fixed::whole_ms`); any other
 /// call as the rules give them.
 pub(crate) fn as_sent(checks: &[Check<'_>], v: Verdict, now_us: u64) -> Verdict {
     let texts = ratelimit_runtime::store::redis::script_sources();
-    if texts.for_checks(checks).0 != texts.fixed_one_function {
+    if texts.for_checks(checks).0 != texts.fixed_only_function {
         return v;
     }
     let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
@@ -1241,7 +1241,7 @@ fn script_texts_are_the_ones_the_store_loads() {
         for text in sources
             .single
             .iter()
-            .chain([&sources.combined, &sources.fixed_one])
+            .chain([&sources.combined, &sources.fixed_only])
         {
             exists.arg(redis::Script::new(text).get_hash());
         }
@@ -1299,7 +1299,7 @@ fn script_texts_are_the_ones_the_store_loads() {
         for name in [
             &sources.check_function,
             &sources.compensate_function,
-            &sources.fixed_one_function,
+            &sources.fixed_only_function,
         ] {
             assert!(
                 names.contains(&Reply::Bulk(name.as_bytes().to_vec())),

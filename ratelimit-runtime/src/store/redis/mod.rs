@@ -14,10 +14,11 @@
 //!   loaded again and the call repeated once. A server without Functions (before Redis 7, or
 //!   an ACL without `FCALL`/`FUNCTION`) runs the same code as scripts, invoked by their SHA1
 //!   with `EVALSHA` and reloaded after `NOSCRIPT`.
-//! * **One fixed-window limit, its own function.** The usual call, one limit of the fixed
-//!   window, goes to a function of its own (`scripts/fixed_one.lua`: `INCRBY`, the key's `PTTL`,
-//!   `PEXPIRE` for a new window, `DECRBY` to undo a call over the limit, all in the one
-//!   script), which reads no clock without a call id: its waits (`reset_after`,
+//! * **Fixed windows, their own function.** A call whose limits are all fixed windows on
+//!   distinct keys (the usual call: one) goes to a function of its own
+//!   (`scripts/fixed_only.lua`: per limit `INCRBY` and the key's `PTTL`, `PEXPIRE` for a new
+//!   window, `DECRBY` to undo a call over the limit, all in the one script), which reads no
+//!   clock without a call id: its waits (`reset_after`,
 //!   `retry_after`) count from the start of the server's current millisecond, so they are
 //!   whole milliseconds, never early and less than 1 ms later than the other paths'
 //!   ([`crate::algorithm::fixed::whole_ms`]). A block, a replayed take or state it does not

@@ -139,7 +139,7 @@ impl LuaStore {
     }
 
     /// Runs the check of `checks` on `keys` and `argv`, as the store would in this mode: the
-    /// function or script the store picks for them (the driver, or a one-limit fast path).
+    /// function or script the store picks for them (the driver, or the fixed windows' own).
     pub(crate) fn run_driver(
         &self,
         checks: &[Check<'_>],

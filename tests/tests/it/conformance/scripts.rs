@@ -22,20 +22,20 @@ pub(crate) struct Sources {
     pub check_function: String,
     /// The library's function for peeks and refunds (the companion's code).
     pub compensate_function: String,
-    /// The script for a call of one fixed-window limit (`fixed_one.lua` before its driver).
-    pub fixed_one: String,
+    /// The script for a call of fixed-window limits only (`fixed_only.lua` after its driver).
+    pub fixed_only: String,
     /// The library's function for a call of one fixed-window limit.
-    pub fixed_one_function: String,
+    pub fixed_only_function: String,
 }
 
 impl Sources {
     /// The function and the script a call of `checks` is sent to, as the stores pick them
-    /// (`ScriptSources::for_checks`): the one-limit fixed window's own, or the driver.
+    /// (`ScriptSources::for_checks`): the fixed windows' own, or the driver.
     pub(crate) fn for_checks(&self, checks: &[Check<'_>]) -> (&str, &str) {
         let texts = script_sources();
         let (function, _) = texts.for_checks(checks);
-        if function == texts.fixed_one_function {
-            (&self.fixed_one_function, &self.fixed_one)
+        if function == texts.fixed_only_function {
+            (&self.fixed_only_function, &self.fixed_only)
         } else {
             let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.policy.algorithm()).collect();
             (&self.check_function, self.driver(&algorithms))
@@ -73,7 +73,7 @@ pub(crate) fn sources() -> Sources {
         library: texts.library.to_owned(),
         check_function: texts.check_function.to_owned(),
         compensate_function: texts.compensate_function.to_owned(),
-        fixed_one: texts.fixed_one.to_owned(),
-        fixed_one_function: texts.fixed_one_function.to_owned(),
+        fixed_only: texts.fixed_only.to_owned(),
+        fixed_only_function: texts.fixed_only_function.to_owned(),
     }
 }
