@@ -268,13 +268,24 @@ pub fn table(
     ]);
     for ((name, traced_check), (_, plain_check)) in traced_runs.iter().zip(&plain_runs) {
         // Every caller holds state on both servers, then a warm-up (the library loaded, the
-        // parsed-limits cache filled).
-        prefill(rt, traced_check)?;
-        prefill(rt, plain_check)?;
+        // parsed-limits cache filled). A contender this server refuses (the peer's `EXPIRE … NX`
+        // on Redis 6.2) is a row saying so.
+        if let Err(e) = prefill(rt, traced_check).and_then(|()| prefill(rt, plain_check)) {
+            let refused = format!("not measured: {e}");
+            table.row(vec![name.clone(), refused, "—".into(), "—".into(), "—".into()]);
+            continue;
+        }
         run(rt, traced_check, cfg.warmup);
         run(rt, plain_check, cfg.warmup);
         let instructions =
-            instructions_per_check(traced.pid(), dumps, rt, traced_check, traced_run)?;
+            match instructions_per_check(traced.pid(), dumps, rt, traced_check, traced_run) {
+                Ok(n) => n,
+                Err(e) => {
+                    let refused = format!("not measured: {e}");
+                    table.row(vec![name.clone(), refused, "—".into(), "—".into(), "—".into()]);
+                    continue;
+                }
+            };
         server.cli(&["CONFIG", "RESETSTAT"])?;
         let o = run(rt, plain_check, cfg.run);
         let (commands, usec) = commandstats(server)?;
