@@ -96,6 +96,24 @@ pub fn evaluate(w: Option<&Window>, p: &Params, now: u64) -> (Evaluation, Option
     (e, next)
 }
 
+/// A wait (`reset_after` or `retry_after`, µs) of a call of fixed-window limits only as the
+/// Redis stores answer it (`scripts/fixed_only.lua`, which reads no clock without a call id): counted
+/// from the start of `now`'s millisecond, so whole milliseconds, never earlier than the rule's
+/// and less than 1 ms later. No wait (0) stays none.
+///
+/// ```
+/// use ratelimit_runtime::algorithm::fixed::whole_ms;
+/// assert_eq!(whole_ms(999_750, 5_000_250), 1_000_000);
+/// assert_eq!(whole_ms(0, 5_000_250), 0);
+/// ```
+pub fn whole_ms(wait_us: u64, now: u64) -> u64 {
+    if wait_us == 0 {
+        0
+    } else {
+        wait_us.saturating_add(now % 1000)
+    }
+}
+
 /// Gives back `cost` while the call's window is still the key's: more than 2 ms before that
 /// window's end (`at + reset`), and the key's window ends no later than 2 ms after it (a newer
 /// window ends later). A window left empty is deleted (`None`).

@@ -45,6 +45,17 @@ local holder = nil
 -- Whether this chunk switched to effects replication (read_clock, below).
 local REPLICATING = false
 
+-- Chooses INT_FORMAT (above), once per chunk: by every entry point's first
+-- call, before any number is written (read_clock, parse_limit).
+local function choose_int_format()
+  if INT_FORMAT == nil then
+    INT_FORMAT = '%.0f'
+    if string.format('%d', 2 ^ 53) == '9007199254740992' then
+      INT_FORMAT = '%d'
+    end
+  end
+end
+
 local function read_clock()
   -- Before Redis 5, a script that writes after a non-deterministic command such
   -- as TIME must switch to effects replication first; from Redis 5 on it is the
@@ -61,12 +72,7 @@ local function read_clock()
   -- Two strings of digits: arithmetic converts each once (Lua 5.1's tonumber
   -- converts its argument twice).
   now = time[1] * 1000000 + time[2]
-  if INT_FORMAT == nil then
-    INT_FORMAT = '%.0f'
-    if string.format('%d', 2 ^ 53) == '9007199254740992' then
-      INT_FORMAT = '%d'
-    end
-  end
+  choose_int_format()
 end
 
 -- a / b rounded up, for non-negative integers a and b > 0 below 2^53. The
@@ -212,40 +218,54 @@ local function whole(n, least)
   return n ~= nil and n >= least and n < 9007199254740992 and n == math.floor(n)
 end
 
+-- Limit i of a call, whose five arguments start after argv[base]: the parsed
+-- limit (from PARSED), or nil and the error reply.
+local function parse_limit(argv, base, i)
+  local id = argv[base + 1] .. ':' .. argv[base + 2] .. ':' .. argv[base + 3]
+    .. ':' .. argv[base + 4] .. ':' .. argv[base + 5]
+  local limit = PARSED[id]
+  if limit == nil then
+    choose_int_format()
+    local code = tonumber(argv[base + 1])
+    local algo = ALGOS[code]
+    if algo == nil then
+      return nil, redis.error_reply('ERR ratelimit: this script has no algorithm with code ' .. tostring(argv[base + 1]))
+    end
+    local p = {
+      limit = tonumber(argv[base + 2]),
+      period = tonumber(argv[base + 3]),
+      burst = tonumber(argv[base + 4]),
+      cost = tonumber(argv[base + 5]),
+    }
+    if not (whole(p.limit, 1) and whole(p.period, 1000) and whole(p.burst, 1)
+      and whole(p.cost, 1)) then
+      return nil, redis.error_reply('ERR ratelimit: invalid parameters for key ' .. i)
+    end
+    -- The cost as the decimal text commands take (the fixed window's INCRBY), made
+    -- once per parsed limit: formatting a number costs more than the rest of a check's
+    -- arithmetic.
+    p.cost_text = int(p.cost)
+    limit = { algo = algo, p = p, capacity = p[algo.capacity] }
+    -- The period in whole milliseconds as PEXPIRE takes it (fixed_only.lua), when it is.
+    if math.fmod(p.period, 1000) == 0 then
+      limit.period_ms_text = int(p.period / 1000)
+    end
+    if PARSED_COUNT >= PARSED_MAX then
+      PARSED = {}
+      PARSED_COUNT = 0
+    end
+    PARSED[id] = limit
+    PARSED_COUNT = PARSED_COUNT + 1
+  end
+  return limit
+end
+
 local function parse_limits(argv, offset, nkeys)
   local limits = {}
   for i = 1, nkeys do
-    local base = offset + 5 * (i - 1)
-    local id = argv[base + 1] .. ':' .. argv[base + 2] .. ':' .. argv[base + 3]
-      .. ':' .. argv[base + 4] .. ':' .. argv[base + 5]
-    local limit = PARSED[id]
+    local limit, refused = parse_limit(argv, offset + 5 * (i - 1), i)
     if limit == nil then
-      local code = tonumber(argv[base + 1])
-      local algo = ALGOS[code]
-      if algo == nil then
-        return nil, redis.error_reply('ERR ratelimit: this script has no algorithm with code ' .. tostring(argv[base + 1]))
-      end
-      local p = {
-        limit = tonumber(argv[base + 2]),
-        period = tonumber(argv[base + 3]),
-        burst = tonumber(argv[base + 4]),
-        cost = tonumber(argv[base + 5]),
-      }
-      if not (whole(p.limit, 1) and whole(p.period, 1000) and whole(p.burst, 1)
-        and whole(p.cost, 1)) then
-        return nil, redis.error_reply('ERR ratelimit: invalid parameters for key ' .. i)
-      end
-      -- The cost as the decimal text commands take (the fixed window's INCRBY), made
-      -- once per parsed limit: formatting a number costs more than the rest of a check's
-      -- arithmetic.
-      p.cost_text = int(p.cost)
-      limit = { algo = algo, p = p, capacity = p[algo.capacity] }
-      if PARSED_COUNT >= PARSED_MAX then
-        PARSED = {}
-        PARSED_COUNT = 0
-      end
-      PARSED[id] = limit
-      PARSED_COUNT = PARSED_COUNT + 1
+      return nil, refused
     end
     limits[i] = limit
   end

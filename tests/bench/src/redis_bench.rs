@@ -39,10 +39,16 @@ const PERIOD_MEMORY: Duration = Duration::from_secs(86_400);
 
 /// The script text the store sends for a call with one limit of `algorithm`: the prelude, that
 /// algorithm and the driver, exactly as `RedisStore` concatenates them.
-fn script_text(algorithm: Algorithm) -> String {
+/// The function and the script text the store sends a check of one limit of `algorithm` to
+/// (a one-limit fast path, or the driver).
+fn store_entry(algorithm: Algorithm) -> (&'static str, &'static str) {
+    let policy = throughput_policy(algorithm);
     ratelimit_runtime::store::redis::script_sources()
-        .for_algorithm(algorithm)
-        .to_owned()
+        .for_checks(&[ratelimit_runtime::Check::new("k", &policy)])
+}
+
+fn script_text(algorithm: Algorithm) -> String {
+    store_entry(algorithm).1.to_owned()
 }
 
 pub(crate) fn throughput_policy(algorithm: Algorithm) -> Policy {
@@ -350,14 +356,15 @@ fn store_call(server: &RedisServer, algorithm: Algorithm) -> Result<[String; 2],
             "WITHCODE",
         ])
         .unwrap_or_default();
-    if listed.contains(sources.check_function) {
+    let (function, _) = store_entry(algorithm);
+    if listed.contains(function) {
         if !listed.contains(sources.library.trim_end()) {
             return Err(format!(
                 "the library {} on the server is not the store's text",
                 sources.library_name
             ));
         }
-        return Ok(["FCALL".to_owned(), sources.check_function.to_owned()]);
+        return Ok(["FCALL".to_owned(), function.to_owned()]);
     }
     let sha = redis::Script::new(&script_text(algorithm))
         .get_hash()

@@ -27,13 +27,17 @@ impl RedisServer {
             let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
             let port = free_port()?;
             let log = dir.path().join("redis.log");
+            // `BENCH_REDIS_SERVER=<binary>`: another engine (Redis 6.2, Valkey) than the
+            // `redis-server` on PATH.
+            let binary =
+                std::env::var("BENCH_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
             let mut command = match wrapper.split_first() {
                 Some((program, args)) => {
                     let mut c = Command::new(program);
-                    c.args(args).arg("redis-server");
+                    c.args(args).arg(&binary);
                     c
                 }
-                None => Command::new("redis-server"),
+                None => Command::new(&binary),
             };
             let child = command
                 .args(["--bind", "127.0.0.1", "--port", &port.to_string()])

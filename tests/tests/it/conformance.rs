@@ -14,6 +14,7 @@
 //! of milliseconds (fixed windows depend on where milliseconds start).
 
 mod declared;
+mod fast_paths;
 mod lua_store;
 mod model;
 mod scripts;
@@ -27,8 +28,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use ratelimit_runtime::algorithm::fixed;
 use ratelimit_runtime::store::Clock;
-use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy, Store, StoreError, Verdict};
+use ratelimit_runtime::{
+    Algorithm, Check, Decision, MemoryStore, Policy, Store, StoreError, Verdict,
+};
 use ratelimit_tests::redis_server::{self, RedisServer};
 use redis::aio::MultiplexedConnection;
 
@@ -83,6 +87,15 @@ impl Pair {
         }
     }
 
+    /// The same sides, the Lua ones running `sources` (the stores' texts, or mutants of them).
+    fn with_sources(sources: &scripts::Sources) -> Self {
+        let mut pair = Self::new();
+        pair.lua = LuaStore::with_sources(EPOCH_US + START_US, Mode::Functions, sources.clone());
+        pair.lua_scripts =
+            LuaStore::with_sources(EPOCH_US + START_US, Mode::Scripts, sources.clone());
+        pair
+    }
+
     fn set(&mut self, now: u64) {
         self.now = now;
         self.clock.0.store(now, Ordering::SeqCst);
@@ -104,14 +117,42 @@ impl Pair {
         let memory: &dyn Store = &self.memory;
         let lua: &dyn Store = &self.lua;
         let scripts: &dyn Store = &self.lua_scripts;
+        let now = self.now;
         self.runtime.block_on(async {
             (
-                memory.check(checks).await,
+                memory.check(checks).await.map(|v| as_sent(checks, v, now)),
                 lua.check(checks).await,
                 scripts.check(checks).await,
             )
         })
     }
+}
+
+/// The verdict of `checks` at `now_us` (µs, either clock: they differ by whole milliseconds)
+/// as the Redis stores answer it: a call sent to the fixed windows' own function
+/// answers its waits from the start of the current millisecond (`fixed::whole_ms`); any other
+/// call as the rules give them.
+pub(crate) fn as_sent(checks: &[Check<'_>], v: Verdict, now_us: u64) -> Verdict {
+    let texts = ratelimit_runtime::store::redis::script_sources();
+    if texts.for_checks(checks).0 != texts.fixed_only_function {
+        return v;
+    }
+    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    let whole = |us: u64| Duration::from_micros(fixed::whole_ms(us, now_us));
+    Verdict::new(
+        v.decisions()
+            .iter()
+            .map(|d| {
+                Decision::new(
+                    d.admitted,
+                    d.limit,
+                    d.remaining,
+                    whole(us(d.reset_after)),
+                    whole(d.retry_after.map_or(0, us)),
+                )
+            })
+            .collect(),
+    )
 }
 
 /// One limit of a trace: a caller's key and its policy (the cost is drawn per call).
@@ -863,9 +904,12 @@ return out
 fn limits_that_are_not_whole_numbers_are_refused() {
     let lua = LuaStore::new(EPOCH_US + START_US);
     let keys = [b"k".to_vec(), b"k:b".to_vec()];
+    // One fixed-window limit: the call goes where the store sends it (its own function, which
+    // hands a call it does not decide to the driver).
+    let fixed = Policy::new(Algorithm::Fixed, 10, Duration::from_secs(10)).expect("valid");
     let call = |args: [&str; 5]| {
         let argv: Vec<Vec<u8>> = args.iter().map(|a| a.as_bytes().to_vec()).collect();
-        lua.run_driver(&[Algorithm::Fixed], &keys, &argv)
+        lua.run_driver(&[Check::new("k", &fixed)], &keys, &argv)
     };
     for bad in [
         ["1", "10", "60000000", "10", "1.5"],
@@ -1083,14 +1127,14 @@ fn standin_runs_the_traces_like_a_real_server() {
                 let (what, policies, script, (keys, argv)) = if op < 60 || !refundable {
                     let id = op.is_multiple_of(2).then(|| format!("{t:x}{step:x}"));
                     let checks: Vec<Check<'_>> = limits.iter().zip(&policies).map(|(l, p)| Check::new(&l.key, p)).collect();
-                    let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.policy.algorithm()).collect();
                     let call = driver_call(&checks, id.as_deref());
                     if let Some(id) = id {
                         taken.push((id, policies.clone()));
                     }
+                    let (function, script) = lua.scripts().for_checks(&checks);
                     let entry = match mode {
-                        Mode::Functions => Entry::Function(lua.scripts().check_function.clone()),
-                        Mode::Scripts => Entry::Script(lua.scripts().driver(&algorithms).to_owned()),
+                        Mode::Functions => Entry::Function(function.to_owned()),
+                        Mode::Scripts => Entry::Script(script.to_owned()),
                     };
                     ("take", policies, entry, call)
                 } else if op < 85 && !taken.is_empty() {
@@ -1194,13 +1238,17 @@ fn script_texts_are_the_ones_the_store_loads() {
         let sources = scripts::sources();
         let mut exists = redis::cmd("SCRIPT");
         exists.arg("EXISTS");
-        for text in sources.single.iter().chain([&sources.combined]) {
+        for text in sources
+            .single
+            .iter()
+            .chain([&sources.combined, &sources.fixed_only])
+        {
             exists.arg(redis::Script::new(text).get_hash());
         }
         exists.arg(redis::Script::new(&sources.compensate).get_hash());
         let found: Vec<u8> = exists.query_async(&mut conn).await.expect("SCRIPT EXISTS");
-        // Every driver is loaded; the companion script only by the cluster store.
-        let mut expected = vec![1; sources.single.len() + 1];
+        // Every driver and fast path is loaded; the companion script only by the cluster store.
+        let mut expected = vec![1; sources.single.len() + 2];
         expected.push(0);
         assert_eq!(found, expected);
         if redis_server::skip_without_functions(
@@ -1248,7 +1296,11 @@ fn script_texts_are_the_ones_the_store_loads() {
                 _ => None,
             })
             .collect();
-        for name in [&sources.check_function, &sources.compensate_function] {
+        for name in [
+            &sources.check_function,
+            &sources.compensate_function,
+            &sources.fixed_only_function,
+        ] {
             assert!(
                 names.contains(&Reply::Bulk(name.as_bytes().to_vec())),
                 "{name} in {names:?}"

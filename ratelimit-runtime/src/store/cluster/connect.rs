@@ -115,7 +115,7 @@ pub(super) async fn connect_cluster(
         .await
         .ok()
         .and_then(|v| redis::from_redis_value::<String>(v).ok());
-    log_engine("redis-cluster", info.as_deref(), calls);
+    log_engine("redis-cluster", info.as_deref(), calls.functions());
     read_memory_policy(&mut conn, memory).await;
     Ok(conn)
 }

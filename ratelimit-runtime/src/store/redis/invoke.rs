@@ -29,7 +29,7 @@ pub(crate) struct Calls {
 }
 
 impl Calls {
-    pub(super) fn functions(&self) -> bool {
+    pub(crate) fn functions(&self) -> bool {
         !self.scripts_only.load(Ordering::Relaxed)
     }
 
@@ -183,7 +183,11 @@ where
             "SCRIPT LOAD answered unexpected hashes",
         )));
     }
-    log_engine("redis", info.and_then(Result::ok).as_deref(), calls);
+    log_engine(
+        "redis",
+        info.and_then(Result::ok).as_deref(),
+        calls.functions(),
+    );
     Ok(())
 }
 
@@ -278,7 +282,7 @@ where
             cmd.arg(id);
         }
     };
-    let function = script_sources().check_function;
+    let (function, _) = script_sources().for_checks(checks);
     let reply = invoke(conn, calls, function, script, first.key, args).await?;
     parse_reply(&reply, checks)
 }

@@ -14,6 +14,15 @@
 //!   loaded again and the call repeated once. A server without Functions (before Redis 7, or
 //!   an ACL without `FCALL`/`FUNCTION`) runs the same code as scripts, invoked by their SHA1
 //!   with `EVALSHA` and reloaded after `NOSCRIPT`.
+//! * **Fixed windows, their own function.** A call whose limits are all fixed windows on
+//!   distinct keys (the usual call: one) goes to a function of its own
+//!   (`scripts/fixed_only.lua`: per limit `INCRBY` and the key's `PTTL`, `PEXPIRE` for a new
+//!   window, `DECRBY` to undo a call over the limit, all in the one script), which reads no
+//!   clock without a call id: its waits (`reset_after`,
+//!   `retry_after`) count from the start of the server's current millisecond, so they are
+//!   whole milliseconds, never early and less than 1 ms later than the other paths'
+//!   ([`crate::algorithm::fixed::whole_ms`]). A block, a replayed take or state it does not
+//!   read itself is handed to the driver in the same script.
 //! * **TTL on every key.** No key outlives its state: fixed = the window's end, sliding = newest
 //!   entry + period, token = time until full, leaky = time until empty. A key is never created
 //!   without its TTL in the same command.

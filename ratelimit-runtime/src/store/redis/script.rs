@@ -18,12 +18,28 @@ const SLIDING_COUNTER: &str = include_str!("../../scripts/sliding_counter.lua");
 const CONCURRENCY: &str = include_str!("../../scripts/concurrency.lua");
 const DRIVER: &str = include_str!("../../scripts/driver.lua");
 const REFUND: &str = include_str!("../../scripts/refund.lua");
+/// The check of a call of fixed-window limits only, on distinct keys (`fixed_only`), after the
+/// driver it hands every other case to.
+const FIXED_ONLY: &str = include_str!("../../scripts/fixed_only.lua");
 
 /// The last line of an `EVAL` script: the driver's `check` (defined by `driver.lua`) on the
 /// script's own KEYS and ARGV.
 const EVAL_CHECK: &str = "return check(KEYS, ARGV)\n";
 /// The last line of the companion `EVAL` script (`refund.lua`'s `compensate`).
 const EVAL_COMPENSATE: &str = "return compensate(KEYS, ARGV)\n";
+/// The last line of the fixed windows' `EVAL` script (`fixed_only.lua`).
+const EVAL_FIXED_ONLY: &str = "return fixed_only(KEYS, ARGV)\n";
+
+/// Whether a call of `checks` goes to the fixed windows' own function (`fixed_only.lua`)
+/// instead of the driver: every limit a fixed window, no key named twice. That function hands
+/// any case it does not decide itself to the driver, in the same call.
+pub(super) fn fixed_only(checks: &[Check<'_>]) -> bool {
+    !checks.is_empty()
+        && checks
+            .iter()
+            .all(|c| c.policy.algorithm() == Algorithm::Fixed)
+        && !super::wire::keys_repeat(checks)
+}
 
 /// The Lua file that holds `algorithm`'s rule (its evaluate, commit and refund).
 /// Every algorithm file, once each.
@@ -79,6 +95,13 @@ pub struct ScriptSources {
     /// The function that checks a call (`FCALL <this> numkeys keys… args…`, the driver
     /// script's KEYS and ARGV): the library's name and `_check`.
     pub check_function: &'static str,
+    /// The script sent for a call of fixed-window limits only, on distinct keys: the prelude,
+    /// `fixed.lua`, the driver and `fixed_only.lua` (whose `fixed_only` hands what it does not
+    /// decide to the driver's `check`), ending with a call of `fixed_only`.
+    pub fixed_only: &'static str,
+    /// The library's function for a call of fixed-window limits only (the driver's KEYS and
+    /// ARGV): the library's name and `_check_fixed`.
+    pub fixed_only_function: &'static str,
     /// The companion's function (peek and refund, the companion script's KEYS and ARGV): the
     /// library's name and `_compensate`.
     pub compensate_function: &'static str,
@@ -88,6 +111,21 @@ impl ScriptSources {
     /// The script sent for a call whose limits all use `algorithm`.
     pub fn for_algorithm(&self, algorithm: Algorithm) -> &'static str {
         self.single[usize::from(algorithm.code() - 1)]
+    }
+
+    /// The function (`FCALL`) and the script (`EVALSHA`, its text) a check of `checks` is
+    /// sent to: the fixed windows' own (every limit a fixed window, no key twice), or the
+    /// driver.
+    pub fn for_checks(&self, checks: &[Check<'_>]) -> (&'static str, &'static str) {
+        if fixed_only(checks) {
+            return (self.fixed_only_function, self.fixed_only);
+        }
+        let mut algorithms = checks.iter().map(|c| c.policy.algorithm());
+        let script = match algorithms.next() {
+            Some(first) if algorithms.all(|a| a == first) => self.for_algorithm(first),
+            _ => self.combined,
+        };
+        (self.check_function, script)
     }
 }
 
@@ -100,19 +138,23 @@ struct Texts {
     library_name: String,
     check_function: String,
     compensate_function: String,
+    fixed_only: String,
+    fixed_only_function: String,
 }
 
 static TEXTS: LazyLock<Texts> = LazyLock::new(|| {
     let algorithms = ALGORITHMS.concat();
-    let code = [PRELUDE, algorithms.as_str(), DRIVER, REFUND].concat();
+    let code = [PRELUDE, algorithms.as_str(), DRIVER, REFUND, FIXED_ONLY].concat();
     let hash = Script::new(&code).get_hash().to_owned();
     let library_name = format!("ratelimit_{}", &hash[..16]);
     let check_function = format!("{library_name}_check");
     let compensate_function = format!("{library_name}_compensate");
+    let fixed_only_function = format!("{library_name}_check_fixed");
     let library = format!(
         "#!lua name={library_name}\n{code}\
          redis.register_function('{check_function}', check)\n\
-         redis.register_function('{compensate_function}', compensate)\n"
+         redis.register_function('{compensate_function}', compensate)\n\
+         redis.register_function('{fixed_only_function}', fixed_only)\n"
     );
     Texts {
         single: Algorithm::BY_CODE.map(|a| [PRELUDE, source(a), DRIVER, EVAL_CHECK].concat()),
@@ -122,6 +164,8 @@ static TEXTS: LazyLock<Texts> = LazyLock::new(|| {
         library_name,
         check_function,
         compensate_function,
+        fixed_only: [PRELUDE, FIXED, DRIVER, FIXED_ONLY, EVAL_FIXED_ONLY].concat(),
+        fixed_only_function,
     }
 });
 
@@ -137,6 +181,8 @@ pub fn script_sources() -> ScriptSources {
         library_name: &texts.library_name,
         check_function: &texts.check_function,
         compensate_function: &texts.compensate_function,
+        fixed_only: &texts.fixed_only,
+        fixed_only_function: &texts.fixed_only_function,
     }
 }
 
@@ -146,6 +192,8 @@ pub(super) struct Scripts {
     /// The script of each algorithm code, by `code() - 1`: an index into `distinct`.
     single: [usize; 7],
     combined: Script,
+    /// The fixed windows' script ([`fixed_only`]).
+    fixed_only: Script,
     /// The per-algorithm scripts, each text once.
     distinct: Vec<Script>,
     /// The source of each script of [`Scripts::all`], in its order, for `SCRIPT LOAD`.
@@ -163,17 +211,22 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     });
     let distinct = sources.iter().map(|s| Script::new(s)).collect();
     sources.push(texts.combined);
+    sources.push(texts.fixed_only);
     Scripts {
         single,
         combined: Script::new(texts.combined),
+        fixed_only: Script::new(texts.fixed_only),
         distinct,
         sources,
     }
 });
 
 impl Scripts {
-    /// The smallest script that knows every algorithm in `checks`.
+    /// The script a check of `checks` is sent to: the fixed windows' ([`fixed_only`]), else the smallest driver that knows every algorithm in `checks`.
     pub(super) fn for_checks(&self, checks: &[Check<'_>]) -> &Script {
+        if fixed_only(checks) {
+            return &self.fixed_only;
+        }
         let Some(first) = checks.first() else {
             return &self.combined;
         };
@@ -190,9 +243,12 @@ impl Scripts {
         &self.distinct[self.single[usize::from(algorithm.code() - 1)]]
     }
 
-    /// Every script, each text once: the per-algorithm ones, then the combined one.
+    /// Every script, each text once: the per-algorithm ones, the combined one, the fixed
+    /// windows'.
     pub(super) fn all(&self) -> impl Iterator<Item = &Script> {
-        self.distinct.iter().chain(std::iter::once(&self.combined))
+        self.distinct
+            .iter()
+            .chain([&self.combined, &self.fixed_only])
     }
 }
 
@@ -220,7 +276,8 @@ mod tests {
     fn one_script_per_algorithm_the_buckets_share_one_and_one_for_mixed_calls() {
         let [f, s, l, t, g, c, n] = Algorithm::BY_CODE.map(policy);
         let hash = |checks: &[Check<'_>]| SCRIPTS.for_checks(checks).get_hash().to_owned();
-        let fixed = hash(&[Check::new("a", &f), Check::new("b", &f)]);
+        // A key named twice: the driver (the fixed windows' own function takes distinct keys).
+        let fixed = hash(&[Check::new("a", &f), Check::new("a", &f)]);
         let sliding = hash(&[Check::new("a", &s)]);
         let leaky = hash(&[Check::new("a", &l), Check::new("b", &l)]);
         let token = hash(&[Check::new("a", &t), Check::new("b", &t)]);
@@ -236,23 +293,60 @@ mod tests {
                 .into_iter()
                 .collect();
         assert_eq!(distinct.len(), 7, "{distinct:?}");
+        // Fixed-window limits on distinct keys: their own script.
+        let fixed_only = hash(&[Check::new("a", &f)]);
+        assert_ne!(fixed_only, fixed);
+        assert_eq!(
+            hash(&[Check::new("a", &f), Check::new("b", &f)]),
+            fixed_only
+        );
         // What is loaded is every script once, and each is the text `script_sources` gives.
         let loaded: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
         assert_eq!(
             loaded,
-            [&fixed, &sliding, &token, &gcra, &counter, &slots, &mixed]
+            [
+                &fixed,
+                &sliding,
+                &token,
+                &gcra,
+                &counter,
+                &slots,
+                &mixed,
+                &fixed_only
+            ]
         );
         let texts = script_sources();
         for (a, p) in Algorithm::BY_CODE
             .into_iter()
             .zip([&f, &s, &l, &t, &g, &c, &n])
         {
+            // The same key twice: the driver, for every algorithm.
+            let two = [Check::new("a", p), Check::new("a", p)];
             assert_eq!(
                 Script::new(texts.for_algorithm(a)).get_hash(),
-                hash(&[Check::new("a", p)]),
+                hash(&two),
                 "{a}"
             );
+            assert_eq!(
+                texts.for_checks(&two),
+                (texts.check_function, texts.for_algorithm(a))
+            );
+            let one = [Check::new("a", p)];
+            let (function, script) = texts.for_checks(&one);
+            assert_eq!(Script::new(script).get_hash(), hash(&one), "{a}");
+            if a == Algorithm::Fixed {
+                assert_eq!(
+                    (function, script),
+                    (texts.fixed_only_function, texts.fixed_only)
+                );
+            } else {
+                assert_eq!(
+                    (function, script),
+                    (texts.check_function, texts.for_algorithm(a))
+                );
+            }
         }
+        assert_eq!(Script::new(texts.fixed_only).get_hash(), fixed_only);
         assert_eq!(Script::new(texts.combined).get_hash(), mixed);
         let sources: Vec<String> = SCRIPTS
             .sources
@@ -282,9 +376,13 @@ mod tests {
             texts.companion,
             [PRELUDE, &algorithms, REFUND, EVAL_COMPENSATE].concat()
         );
+        assert_eq!(
+            texts.fixed_only,
+            [PRELUDE, FIXED, DRIVER, FIXED_ONLY, EVAL_FIXED_ONLY].concat()
+        );
         // The library: the same files once each, named by the hash of that code, registering
         // the two composers' functions under names of its own.
-        let code = [PRELUDE, &algorithms, DRIVER, REFUND].concat();
+        let code = [PRELUDE, &algorithms, DRIVER, REFUND, FIXED_ONLY].concat();
         let name = format!("ratelimit_{}", &Script::new(&code).get_hash()[..16]);
         assert_eq!(texts.library_name, name);
         assert_eq!(texts.check_function, format!("{name}_check"));
@@ -295,7 +393,8 @@ mod tests {
             rest,
             format!(
                 "{code}redis.register_function('{name}_check', check)\n\
-                 redis.register_function('{name}_compensate', compensate)\n"
+                 redis.register_function('{name}_compensate', compensate)\n\
+                 redis.register_function('{name}_check_fixed', fixed_only)\n"
             )
         );
         // Every rule file registers its codes; the composers register none.
@@ -310,7 +409,7 @@ mod tests {
                 assert!(file.contains(code), "{code}");
             }
         }
-        for composer in [PRELUDE, DRIVER, REFUND] {
+        for composer in [PRELUDE, DRIVER, REFUND, FIXED_ONLY] {
             for code in [
                 "ALGOS[1]", "ALGOS[2]", "ALGOS[3]", "ALGOS[4]", "ALGOS[5]", "ALGOS[6]",
             ] {

@@ -3,8 +3,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::invoke::Calls;
-
 /// What the store last read of its server's `maxmemory-policy` (`INFO memory`, which answers
 /// where `CONFIG` is disabled), read at connect and again after the connection dropped.
 ///
@@ -123,19 +121,15 @@ fn engine_from_info(info: &str) -> (String, String) {
 }
 
 /// Logs (INFO) which server a store connected to and which path its checks take: `FCALL` of
-/// the library, or `EVALSHA` of the scripts (no Functions, refused at connect). `info` is the
+/// the library (`functions`), or `EVALSHA` of the scripts (no Functions, refused at connect). `info` is the
 /// server's `INFO server`, `None` when it could not be read (an ACL without `INFO`). Once per
 /// connect: a store connects once (a lazy one at its first check that reaches the server).
-pub(crate) fn log_engine(store: &str, info: Option<&str>, calls: &Calls) {
+pub(crate) fn log_engine(store: &str, info: Option<&str>, functions: bool) {
     let (server, version) = info.map_or_else(
         || ("unknown".to_owned(), "unknown".to_owned()),
         engine_from_info,
     );
-    let path = if calls.functions() {
-        "FCALL"
-    } else {
-        "EVALSHA"
-    };
+    let path = if functions { "FCALL" } else { "EVALSHA" };
     tracing::info!(target: crate::observe::log::STORE,
         store,
         server = %server,

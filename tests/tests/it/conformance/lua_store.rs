@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ratelimit_runtime::store::redis::{check_keys, compensate_keys};
 use ratelimit_runtime::store::{AdminFuture, StoreFuture};
-use ratelimit_runtime::{Algorithm, Check, Store, StoreError, Verdict};
+use ratelimit_runtime::{Check, Store, StoreError, Verdict};
 
 use super::scripts::{Sources, sources};
 use super::standin::{LuaRedis, Reply};
@@ -122,9 +122,13 @@ impl LuaStore {
 
     /// A store on an empty stand-in whose `TIME` reads `now_us`, in `mode`.
     pub(crate) fn with_mode(now_us: u64, mode: Mode) -> Self {
+        Self::with_sources(now_us, mode, sources())
+    }
+
+    /// The same, running `scripts` (the stores' texts, or mutants of them).
+    pub(crate) fn with_sources(now_us: u64, mode: Mode, scripts: Sources) -> Self {
         let mut lua = LuaRedis::new();
         lua.set_time_us(now_us);
-        let scripts = sources();
         lua.load_library(&scripts.library)
             .unwrap_or_else(|e| panic!("the library does not load: {e}"));
         Self {
@@ -134,16 +138,18 @@ impl LuaStore {
         }
     }
 
-    /// Runs the driver's code on `keys` and `argv`, as the store would in this mode.
+    /// Runs the check of `checks` on `keys` and `argv`, as the store would in this mode: the
+    /// function or script the store picks for them (the driver, or the fixed windows' own).
     pub(crate) fn run_driver(
         &self,
-        algorithms: &[Algorithm],
+        checks: &[Check<'_>],
         keys: &[Vec<u8>],
         argv: &[Vec<u8>],
     ) -> Reply {
+        let (function, script) = self.scripts.for_checks(checks);
         match self.mode {
-            Mode::Functions => self.lua().fcall(&self.scripts.check_function, keys, argv),
-            Mode::Scripts => self.lua().eval(self.scripts.driver(algorithms), keys, argv),
+            Mode::Functions => self.lua().fcall(function, keys, argv),
+            Mode::Scripts => self.lua().eval(script, keys, argv),
         }
     }
 
@@ -173,9 +179,8 @@ impl LuaStore {
         checks: &[Check<'_>],
         call_id: Option<&str>,
     ) -> Result<Verdict, StoreError> {
-        let algorithms: Vec<_> = checks.iter().map(|c| c.policy.algorithm()).collect();
         let (keys, argv) = driver_call(checks, call_id);
-        let reply = self.run_driver(&algorithms, &keys, &argv);
+        let reply = self.run_driver(checks, &keys, &argv);
         parse(&reply, checks)
     }
 

@@ -107,13 +107,14 @@ impl Model {
                         .insert(format!("{}:r:{id}:{}", c.key, i + 1), (receipt, expires));
                 }
             }
-            return Verdict::new(
+            let verdict = Verdict::new(
                 checks
                     .iter()
                     .zip(&evaluations)
                     .map(|(c, (e, _))| e.taken(c.policy.capacity()))
                     .collect(),
             );
+            return super::as_sent(checks, verdict, now);
         }
         let decisions = checks
             .iter()
@@ -124,7 +125,7 @@ impl Model {
                 e.untaken(c.policy.capacity(), mine.admitted, mine.retry_us)
             })
             .collect();
-        Verdict::new(decisions)
+        super::as_sent(checks, Verdict::new(decisions), now)
     }
 
     /// The companion script's settle (`settle` in refund.lua): each limit settled to

@@ -3,8 +3,8 @@
 //! hash and load). The test `script_texts_are_the_ones_the_store_loads` also checks the driver
 //! scripts against what a `RedisStore` loads into a real server (`SCRIPT EXISTS` of their SHA1s).
 
-use ratelimit_runtime::Algorithm;
 use ratelimit_runtime::store::redis::script_sources;
+use ratelimit_runtime::{Algorithm, Check};
 
 /// Every script a store sends.
 #[derive(Debug, Clone)]
@@ -22,9 +22,26 @@ pub(crate) struct Sources {
     pub check_function: String,
     /// The library's function for peeks and refunds (the companion's code).
     pub compensate_function: String,
+    /// The script for a call of fixed-window limits only (`fixed_only.lua` after its driver).
+    pub fixed_only: String,
+    /// The library's function for a call of one fixed-window limit.
+    pub fixed_only_function: String,
 }
 
 impl Sources {
+    /// The function and the script a call of `checks` is sent to, as the stores pick them
+    /// (`ScriptSources::for_checks`): the fixed windows' own, or the driver.
+    pub(crate) fn for_checks(&self, checks: &[Check<'_>]) -> (&str, &str) {
+        let texts = script_sources();
+        let (function, _) = texts.for_checks(checks);
+        if function == texts.fixed_only_function {
+            (&self.fixed_only_function, &self.fixed_only)
+        } else {
+            let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.policy.algorithm()).collect();
+            (&self.check_function, self.driver(&algorithms))
+        }
+    }
+
     /// The driver a call with these algorithms is sent (as `Scripts::for_checks` picks it).
     pub(crate) fn driver(&self, algorithms: &[Algorithm]) -> &str {
         match algorithms.first() {
@@ -56,5 +73,7 @@ pub(crate) fn sources() -> Sources {
         library: texts.library.to_owned(),
         check_function: texts.check_function.to_owned(),
         compensate_function: texts.compensate_function.to_owned(),
+        fixed_only: texts.fixed_only.to_owned(),
+        fixed_only_function: texts.fixed_only_function.to_owned(),
     }
 }

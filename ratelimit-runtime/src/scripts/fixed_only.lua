@@ -1,0 +1,256 @@
+-- ratelimit: the check of a call of ONE fixed-window limit, the usual call,
+-- reading only what the rule needs. The rule's home is fixed.lua (and
+-- algorithm/fixed.rs); this is its second home for that one case, held to it
+-- decision by decision by the conformance test.
+--
+-- KEYS and ARGV are the driver's for one limit (the key, its block marker, with
+-- a call id its receipt; code, limit, period µs, burst, cost, optionally the
+-- call id), so that whatever this path does not decide itself goes to the
+-- driver's `check` on the same KEYS and ARGV, in the same script (atomic): a
+-- block marker present, a take replayed under a call id that left its receipt,
+-- a cost above the limit, a period that is not whole milliseconds, a value that
+-- is not a counter with a TTL of at most a period, and any argument or key the
+-- driver would refuse.
+--
+-- INCRBY takes the cost and answers the count; the key's expiry tells a live
+-- window from a new key, which is then given the window's end (a period from
+-- now's millisecond, as fixed.lua's SET) in the same script: no key is left
+-- without a TTL. A count over the limit is undone (DECRBY, which keeps the TTL)
+-- before the script returns, so a rejected call leaves the key's value and
+-- expiry as they were, as the driver does.
+--
+-- Time: without a call id this path reads no clock (TIME costs more than the
+-- rest of its Lua): the key's PTTL, from the server's own millisecond, is all
+-- the rule needs, and PEXPIRE gives a new window its end. So every wait it
+-- answers (reset_after, retry_after) is counted from the start of the server's
+-- current millisecond: the rule's figure plus the part of that millisecond
+-- already gone (algorithm::fixed::whole_ms), whole milliseconds, never early,
+-- less than 1 ms late. With a call id the server's time is read, for the
+-- receipt (which records the exact figures the driver's does), and the waits
+-- answered are the same whole milliseconds; so are those of the calls handed
+-- to the driver.
+
+-- A reply of the driver's `check` (one limit, or an error) with its waits as
+-- this path answers them, once `check` read the clock (`now`).
+local function whole_ms_row(row, gone)
+  for i = 3, 4 do
+    if row[i] > 0 then
+      row[i] = row[i] + gone
+    end
+  end
+end
+
+local function whole_ms(reply)
+  local first = reply[1]
+  if type(first) == 'number' then
+    whole_ms_row(reply, math.fmod(now, 1000))
+  elseif type(first) == 'table' then
+    local gone = math.fmod(now, 1000)
+    for _, row in ipairs(reply) do
+      whole_ms_row(row, gone)
+    end
+  end
+  return reply
+end
+
+-- Milliseconds from now's to `key`'s expiry millisecond (nil: no expiry): as
+-- stored (the prelude's expiry_ms, after read_clock) when `timed`, for a receipt
+-- that needs the exact end; else the key's PTTL, which needs no clock.
+local function pttl_of(key, timed)
+  if timed then
+    local at = expiry_ms(key)
+    return at and at - floor_div(now, 1000)
+  end
+  local pttl = redis.call('PTTL', key)
+  if pttl < 0 then
+    return nil
+  end
+  return pttl
+end
+
+local function fixed_one(KEYS, ARGV)
+  local key = KEYS[1]
+  local call_id = nil
+  if #ARGV == 6 and #KEYS == 3 then
+    call_id = ARGV[6]
+    if not valid_call_id(call_id) or KEYS[3] ~= receipt_key(key, call_id, 1) then
+      return whole_ms(check(KEYS, ARGV))
+    end
+  elseif #ARGV ~= 5 or #KEYS ~= 2 then
+    return whole_ms(check(KEYS, ARGV))
+  end
+  if ARGV[1] ~= '1' or KEYS[2] ~= key .. ':b' then
+    return whole_ms(check(KEYS, ARGV))
+  end
+  local l = parse_limit(ARGV, 0, 1)
+  if l == nil then
+    return whole_ms(check(KEYS, ARGV))
+  end
+  local p = l.p
+  local period_ms = p.period / 1000
+  if p.cost > p.limit or period_ms ~= math.floor(period_ms) then
+    return whole_ms(check(KEYS, ARGV))
+  end
+  -- A block (the driver tells a marker with a TTL from one without), and a take
+  -- that ran before under this call id: the driver answers.
+  if redis.call('EXISTS', KEYS[2]) == 1
+    or (call_id ~= nil and redis.call('EXISTS', KEYS[3]) == 1) then
+    return whole_ms(check(KEYS, ARGV))
+  end
+  if call_id ~= nil then
+    read_clock()
+  end
+  -- Not a counter INCRBY can raise (another type, not an integer, an overflow,
+  -- or a write refused for memory): nothing was written, the driver answers.
+  local n = redis.pcall('INCRBY', key, p.cost_text)
+  if type(n) ~= 'number' then
+    return whole_ms(check(KEYS, ARGV))
+  end
+  local count = n - p.cost
+  local pttl = pttl_of(key, call_id ~= nil)
+  if pttl == nil then
+    if count ~= 0 then
+      -- A counter without a TTL (written by someone else): the driver's rule
+      -- replaces it; undone first.
+      redis.call('DECRBY', key, p.cost_text)
+      return whole_ms(check(KEYS, ARGV))
+    end
+    -- A new window (the key was absent, or an immortal 0): it ends a period
+    -- from now's millisecond, and is gone the one after.
+    if call_id ~= nil then
+      redis.call('PEXPIREAT', key, int(floor_div(now, 1000) + period_ms))
+    else
+      redis.call('PEXPIRE', key, l.period_ms_text)
+    end
+    pttl = period_ms
+  elseif count < 0 or pttl > period_ms then
+    -- A negative count, or more than a period left (a clock ahead of this
+    -- one): the driver's rule puts it right; undone first.
+    redis.call('DECRBY', key, p.cost_text)
+    return whole_ms(check(KEYS, ARGV))
+  end
+  -- The wait until the key is gone, from the start of now's millisecond.
+  local left = pttl * 1000 + 1000
+  if n > p.limit then
+    redis.call('DECRBY', key, p.cost_text)
+    return { 0, clamp(p.limit - count), left, left }
+  end
+  if call_id ~= nil then
+    write_receipt(KEYS[3], l, { after_reset = left - math.fmod(now, 1000) })
+  end
+  return { 1, p.limit - n, left, 0 }
+end
+
+-- A call of two or more fixed-window limits on distinct keys: as fixed_one,
+-- limit by limit (INCRBY, then the key's expiry), all in the one script. When
+-- every limit admits the call, each new window is given its end and the call
+-- answered; when one does not, or anything fixed_one hands to the driver turns
+-- up, what was taken is undone (DECRBY; a key the call created is deleted) and
+-- the driver answers, on the keys as they were. KEYS and ARGV are the driver's
+-- (keys, markers, receipts with a call id; 5 arguments a limit and the id).
+local function fixed_many(KEYS, ARGV)
+  local n = math.floor(#ARGV / 5)
+  local call_id = nil
+  if #ARGV == 5 * n + 1 and #KEYS == 3 * n then
+    call_id = ARGV[#ARGV]
+    if not valid_call_id(call_id) then
+      return whole_ms(check(KEYS, ARGV))
+    end
+  elseif #ARGV ~= 5 * n or #KEYS ~= 2 * n then
+    return whole_ms(check(KEYS, ARGV))
+  end
+  local limits = {}
+  for i = 1, n do
+    local key = KEYS[i]
+    if ARGV[5 * i - 4] ~= '1' or KEYS[n + i] ~= key .. ':b'
+      or (call_id ~= nil and KEYS[2 * n + i] ~= receipt_key(key, call_id, i)) then
+      return whole_ms(check(KEYS, ARGV))
+    end
+    for j = 1, i - 1 do
+      if KEYS[j] == key then
+        return whole_ms(check(KEYS, ARGV))
+      end
+    end
+    local l = parse_limit(ARGV, 5 * (i - 1), i)
+    if l == nil or l.p.cost > l.p.limit or l.period_ms_text == nil then
+      return whole_ms(check(KEYS, ARGV))
+    end
+    limits[i] = l
+  end
+  if redis.call('EXISTS', unpack(KEYS, n + 1, 2 * n)) > 0
+    or (call_id ~= nil and redis.call('EXISTS', KEYS[2 * n + 1]) == 1) then
+    return whole_ms(check(KEYS, ARGV))
+  end
+  if call_id ~= nil then
+    read_clock()
+  end
+  -- Per limit: the count after the take, the ms left of its window (nil for a
+  -- window this call opens), and whether the call created the key.
+  local counts = {}
+  local left = {}
+  local fresh = {}
+  local admitted = true
+  local undo = 0
+  for i = 1, n do
+    local key = KEYS[i]
+    local p = limits[i].p
+    local got = redis.pcall('INCRBY', key, p.cost_text)
+    if type(got) ~= 'number' then
+      admitted = false
+      break
+    end
+    undo = i
+    counts[i] = got
+    local count = got - p.cost
+    local pttl = pttl_of(key, call_id ~= nil)
+    left[i] = pttl
+    fresh[i] = pttl == nil and count == 0
+    if pttl == nil then
+      if count ~= 0 then
+        admitted = false
+        break
+      end
+    elseif count < 0 or pttl > p.period / 1000 or got > p.limit then
+      admitted = false
+      break
+    end
+  end
+  if not admitted then
+    for i = 1, undo do
+      if fresh[i] then
+        -- Created by this call (or a 0 without a TTL, which is no window).
+        redis.call('DEL', KEYS[i])
+      else
+        redis.call('DECRBY', KEYS[i], limits[i].p.cost_text)
+      end
+    end
+    return whole_ms(check(KEYS, ARGV))
+  end
+  local reply = {}
+  for i = 1, n do
+    local l = limits[i]
+    local pttl = left[i]
+    if pttl == nil then
+      if call_id ~= nil then
+        redis.call('PEXPIREAT', KEYS[i], int(floor_div(now, 1000) + l.p.period / 1000))
+      else
+        redis.call('PEXPIRE', KEYS[i], l.period_ms_text)
+      end
+      pttl = l.p.period / 1000
+    end
+    local wait = pttl * 1000 + 1000
+    if call_id ~= nil then
+      write_receipt(KEYS[2 * n + i], l, { after_reset = wait - math.fmod(now, 1000) })
+    end
+    reply[i] = { 1, l.p.limit - counts[i], wait, 0 }
+  end
+  return reply
+end
+
+-- The entry point for calls of fixed-window limits only, on distinct keys.
+local function fixed_only(KEYS, ARGV)
+  if #ARGV <= 6 then
+    return fixed_one(KEYS, ARGV)
+  end
+  return fixed_many(KEYS, ARGV)
+end
