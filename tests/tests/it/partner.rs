@@ -696,3 +696,68 @@ async fn the_reqwest_middleware_pauses_every_process_as_the_layer_does() {
     assert_eq!(sent.status(), StatusCode::OK);
     paused_between(&received);
 }
+
+/// An operator's block of an hour, then a partner's pause of 2 s, on Redis: the block still
+/// ends in an hour, through `defer` and through the store's `extend_block` itself (which
+/// decides in one script, so a block written between a read and a write is never cut short);
+/// a key without a block is blocked for the pause, and an admin `block` still replaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_never_shortens_an_operator_s_block_on_redis() {
+    use ratelimit_runtime::{By, Limit, RedisStore, Store, Target};
+    let server = RedisServer::start();
+    let limiter = Fleet::Redis(server.url()).limiter().await;
+    let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
+    let (a, b) = (
+        Limit::new(policy, "defer_a", By::Global),
+        Limit::new(policy, "defer_b", By::Global),
+    );
+    let everyone = Target::global();
+    let wait = |v: &Verdict| v.retry_after().unwrap_or_default();
+    limiter
+        .block(&[a], &everyone, Duration::from_hours(1))
+        .await
+        .unwrap();
+    limiter
+        .defer(&[a, b], &everyone, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let peek_a = limiter.peek(&[a], &everyone).await.unwrap();
+    assert!(wait(&peek_a) > Duration::from_secs(3500), "{peek_a:?}");
+    let peek_b = limiter.peek(&[b], &everyone).await.unwrap();
+    assert!(wait(&peek_b) > Duration::ZERO, "{peek_b:?}");
+    assert!(wait(&peek_b) <= Duration::from_secs(3), "{peek_b:?}");
+
+    // The store's own write, key by key.
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let checks = [Check::new("op", &policy), Check::new("free", &policy)];
+    store.block(&["op"], Duration::from_hours(1)).await.unwrap();
+    store
+        .extend_block(&["op", "free"], Duration::from_secs(2))
+        .await
+        .unwrap();
+    let now = store.peek(&checks).await.unwrap();
+    let waits: Vec<Duration> = now
+        .decisions()
+        .iter()
+        .map(|d| d.retry_after.unwrap_or_default())
+        .collect();
+    assert!(waits[0] > Duration::from_secs(3500), "{waits:?}");
+    assert!(
+        waits[1] > Duration::ZERO && waits[1] <= Duration::from_secs(3),
+        "{waits:?}"
+    );
+    // A longer pause extends; the admin block keeps its meaning (a later block replaces).
+    store
+        .extend_block(&["free"], Duration::from_mins(10))
+        .await
+        .unwrap();
+    store.block(&["op"], Duration::from_secs(5)).await.unwrap();
+    let now = store.peek(&checks).await.unwrap();
+    let waits: Vec<Duration> = now
+        .decisions()
+        .iter()
+        .map(|d| d.retry_after.unwrap_or_default())
+        .collect();
+    assert!(waits[0] <= Duration::from_secs(6), "{waits:?}");
+    assert!(waits[1] > Duration::from_secs(500), "{waits:?}");
+}
