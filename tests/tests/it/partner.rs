@@ -22,7 +22,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use ratelimit_runtime::client::{IetfFields, OpenAiFields, PartnerLayer, RetryAfter};
+use ratelimit_runtime::client::{GitHubFields, IetfFields, OpenAiFields, PartnerLayer, RetryAfter};
 use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter, Verdict};
 use ratelimit_tests::redis_cluster::RedisCluster;
 use ratelimit_tests::redis_server::RedisServer;
@@ -66,6 +66,9 @@ enum Dialect {
     Ietf,
     /// `x-ratelimit-remaining-requests` / `x-ratelimit-reset-requests: 950ms` (and tokens).
     OpenAi,
+    /// GitHub's: `x-ratelimit-limit`, `x-ratelimit-remaining`, `x-ratelimit-reset` (epoch
+    /// seconds), for requests only.
+    GitHub,
     /// Absurd values: 429s with `Retry-After` ten years away, negative and non-ASCII fields.
     Hostile,
 }
@@ -146,6 +149,18 @@ fn fields(dialect: Dialect, verdict: &Verdict) -> Vec<(String, String)> {
                 ]
             })
             .collect(),
+        Dialect::GitHub => {
+            let d = &verdict.decisions()[0];
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            let reset = whole_seconds(now + d.reset_after);
+            vec![
+                ("x-ratelimit-limit".into(), d.limit.to_string()),
+                ("x-ratelimit-remaining".into(), d.remaining.to_string()),
+                ("x-ratelimit-reset".into(), reset.to_string()),
+            ]
+        }
         Dialect::Hostile => vec![
             ("ratelimit".into(), "\"requests\";r=-1;t=-5".into()),
             ("x-ratelimit-remaining-requests".into(), "１２".into()),
@@ -303,6 +318,7 @@ async fn client(run: Run, url: String) {
     builder = match run.dialect {
         Dialect::Ietf => builder.read(IetfFields::new().tokens("tokens")),
         Dialect::OpenAi => builder.read(OpenAiFields),
+        Dialect::GitHub => builder.read(GitHubFields),
         Dialect::Hostile => builder
             .read(IetfFields::new())
             .read(OpenAiFields)
@@ -409,6 +425,7 @@ async fn compare(learning: Run, label: &str) -> (Figures, Figures) {
         scope: match learning.scope {
             "ietf" => "ietf_blind",
             "openai" => "openai_blind",
+            "github" => "github_blind",
             "tokens" => "tokens_blind",
             "cluster" => "cluster_blind",
             other => panic!("{other}"),
@@ -481,6 +498,20 @@ async fn four_processes_on_redis_learn_the_openai_fields() {
         scale: SCALED,
     };
     compare(run, "x-ratelimit-*, Redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_on_redis_learn_the_github_fields() {
+    let server = RedisServer::start();
+    let run = Run {
+        scope: "github",
+        dialect: Dialect::GitHub,
+        tokens: false,
+        learn: true,
+        fleet: Fleet::Redis(server.url()),
+        scale: SCALED,
+    };
+    compare(run, "GitHub x-ratelimit-*, Redis").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
