@@ -497,7 +497,11 @@ async fn four_processes_on_redis_learn_the_openai_fields() {
         fleet: Fleet::Redis(server.url()),
         scale: SCALED,
     };
-    compare(run, "x-ratelimit-*, Redis").await;
+    let (learnt, _) = compare(run, "x-ratelimit-*, Redis").await;
+    assert_eq!(
+        learnt.recurring, 0,
+        "the 429s stop after the first pause: {learnt:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -511,7 +515,11 @@ async fn four_processes_on_redis_learn_the_github_fields() {
         fleet: Fleet::Redis(server.url()),
         scale: SCALED,
     };
-    compare(run, "GitHub x-ratelimit-*, Redis").await;
+    let (learnt, _) = compare(run, "GitHub x-ratelimit-*, Redis").await;
+    assert_eq!(
+        learnt.recurring, 0,
+        "the 429s stop after the first pause: {learnt:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
