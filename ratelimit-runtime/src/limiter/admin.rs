@@ -271,10 +271,35 @@ impl RateLimiter {
         duration: Duration,
     ) -> Result<(), StoreError> {
         let limits = &self.in_force(limits);
+        self.write_block(limits, target, duration, false).await?;
+        tracing::info!(target: crate::observe::log::ADMIN,
+            scope = limits.first().map_or("", |l| l.scope),
+            duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
+            "caller blocked (admin)"
+        );
+        Ok(())
+    }
+
+    /// A block of `limits` (in force) for `target`: in the store ([`crate::Store::block`],
+    /// or with `keep_later` [`crate::Store::extend_block`], which never shortens a block),
+    /// in this process's cache of refusals, and on its leases of the keys.
+    pub(super) async fn write_block(
+        &self,
+        limits: &[Limit],
+        target: &Target,
+        duration: Duration,
+        keep_later: bool,
+    ) -> Result<(), StoreError> {
         let keys = target.keys(self, limits)?;
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let sent_at = Instant::now();
-        self.admin(self.inner.store.block(&refs, duration)).await?;
+        let store = &self.inner.store;
+        if keep_later {
+            self.admin(store.extend_block(&refs, duration)).await?;
+        } else {
+            self.admin(store.block(&refs, duration)).await?;
+        }
+        // The store holds this block or, with `keep_later`, one that ends later.
         if let Some(blocked) = &self.inner.blocked {
             let checks: Vec<Check<'_>> = limits
                 .iter()
@@ -284,11 +309,6 @@ impl RateLimiter {
             blocked.block(&checks, sent_at + duration);
         }
         self.block_leases(limits, &refs);
-        tracing::info!(target: crate::observe::log::ADMIN,
-            scope = limits.first().map_or("", |l| l.scope),
-            duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
-            "caller blocked (admin)"
-        );
         Ok(())
     }
 

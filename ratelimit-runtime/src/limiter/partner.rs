@@ -24,11 +24,12 @@ impl RateLimiter {
     /// 429 a partner answered with `Retry-After`: code that calls a partner without the
     /// client layer reports what it saw.
     ///
-    /// A pause never shortens a longer one, nor an admin [`RateLimiter::block`]: when the
-    /// limits already make a call wait at least `pause`, nothing is written. It is a block
-    /// underneath ([`RateLimiter::reset`] lifts it), read before it is written: of two pauses
-    /// written by two processes in the same instant, the later write stands. `pause` is trusted: bound it before
-    /// passing a partner's value (the client layer cuts it to its `max_pause`).
+    /// A pause never shortens a longer one, nor an admin [`RateLimiter::block`]: it is a
+    /// block underneath ([`RateLimiter::reset`] lifts it), written per limit with
+    /// [`Store::extend_block`](crate::Store::extend_block), which keeps a block that ends
+    /// later, atomically in the store (a block written by another process in the meantime
+    /// is never cut short). `pause` is trusted: bound it before passing a partner's value
+    /// (the client layer cuts it to its `max_pause`).
     ///
     /// ```
     /// use std::time::Duration;
@@ -69,11 +70,14 @@ impl RateLimiter {
         if pause.is_zero() || limits.is_empty() {
             return Ok(());
         }
-        let now = self.peek(limits, target).await?;
-        if now.retry_after().is_some_and(|wait| wait >= pause) {
-            return Ok(());
-        }
-        self.block(limits, target, pause).await
+        let limits = &self.in_force(limits);
+        self.write_block(limits, target, pause, true).await?;
+        tracing::info!(target: crate::observe::log::ADMIN,
+            scope = limits.first().map_or("", |l| l.scope),
+            pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+            "budget deferred"
+        );
+        Ok(())
     }
 
     /// Brings each of `limits` down to `left` units for `target`, in every process sharing
@@ -185,6 +189,33 @@ mod tests {
         // Zero is no pause.
         defer(0).await.unwrap();
         assert!(open().await.is_admitted());
+    }
+
+    /// An operator's block of an hour on one of two limits, then a 2 s pause of both: the
+    /// block still ends in an hour (the pause is written per limit, never over a later block),
+    /// and the other limit is paused.
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_never_shortens_an_operator_s_block_and_pauses_every_other_limit() {
+        let limiter = limiter().await;
+        let [a] = partner(Algorithm::Gcra);
+        let b = Limit::new(a.policy, "partner_b", By::Global);
+        let everyone = Target::global();
+        limiter
+            .block(&[a], &everyone, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        limiter
+            .defer(&[a, b], &everyone, Duration::from_secs(2))
+            .await
+            .unwrap();
+        let wait = |v: &crate::decision::Verdict| v.retry_after().unwrap_or_default();
+        let peek_a = limiter.peek(&[a], &everyone).await.unwrap();
+        assert!(wait(&peek_a) > Duration::from_secs(3599), "{peek_a:?}");
+        let peek_b = limiter.peek(&[b], &everyone).await.unwrap();
+        assert!(wait(&peek_b) > Duration::from_secs(1), "{peek_b:?}");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!limiter.peek(&[a], &everyone).await.unwrap().is_admitted());
+        assert!(limiter.peek(&[b], &everyone).await.unwrap().is_admitted());
     }
 
     #[tokio::test(start_paused = true)]

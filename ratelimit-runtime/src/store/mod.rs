@@ -351,6 +351,18 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         let _ = (keys, duration);
         unsupported("block")
     }
+
+    /// As [`Store::block`], but never shortening a block: a key whose block already ends
+    /// after `duration` from now keeps it, decided atomically per key (a block written
+    /// between the read and the write cannot be cut short). [`crate::RateLimiter::defer`]
+    /// pauses a budget with it, so that a partner's pause never shortens an operator's block.
+    ///
+    /// The default answers [`StoreError::Unsupported`]: a store that cannot decide it
+    /// atomically must not fall back to [`Store::block`].
+    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+        let _ = (keys, duration);
+        unsupported("extend_block")
+    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use ratelimit_runtime::client::{IetfFields, OpenAiFields, PartnerLayer, RetryAfter};
+use ratelimit_runtime::client::{GitHubFields, IetfFields, OpenAiFields, PartnerLayer, RetryAfter};
 use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter, Verdict};
 use ratelimit_tests::redis_cluster::RedisCluster;
 use ratelimit_tests::redis_server::RedisServer;
@@ -66,6 +66,9 @@ enum Dialect {
     Ietf,
     /// `x-ratelimit-remaining-requests` / `x-ratelimit-reset-requests: 950ms` (and tokens).
     OpenAi,
+    /// GitHub's: `x-ratelimit-limit`, `x-ratelimit-remaining`, `x-ratelimit-reset` (epoch
+    /// seconds), for requests only.
+    GitHub,
     /// Absurd values: 429s with `Retry-After` ten years away, negative and non-ASCII fields.
     Hostile,
 }
@@ -146,6 +149,18 @@ fn fields(dialect: Dialect, verdict: &Verdict) -> Vec<(String, String)> {
                 ]
             })
             .collect(),
+        Dialect::GitHub => {
+            let d = &verdict.decisions()[0];
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            let reset = whole_seconds(now + d.reset_after);
+            vec![
+                ("x-ratelimit-limit".into(), d.limit.to_string()),
+                ("x-ratelimit-remaining".into(), d.remaining.to_string()),
+                ("x-ratelimit-reset".into(), reset.to_string()),
+            ]
+        }
         Dialect::Hostile => vec![
             ("ratelimit".into(), "\"requests\";r=-1;t=-5".into()),
             ("x-ratelimit-remaining-requests".into(), "１２".into()),
@@ -303,6 +318,7 @@ async fn client(run: Run, url: String) {
     builder = match run.dialect {
         Dialect::Ietf => builder.read(IetfFields::new().tokens("tokens")),
         Dialect::OpenAi => builder.read(OpenAiFields),
+        Dialect::GitHub => builder.read(GitHubFields),
         Dialect::Hostile => builder
             .read(IetfFields::new())
             .read(OpenAiFields)
@@ -409,6 +425,7 @@ async fn compare(learning: Run, label: &str) -> (Figures, Figures) {
         scope: match learning.scope {
             "ietf" => "ietf_blind",
             "openai" => "openai_blind",
+            "github" => "github_blind",
             "tokens" => "tokens_blind",
             "cluster" => "cluster_blind",
             other => panic!("{other}"),
@@ -480,7 +497,29 @@ async fn four_processes_on_redis_learn_the_openai_fields() {
         fleet: Fleet::Redis(server.url()),
         scale: SCALED,
     };
-    compare(run, "x-ratelimit-*, Redis").await;
+    let (learnt, _) = compare(run, "x-ratelimit-*, Redis").await;
+    assert_eq!(
+        learnt.recurring, 0,
+        "the 429s stop after the first pause: {learnt:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_on_redis_learn_the_github_fields() {
+    let server = RedisServer::start();
+    let run = Run {
+        scope: "github",
+        dialect: Dialect::GitHub,
+        tokens: false,
+        learn: true,
+        fleet: Fleet::Redis(server.url()),
+        scale: SCALED,
+    };
+    let (learnt, _) = compare(run, "GitHub x-ratelimit-*, Redis").await;
+    assert_eq!(
+        learnt.recurring, 0,
+        "the 429s stop after the first pause: {learnt:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -695,4 +734,69 @@ async fn the_reqwest_middleware_pauses_every_process_as_the_layer_does() {
     let sent = patient.post(&url).send().await.unwrap();
     assert_eq!(sent.status(), StatusCode::OK);
     paused_between(&received);
+}
+
+/// An operator's block of an hour, then a partner's pause of 2 s, on Redis: the block still
+/// ends in an hour, through `defer` and through the store's `extend_block` itself (which
+/// decides in one script, so a block written between a read and a write is never cut short);
+/// a key without a block is blocked for the pause, and an admin `block` still replaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_never_shortens_an_operator_s_block_on_redis() {
+    use ratelimit_runtime::{By, Limit, RedisStore, Store, Target};
+    let server = RedisServer::start();
+    let limiter = Fleet::Redis(server.url()).limiter().await;
+    let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
+    let (a, b) = (
+        Limit::new(policy, "defer_a", By::Global),
+        Limit::new(policy, "defer_b", By::Global),
+    );
+    let everyone = Target::global();
+    let wait = |v: &Verdict| v.retry_after().unwrap_or_default();
+    limiter
+        .block(&[a], &everyone, Duration::from_hours(1))
+        .await
+        .unwrap();
+    limiter
+        .defer(&[a, b], &everyone, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let peek_a = limiter.peek(&[a], &everyone).await.unwrap();
+    assert!(wait(&peek_a) > Duration::from_secs(3500), "{peek_a:?}");
+    let peek_b = limiter.peek(&[b], &everyone).await.unwrap();
+    assert!(wait(&peek_b) > Duration::ZERO, "{peek_b:?}");
+    assert!(wait(&peek_b) <= Duration::from_secs(3), "{peek_b:?}");
+
+    // The store's own write, key by key.
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let checks = [Check::new("op", &policy), Check::new("free", &policy)];
+    store.block(&["op"], Duration::from_hours(1)).await.unwrap();
+    store
+        .extend_block(&["op", "free"], Duration::from_secs(2))
+        .await
+        .unwrap();
+    let now = store.peek(&checks).await.unwrap();
+    let waits: Vec<Duration> = now
+        .decisions()
+        .iter()
+        .map(|d| d.retry_after.unwrap_or_default())
+        .collect();
+    assert!(waits[0] > Duration::from_secs(3500), "{waits:?}");
+    assert!(
+        waits[1] > Duration::ZERO && waits[1] <= Duration::from_secs(3),
+        "{waits:?}"
+    );
+    // A longer pause extends; the admin block keeps its meaning (a later block replaces).
+    store
+        .extend_block(&["free"], Duration::from_mins(10))
+        .await
+        .unwrap();
+    store.block(&["op"], Duration::from_secs(5)).await.unwrap();
+    let now = store.peek(&checks).await.unwrap();
+    let waits: Vec<Duration> = now
+        .decisions()
+        .iter()
+        .map(|d| d.retry_after.unwrap_or_default())
+        .collect();
+    assert!(waits[0] <= Duration::from_secs(6), "{waits:?}");
+    assert!(waits[1] > Duration::from_secs(500), "{waits:?}");
 }

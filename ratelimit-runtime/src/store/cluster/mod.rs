@@ -90,7 +90,7 @@ use self::slots::{check_across_slots, collect, fill, group_by_slot, one_slot};
 use super::lazy::LazyConnection;
 use super::redis::invoke::{Calls, Mode, compensate, eval_checks};
 use super::redis::server::MemoryPolicy;
-use super::redis::wire::{block_cmd, forget_pipe, reset_cmd};
+use super::redis::wire::{block_cmd, extend_block_cmd, forget_pipe, reset_cmd};
 use super::{AdminFuture, Check, RefundFuture, ReplicateFuture, Store, StoreFuture};
 use crate::decision::{Decision, Verdict};
 use crate::error::{ConfigError, StoreError};
@@ -405,6 +405,18 @@ impl Store for RedisClusterStore {
             let mut conn = self.connection().await?;
             for key in keys {
                 block_cmd(key, duration)
+                    .query_async::<()>(&mut conn)
+                    .await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+        Box::pin(async move {
+            let mut conn = self.connection().await?;
+            for key in keys {
+                extend_block_cmd(key, duration)
                     .query_async::<()>(&mut conn)
                     .await?;
             }

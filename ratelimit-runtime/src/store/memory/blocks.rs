@@ -61,6 +61,32 @@ impl MemoryStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn block_now(&self, keys: &[&str], duration: Duration) {
+        self.write_blocks(keys, duration, false);
+    }
+
+    /// [`Store::extend_block`](crate::Store::extend_block) without a future: as
+    /// [`MemoryStore::block_now`], but a key whose block already ends later keeps it (read and
+    /// written under one lock, per key).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::new(Algorithm::Fixed, 100, Duration::from_secs(1))?;
+    /// store.block_now(&["k"], Duration::from_secs(3600));
+    /// store.extend_block_now(&["k", "j"], Duration::from_secs(2));
+    /// let wait = |key| store.peek_now(&[Check::new(key, &policy)]).retry_after().unwrap();
+    /// assert!(wait("k") > Duration::from_secs(3599)); // the longer block stands
+    /// assert!(wait("j") <= Duration::from_secs(3)); // an unblocked key is blocked
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn extend_block_now(&self, keys: &[&str], duration: Duration) {
+        self.write_blocks(keys, duration, true);
+    }
+
+    /// Writes a block of `duration` on `keys`; `keep_later`: not over a block that ends later.
+    fn write_blocks(&self, keys: &[&str], duration: Duration, keep_later: bool) {
         let now = self.inner.now();
         // As Redis expires the block's marker (`SET … PX ms`): it lives through the
         // millisecond `now_ms + ms` and is gone from the next one, so both stores answer the
@@ -75,7 +101,10 @@ impl MemoryStore {
         let mut blocks = write(&self.inner.blocks);
         blocks.retain(|_, end| *end > now);
         for key in keys {
-            blocks.insert((*key).into(), until);
+            let end = blocks.entry((*key).into()).or_insert(until);
+            if !keep_later || *end < until {
+                *end = until;
+            }
         }
         let latest = blocks.values().copied().max().unwrap_or(0);
         self.inner.blocks_until.store(latest, Ordering::Release);

@@ -407,6 +407,13 @@ impl Store for MemoryStore {
             Ok(())
         })
     }
+
+    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+        Box::pin(async move {
+            self.extend_block_now(keys, duration);
+            Ok(())
+        })
+    }
 }
 
 /// Reads a lock, ignoring poisoning (as [`lock`]).

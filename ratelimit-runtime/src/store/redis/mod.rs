@@ -67,7 +67,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use self::invoke::{Calls, Mode, compensate, eval_checks, load_scripts_pipelined};
 use self::server::{MemoryPolicy, info_memory_cmd};
-use self::wire::{block_cmd, forget_pipe, reset_cmd};
+use self::wire::{block_cmd, extend_block_cmd, forget_pipe, reset_cmd};
 use super::lazy::LazyConnection;
 use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
@@ -373,6 +373,18 @@ impl Store for RedisStore {
             let mut pipe = redis::pipe();
             for key in keys {
                 pipe.add_command(block_cmd(key, duration)).ignore();
+            }
+            pipe.query_async::<()>(&mut conn).await?;
+            Ok(())
+        })
+    }
+
+    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+        Box::pin(async move {
+            let mut conn = self.manager().await?;
+            let mut pipe = redis::pipe();
+            for key in keys {
+                pipe.add_command(extend_block_cmd(key, duration)).ignore();
             }
             pipe.query_async::<()>(&mut conn).await?;
             Ok(())

@@ -158,6 +158,20 @@ pub(crate) fn block_cmd(key: &str, duration: Duration) -> redis::Cmd {
     cmd
 }
 
+/// The script of [`extend_block_cmd`]: the marker written only when it ends later.
+const EXTEND_BLOCK: &str = include_str!("../../scripts/extend_block.lua");
+
+/// `EVAL extend_block.lua 1 key:b ms`: the block marker as [`block_cmd`] writes it, unless
+/// the marker there already ends later (read and written in one script, so atomically).
+pub(crate) fn extend_block_cmd(key: &str, duration: Duration) -> redis::Cmd {
+    let ms = u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(EXTEND_BLOCK).arg(1).arg(block_key(key)).arg(ms);
+    cmd
+}
+
 /// Reads the script's reply: one `[admitted, remaining, reset_after_us, retry_after_us]` per
 /// check, in an array; for one check, the driver answers those four numbers themselves (the
 /// companion script an array of one, read alike). Numbers are clamped into range (a negative
