@@ -103,10 +103,9 @@ impl Level {
 
     /// When the level is back to 0, µs.
     pub(crate) fn idle_at(&self, p: &Params) -> u64 {
-        let (rate, _) = scale(p);
         self.ms
             .saturating_mul(1000)
-            .saturating_add(sat(ceil_div(u128::from(self.units), rate)))
+            .saturating_add(self.units.div_ceil(p.rate.max(1)))
     }
 }
 
@@ -161,11 +160,14 @@ fn evaluate_narrow(b: Option<&Level>, p: &Params, now: u64) -> Option<(Evaluatio
     let capacity = p.burst.checked_mul(unit)?;
     let after = p.cost.checked_mul(unit)?.checked_add(level)?;
     let admitted = after <= capacity;
+    // `after` is `level` and `cost` whole calls: its calls, rounded up, are `level`'s and `cost`
+    // (the sum is at most `after`, so it fits), one division fewer.
+    let calls = level.div_ceil(unit);
     let e = Evaluation {
         admitted,
-        now_remaining: p.burst.saturating_sub(level.div_ceil(unit)),
+        now_remaining: p.burst.saturating_sub(calls),
         now_reset_us: level.div_ceil(rate),
-        after_remaining: p.burst.saturating_sub(after.div_ceil(unit)),
+        after_remaining: p.burst.saturating_sub(calls + p.cost),
         after_reset_us: after.div_ceil(rate),
         retry_us: if admitted {
             0

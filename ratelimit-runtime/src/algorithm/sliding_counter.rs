@@ -56,19 +56,34 @@ impl Counters {
 /// Counters of a window ahead of the clock's (a clock behind the one that wrote them) count as
 /// the current window's.
 pub(crate) fn normalize(c: &mut Counters, p: &Params, now: u64) -> bool {
-    let index = now / p.period_us.max(1);
-    if c.window > index {
-        c.window = index;
-        true
-    } else {
-        false
+    let period = p.period_us.max(1);
+    // `window > now / period` is `window · period > now` (an overflow is past any `now`): the
+    // division only when the counters are ahead.
+    let ahead = c.window.checked_mul(period).is_none_or(|start| start > now);
+    if ahead {
+        c.window = now / period;
     }
+    ahead
+}
+
+/// The index of the window `now` falls in (`now / period`), without the division when it is
+/// the counters' own window, the one that `window · period ≤ now < (window + 1) · period`
+/// names: the common case, as the window moves once a period.
+fn window_of(c: Option<&Counters>, period: u64, now: u64) -> u64 {
+    if let Some(c) = c
+        && let Some(start) = c.window.checked_mul(period)
+        && start <= now
+        && now - start < period
+    {
+        return c.window;
+    }
+    now / period
 }
 
 /// Evaluates one call; the counters it leaves when admitted.
 pub fn evaluate(c: Option<&Counters>, p: &Params, now: u64) -> (Evaluation, Option<Counters>) {
     let period = p.period_us.max(1000);
-    let index = now / period;
+    let index = window_of(c, period, now);
     let start = index * period;
     let (cur, prev) = c.map_or((0, 0), |c| c.at(index));
     let (pms, e) = (period / 1000, (now - start) / 1000);
@@ -110,10 +125,18 @@ fn weigh(cur: u64, prev: u64, pms: u64, e: u64, p: &Params) -> Option<(bool, u64
         .checked_add(cur.checked_mul(pms)?)?;
     let quota = p.limit.checked_mul(pms)?;
     let after = load.checked_add(p.cost.checked_mul(pms)?)?;
+    // With no previous count the load is whole calls: `num − cur`, without a division.
+    let now_remaining = if prev == 0 {
+        p.limit.saturating_sub(cur)
+    } else {
+        quota.saturating_sub(load) / pms
+    };
+    // `after` is `load` and `cost` whole calls: `⌊(quota − after) / pms⌋` is `now_remaining −
+    // cost`, both 0 once the call does not fit.
     Some((
         after <= quota,
-        quota.saturating_sub(load) / pms,
-        quota.saturating_sub(after) / pms,
+        now_remaining,
+        now_remaining.saturating_sub(p.cost),
     ))
 }
 
