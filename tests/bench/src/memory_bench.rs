@@ -129,7 +129,7 @@ fn counted_policy_of(a: Algorithm) -> Policy {
         Algorithm::Leaky | Algorithm::Token | Algorithm::Gcra => {
             // The largest burst the bounds allow at one an hour (burst × period in µs).
             Policy::new(a, 1, Duration::from_secs(3600))
-                .and_then(|p| p.with_burst(ratelimit_runtime::MAX_BUCKET_SCALE / 3_600_000_000))
+                .and_then(|p| p.with_burst(crate::redis_bench::MAX_BUCKET_SCALE / 3_600_000_000))
                 .unwrap_or_else(|e| panic!("{a}: {e}"))
         }
         _ => policy_of(a),

@@ -23,7 +23,7 @@ use crate::{Config, XorShift};
 /// The runtime's bounds: the largest sliding log (`PolicyError::SlidingLogTooLarge`) and bucket
 /// scale (2^52, `PolicyError::BucketTooFine`).
 const MAX_SLIDING_LOG: u64 = 10_000;
-const MAX_BUCKET_SCALE: u64 = 1 << 52;
+pub(crate) const MAX_BUCKET_SCALE: u64 = 1 << 52;
 const KEYSPACE: usize = 100_000;
 /// redis-benchmark's load: 50 connections, 16 commands in flight on each.
 const RB_CLIENTS: usize = 50;

@@ -1246,8 +1246,8 @@ async fn a_key_that_answers_an_error_never_opens_the_breaker() {
     );
 }
 
-/// Issue 12: the O(1) algorithms' state is small whatever `num` is — a GCRA key costs Redis no
-/// more memory than a fixed window's counter, a sliding counter's at most twice as much. Measured
+/// The O(1) algorithms' state is small whatever `num` is: a GCRA key costs Redis about what a
+/// fixed window's counter costs, a sliding counter's at most twice as much. Measured
 /// as `INFO memory`'s `used_memory` growth over 5,000 callers each (the same number of keys, so
 /// the keyspace's own tables grow alike), at a quota of 100,000 a day. (`MEMORY USAGE` would not
 /// do: it counts a value object that Redis shares for small integers.)
@@ -1298,10 +1298,12 @@ async fn gcra_and_sliding_counter_keys_cost_no_more_memory_than_fixed() {
         per_key[&Algorithm::SlidingCounter],
     );
     eprintln!("bytes per key: fixed {fixed}, gcra {gcra}, sliding_counter {counter}");
-    // `used_memory` deltas carry the allocator's rounding and bookkeeping, a few bytes per key
-    // that move between engines and runs (Redis 6.2 measured GCRA 2 B above fixed once): one
-    // 8-byte step of slack, no more.
-    assert!(gcra <= fixed + 8, "gcra {gcra} B against fixed {fixed} B");
+    // A fixed window of one limit keeps its count as Redis's integer (`INCRBY`, the fast
+    // path), GCRA its arrival time as text: up to 11 B more a key, measured. `used_memory`
+    // deltas also carry the allocator's rounding, a few bytes per key that move between
+    // engines and runs (fixed 161 B, GCRA 165–172 B on one Redis 7.0): three 8-byte steps of
+    // slack, no more; a hash or a second key would cost tens of bytes more.
+    assert!(gcra <= fixed + 24, "gcra {gcra} B against fixed {fixed} B");
     assert!(
         counter <= 2 * fixed,
         "sliding_counter {counter} B against fixed {fixed} B"
