@@ -38,6 +38,10 @@ mutations=(
   "prelude.lua|p.cost_text = int(p.cost)|p.cost_text = int(p.cost + 1)"
   "prelude.lua|return n ~= nil and n >= least and n < 9007199254740992 and n == math.floor(n)|return n ~= nil and n >= least"
   "fixed.lua|redis.call('INCRBY', key, p.cost_text or int(p.cost))|redis.call('INCRBY', key, p.cost_text or int(p.cost + 1))"
+  # A block that never shortens another (Store::extend_block).
+  "extend_block.lua|if left == -1 or left >= ms then|if left == -1 or left <= ms then"
+  "extend_block.lua|if left == -1 or left >= ms then|if false then"
+  "extend_block.lua|redis.call('SET', KEYS[1], 1, 'PX', ms)|redis.call('SET', KEYS[1], 1, 'PX', ms + 1)"
   # Settles (refund.lua's settle mode): the difference given back, the excess charged, once.
   "refund.lua|cost = p.cost - actual }, r)|cost = p.cost }, r)"
   "refund.lua|local excess = math.min(actual - p.cost, l.capacity)|local excess = actual - p.cost"

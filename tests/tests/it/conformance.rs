@@ -1309,7 +1309,8 @@ fn script_texts_are_the_ones_the_store_loads() {
     });
 }
 
-/// Blocks (`Store::block`: the driver's `<key>:b` marker, one `EXISTS` per call), resets
+/// Blocks (`Store::block`: the driver's `<key>:b` marker, one `EXISTS` per call; and
+/// `Store::extend_block`, which never shortens one), resets
 /// (`Store::reset`) and peeks (`Store::peek`: the companion's read-only mode) decide alike in
 /// Rust and Lua, field by field, mixed into random traces of calls: a blocked limit rejects
 /// until the millisecond after its block's end whatever its state, the other limits of the
@@ -1380,7 +1381,11 @@ fn blocks_resets_and_peeks_decide_alike() {
     counts.add_all(&ops.checked);
     println!("{ops:?}; checks {:?}", counts.0);
     assert!(
-        ops.blocks > 100 && ops.resets > 100 && ops.peeks > 300 && ops.blocked_calls > 100,
+        ops.blocks > 100
+            && ops.extends > 100
+            && ops.resets > 100
+            && ops.peeks > 300
+            && ops.blocked_calls > 100,
         "too few operations: {ops:?}"
     );
 }
@@ -1389,6 +1394,7 @@ fn blocks_resets_and_peeks_decide_alike() {
 #[derive(Debug, Default)]
 struct Ops {
     blocks: u64,
+    extends: u64,
     blocked_calls: u64,
     resets: u64,
     peeks: u64,
@@ -1420,16 +1426,26 @@ fn admin_or_check(
     };
     let roll = rng.below(100);
     if roll < 8 {
-        ops.blocks += 1;
-        // Whole milliseconds, from 1 ms to two periods.
-        let ms = rng.between(1, (2 * period / 1000).max(2));
+        // Whole milliseconds, from 1 ms to two periods; half of them blocks that never
+        // shorten a block already there.
+        let ms = Duration::from_millis(rng.between(1, (2 * period / 1000).max(2)));
         let one = &keys[..1];
+        let extend = roll % 2 == 1;
         pair.runtime.block_on(async {
-            memory.block(one, Duration::from_millis(ms)).await.unwrap();
-            lua.block(one, Duration::from_millis(ms)).await.unwrap();
-            scripts.block(one, Duration::from_millis(ms)).await.unwrap();
+            for store in [memory, lua, scripts] {
+                if extend {
+                    store.extend_block(one, ms).await.unwrap();
+                } else {
+                    store.block(one, ms).await.unwrap();
+                }
+            }
         });
-        return (format!("block {ms} ms"), None, None);
+        if extend {
+            ops.extends += 1;
+            return (format!("extend_block {ms:?}"), None, None);
+        }
+        ops.blocks += 1;
+        return (format!("block {ms:?}"), None, None);
     }
     if roll < 13 {
         ops.resets += 1;

@@ -11,6 +11,10 @@ use ratelimit_runtime::store::{AdminFuture, StoreFuture};
 use ratelimit_runtime::{Check, Store, StoreError, Verdict};
 
 use super::scripts::{Sources, sources};
+
+/// The script `RedisStore::extend_block` sends.
+const EXTEND_BLOCK: &str =
+    include_str!("../../../../ratelimit-runtime/src/scripts/extend_block.lua");
 use super::standin::{LuaRedis, Reply};
 
 /// How the stores run the code: the library's functions (`FCALL`, servers with Redis
@@ -234,6 +238,24 @@ impl Store for LuaStore {
                     key.as_bytes().to_vec(),
                     format!("{key}:b").into_bytes(),
                 ]);
+                if let Reply::Error(e) = reply {
+                    return Err(StoreError::backend(e));
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// `scripts/extend_block.lua` on each `key:b`, as `RedisStore::extend_block` sends it.
+    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+        Box::pin(async move {
+            let ms = u64::try_from(duration.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1);
+            let mut lua = self.lua();
+            for key in keys {
+                let marker = format!("{key}:b").into_bytes();
+                let reply = lua.eval(EXTEND_BLOCK, &[marker], &[ms.to_string().into_bytes()]);
                 if let Reply::Error(e) = reply {
                     return Err(StoreError::backend(e));
                 }
