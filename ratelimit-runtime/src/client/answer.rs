@@ -32,7 +32,48 @@ pub struct Remaining {
     pub reset: Option<Duration>,
 }
 
-/// What one answer tells the fleet: a pause of every budget, and what is left of each.
+/// A budget's quota as the partner states it: `limit` units per `window`
+/// (`RateLimit-Policy: "default";q=100;w=60`, `x-ratelimit-limit-requests: 100`).
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_runtime::client::{Budget, Stated};
+///
+/// let minute = Some(Duration::from_secs(60));
+/// let rpm = Stated { budget: Budget::Requests, limit: 600, window: minute };
+/// assert_eq!(rpm.per(Duration::from_secs(1)), Some(10)); // for a budget set per second
+/// let unsaid = Stated { window: None, ..rpm };
+/// assert_eq!(unsaid.per(Duration::from_secs(1)), Some(600)); // read per the budget's period
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stated {
+    /// The budget.
+    pub budget: Budget,
+    /// Units per window (never zero: a reader leaves a zero out).
+    pub limit: u64,
+    /// The partner's window (`None`: not said, as the `x-ratelimit-*` families do not; the
+    /// layer then reads `limit` per the budget's configured period).
+    pub window: Option<Duration>,
+}
+
+impl Stated {
+    /// `limit` per `window` as units per `period` (rounded down, at least 1), or `None` when
+    /// the window is zero.
+    pub fn per(&self, period: Duration) -> Option<u64> {
+        let Some(window) = self.window else {
+            return Some(self.limit);
+        };
+        let window = window.as_nanos();
+        if window == 0 {
+            return None;
+        }
+        let units = u128::from(self.limit).saturating_mul(period.as_nanos()) / window;
+        Some(u64::try_from(units).unwrap_or(u64::MAX).max(1))
+    }
+}
+
+/// What one answer tells the fleet: a pause of every budget, what is left of each, and the
+/// quota the partner states for each.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Advice {
     /// Every budget is unavailable for this long (a 429 or 503 with `Retry-After`). The
@@ -41,6 +82,9 @@ pub struct Advice {
     /// What is left of each budget (several readings of one budget: the least wins when the
     /// layer applies them).
     pub remaining: Vec<Remaining>,
+    /// The partner's quota of each budget (several of one budget: the least rate wins when
+    /// the layer applies them).
+    pub quotas: Vec<Stated>,
 }
 
 impl Advice {
@@ -66,6 +110,16 @@ impl Advice {
             r.reset = r.reset.map(cut);
         }
         self
+    }
+
+    /// The least of the quotas stated for `budget`, as units per `period` (see
+    /// [`Stated::per`]).
+    pub fn least_quota(&self, budget: Budget, period: Duration) -> Option<u64> {
+        self.quotas
+            .iter()
+            .filter(|q| q.budget == budget)
+            .filter_map(|q| q.per(period))
+            .min()
     }
 
     /// The least left of `budget`, with its reset (the latest among the least).
@@ -153,10 +207,10 @@ impl ReadAnswer for RetryAfter {
     }
 }
 
-/// The IETF `RateLimit` field (draft-ietf-httpapi-ratelimit-headers-11:
-/// `RateLimit: "default";r=0;t=20`): each member's `r` (left) and `t` (seconds to reset),
-/// for the requests budget, or the tokens budget for the member named by
-/// [`IetfFields::tokens`].
+/// The IETF fields (draft-ietf-httpapi-ratelimit-headers-11): `RateLimit:
+/// "default";r=0;t=20`, each member's `r` (left) and `t` (seconds to reset), and
+/// `RateLimit-Policy: "default";q=100;w=60`, each policy's quota `q` per `w` seconds; for the
+/// requests budget, or the tokens budget for the member named by [`IetfFields::tokens`].
 #[derive(Debug, Clone, Default)]
 pub struct IetfFields {
     tokens: Option<String>,
@@ -176,6 +230,17 @@ impl IetfFields {
     }
 }
 
+impl IetfFields {
+    /// The budget of the policy named `name`.
+    fn budget(&self, name: &str) -> Budget {
+        if self.tokens.as_deref() == Some(name) {
+            Budget::Tokens
+        } else {
+            Budget::Requests
+        }
+    }
+}
+
 impl ReadAnswer for IetfFields {
     fn read(&self, answer: &Answer<'_>, advice: &mut Advice) {
         for value in answer.headers.get_all("ratelimit") {
@@ -184,15 +249,23 @@ impl ReadAnswer for IetfFields {
                 continue;
             };
             for member in members {
-                let budget = if self.tokens.as_deref() == Some(member.name.as_str()) {
-                    Budget::Tokens
-                } else {
-                    Budget::Requests
-                };
                 advice.remaining.push(Remaining {
-                    budget,
+                    budget: self.budget(&member.name),
                     left: member.remaining,
                     reset: member.reset,
+                });
+            }
+        }
+        for value in answer.headers.get_all("ratelimit-policy") {
+            let Some(policies) = ietf_policy(value.as_bytes()) else {
+                ignored("RateLimit-Policy", &show(value.as_bytes()));
+                continue;
+            };
+            for policy in policies {
+                advice.quotas.push(Stated {
+                    budget: self.budget(&policy.name),
+                    limit: policy.quota,
+                    window: policy.window,
                 });
             }
         }
@@ -201,7 +274,9 @@ impl ReadAnswer for IetfFields {
 
 /// OpenAI's family: `x-ratelimit-remaining-requests` with `x-ratelimit-reset-requests`, and
 /// `x-ratelimit-remaining-tokens` with `x-ratelimit-reset-tokens`, resets as Go durations
-/// (`6m0s`, `1s`, `20ms`).
+/// (`6m0s`, `1s`, `20ms`); the quotas `x-ratelimit-limit-requests` and
+/// `x-ratelimit-limit-tokens` (per minute at OpenAI: configure the budgets per minute, as the
+/// fields do not say their window).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenAiFields;
 
@@ -229,10 +304,24 @@ impl ReadAnswer for OpenAiFields {
                 go_duration,
             );
         }
+        read_limit(
+            answer.headers,
+            Budget::Requests,
+            "x-ratelimit-limit-requests",
+            advice,
+        );
+        read_limit(
+            answer.headers,
+            Budget::Tokens,
+            "x-ratelimit-limit-tokens",
+            advice,
+        );
     }
 }
 
-/// GitHub's family: `x-ratelimit-remaining` with `x-ratelimit-reset` as epoch seconds.
+/// GitHub's family: `x-ratelimit-remaining` with `x-ratelimit-reset` as epoch seconds, and
+/// the quota `x-ratelimit-limit` (per hour at GitHub: configure the budget per hour, as the
+/// field does not say its window).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GitHubFields;
 
@@ -247,6 +336,28 @@ impl ReadAnswer for GitHubFields {
             advice,
             |v| epoch_reset(v, now),
         );
+        read_limit(
+            answer.headers,
+            Budget::Requests,
+            "x-ratelimit-limit",
+            advice,
+        );
+    }
+}
+
+/// A `limit` field (a quota without a window, as the `x-ratelimit-*` families state it): a
+/// [`Stated`] quota when it parses to a positive number.
+fn read_limit(headers: &HeaderMap, budget: Budget, limit: &str, advice: &mut Advice) {
+    let Some(value) = headers.get(limit) else {
+        return;
+    };
+    match unsigned(value.as_bytes()).filter(|l| *l > 0) {
+        Some(limit) => advice.quotas.push(Stated {
+            budget,
+            limit,
+            window: None,
+        }),
+        None => ignored(limit, &show(value.as_bytes())),
     }
 }
 
@@ -386,27 +497,56 @@ pub struct IetfMember {
 /// without `r`, or with a negative or malformed one, are left out; `None` when the field is
 /// not a list of such members at all.
 pub fn ietf_ratelimit(value: &[u8]) -> Option<Vec<IetfMember>> {
+    sf_members(value, |name, params| {
+        let remaining = sf_unsigned(params, "r")?;
+        let reset = sf_unsigned(params, "t").map(Duration::from_secs);
+        Some(IetfMember {
+            name,
+            remaining,
+            reset,
+        })
+    })
+}
+
+/// One member of the IETF `RateLimit-Policy` field: a policy's name, quota and window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IetfPolicy {
+    /// The policy's name.
+    pub name: String,
+    /// `q`: the quota (never zero).
+    pub quota: u64,
+    /// `w`: the window, in seconds (`None`: not said, or zero).
+    pub window: Option<Duration>,
+}
+
+/// The IETF `RateLimit-Policy` field's members (`"default";q=100;w=60`); members without a
+/// positive `q` are left out; `None` when the field is not a list of members at all.
+pub fn ietf_policy(value: &[u8]) -> Option<Vec<IetfPolicy>> {
+    sf_members(value, |name, params| {
+        let quota = sf_unsigned(params, "q").filter(|q| *q > 0)?;
+        let window = sf_unsigned(params, "w").filter(|w| *w > 0);
+        Some(IetfPolicy {
+            name,
+            quota,
+            window: window.map(Duration::from_secs),
+        })
+    })
+}
+
+/// A structured field list of items with parameters (`"a";r=0;t=20, b;q=5`), each turned
+/// into `T` by `member` (`None` leaves the member out); `None` when the value is not such a
+/// list.
+fn sf_members<T>(
+    value: &[u8],
+    member: impl Fn(String, &[(&str, &str)]) -> Option<T>,
+) -> Option<Vec<T>> {
     let text = std::str::from_utf8(value).ok()?;
     let mut members = Vec::new();
     let mut unread = text.trim_start_matches([' ', '\t']);
     while !unread.is_empty() {
         let (name, after) = sf_item_name(unread)?;
         let (params, after) = sf_params(after)?;
-        let remaining = params
-            .iter()
-            .find(|(k, _)| *k == "r")
-            .and_then(|(_, v)| unsigned(v.as_bytes()));
-        let reset = params
-            .iter()
-            .find(|(k, _)| *k == "t")
-            .and_then(|(_, v)| unsigned(v.as_bytes()));
-        if let Some(remaining) = remaining {
-            members.push(IetfMember {
-                name,
-                remaining,
-                reset: reset.map(Duration::from_secs),
-            });
-        }
+        members.extend(member(name, &params));
         unread = after.trim_start_matches([' ', '\t']);
         match unread.strip_prefix(',') {
             Some(after) => unread = after.trim_start_matches([' ', '\t']),
@@ -415,6 +555,12 @@ pub fn ietf_ratelimit(value: &[u8]) -> Option<Vec<IetfMember>> {
         }
     }
     Some(members)
+}
+
+/// The parameter `key`'s value as an unsigned integer.
+fn sf_unsigned(params: &[(&str, &str)], key: &str) -> Option<u64> {
+    let (_, value) = params.iter().find(|(k, _)| *k == key)?;
+    unsigned(value.as_bytes())
 }
 
 /// A structured field item's name: a string (`"default"`, with `\"` and `\\` escapes) or a
@@ -670,6 +816,67 @@ mod tests {
     }
 
     #[test]
+    fn quotas_read_from_ratelimit_policy_and_the_limit_fields() {
+        let ietf = IetfFields::new().tokens("tpm");
+        let advice = read(
+            &ietf,
+            200,
+            &[(
+                "ratelimit-policy",
+                br#""rpm";q=600;w=60, "tpm";q=90000;w=60, "no-window";q=7, "zero";q=0;w=1"#,
+            )],
+        );
+        let minute = Duration::from_secs(60);
+        assert_eq!(advice.least_quota(Budget::Requests, minute), Some(7));
+        assert_eq!(advice.least_quota(Budget::Tokens, minute), Some(90_000));
+        // 600 a minute is 10 a second; `q=0` is no quota, and a window of zero none either.
+        let second = Duration::from_secs(1);
+        let rpm = Stated {
+            budget: Budget::Requests,
+            limit: 600,
+            window: Some(minute),
+        };
+        assert_eq!(rpm.per(second), Some(10));
+        assert_eq!(
+            rpm.per(Duration::from_millis(1)),
+            Some(1),
+            "never below one"
+        );
+        assert!(advice.quotas.iter().all(|q| q.limit > 0));
+        let no_window = Stated {
+            window: Some(Duration::ZERO),
+            ..rpm
+        };
+        assert_eq!(no_window.per(second), None);
+        assert_eq!(
+            ietf_policy(br#""a";q=5;w=0"#),
+            Some(vec![IetfPolicy {
+                name: "a".into(),
+                quota: 5,
+                window: None
+            }])
+        );
+        assert_eq!(ietf_policy(b"a;q=5 b"), None);
+        // The x-ratelimit families state a limit without a window: read per the period.
+        let openai = read(
+            &OpenAiFields,
+            200,
+            &[
+                ("x-ratelimit-limit-requests", b"500"),
+                ("x-ratelimit-limit-tokens", b"30000"),
+            ],
+        );
+        assert_eq!(openai.least_quota(Budget::Requests, minute), Some(500));
+        assert_eq!(openai.least_quota(Budget::Tokens, second), Some(30_000));
+        let github = read(&GitHubFields, 200, &[("x-ratelimit-limit", b"5000")]);
+        assert_eq!(github.least_quota(Budget::Requests, minute), Some(5_000));
+        for bad in [&b"0"[..], b"-5", b"lots", "５".as_bytes()] {
+            let advice = read(&GitHubFields, 200, &[("x-ratelimit-limit", bad)]);
+            assert!(advice.quotas.is_empty(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn bounded_cuts_every_duration_to_the_maximum() {
         let mut advice = Advice::default();
         advice.pause_for(Duration::from_secs(10 * 365 * 86_400));
@@ -686,7 +893,7 @@ mod tests {
     /// Every reader, over any bytes in any of its fields, with any status: no panic, and no
     /// duration past the maximum once bounded.
     fn any_answer(reader: &dyn ReadAnswer, status: u16, values: &[Vec<u8>]) {
-        const NAMES: [&str; 9] = [
+        const NAMES: [&str; 12] = [
             "retry-after",
             "ratelimit",
             "ratelimit-policy",
@@ -696,6 +903,9 @@ mod tests {
             "x-ratelimit-reset-tokens",
             "x-ratelimit-remaining",
             "x-ratelimit-reset",
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-limit",
         ];
         let mut headers = HeaderMap::new();
         for (name, value) in NAMES.iter().zip(values) {
@@ -713,6 +923,16 @@ mod tests {
                 .iter()
                 .all(|r| r.reset.is_none_or(|d| d <= max))
         );
+        // A stated quota is positive, and reads per any period without a panic, never as 0.
+        for stated in &advice.quotas {
+            assert!(stated.limit > 0, "{stated:?}");
+            for period in [Duration::from_millis(1), Duration::from_secs(86_400 * 365)] {
+                assert!(
+                    stated.per(period).is_some_and(|units| units > 0),
+                    "{stated:?}"
+                );
+            }
+        }
     }
 
     fn field() -> impl Strategy<Value = Vec<u8>> {
@@ -720,6 +940,7 @@ mod tests {
             proptest::collection::vec(any::<u8>(), 0..40),
             "[0-9a-zµ.;=\", -]{0,40}".prop_map(String::into_bytes),
             r#""[a-z]{1,5}";r=-?[0-9]{1,25};t=-?[0-9]{1,25}"#.prop_map(String::into_bytes),
+            r#""[a-z]{1,5}";q=-?[0-9]{1,25};w=-?[0-9]{1,25}"#.prop_map(String::into_bytes),
             "([0-9]{1,22}(\\.[0-9]{0,25})?(h|m|s|ms|us|ns)){1,4}".prop_map(String::into_bytes),
         ]
     }
@@ -728,7 +949,7 @@ mod tests {
         #[test]
         fn no_value_panics_or_pauses_past_the_maximum(
             status in 100u16..600,
-            values in proptest::collection::vec(field(), 9),
+            values in proptest::collection::vec(field(), 12),
         ) {
             let readers: [&dyn ReadAnswer; 4] = [&RetryAfter, &IetfFields::new(), &OpenAiFields, &GitHubFields];
             for reader in readers {
@@ -742,6 +963,7 @@ mod tests {
             let _ = epoch_reset(&value, now());
             let _ = go_duration(&value);
             let _ = ietf_ratelimit(&value);
+            let _ = ietf_policy(&value);
             let _ = unsigned(&value);
         }
     }

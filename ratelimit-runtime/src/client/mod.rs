@@ -25,14 +25,19 @@
 //!     rest are refused with the partner's time);
 //!   - what the partner will still admit is what it says is left (`r=3`, `remaining: 3`)
 //!     less the calls in flight: those the fleet admitted after this one (what the budget
-//!     lost since this call was admitted, less what this process's lessons took meanwhile; a
-//!     lowering by another process counts too, so the count errs towards fewer calls) and
+//!     lost since this call was admitted, with what it refilled and what this call's settle
+//!     gave back, less what this process's lessons took meanwhile; a lowering by another
+//!     process counts too, so the count errs towards fewer calls) and
 //!     the unit the budget may be refilling before the next answer is learnt;
 //!   - a budget with nothing left for the partner is deferred until the partner's reset, so
 //!     no call is sent past the partner's window;
 //!   - a budget with units left becomes [`RateLimiter::lower`]: the shared budget is brought
 //!     down to them, by taking the difference; never up, so the configured quota stays the
-//!     most the fleet ever sends.
+//!     most the fleet ever sends;
+//!   - a quota the partner states ([`Stated`]: `RateLimit-Policy`, `x-ratelimit-limit-*`)
+//!     below the configured one prices every call in proportion (a partner at half the
+//!     quota: two units a request), so the budget admits at the partner's rate under its own
+//!     key; a partner stating more prices nothing.
 //!
 //!   Then the tokens budget is settled to what the response says was used (a closure over
 //!   the response's head, [`PartnerLayerBuilder::tokens`]).
@@ -79,7 +84,7 @@ mod service;
 
 pub use answer::{
     Advice, Answer, Budget, GitHubFields, IetfFields, OpenAiFields, ReadAnswer, Remaining,
-    RetryAfter,
+    RetryAfter, Stated,
 };
 #[cfg(feature = "reqwest")]
 pub use middleware::PartnerMiddleware;

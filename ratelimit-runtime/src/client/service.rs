@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use tokio::time::Instant;
+
 use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
@@ -204,14 +206,14 @@ impl PartnerLayerBuilder {
         if limits.is_empty() {
             return Err(LayerError::MissingNum { limit: 0 });
         }
-        let dynamics = estimate.is_some().then(|| {
-            let settles = |b: &Budget| Dynamic {
-                quota: QuotaFrom::Attribute,
-                count: Count::All,
-                settle: *b == Budget::Tokens,
-            };
-            budgets.iter().map(settles).collect()
-        });
+        // Every budget's cost is the call's: priced by the partner's stated quota, and the
+        // tokens budget settled.
+        let priced = |b: &Budget| Dynamic {
+            quota: QuotaFrom::Attribute,
+            count: Count::All,
+            settle: *b == Budget::Tokens,
+        };
+        let dynamics = budgets.iter().map(priced).collect();
         let mut readers = self.readers;
         if readers.is_empty() {
             readers = vec![Box::new(RetryAfter), Box::new(IetfFields::new())];
@@ -232,24 +234,47 @@ impl PartnerLayerBuilder {
                 max_pause: self.max_pause,
                 learn: self.learn,
                 lowered: (0..limits_len).map(|_| AtomicU64::new(0)).collect(),
+                stated: (0..limits_len).map(|_| AtomicU64::new(0)).collect(),
             }),
         })
     }
 }
 
-/// A request admitted and sent: what to settle, and what each unsettled budget had left
-/// once it was admitted.
+/// A request admitted and sent: what to settle (its tokens estimate), and what each budget
+/// had left once it was admitted.
 pub(super) struct Sent<'l> {
     call: Admitted<'l>,
-    known: Vec<Option<Known>>,
+    /// The tokens budget's position and what the request took from it.
+    taken: Option<(usize, u64)>,
+    known: Vec<Known>,
 }
 
-/// What an unsettled budget had left once a call was admitted, and how many units this
-/// process's lessons had taken from it by then.
+/// What a budget had left once a call was admitted, when, and how many units this process's
+/// lessons had taken from it by then; after the response, what the call's own settle gave
+/// back to it (negative: charged).
 #[derive(Debug, Clone, Copy)]
 struct Known {
     left: u64,
+    at: Instant,
     lowered: u64,
+    settled: i128,
+}
+
+impl Known {
+    /// What the budget lost since the call was admitted, to the calls admitted after it (and
+    /// to lowerings by other processes): `left`, plus what it refilled at `policy`'s rate
+    /// since and what the call's settle gave back, less what it has `now`.
+    fn lost(&self, policy: &Policy, now: u64) -> u64 {
+        let elapsed = self.at.elapsed().as_nanos();
+        let period = u128::from(policy.period_ms())
+            .saturating_mul(1_000_000)
+            .max(1);
+        let refilled = (u128::from(policy.limit()) * elapsed).div_ceil(period);
+        let before = i128::from(self.left)
+            .saturating_add(i128::try_from(refilled).unwrap_or(i128::MAX))
+            .saturating_add(self.settled);
+        u64::try_from(before.saturating_sub(i128::from(now)).max(0)).unwrap_or(u64::MAX)
+    }
 }
 
 /// What a [`PartnerLayer`] holds.
@@ -258,8 +283,8 @@ pub(super) struct Partner {
     limits: Box<[Limit]>,
     /// Each limit's budget, by position.
     budgets: Box<[Budget]>,
-    /// The tokens budget settles (`None`: requests only).
-    dynamics: Option<Box<[Dynamic]>>,
+    /// Each budget's run-time part: its cost, and the tokens budget settles.
+    dynamics: Box<[Dynamic]>,
     templates: Box<[Option<&'static str>]>,
     estimate: Option<Estimate>,
     usage: Option<Usage>,
@@ -269,6 +294,9 @@ pub(super) struct Partner {
     learn: bool,
     /// The units this process's lessons took from each budget, by position.
     lowered: Box<[AtomicU64]>,
+    /// The quota the partner last stated for each budget, per its configured period (0:
+    /// none stated): see [`Partner::priced`].
+    stated: Box<[AtomicU64]>,
 }
 
 /// Why a [`PartnerService`] call failed: the budget (or the store) refused it before it was
@@ -380,10 +408,17 @@ impl Partner {
         limiter: &RateLimiter,
         head: &http::request::Parts,
     ) -> Result<Sent<'_>, RateLimitError> {
-        let inputs = self.inputs(head);
+        let costs = self.costs(head);
+        let inputs: Vec<Input> = costs
+            .iter()
+            .map(|cost| Input {
+                quota: None,
+                cost: Some(cost_of(*cost)),
+            })
+            .collect();
         let call = Call {
             limits: &self.limits,
-            dynamics: self.dynamics.as_deref(),
+            dynamics: Some(&self.dynamics),
             inputs: &inputs,
             templates: &self.templates,
         };
@@ -392,19 +427,23 @@ impl Partner {
         })
         .await
         .map_err(crate::call::Refused::into_error)?;
-        // What each unsettled budget had left once this request was admitted.
+        // What each budget had left once this request was admitted.
+        let at = Instant::now();
         let known = (0..self.limits.len())
-            .map(|i| {
-                let settled = self.budgets[i] == Budget::Tokens && self.estimate.is_some();
-                let decision = admitted.verdict().decisions().get(i);
-                decision.filter(|_| !settled).map(|d| Known {
-                    left: d.remaining,
-                    lowered: self.lowered[i].load(Ordering::Relaxed),
-                })
+            .map(|i| Known {
+                left: admitted
+                    .verdict()
+                    .decisions()
+                    .get(i)
+                    .map_or(0, |d| d.remaining),
+                at,
+                lowered: self.lowered[i].load(Ordering::Relaxed),
+                settled: 0,
             })
             .collect();
         Ok(Sent {
             call: admitted,
+            taken: self.tokens_index().map(|i| (i, costs[i])),
             known,
         })
     }
@@ -416,42 +455,75 @@ impl Partner {
         sent: Sent<'_>,
         head: &http::response::Parts,
     ) {
-        let used = self.usage.as_ref().and_then(|u| u(head)).map(Units::of);
+        let used = self.usage.as_ref().and_then(|u| u(head));
+        let used = used
+            .zip(self.tokens_index())
+            .map(|(u, i)| self.priced(i, u));
         sent.call
-            .settle_to(Outcome::Status(head.status.as_u16()), used)
+            .settle_to(Outcome::Status(head.status.as_u16()), used.map(Units::of))
             .await;
+        let mut known = sent.known;
+        if let (Some((i, taken)), Some(used)) = (sent.taken, used) {
+            known[i].settled = i128::from(taken) - i128::from(used);
+        }
         if self.learn {
-            self.learn(limiter, head, &sent.known).await;
+            self.learn(limiter, head, &known).await;
         }
     }
 
-    /// What each limit takes from this request: the tokens budget its estimate.
-    fn inputs(&self, head: &http::request::Parts) -> Vec<Input> {
-        let Some(estimate) = &self.estimate else {
-            return Vec::new();
-        };
-        let tokens = cost_of(estimate(head));
-        self.budgets
-            .iter()
-            .map(|b| match b {
-                Budget::Tokens => Input {
-                    quota: None,
-                    cost: Some(tokens),
-                },
-                Budget::Requests => Input::NONE,
+    /// What each budget takes from this request, priced ([`Partner::priced`]) and at most
+    /// the budget's capacity: one request, and the tokens budget the request's estimate.
+    fn costs(&self, head: &http::request::Parts) -> Vec<u64> {
+        let estimate = self.estimate.as_ref().map_or(0, |estimate| estimate(head));
+        (0..self.budgets.len())
+            .map(|i| {
+                let units = match self.budgets[i] {
+                    Budget::Requests => 1,
+                    Budget::Tokens => estimate,
+                };
+                // Never priced past the capacity (a call the budget could never admit).
+                let capacity = self.limits[i].policy.capacity();
+                self.priced(i, units).min(capacity.max(units))
             })
             .collect()
+    }
+
+    /// The position of the tokens budget.
+    fn tokens_index(&self) -> Option<usize> {
+        self.budgets.iter().position(|b| *b == Budget::Tokens)
+    }
+
+    /// What `units` of the partner's take from budget `i`: as many when the partner stated
+    /// no quota below the configured one; otherwise in proportion, the configured quota over
+    /// the partner's, rounded up. The budget then admits at the partner's rate and burst
+    /// under its own key (no new bucket, whatever the partner states), and never faster
+    /// than configured.
+    fn priced(&self, i: usize, units: u64) -> u64 {
+        let stated = self.stated[i].load(Ordering::Relaxed);
+        let configured = self.limits[i].policy.limit();
+        if stated == 0 || stated >= configured {
+            return units;
+        }
+        let priced = (u128::from(units) * u128::from(configured)).div_ceil(u128::from(stated));
+        u64::try_from(priced).unwrap_or(u64::MAX)
+    }
+
+    /// What the partner says is left of budget `i`, in the budget's units (rounded down):
+    /// the reverse of [`Partner::priced`].
+    fn in_budget_units(&self, i: usize, left: u64) -> u64 {
+        let stated = self.stated[i].load(Ordering::Relaxed);
+        let configured = self.limits[i].policy.limit();
+        if stated == 0 || stated >= configured {
+            return left;
+        }
+        let units = u128::from(left) * u128::from(configured) / u128::from(stated);
+        u64::try_from(units).unwrap_or(u64::MAX)
     }
 
     /// Reads the partner's answer and tells the store: a pause defers every budget; a budget
     /// with units left is brought down to what the partner will still admit
     /// ([`Partner::lesson`]).
-    async fn learn(
-        &self,
-        limiter: &RateLimiter,
-        head: &http::response::Parts,
-        known: &[Option<Known>],
-    ) {
+    async fn learn(&self, limiter: &RateLimiter, head: &http::response::Parts, known: &[Known]) {
         let answer = Answer {
             status: head.status,
             headers: &head.headers,
@@ -464,8 +536,14 @@ impl Partner {
         let advice = advice.bounded(self.max_pause);
         for (i, budget) in self.budgets.iter().enumerate() {
             let limit = &self.limits[i..=i];
+            if let Some(stated) = advice.least_quota(*budget, limit[0].policy.period()) {
+                self.stated[i].store(stated, Ordering::Relaxed);
+            }
             let target = Target::global().key(template(*budget));
-            let least = advice.least(*budget);
+            let least = advice.least(*budget).map(|r| Remaining {
+                left: self.in_budget_units(i, r.left),
+                ..r
+            });
             let lesson = self
                 .lesson(limiter, i, &target, advice.pause, least, known[i])
                 .await;
@@ -476,16 +554,16 @@ impl Partner {
         }
     }
 
-    /// One budget's lesson. The partner's `left` counts the requests it had received; the
-    /// calls the fleet admitted since this one are on their way and take from it too, and so
-    /// does the unit the budget is refilling (read as whole units, it may be a moment from
-    /// admitting one more before the next answer is learnt). The calls in flight are what the
-    /// budget lost since this call was admitted (`known`, less what it has now), less what
-    /// this process's lessons took from it meanwhile: a lowering by another process in
-    /// between counts as calls too, so the count errs towards fewer calls, never more. What the partner will still admit is `left` less those: none, and
-    /// the budget is deferred until the partner's reset (or the pause, the longer); some, and
-    /// the budget is lowered to them. Without `known` (a settled budget) nothing is counted in
-    /// flight.
+    /// One budget's lesson. The partner's `left` counts what it had received; the calls the
+    /// fleet admitted since this one are on their way and take from it too, and so does the
+    /// unit the budget is refilling (read as whole units, it may be a moment from admitting
+    /// one more before the next answer is learnt). The calls in flight are what the budget
+    /// lost since this call was admitted ([`Known::lost`]: a tokens budget counts them at
+    /// their estimates, which they hold until settled), less what this process's lessons
+    /// took from it meanwhile: a lowering by another process in between counts as calls too,
+    /// so the count errs towards fewer calls, never more. What the partner will still admit
+    /// is `left` less those: none, and the budget is deferred until the partner's reset (or
+    /// the pause, the longer); some, and the budget is lowered to them.
     async fn lesson(
         &self,
         limiter: &RateLimiter,
@@ -493,30 +571,25 @@ impl Partner {
         target: &Target,
         pause: Option<Duration>,
         least: Option<Remaining>,
-        known: Option<Known>,
+        known: Known,
     ) -> Result<(), crate::error::StoreError> {
         let limit = &self.limits[i..=i];
         // A partner with more left than the budget had, counting the unit refilling, has
         // nothing to teach (and costs no round trip).
-        let news = |r: &Remaining| known.is_none_or(|k| r.left <= k.left.saturating_add(REFILLING));
+        let news = |r: &Remaining| r.left <= known.left.saturating_add(REFILLING);
         let Some(partner) = least.filter(news) else {
             return match pause {
                 Some(pause) => limiter.defer(limit, target, pause).await,
                 None => Ok(()),
             };
         };
-        let in_flight = match known {
-            Some(known) => {
-                let now = limiter.peek(limit, target).await?;
-                let has = now.decisions().first().map_or(0, |d| d.remaining);
-                let lowered = self.lowered[i]
-                    .load(Ordering::Relaxed)
-                    .saturating_sub(known.lowered);
-                let lost = known.left.saturating_sub(has);
-                lost.saturating_sub(lowered).saturating_add(REFILLING)
-            }
-            None => 0,
-        };
+        let now = limiter.peek(limit, target).await?;
+        let has = now.decisions().first().map_or(0, |d| d.remaining);
+        let lowered = self.lowered[i]
+            .load(Ordering::Relaxed)
+            .saturating_sub(known.lowered);
+        let lost = known.lost(&limit[0].policy, has);
+        let in_flight = lost.saturating_sub(lowered).saturating_add(REFILLING);
         let left = partner.left.saturating_sub(in_flight);
         let spent = partner.reset.filter(|_| left == 0);
         if let Some(pause) = pause.max(spent).filter(|p| !p.is_zero()) {
@@ -624,6 +697,61 @@ mod tests {
         // past the budget's own refill (one unit every 50 ms).
         partner.answered(&limiter, last.unwrap(), &says(0, 2)).await;
         deferred_until(&limiter, &layer, Duration::from_secs(2)).await;
+    }
+
+    /// A 200 whose `RateLimit-Policy` field states `quota` a second (and plenty left).
+    fn states(quota: &str) -> http::response::Parts {
+        let response = http::Response::builder()
+            .header("ratelimit-policy", format!("\"default\";{quota}"))
+            .header("ratelimit", "\"default\";r=1000;t=1");
+        response.body(()).unwrap().into_parts().0
+    }
+
+    /// How many calls the layer admits at once, from where the budget is.
+    async fn admitted_now(limiter: &RateLimiter, partner: &Partner) -> usize {
+        let mut n = 0;
+        while partner.admit(limiter, &request()).await.is_ok() {
+            n += 1;
+        }
+        n
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_partner_stating_a_lower_quota_paces_the_budget_at_it_under_the_same_key() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        // The partner admits 10 a second; the budget was told 20.
+        partner.answered(&limiter, sent, &states("q=10;w=1")).await;
+        // Each request now takes two of the budget's units: with 19 left, 9 more go now…
+        assert_eq!(admitted_now(&limiter, partner).await, 9);
+        // …and 10 a second after, the partner's rate, in the budget's own bucket.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(admitted_now(&limiter, partner).await, 10);
+        assert_eq!(budget(&limiter, &layer).await.decisions()[0].limit, 20);
+        // A partner stating more than configured never makes a request cheaper than one.
+        let sent = {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            partner.admit(&limiter, &request()).await.unwrap()
+        };
+        partner.answered(&limiter, sent, &states("q=40;w=1")).await;
+        // (The call that learnt it was priced at two.)
+        assert_eq!(admitted_now(&limiter, partner).await, 18);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_partner_stating_a_tiny_quota_slows_the_budget_to_one_call_a_period_never_none() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        // One a day: read per the budget's second, less than one, priced at the capacity.
+        partner
+            .answered(&limiter, sent, &states("q=1;w=86400"))
+            .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(admitted_now(&limiter, partner).await, 1);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(admitted_now(&limiter, partner).await, 1);
     }
 
     #[tokio::test(start_paused = true)]

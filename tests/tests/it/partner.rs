@@ -135,12 +135,21 @@ fn fields(dialect: Dialect, verdict: &Verdict) -> Vec<(String, String)> {
                     format!("\"{name}\";r={};t={t}", d.remaining)
                 })
                 .collect();
-            vec![("ratelimit".into(), members.join(", "))]
+            let policies: Vec<String> = names
+                .iter()
+                .zip(verdict.decisions())
+                .map(|(name, d)| format!("\"{name}\";q={};w=1", d.limit))
+                .collect();
+            vec![
+                ("ratelimit".into(), members.join(", ")),
+                ("ratelimit-policy".into(), policies.join(", ")),
+            ]
         }
         Dialect::OpenAi => decisions
             .flat_map(|(name, d)| {
                 let reset = format!("{}ms", d.reset_after.as_millis());
                 [
+                    (format!("x-ratelimit-limit-{name}"), d.limit.to_string()),
                     (
                         format!("x-ratelimit-remaining-{name}"),
                         d.remaining.to_string(),
@@ -533,7 +542,11 @@ async fn four_processes_on_redis_pace_requests_and_settled_tokens() {
         fleet: Fleet::Redis(server.url()),
         scale: SCALED,
     };
-    compare(run, "x-ratelimit-* + tokens, Redis").await;
+    let (learnt, _) = compare(run, "x-ratelimit-* + tokens, Redis").await;
+    assert_eq!(
+        learnt.recurring, 0,
+        "the 429s stop after the first pause: {learnt:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
