@@ -44,7 +44,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use ratelimit_runtime::{Builder, Limit, RateLimiter, Target, UserId, Verdict, rate_limit};
+use ratelimit_runtime::{
+    Limit, RateLimiter, Target, UserId, Verdict, limiter::Builder, rate_limit,
+};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Default)]

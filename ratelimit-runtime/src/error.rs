@@ -191,7 +191,7 @@ pub enum StoreError {
     /// defaults of [`crate::Store::peek`], [`crate::Store::reset`] or [`crate::Store::block`]):
     /// an error for this call only. Holds the operation's name.
     Unsupported(&'static str),
-    /// Replica acknowledgement is on ([`crate::Builder::replica_ack`],
+    /// Replica acknowledgement is on ([`crate::limiter::Builder::replica_ack`],
     /// [`crate::Limit::with_replica_ack`]) and no replica acknowledged the call's write within
     /// the wait it holds: the master counted the call, a failover now could forget it. The
     /// failure policy answers the call (the limiter gives the count back in the background

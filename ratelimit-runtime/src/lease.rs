@@ -55,7 +55,7 @@ use crate::policy::{Policy, PolicyError};
 ///
 /// ```
 /// use std::time::Duration;
-/// use ratelimit_runtime::{Algorithm, By, Lease, Limit, Policy};
+/// use ratelimit_runtime::{Algorithm, By, lease::Lease, Limit, Policy};
 ///
 /// let lease = Lease::new(Duration::from_millis(100))?.with_max_units(500)?;
 /// let policy = Policy::new(Algorithm::Fixed, 100_000, Duration::from_secs(60))?;

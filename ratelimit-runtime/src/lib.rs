@@ -238,9 +238,32 @@
 //!
 //! # Where things are
 //!
-//! The everyday types are at the crate root. [`store`] holds the [`Store`] trait for stores of
-//! your own and the memory store's clocks, [`key`] the layout of store keys, [`http`] what the
-//! HTTP integrations read and answer.
+//! The everyday types are at the crate root: the attribute [`rate_limit`]; the limiter
+//! [`RateLimiter`]; what a limit is ([`Limit`], [`By`], [`Policy`], [`Algorithm`], [`Quota`],
+//! [`FailurePolicy`]); what a check answers ([`Verdict`], [`Decision`]); the errors
+//! ([`RateLimitError`], [`StoreError`], [`ConfigError`], [`PolicyError`]); who is calling
+//! ([`UserId`], and [`Target`] for the operator's calls); the stores ([`Store`],
+//! [`MemoryStore`], [`RedisStore`], [`RedisClusterStore`]) and the layer ([`RateLimitLayer`]).
+//!
+//! The rest is in modules named for what they hold, in the order of a call:
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`limiter`] | the limiter's [`Builder`], its [`Settings`](limiter::Settings), [`ShutdownTimedOut`](limiter::ShutdownTimedOut) |
+//! | [`quota`] | [`AsQuota`](quota::AsQuota): a caller's plan as a [`Quota`] |
+//! | [`exempt`] | callers let through: [`Exemptions`], [`CallerView`] |
+//! | [`net`] | IP networks for proxies and exemptions: [`IpNet`](net::IpNet) |
+//! | [`http`] | what the HTTP integrations read and answer: client addresses, forwarding and response headers |
+//! | [`grpc`] | the same for tonic |
+//! | [`layer`] | the Tower layer's builder, service and errors |
+//! | [`lease`] | hot keys served from a local lease: [`Lease`](lease::Lease) |
+//! | [`settle`] | after the body: [`Count`], [`Reservation`] |
+//! | [`algorithm`] | each algorithm's rule, as the stores run it |
+//! | [`store`] | the [`Store`] trait for stores of your own, [`Check`](store::Check), the memory store's clocks |
+//! | [`key`] | the layout of store keys |
+//! | [`observe`] | logs and metrics |
+//! | [`client`] | calling rate-limited APIs (feature `client`) |
+//! | [`testing`] | a private Redis for your tests (feature `testing`) |
 
 #![cfg_attr(docsrs, feature(doc_cfg))] // docs.rs: each item shows the features it needs
 pub mod algorithm;
@@ -254,15 +277,14 @@ pub mod key;
 pub mod layer;
 pub mod lease;
 mod limit;
-mod limiter;
-mod net;
+pub mod limiter;
+pub mod net;
 pub mod observe;
 mod policy;
+pub mod quota;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
-// Run-time quotas: callers' plans and scope overrides.
-mod quota;
 // Who is calling: what a request offers the limiter, read alike on every transport.
 mod caller;
 // The one call pipeline every transport goes through.
@@ -321,28 +343,46 @@ pub mod guide {
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+/// What is settled after a call's body: which of its outcomes count against its limits
+/// ([`Count`], the attribute's `count = …`) and a cost the body settles itself when it knows
+/// it ([`Reservation`], `settle = "later"`).
+pub mod settle {
+    pub use crate::call::plan::Count;
+    pub use crate::call::settle::Reservation;
+}
+
+/// Callers let through without a check: the networks and the rule an application exempts
+/// ([`Exemptions`], set with [`Builder::exempt_networks`](crate::limiter::Builder::exempt_networks)
+/// and [`Builder::exempt_when`](crate::limiter::Builder::exempt_when)), and what the rule sees
+/// of a caller ([`CallerView`]).
+pub mod exempt {
+    pub use crate::limiter::exempt::{CallerView, Exemptions};
+}
+
+// The names the crate docs above link to by their short names.
+#[cfg(doc)]
+use crate::{
+    exempt::{CallerView, Exemptions},
+    limiter::Builder,
+    settle::{Count, Reservation},
+};
+
 pub use algorithm::Algorithm;
-pub use call::plan::Count;
-pub use call::settle::Reservation;
 pub use caller::UserId;
-pub use caller::settings::{ForwardedHeader, HeaderStyle, IetfDraft};
 pub use decision::{Decision, Verdict};
 pub use error::{ConfigError, RateLimitError, StoreError};
 #[cfg(feature = "tower")]
-pub use layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
-pub use lease::Lease;
+pub use layer::RateLimitLayer;
 pub use limit::FailurePolicy;
 pub use limit::{By, Limit};
+pub use limiter::RateLimiter;
 pub use limiter::admin::Target;
-pub use limiter::exempt::{CallerView, Exemptions};
-pub use limiter::{Builder, RateLimiter, Settings, ShutdownTimedOut};
-pub use net::{IntoNetwork, IpNet, IpNetParseError};
 pub use policy::{Policy, PolicyError};
-pub use quota::{AsQuota, Quota};
+pub use quota::Quota;
 pub use ratelimit_macros::rate_limit;
 #[cfg(feature = "cluster")]
 pub use store::RedisClusterStore;
-pub use store::{Check, MemoryStore, RedisStore, Store};
+pub use store::{MemoryStore, RedisStore, Store};
 
 #[cfg(test)]
 mod docs_tests {

@@ -80,7 +80,7 @@ pub struct Limit {
     pub shadow: bool,
     /// What a call gets when the store fails or does not answer in time, for this limit
     /// (`on_store_error = "deny" | "local" | "allow"`); `None`: the limiter's
-    /// [`Settings::failure_policy`](crate::Settings::failure_policy). One call checks all its
+    /// [`Settings::failure_policy`](crate::limiter::Settings::failure_policy). One call checks all its
     /// limits in one store call, so when that fails the call is answered by the strictest
     /// policy among its limits ([`FailurePolicy::stricter`]: deny, then local, then allow): a
     /// limit that must hold is never loosened by a lenient one stacked with it. A limit in
@@ -92,7 +92,7 @@ pub struct Limit {
     pub lease: Option<Lease>,
     /// Whether this limit's admitted calls wait for a replica to acknowledge their write
     /// (the attribute's `replica_ack = true`, [`Limit::with_replica_ack`]; the limiter's
-    /// [`Builder::replica_ack`](crate::Builder::replica_ack) asks it of every limit).
+    /// [`Builder::replica_ack`](crate::limiter::Builder::replica_ack) asks it of every limit).
     pub replica_ack: bool,
 }
 
@@ -159,7 +159,7 @@ impl Limit {
     }
 
     /// The same limit, its admitted calls waiting for a replica to acknowledge their write (see
-    /// [`Builder::replica_ack`](crate::Builder::replica_ack), which asks it of every limit): a
+    /// [`Builder::replica_ack`](crate::limiter::Builder::replica_ack), which asks it of every limit): a
     /// Cluster failover never forgets an admitted call of this limit. A write no replica
     /// acknowledged in time is answered by the failure policy; a limit that must never admit
     /// more than its quota pairs it with [`FailurePolicy::Deny`].
@@ -185,7 +185,7 @@ impl Limit {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, By, Lease, Limit, Policy};
+    /// use ratelimit_runtime::{Algorithm, By, lease::Lease, Limit, Policy};
     /// let policy = Policy::new(Algorithm::Gcra, 50_000, Duration::from_secs(1))?;
     /// // #[rate_limit(algo = "gcra", num = 50000, time = 1, scope = "feed", lease = "100ms")]
     /// let feed = Limit::new(policy, "feed", By::Global).with_lease(Lease::new(Duration::from_millis(100))?)?;
@@ -368,7 +368,7 @@ pub enum FailurePolicy {
     ///
     /// **With N processes, each keeping its own count, the fleet admits up to N × `num`**
     /// during an outage, unless the limiter knows N: with
-    /// [`Builder::local_share(N)`](crate::Builder::local_share) each process checks every limit
+    /// [`Builder::local_share(N)`](crate::limiter::Builder::local_share) each process checks every limit
     /// against its share ([`Policy::share`]: `num` and `burst` divided by N, rounded down, at
     /// least 1; the keys are the same). The fleet then admits at most
     /// `N × max(1, ⌊num / N⌋) ≤ max(num, N)` per window: at most `num` when `num ≥ N` (100 a

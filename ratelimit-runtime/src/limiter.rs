@@ -292,7 +292,7 @@ impl RateLimiter {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, FailurePolicy, Policy, RateLimiter};
+    /// use ratelimit_runtime::{Algorithm, store::Check, FailurePolicy, Policy, RateLimiter};
     ///
     /// // A Redis nobody listens on, with the default policy (local: checked in this process).
     /// let limiter = RateLimiter::builder().redis_url("redis://127.0.0.1:1").build_lazy()?;
@@ -430,7 +430,7 @@ impl RateLimiter {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter};
+    /// use ratelimit_runtime::{Algorithm, store::Check, Policy, RateLimiter};
     ///
     /// let limiter = RateLimiter::builder().build().await?;
     /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;

@@ -7,7 +7,7 @@ use std::str::FromStr;
 /// An IP network in CIDR notation (`10.0.0.0/8`, `2001:db8::/32`), or one address.
 ///
 /// ```
-/// use ratelimit_runtime::IpNet;
+/// use ratelimit_runtime::net::IpNet;
 /// let net: IpNet = "10.0.0.0/8".parse().unwrap();
 /// assert!(net.contains("10.1.2.3".parse().unwrap()));
 /// assert!(!net.contains("11.0.0.1".parse().unwrap()));
@@ -35,8 +35,8 @@ impl fmt::Display for IpNetParseError {
 
 impl std::error::Error for IpNetParseError {}
 
-/// What the builder's network lists take ([`crate::Builder::trusted_proxies`],
-/// [`crate::Builder::exempt_networks`], [`crate::Builder::deny_networks`]): the text of an
+/// What the builder's network lists take ([`crate::limiter::Builder::trusted_proxies`],
+/// [`crate::limiter::Builder::exempt_networks`], [`crate::limiter::Builder::deny_networks`]): the text of an
 /// address or CIDR block (`"10.0.0.0/8"`, `String`s), an [`IpNet`] or an [`IpAddr`]. One
 /// spelling for the three lists; a text that is not a network fails the build with a
 /// [`crate::ConfigError`] naming it.

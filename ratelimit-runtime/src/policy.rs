@@ -45,11 +45,11 @@ pub enum PolicyError {
     TooManySlots,
     /// A concurrency limit whose `cost` is not 1 (a call holds one slot).
     SlotCost,
-    /// A [`Lease`](crate::Lease) shorter than 1 ms or longer than 1 s.
+    /// A [`Lease`](crate::lease::Lease) shorter than 1 ms or longer than 1 s.
     LeaseTime,
-    /// A [`Lease`](crate::Lease) whose largest take is 0 or above 2^50.
+    /// A [`Lease`](crate::lease::Lease) whose largest take is 0 or above 2^50.
     LeaseUnits,
-    /// A [`Lease`](crate::Lease) on the sliding log or a concurrency limit, which cannot take
+    /// A [`Lease`](crate::lease::Lease) on the sliding log or a concurrency limit, which cannot take
     /// units early.
     LeaseAlgorithm,
 }
@@ -262,7 +262,7 @@ impl Policy {
 
     /// This policy's share on one of `instances` processes that each count alone (what
     /// [`FailurePolicy::Local`](crate::FailurePolicy::Local) checks during an outage when the
-    /// limiter was built with [`Builder::local_share`](crate::Builder::local_share)): the same
+    /// limiter was built with [`Builder::local_share`](crate::limiter::Builder::local_share)): the same
     /// algorithm, period and cost, with `num` and `burst` each divided by `instances`, rounded
     /// down, and at least 1. One share is the policy itself.
     ///

@@ -10,7 +10,7 @@ use crate::policy::{Policy, PolicyError, rules};
 
 /// How many calls a caller may make per period, chosen at run time: the caller's plan (put in
 /// the request extensions by the auth layer, or passed as an argument, for limits written
-/// with `quota = …`), or an override of a scope's quota ([`crate::Builder::override_quota`],
+/// with `quota = …`), or an override of a scope's quota ([`crate::limiter::Builder::override_quota`],
 /// [`crate::RateLimiter::set_quota`]). [`Quota::unlimited`] lets every call through without
 /// asking the store.
 ///

@@ -249,7 +249,7 @@ impl RedisServer {
         }
     }
 
-    /// `redis://127.0.0.1:<port>`, for [`Builder::redis_url`](crate::Builder::redis_url).
+    /// `redis://127.0.0.1:<port>`, for [`Builder::redis_url`](crate::limiter::Builder::redis_url).
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }

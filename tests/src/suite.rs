@@ -18,7 +18,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelimit_runtime::{Algorithm, Check, Decision, Policy, Store, Verdict, key};
+use ratelimit_runtime::{Algorithm, Decision, Policy, Store, Verdict, key, store::Check};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use plotters::prelude::*;
 use ratelimit_runtime::store::ManualClock;
-use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+use ratelimit_runtime::{Algorithm, MemoryStore, Policy, store::Check};
 
 /// Calls per period.
 const NUM: u64 = 5;

@@ -133,7 +133,9 @@ async fn run(
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Redis when the environment names one (a fleet), else this process's memory.
-    let limiter = ratelimit_runtime::Builder::from_env().build().await?;
+    let limiter = ratelimit_runtime::limiter::Builder::from_env()
+        .build()
+        .await?;
     println!(
         "{CLIENTS} clients x {CALLS} calls; the partner admits 5 a second, the clients were told 10"
     );

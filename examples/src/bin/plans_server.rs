@@ -41,7 +41,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use ratelimit_examples::admin::{AdminToken, require_token};
-use ratelimit_runtime::{Builder, Quota, RateLimiter, UserId, rate_limit};
+use ratelimit_runtime::{Quota, RateLimiter, UserId, limiter::Builder, rate_limit};
 use serde::Deserialize;
 
 /// A plan, as the billing system knows it.

@@ -1,5 +1,5 @@
 //! The pipeline's first step over a request: the deny list and the exemptions
-//! ([`crate::Exemptions`]), the same on every transport that has a caller.
+//! ([`crate::exempt::Exemptions`]), the same on every transport that has a caller.
 
 use crate::caller::{Caller, Transport, ip};
 use crate::limit::Limit;

@@ -39,11 +39,11 @@ pub enum QuotaFrom {
 }
 
 /// Which outcomes of a call count against a limit: the attribute's `count = …`, and
-/// [`crate::RateLimitLayerBuilder::count`] for a layer's limit. A call takes its units before
+/// [`crate::layer::RateLimitLayerBuilder::count`] for a layer's limit. A call takes its units before
 /// it runs; when its outcome does not count, it gets them back after.
 ///
 /// ```
-/// use ratelimit_runtime::Count;
+/// use ratelimit_runtime::settle::Count;
 ///
 /// // Only failed requests (status 4xx and 5xx) count: a brute-force limit on a login.
 /// let errors = Count::ERRORS;

@@ -41,7 +41,7 @@ type Slot = Arc<Mutex<Option<Admitted<'static>>>>;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use ratelimit_runtime::{RateLimitError, RateLimiter, Reservation, rate_limit};
+/// use ratelimit_runtime::{RateLimitError, RateLimiter, settle::Reservation, rate_limit};
 ///
 /// // 10,000 tokens a minute; a completion may use up to `max_tokens`, and counts what it used.
 /// #[rate_limit(num = 10_000, time = 60, cost = max_tokens, settle = "later")]

@@ -155,7 +155,7 @@ impl Refusal {
         }
     }
 
-    /// 403: the client's network is on the deny list ([`crate::Builder::deny_networks`]).
+    /// 403: the client's network is on the deny list ([`crate::limiter::Builder::deny_networks`]).
     pub(crate) fn forbidden() -> Self {
         Self::new(
             403,

@@ -1,6 +1,6 @@
 //! What the HTTP integrations read from the limiter's settings: who the client is behind
 //! proxies, how IPv6 callers are grouped, and what the responses say. Plain data: the limiter
-//! holds it ([`crate::Settings::http`]) and never reads it itself.
+//! holds it ([`crate::limiter::Settings::http`]) and never reads it itself.
 
 use std::net::IpAddr;
 
@@ -12,7 +12,7 @@ use crate::net::IpNet;
 /// changes the format clients parse: a later draft is one more [`IetfDraft`], chosen here.
 ///
 /// ```
-/// use ratelimit_runtime::{HeaderStyle, IetfDraft, RateLimiter};
+/// use ratelimit_runtime::{http::HeaderStyle, http::IetfDraft, RateLimiter};
 ///
 /// assert_eq!(HeaderStyle::default(), HeaderStyle::Ietf(IetfDraft::Draft11));
 /// let limiter = RateLimiter::builder()
@@ -70,7 +70,7 @@ impl IetfDraft {
     /// The draft's name.
     ///
     /// ```
-    /// use ratelimit_runtime::IetfDraft;
+    /// use ratelimit_runtime::http::IetfDraft;
     /// assert_eq!(IetfDraft::Draft11.name(), "draft-ietf-httpapi-ratelimit-headers-11");
     /// ```
     pub const fn name(self) -> &'static str {
@@ -86,7 +86,7 @@ impl IetfDraft {
 /// name itself: behind an `X-Forwarded-For` proxy, a client sending `Forwarded: for=<random>`
 /// would get a fresh bucket per request.
 ///
-/// Set it with [`crate::Builder::forwarded_header`]. From a peer that is not a trusted proxy,
+/// Set it with [`crate::limiter::Builder::forwarded_header`]. From a peer that is not a trusted proxy,
 /// no header is read at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
@@ -111,7 +111,7 @@ impl ForwardedHeader {
     /// The header's name, lower-case (`x-forwarded-for`, `forwarded`, `x-real-ip`).
     ///
     /// ```
-    /// use ratelimit_runtime::ForwardedHeader;
+    /// use ratelimit_runtime::http::ForwardedHeader;
     /// assert_eq!(ForwardedHeader::default().name(), "x-forwarded-for");
     /// assert_eq!(ForwardedHeader::XRealIp.name(), "x-real-ip");
     /// ```
@@ -124,15 +124,15 @@ impl ForwardedHeader {
     }
 }
 
-/// The settings of the HTTP integrations, set through the [`crate::Builder`]
-/// ([`trusted_proxies`](crate::Builder::trusted_proxies),
-/// [`forwarded_header`](crate::Builder::forwarded_header),
-/// [`ipv6_prefix`](crate::Builder::ipv6_prefix),
-/// [`header_style`](crate::Builder::header_style), [`message`](crate::Builder::message)) and
-/// read back from [`crate::Settings::http`].
+/// The settings of the HTTP integrations, set through the [`crate::limiter::Builder`]
+/// ([`trusted_proxies`](crate::limiter::Builder::trusted_proxies),
+/// [`forwarded_header`](crate::limiter::Builder::forwarded_header),
+/// [`ipv6_prefix`](crate::limiter::Builder::ipv6_prefix),
+/// [`header_style`](crate::limiter::Builder::header_style), [`message`](crate::limiter::Builder::message)) and
+/// read back from [`crate::limiter::Settings::http`].
 ///
 /// ```
-/// use ratelimit_runtime::{ForwardedHeader, RateLimiter};
+/// use ratelimit_runtime::{http::ForwardedHeader, RateLimiter};
 ///
 /// let limiter = RateLimiter::builder().trusted_proxies(["10.0.0.0/8"]).build_lazy()?;
 /// let http = &limiter.settings().http;

@@ -150,7 +150,7 @@ impl Admission {
     }
 
     /// `settle = "later"`: runs the method's body with its
-    /// [`Reservation`](crate::Reservation) available to it; when the body did not take it, the
+    /// [`Reservation`](crate::settle::Reservation) available to it; when the body did not take it, the
     /// call settles by its result as [`Admission::finish`] does (its estimate stays counted).
     pub async fn run_later<R: GrpcReply>(self, body: impl Future<Output = R>) -> R {
         let (mut reply, left) = crate::call::settle::with_reservation(self.admitted, body).await;

@@ -36,7 +36,7 @@
 //! * `ip` — the peer address of the connection (`Request::remote_addr`, set by tonic's
 //!   transport server), with trusted proxies honoured exactly as for HTTP: a forwarding header
 //!   in the request metadata (`x-forwarded-for` by default) is read only when the peer is one of
-//!   [`crate::Builder::trusted_proxies`] ([`crate::http::client_ip`] has the rules). Without a
+//!   [`crate::limiter::Builder::trusted_proxies`] ([`crate::http::client_ip`] has the rules). Without a
 //!   peer address (a custom transport that records none, a method called directly): `INTERNAL`,
 //!   saying so (logged once), never an admission.
 //! * `header:<name>` — the metadata entry `<name>`; missing or blank: `INVALID_ARGUMENT`
@@ -56,16 +56,16 @@
 //! * `count = "errors"` (or `"err"`: every `Err` the method returns) or `count = "ok"`: a call
 //!   takes its units before the body, and gives them back when its result does not count.
 //! * The limiter's run-time overrides ([`crate::RateLimiter::set_quota`]), exemptions
-//!   ([`crate::Builder::exempt_networks`], [`crate::Builder::exempt_when`]: the predicate sees
+//!   ([`crate::limiter::Builder::exempt_networks`], [`crate::limiter::Builder::exempt_when`]: the predicate sees
 //!   the metadata as headers, the extensions' `UserId`, and the method's path,
 //!   `/package.Service/Method`, when the request carries it, else an empty one) and deny list
-//!   ([`crate::Builder::deny_networks`]) apply as to handlers.
+//!   ([`crate::limiter::Builder::deny_networks`]) apply as to handlers.
 //!
 //! # Answers
 //!
 //! An admitted call's `Ok` response carries the rate-limit metadata as an HTTP response carries
 //! the fields: `ratelimit-policy` and `ratelimit` (or the legacy `x-ratelimit-limit`,
-//! `x-ratelimit-remaining`, `x-ratelimit-reset`, or both, per [`crate::HeaderStyle`]); none for
+//! `x-ratelimit-remaining`, `x-ratelimit-reset`, or both, per [`crate::http::HeaderStyle`]); none for
 //! a method with a limit in shadow mode, an exempt caller or an unlimited quota. A client's own
 //! entries of those names in its request change nothing.
 //!
@@ -81,7 +81,7 @@
 //! | no user, no quota | 401 | `UNAUTHENTICATED` (16) |
 //! | no peer address, an invalid quota | 500 | `INTERNAL` (13) |
 //!
-//! A spent quota's status has the limiter's message ([`crate::Builder::message`]), the metadata
+//! A spent quota's status has the limiter's message ([`crate::limiter::Builder::message`]), the metadata
 //! `retry-after` (whole seconds, rounded up), `ratelimit-policy` and `ratelimit` (or the legacy
 //! ones) exactly as the HTTP integrations write them, and the standard `google.rpc.RetryInfo`
 //! detail (`grpc-status-details-bin`) with the exact delay.

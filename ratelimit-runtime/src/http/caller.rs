@@ -332,7 +332,7 @@ where
 /// [`check_http_dyn`] for handlers with `settle = …`: the handler's future yields its output
 /// and the units it used (read by the macro's `settle = |output| …`), or with `later`
 /// (`settle = "later"`) its output alone matters and the handler's
-/// [`Reservation`](crate::Reservation) settles.
+/// [`Reservation`](crate::settle::Reservation) settles.
 #[allow(clippy::too_many_arguments)] // the call's parts, as `check_http_dyn` takes them
 pub async fn check_http_settle<F, Fut, T, const H: bool>(
     limits: &'static [Limit],

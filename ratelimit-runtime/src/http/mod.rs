@@ -24,15 +24,15 @@
 //! * `ip` — the peer address of the connection. Axum needs the router served with
 //!   `into_make_service_with_connect_info::<SocketAddr>()`; without it every limited request
 //!   gets a 500 that says so (logged once). A forwarding header is read **only when the peer is
-//!   one of the configured trusted proxies** ([`crate::Builder::trusted_proxies`]), and only the
-//!   one header they set ([`crate::Builder::forwarded_header`]: `X-Forwarded-For` by default,
+//!   one of the configured trusted proxies** ([`crate::limiter::Builder::trusted_proxies`]), and only the
+//!   one header they set ([`crate::limiter::Builder::forwarded_header`]: `X-Forwarded-For` by default,
 //!   `Forwarded` or `X-Real-IP` by choice), walking right to left to the first untrusted hop;
 //!   with no trusted proxies, spoofed headers change nothing. A hop that cannot be read where
 //!   the client should be (`unknown`, an obfuscated identifier, garbage) makes the client
 //!   unknown ([`ClientAddr::Unknown`]): its own bucket per proxy, never the proxy's, never
 //!   exempt, logged once. A loopback or private-network
 //!   peer sending forwarding headers while no proxy is trusted is warned about once per
-//!   process. IPv6 clients are grouped by their /64 ([`crate::Builder::ipv6_prefix`]).
+//!   process. IPv6 clients are grouped by their /64 ([`crate::limiter::Builder::ipv6_prefix`]).
 //! * `url` — the path the client sent (under Axum's `Router::nest` too, whose handlers see it
 //!   stripped), without the query, normalized so that every spelling of one path is one bucket
 //!   ([`normalized_path`]: every escape decoded as the routers decode it, `@` and `%40` alike,
@@ -55,7 +55,7 @@
 //!   `{"error":"too_many_requests","message":…,"retry_after":…}`;
 //! * store failed under [`crate::FailurePolicy::Deny`]: 503 with a JSON message.
 //!
-//! [`crate::HeaderStyle`] adds the legacy `X-RateLimit-Limit/Remaining/Reset`.
+//! [`crate::http::HeaderStyle`] adds the legacy `X-RateLimit-Limit/Remaining/Reset`.
 //!
 //! # Which limiter
 //!
@@ -65,7 +65,7 @@
 
 pub use crate::caller::ip::ClientAddr;
 pub use crate::caller::path::normalized_path;
-pub use crate::caller::settings::HttpSettings;
+pub use crate::caller::settings::{ForwardedHeader, HeaderStyle, HttpSettings, IetfDraft};
 
 // The handlers' plumbing (`HttpCaller`, `Limited`, `check_http…`): `__private` re-exports it.
 #[cfg(any(feature = "axum", feature = "actix"))]
@@ -91,7 +91,7 @@ pub(crate) mod require;
 ///
 /// ```
 /// # #[cfg(any(feature = "axum", feature = "actix", feature = "tower"))] {
-/// use ratelimit_runtime::{ForwardedHeader, RateLimiter, http::{ClientAddr, client_ip}};
+/// use ratelimit_runtime::{http::ForwardedHeader, RateLimiter, http::{ClientAddr, client_ip}};
 ///
 /// let limiter = RateLimiter::builder().trusted_proxies(["10.0.0.0/8"]).build_lazy().unwrap();
 /// let mut headers = http::HeaderMap::new();

@@ -197,11 +197,11 @@ impl RateLimitLayerBuilder {
 
     /// What a request gets from the current limit when the store fails or does not answer
     /// in time (the attribute's `on_store_error`; default: the limiter's
-    /// [`crate::Settings::failure_policy`]). A request is answered by the strictest policy
+    /// [`crate::limiter::Settings::failure_policy`]). A request is answered by the strictest policy
     /// among the layer's limits ([`FailurePolicy::stricter`]).
     ///
     /// ```
-    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// # fn main() -> Result<(), ratelimit_runtime::layer::LayerError> {
     /// use std::time::Duration;
     /// use ratelimit_runtime::{FailurePolicy, RateLimitLayer};
     /// // 503 while the store is down, whatever the limiter's policy.
@@ -234,7 +234,7 @@ impl RateLimitLayerBuilder {
     /// `%`, and `*` only as a final `/*`. See the [module docs](crate::layer#per-route-limits).
     ///
     /// ```
-    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// # fn main() -> Result<(), ratelimit_runtime::layer::LayerError> {
     /// use std::time::Duration;
     /// use ratelimit_runtime::RateLimitLayer;
     /// // `/login`: 5 a minute per client; every other path: 100 a minute.
@@ -267,7 +267,7 @@ impl RateLimitLayerBuilder {
     /// `GET` handler).
     ///
     /// ```
-    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// # fn main() -> Result<(), ratelimit_runtime::layer::LayerError> {
     /// use std::time::Duration;
     /// use ratelimit_runtime::RateLimitLayer;
     /// // Sign-ups (POST /users): 10 an hour per client; reading users is not limited here.
@@ -290,7 +290,7 @@ impl RateLimitLayerBuilder {
     /// lets it through that limit without a store call. Each quota counts in its own bucket.
     ///
     /// ```
-    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// # fn main() -> Result<(), ratelimit_runtime::layer::LayerError> {
     /// use std::time::Duration;
     /// use ratelimit_runtime::RateLimitLayer;
     /// let per_plan = RateLimitLayer::builder()
@@ -312,7 +312,7 @@ impl RateLimitLayerBuilder {
     /// anything. Replaces [`cost`](Self::cost) for the limit.
     ///
     /// ```
-    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// # fn main() -> Result<(), ratelimit_runtime::layer::LayerError> {
     /// use std::time::Duration;
     /// use ratelimit_runtime::RateLimitLayer;
     /// // 1,000 units a minute; a request costs its `x-batch-size` (default 1).
@@ -344,9 +344,9 @@ impl RateLimitLayerBuilder {
     /// that count only some outcomes must count the same ones ([`LayerError::MixedCounts`]).
     ///
     /// ```
-    /// # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+    /// # fn main() -> Result<(), ratelimit_runtime::layer::LayerError> {
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Count, RateLimitLayer};
+    /// use ratelimit_runtime::{settle::Count, RateLimitLayer};
     /// // 5 failed logins a minute per client; successful ones are not counted.
     /// let layer = RateLimitLayer::builder()
     ///     .num(5).period(Duration::from_secs(60)).by("ip")
@@ -391,7 +391,7 @@ impl RateLimitLayerBuilder {
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Lease, RateLimitLayer};
+    /// use ratelimit_runtime::{lease::Lease, RateLimitLayer};
     ///
     /// let layer = RateLimitLayer::builder()
     ///     .num(100_000)

@@ -36,14 +36,14 @@
 //! service sees it:
 //!
 //! * admitted: the inner service's response, with the `RateLimit-Policy` and `RateLimit` fields
-//!   (or the legacy ones, [`crate::HeaderStyle`]). A route that also carries `#[rate_limit]`
+//!   (or the legacy ones, [`crate::http::HeaderStyle`]). A route that also carries `#[rate_limit]`
 //!   answers **one** field of each, the route's members first, then the layer's. Every member is
 //!   named by one rule, for stacked attributes, stacked layer limits and both together: the
 //!   last segment of its limit's scope, with the member's 1-based position in the field
 //!   appended when an earlier member has that name (`"api";q=5;w=60, "api-2";q=100;w=3600`).
 //!   Legacy `X-RateLimit-*` fields describe the tighter of the two (the lower remaining);
 //! * quota spent: the 429 of `#[rate_limit]`, byte for byte (`Retry-After`, the fields, the
-//!   JSON body with [`crate::Builder::message`]);
+//!   JSON body with [`crate::limiter::Builder::message`]);
 //! * store down under [`crate::FailurePolicy::Deny`]: 503; a request lacking what a limit is
 //!   `by`: 400 (`app_id`, `header:<name>`, naming the header), 401 (`user`) or 500 (`ip`
 //!   without a peer address: the server was not set up to record it).
@@ -62,7 +62,7 @@
 //!
 //! The attribute's: `"global"` (the default), `"ip"`, `"url"`, `"user"`, `"app_id"`,
 //! `"header:<name>"` — read as the attribute reads them ([`crate::http`]), with the same
-//! trusted proxies and forwarding header ([`crate::Builder::trusted_proxies`]). The peer
+//! trusted proxies and forwarding header ([`crate::limiter::Builder::trusted_proxies`]). The peer
 //! address for `"ip"` is looked up in the request extensions:
 //!
 //! * the [`RateLimitLayerBuilder::peer_addr`] hook, when set and it answers;
@@ -85,7 +85,7 @@
 //! rate-limit fields (and no exemption or deny-list check: as a route without the attribute).
 //!
 //! ```
-//! # fn main() -> Result<(), ratelimit_runtime::LayerError> {
+//! # fn main() -> Result<(), ratelimit_runtime::layer::LayerError> {
 //! use std::time::Duration;
 //! use ratelimit_runtime::RateLimitLayer;
 //!
@@ -125,7 +125,7 @@
 //!   the request extensions (a plan per user); none is a 401;
 //! * [`RateLimitLayerBuilder::cost_fn`]: a request's units from its method, URI and headers;
 //!   beyond the capacity, a 400;
-//! * [`RateLimitLayerBuilder::count`] ([`crate::Count`]): the units are taken before the inner
+//! * [`RateLimitLayerBuilder::count`] ([`crate::settle::Count`]): the units are taken before the inner
 //!   service runs and given back after when the response's status (gRPC: its `grpc-status`)
 //!   does not count; `Count::ERRORS` counts only 4xx and 5xx.
 //!
@@ -136,9 +136,9 @@
 //!
 //! * [`RateLimiter::set_quota`] on a layer limit's scope replaces its quota from the next
 //!   request on ([`RateLimiter::clear_quota`] restores it);
-//! * a client in [`crate::Builder::exempt_networks`] or for whom
-//!   [`crate::Builder::exempt_when`] answers `true` passes unlimited, with no fields;
-//! * a client in [`crate::Builder::deny_networks`] gets a 403 (gRPC: `PERMISSION_DENIED`,
+//! * a client in [`crate::limiter::Builder::exempt_networks`] or for whom
+//!   [`crate::limiter::Builder::exempt_when`] answers `true` passes unlimited, with no fields;
+//! * a client in [`crate::limiter::Builder::deny_networks`] gets a 403 (gRPC: `PERMISSION_DENIED`,
 //!   trailers-only) before any store call.
 //!
 //! # Scope, keys and limiter

@@ -20,7 +20,7 @@ use super::RateLimiter;
 ///
 /// The value is used for every limit that is `by` something other than `global`, as that
 /// source reads it: [`Target::ip`] is grouped as `by = "ip"` groups it (IPv6 by
-/// [`crate::Builder::ipv6_prefix`]), [`Target::path`] is normalized as `by = "url"`
+/// [`crate::limiter::Builder::ipv6_prefix`]), [`Target::path`] is normalized as `by = "url"`
 /// normalizes it, and [`Target::value`] (a user id, an `appId`, a header value) is taken as
 /// is (for a `by = "ip"` limit it must be an address, grouped like [`Target::ip`]). `global`
 /// limits take no value.
@@ -201,14 +201,14 @@ impl RateLimiter {
     /// **Other instances** of the application keep their own blocked-caller cache: one that
     /// rejected this caller shortly before keeps rejecting it until the wait the store gave
     /// it ends (at most the limit's `retry_after`, under a period). Run with
-    /// [`crate::Builder::blocked_cache`]`(0)` where a reset must take effect everywhere at
+    /// [`crate::limiter::Builder::blocked_cache`]`(0)` where a reset must take effect everywhere at
     /// once. This limiter's leases ([`crate::lease`]) of those keys end at once, giving nothing
     /// back (their units were counted in the state the reset deletes); another instance serves
     /// at most the one lease it holds, for at most the lease's life.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, By, Check, Limit, Policy, RateLimiter, Target};
+    /// use ratelimit_runtime::{Algorithm, By, store::Check, Limit, Policy, RateLimiter, Target};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

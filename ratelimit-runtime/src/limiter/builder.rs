@@ -41,7 +41,7 @@ impl Builder {
     /// memory store.
     ///
     /// ```
-    /// use ratelimit_runtime::Builder;
+    /// use ratelimit_runtime::limiter::Builder;
     /// let limiter = Builder::from_env()
     ///     .trusted_proxies(["10.0.0.0/8"])
     ///     .build_lazy()?;
@@ -201,7 +201,7 @@ impl Builder {
     /// *write*, not one they pass through. It matters only with [`Builder::trusted_proxies`].
     ///
     /// ```
-    /// use ratelimit_runtime::{ForwardedHeader, RateLimiter};
+    /// use ratelimit_runtime::{http::ForwardedHeader, RateLimiter};
     ///
     /// // nginx in front, with `proxy_set_header X-Real-IP $remote_addr;`
     /// let limiter = RateLimiter::builder()
@@ -363,7 +363,7 @@ impl Builder {
     /// Networks whose clients bypass every limit of the HTTP handlers and gRPC methods (no
     /// store call, no rate-limit headers or metadata). The client's address is the one `by = "ip"` uses: the peer, or
     /// what a trusted proxy's header names; a forwarding header from any other peer is never
-    /// believed. See [`crate::Exemptions`].
+    /// believed. See [`crate::exempt::Exemptions`].
     ///
     /// Networks are spelled as for [`Builder::trusted_proxies`] (text, [`IpNet`] or
     /// `IpAddr`); one that is not a network fails the build.
@@ -389,10 +389,10 @@ impl Builder {
         self
     }
 
-    /// A predicate over the caller ([`crate::CallerView`]: address, user, path, headers) that
+    /// A predicate over the caller ([`crate::exempt::CallerView`]: address, user, path, headers) that
     /// exempts the HTTP requests and gRPC calls it answers `true` for (health checks, internal
     /// users; a gRPC call's metadata are its headers, its path is `/`). It runs on every
-    /// limited request, before the store: keep it cheap. See [`crate::Exemptions`].
+    /// limited request, before the store: keep it cheap. See [`crate::exempt::Exemptions`].
     ///
     /// ```
     /// use ratelimit_runtime::RateLimiter;
@@ -415,13 +415,13 @@ impl Builder {
     /// `PERMISSION_DENIED`, before any store call. Denial wins over an exemption. A request
     /// whose peer address is unknown (an Axum app served without
     /// `into_make_service_with_connect_info`) is refused with a 500 (`INTERNAL`) that says so,
-    /// never served as if the list were empty. See [`crate::Exemptions`].
+    /// never served as if the list were empty. See [`crate::exempt::Exemptions`].
     ///
     /// Networks are spelled as for [`Builder::trusted_proxies`] (text, [`IpNet`] or
     /// `IpAddr`); one that is not a network fails the build.
     ///
     /// ```
-    /// use ratelimit_runtime::{IpNet, RateLimiter};
+    /// use ratelimit_runtime::{net::IpNet, RateLimiter};
     /// let limiter = RateLimiter::builder()
     ///     .deny_networks(["198.51.100.0/24"])
     ///     .build_lazy()?;

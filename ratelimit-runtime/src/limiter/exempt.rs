@@ -8,13 +8,13 @@ use std::sync::Arc;
 use crate::caller::UserId;
 use crate::net::IpNet;
 
-/// What an exemption predicate ([`crate::Builder::exempt_when`]) sees of a request: the
+/// What an exemption predicate ([`crate::limiter::Builder::exempt_when`]) sees of a request: the
 /// client's address as `by = "ip"` computes it (trusted proxies honoured, before IPv6
 /// grouping), the authenticated user, the path, the headers, and the scope of the function's
 /// first limit.
 ///
 /// ```
-/// use ratelimit_runtime::{CallerView, RateLimiter};
+/// use ratelimit_runtime::{exempt::CallerView, RateLimiter};
 ///
 /// let limiter = RateLimiter::builder()
 ///     // Health checks and the internal service account are never limited.
@@ -83,12 +83,12 @@ impl<'a> CallerView<'a> {
     }
 }
 
-/// A predicate over a caller ([`crate::Builder::exempt_when`]).
+/// A predicate over a caller ([`crate::limiter::Builder::exempt_when`]).
 pub(crate) type Predicate = Arc<dyn Fn(&CallerView<'_>) -> bool + Send + Sync>;
 
 /// Who bypasses the limits and who is refused before them (set with
-/// [`crate::Builder::exempt_networks`], [`crate::Builder::exempt_when`] and
-/// [`crate::Builder::deny_networks`]; read back from [`crate::Settings::exemptions`]).
+/// [`crate::limiter::Builder::exempt_networks`], [`crate::limiter::Builder::exempt_when`] and
+/// [`crate::limiter::Builder::deny_networks`]; read back from [`crate::limiter::Settings::exemptions`]).
 ///
 /// They apply on every transport that has a request — Axum and Actix-web handlers, gRPC
 /// methods, the Tower layer: they are the first step of the one call pipeline. Plain functions

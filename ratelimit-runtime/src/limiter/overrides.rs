@@ -193,7 +193,7 @@ impl RateLimiter {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter};
+    /// use ratelimit_runtime::{Algorithm, store::Check, Policy, RateLimiter};
     ///
     /// let limiter = RateLimiter::builder().build().await?;
     /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
@@ -255,7 +255,7 @@ impl RateLimiter {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter};
+    /// use ratelimit_runtime::{Algorithm, store::Check, Policy, RateLimiter};
     ///
     /// let limiter = RateLimiter::builder().build().await?;
     /// // 10,000 tokens a minute; this completion may use up to 1,000.
@@ -310,7 +310,7 @@ impl RateLimiter {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter};
+    /// use ratelimit_runtime::{Algorithm, store::Check, Policy, RateLimiter};
     ///
     /// let limiter = RateLimiter::builder().build().await?;
     /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;

@@ -43,7 +43,7 @@ pub use self::redis::RedisStore;
 ///
 /// ```
 /// use std::time::Duration;
-/// use ratelimit_runtime::{Algorithm, Check, Policy};
+/// use ratelimit_runtime::{Algorithm, store::Check, Policy};
 ///
 /// let policy = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(60))?;
 /// let check = Check::new("ratelimit:{app::login}:fixed:5:60000", &policy).with_scope("app::login");
@@ -60,13 +60,13 @@ pub struct Check<'a> {
     /// keys hold caller values such as IP addresses and user ids.
     pub scope: &'a str,
     /// What the limiter does with this check when the store fails or does not answer in
-    /// time; `None`: the limiter's [`crate::Settings::failure_policy`]. A call is answered by
+    /// time; `None`: the limiter's [`crate::limiter::Settings::failure_policy`]. A call is answered by
     /// the strictest policy among its checks ([`crate::FailurePolicy::stricter`]). Stores
     /// never read it.
     pub failure_policy: Option<FailurePolicy>,
     /// Whether the limiter waits for a replica to acknowledge this check's write before it
     /// admits the call ([`crate::Limit::with_replica_ack`]; the limiter's
-    /// [`crate::Settings::replica_ack`] asks it of every check). Stores never read it.
+    /// [`crate::limiter::Settings::replica_ack`] asks it of every check). Stores never read it.
     pub replica_ack: bool,
 }
 
@@ -93,7 +93,7 @@ impl<'a> Check<'a> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, FailurePolicy, Policy};
+    /// use ratelimit_runtime::{Algorithm, store::Check, FailurePolicy, Policy};
     ///
     /// let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60))?;
     /// let login = Check::new("login", &policy).with_failure_policy(FailurePolicy::Deny);
@@ -111,7 +111,7 @@ impl<'a> Check<'a> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, Policy};
+    /// use ratelimit_runtime::{Algorithm, store::Check, Policy};
     ///
     /// let policy = Policy::new(Algorithm::Fixed, 3, Duration::from_secs(60))?;
     /// assert!(Check::new("login", &policy).with_replica_ack().replica_ack);
@@ -198,7 +198,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn name(&self) -> &'static str;
 
     /// Whether the state lives in this process, so that a check costs no round trip. The
-    /// limiter keeps a blocked-caller cache ([`crate::Settings::blocked_cache`]) only in front
+    /// limiter keeps a blocked-caller cache ([`crate::limiter::Settings::blocked_cache`]) only in front
     /// of stores that are not local.
     ///
     /// `false` by default; the built-in [`MemoryStore`] answers `true`, and so should a store
@@ -232,7 +232,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// connect and after a dropped connection; a cluster: the first evicting policy among its
     /// masters, else theirs), or `None` when it has not read one: a lazy store before its first
     /// connection, a server that refuses `INFO`, a store without such a setting.
-    /// [`crate::Builder::require_noeviction`] refuses to build on anything but `noeviction`.
+    /// [`crate::limiter::Builder::require_noeviction`] refuses to build on anything but `noeviction`.
     ///
     /// `None` by default.
     fn maxmemory_policy(&self) -> Option<String> {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter as Governor};
-use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+use ratelimit_runtime::{Algorithm, store::Check, MemoryStore, Policy};
 
 use crate::report::{Table, median, paired_ratio, rate, ratio, verdict};
 use crate::{Config, XorShift};

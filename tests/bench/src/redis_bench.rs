@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use actix_extensible_rate_limit::backend::redis::RedisBackend;
 use actix_extensible_rate_limit::backend::{Backend, SimpleInput};
-use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter, RedisStore, Store};
+use ratelimit_runtime::{Algorithm, store::Check, Policy, RateLimiter, RedisStore, Store};
 use redis::aio::ConnectionManager;
 
 use crate::report::{Table, median, paired_ratio, quantile, rate, ratio, verdict};
@@ -44,7 +44,7 @@ const PERIOD_MEMORY: Duration = Duration::from_secs(86_400);
 fn store_entry(algorithm: Algorithm) -> (&'static str, &'static str) {
     let policy = throughput_policy(algorithm);
     ratelimit_runtime::store::redis::script_sources()
-        .for_checks(&[ratelimit_runtime::Check::new("k", &policy)])
+        .for_checks(&[ratelimit_runtime::store::Check::new("k", &policy)])
 }
 
 fn script_text(algorithm: Algorithm) -> String {

@@ -23,7 +23,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use actix_extensible_rate_limit::backend::redis::RedisBackend;
-use ratelimit_runtime::{Algorithm, Check, RedisStore, Store};
+use ratelimit_runtime::{Algorithm, store::Check, RedisStore, Store};
 
 use crate::Config;
 use crate::redis_bench::{Outcome, TASKS, aerl_check, keys, load, throughput_policy};

@@ -44,7 +44,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use ratelimit_runtime::store::ManualClock;
-use ratelimit_runtime::{Algorithm, Check, Decision, MemoryStore, Policy, Store, Verdict};
+use ratelimit_runtime::{Algorithm, Decision, MemoryStore, Policy, Store, Verdict, store::Check};
 
 /// Microseconds in a millisecond.
 const MS: u64 = 1000;

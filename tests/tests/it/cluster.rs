@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ratelimit_runtime::store::StoreFuture;
 use ratelimit_runtime::{
-    Algorithm, Check, FailurePolicy, Policy, RateLimiter, RedisClusterStore, Store, key,
+    Algorithm, FailurePolicy, Policy, RateLimiter, RedisClusterStore, Store, key, store::Check,
 };
 use ratelimit_tests::redis_cluster::{MASTERS, RedisCluster};
 use ratelimit_tests::redis_server;

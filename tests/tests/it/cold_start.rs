@@ -21,14 +21,14 @@
 //! check still waiting for the connection at its timeout is answered by the failure policy, as
 //! SPEC §8 says).
 //!
-//! [`Builder::build_lazy`]: ratelimit_runtime::Builder::build_lazy
+//! [`Builder::build_lazy`]: ratelimit_runtime::limiter::Builder::build_lazy
 
 use std::fmt::Write as _;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter};
+use ratelimit_runtime::{Algorithm, Policy, RateLimiter, store::Check};
 use ratelimit_tests::redis_cluster::RedisCluster;
 use ratelimit_tests::redis_server::RedisServer;
 
@@ -440,7 +440,7 @@ fn the_builder_reads_the_environment_like_the_default_limiter() {
             .build()
             .unwrap();
         rt.block_on(async {
-            match ratelimit_runtime::Builder::from_env()
+            match ratelimit_runtime::limiter::Builder::from_env()
                 .prefix("from-env")
                 .build()
                 .await
@@ -506,7 +506,7 @@ fn unreadable_environment_values_are_errors_naming_the_variable() {
 
     if std::env::var_os(UNREADABLE_CHILD_ENV).is_some() {
         ratelimit_tests::logs::capture();
-        match ratelimit_runtime::Builder::from_env().build_lazy() {
+        match ratelimit_runtime::limiter::Builder::from_env().build_lazy() {
             Ok(limiter) => println!(
                 "BUILT store={} timeout_ms={}",
                 limiter.store().name(),

@@ -18,7 +18,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ratelimit_runtime::{
-    Algorithm, Check, Limit, Policy, RateLimitError, RateLimiter, Store, Target, rate_limit,
+    Algorithm, Limit, Policy, RateLimitError, RateLimiter, Store, Target, rate_limit, store::Check,
 };
 use ratelimit_tests::redis_cluster::RedisCluster;
 use ratelimit_tests::redis_server::RedisServer;

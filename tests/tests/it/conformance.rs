@@ -31,7 +31,7 @@ use std::time::Duration;
 use ratelimit_runtime::algorithm::fixed;
 use ratelimit_runtime::store::Clock;
 use ratelimit_runtime::{
-    Algorithm, Check, Decision, MemoryStore, Policy, Store, StoreError, Verdict,
+    Algorithm, Decision, MemoryStore, Policy, Store, StoreError, Verdict, store::Check,
 };
 use ratelimit_tests::redis_server::{self, RedisServer};
 use redis::aio::MultiplexedConnection;

@@ -457,7 +457,7 @@ struct CountingStore {
 impl ratelimit_runtime::Store for CountingStore {
     fn check<'a>(
         &'a self,
-        checks: &'a [ratelimit_runtime::Check<'a>],
+        checks: &'a [ratelimit_runtime::store::Check<'a>],
     ) -> ratelimit_runtime::store::StoreFuture<'a> {
         self.checks.fetch_add(1, Ordering::SeqCst);
         self.memory.check(checks)

@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex};
 
 use ratelimit_runtime::store::Store;
-use ratelimit_runtime::{Algorithm, Check, Policy, RedisClusterStore, RedisStore};
+use ratelimit_runtime::{Algorithm, Policy, RedisClusterStore, RedisStore, store::Check};
 use ratelimit_tests::redis_cluster::RedisCluster;
 use ratelimit_tests::redis_server::{self, RedisServer};
 

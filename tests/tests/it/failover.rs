@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ratelimit_runtime::{
-    Algorithm, Check, FailurePolicy, Policy, RateLimitError, RateLimiter, RedisClusterStore,
-    rate_limit,
+    Algorithm, FailurePolicy, Policy, RateLimitError, RateLimiter, RedisClusterStore, rate_limit,
+    store::Check,
 };
 use ratelimit_tests::redis_cluster::RedisCluster;
 use ratelimit_tests::redis_server::say;

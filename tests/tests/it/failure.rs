@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ratelimit_runtime::{
-    Algorithm, Check, FailurePolicy, Policy, RateLimitError, RateLimiter, RedisStore, Settings,
+    Algorithm, FailurePolicy, Policy, RateLimitError, RateLimiter, RedisStore, limiter::Settings,
+    store::Check,
 };
 use ratelimit_tests::redis_server::{self, RedisServer};
 use tokio::task::JoinSet;

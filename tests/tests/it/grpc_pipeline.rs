@@ -21,7 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ratelimit_runtime::{Builder, HeaderStyle, Quota, RateLimiter, UserId, rate_limit};
+use ratelimit_runtime::{
+    Quota, RateLimiter, UserId, http::HeaderStyle, limiter::Builder, rate_limit,
+};
 use ratelimit_tests::redis_server::RedisServer;
 use tokio::task::JoinHandle;
 use tonic::metadata::MetadataMap;
@@ -560,7 +562,7 @@ impl Greeter for Settled {
         request: Request<HelloRequest>,
     ) -> Result<Response<HelloReply>, Status> {
         let name = request.into_inner().name;
-        let reservation = ratelimit_runtime::Reservation::take().expect("a reservation");
+        let reservation = ratelimit_runtime::settle::Reservation::take().expect("a reservation");
         reservation.settle(10 * name.len()).await;
         Ok(Response::new(HelloReply {
             message: format!("hello {name}"),
@@ -1109,7 +1111,9 @@ async fn admitted_responses_carry_the_legacy_metadata(backend: Backend) {
 
 async fn limiter_both(backend: Backend) -> (RateLimiter, Option<RedisServer>) {
     limiter(backend, |b| {
-        b.header_style(HeaderStyle::Both(ratelimit_runtime::IetfDraft::Draft11))
+        b.header_style(HeaderStyle::Both(
+            ratelimit_runtime::http::IetfDraft::Draft11,
+        ))
     })
     .await
 }

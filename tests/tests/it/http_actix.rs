@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use actix_web::dev::Service as _;
 use actix_web::{App, HttpMessage as _, HttpResponse, HttpServer, Responder, web};
-use ratelimit_runtime::{ForwardedHeader, RateLimiter, UserId, rate_limit};
+use ratelimit_runtime::{RateLimiter, UserId, http::ForwardedHeader, rate_limit};
 use serde::Deserialize;
 
 use crate::http_support::{Answer, Backend, client, scenarios, statuses};

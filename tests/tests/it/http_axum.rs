@@ -9,7 +9,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use ratelimit_runtime::{ForwardedHeader, HeaderStyle, RateLimiter, UserId, rate_limit};
+use ratelimit_runtime::{
+    RateLimiter, UserId, http::ForwardedHeader, http::HeaderStyle, rate_limit,
+};
 use serde::Deserialize;
 
 use crate::http_support::{Answer, Backend, client, client_from, scenarios, serve_axum, statuses};
@@ -267,7 +269,7 @@ async fn axum_legacy_header_style() {
     let limiter = b
         .limiter_with(
             &[],
-            HeaderStyle::Both(ratelimit_runtime::IetfDraft::Draft11),
+            HeaderStyle::Both(ratelimit_runtime::http::IetfDraft::Draft11),
         )
         .await;
     let addr = serve_axum(app(limiter), "127.0.0.1").await;

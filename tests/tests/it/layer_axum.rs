@@ -438,7 +438,7 @@ async fn grpc_content_type_on_get_is_http_and_a_store_down_is_503() {
 #[tokio::test]
 async fn legacy_fields_describe_the_tighter_limit() {
     let limiter = Backend::memory()
-        .limiter_with(&[], ratelimit_runtime::HeaderStyle::Legacy)
+        .limiter_with(&[], ratelimit_runtime::http::HeaderStyle::Legacy)
         .await;
     let app = Router::new()
         .route("/tight", get(tight))
@@ -469,7 +469,7 @@ async fn legacy_fields_describe_the_tighter_limit() {
 /// that stalls past the timeout, under an `allow` limiter: the limit that says deny answers
 /// 503, the one that names none admits, and a layer stacking both answers 503.
 ///
-/// [`RateLimitLayerBuilder::failure_policy`]: ratelimit_runtime::RateLimitLayerBuilder::failure_policy
+/// [`RateLimitLayerBuilder::failure_policy`]: ratelimit_runtime::layer::RateLimitLayerBuilder::failure_policy
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layer_limit_s_own_failure_policy_answers_while_redis_stalls() {
     let server = RedisServer::start();

@@ -21,8 +21,8 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use ratelimit_runtime::{
-    Builder, Count, FailurePolicy, Lease, Quota, RateLimitLayer, RateLimitLayerBuilder,
-    RateLimiter, UserId,
+    FailurePolicy, Quota, RateLimitLayer, RateLimiter, UserId, layer::RateLimitLayerBuilder,
+    lease::Lease, limiter::Builder, settle::Count,
 };
 use ratelimit_tests::redis_server::RedisServer;
 use tonic::Code;

@@ -16,7 +16,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ratelimit_runtime::{Algorithm, Check, ConfigError, FailurePolicy, Policy, RateLimiter};
+use ratelimit_runtime::{Algorithm, ConfigError, FailurePolicy, Policy, RateLimiter, store::Check};
 use ratelimit_tests::redis_server::{RedisServer, say};
 
 /// Set in a child process: the URL of the Redis it connects to before the parent kills it.

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use ratelimit_runtime::{
-    Algorithm, Check, FailurePolicy, Policy, RateLimitError, RateLimiter, key, rate_limit,
+    Algorithm, FailurePolicy, Policy, RateLimitError, RateLimiter, key, rate_limit, store::Check,
 };
 use ratelimit_tests::env::Env;
 use ratelimit_tests::redis_server::free_port;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ratelimit_runtime::store::ManualClock;
 use ratelimit_runtime::{
-    Algorithm, Check, FailurePolicy, MemoryStore, Policy, RateLimiter, Store, StoreError,
+    Algorithm, FailurePolicy, MemoryStore, Policy, RateLimiter, Store, StoreError, store::Check,
 };
 use ratelimit_tests::suite::{self, Harness};
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use ratelimit_runtime::store::ManualClock;
-use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+use ratelimit_runtime::{Algorithm, MemoryStore, Policy, store::Check};
 
 fn policy(algo: Algorithm, num: u64, period: Duration, burst: u64, cost: u64) -> Policy {
     Policy::new(algo, num, period)

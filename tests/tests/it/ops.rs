@@ -25,8 +25,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use ratelimit_runtime::key::{self, Part, Source};
 use ratelimit_runtime::store::{RefundFuture, StoreFuture};
 use ratelimit_runtime::{
-    Algorithm, By, Check, FailurePolicy, IpNet, Limit, Policy, RateLimitError, RateLimiter,
-    RedisStore, Store, Target, UserId, rate_limit,
+    Algorithm, By, FailurePolicy, Limit, Policy, RateLimitError, RateLimiter, RedisStore, Store,
+    Target, UserId, net::IpNet, rate_limit, store::Check,
 };
 use ratelimit_tests::env::Env;
 use ratelimit_tests::redis_cluster::RedisCluster;
@@ -1317,7 +1317,7 @@ async fn forwarded_limiter() -> RateLimiter {
         .memory()
         .timeout(Duration::from_secs(5))
         .trusted_proxies(["127.0.0.9"])
-        .forwarded_header(ratelimit_runtime::ForwardedHeader::Forwarded)
+        .forwarded_header(ratelimit_runtime::http::ForwardedHeader::Forwarded)
         .exempt_networks([net("127.0.0.9/32")])
         .exempt_when(|caller| caller.ip() == Some("127.0.0.9".parse().unwrap()))
         .deny_networks([net("198.51.100.0/24")])

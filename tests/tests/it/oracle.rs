@@ -26,7 +26,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use ratelimit_runtime::store::ManualClock;
-use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+use ratelimit_runtime::{Algorithm, MemoryStore, Policy, store::Check};
 use ratelimit_tests::redis_server::say;
 
 use crate::conformance::trace::Rng;

@@ -23,7 +23,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use ratelimit_runtime::client::{GitHubFields, IetfFields, OpenAiFields, PartnerLayer, RetryAfter};
-use ratelimit_runtime::{Algorithm, Check, Policy, RateLimiter, Verdict};
+use ratelimit_runtime::{Algorithm, Policy, RateLimiter, Verdict, store::Check};
 use ratelimit_tests::redis_cluster::RedisCluster;
 use ratelimit_tests::redis_server::RedisServer;
 use tokio::time::Instant;

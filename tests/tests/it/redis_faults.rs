@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelimit_runtime::{
-    Algorithm, Check, ConfigError, FailurePolicy, Policy, RateLimiter, RedisStore, Store,
-    StoreError,
+    Algorithm, ConfigError, FailurePolicy, Policy, RateLimiter, RedisStore, Store, StoreError,
+    store::Check,
 };
 use ratelimit_tests::redis_server::RedisServer;
 use ratelimit_tests::suite;

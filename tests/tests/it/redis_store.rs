@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelimit_runtime::{
-    Algorithm, Check, ConfigError, Policy, RedisStore, Store, StoreError, Verdict, key,
+    Algorithm, ConfigError, Policy, RedisStore, Store, StoreError, Verdict, key, store::Check,
 };
 use ratelimit_tests::redis_server::{self, RedisServer, free_port};
 use ratelimit_tests::suite::{self, Harness};

@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ratelimit_runtime::{
-    Algorithm, Check, MemoryStore, Policy, RateLimitError, RateLimiter, RedisClusterStore,
-    Reservation, Target, rate_limit,
+    Algorithm, MemoryStore, Policy, RateLimitError, RateLimiter, RedisClusterStore, Target,
+    rate_limit, settle::Reservation, store::Check,
 };
 use ratelimit_tests::redis_cluster::RedisCluster;
 use ratelimit_tests::redis_server::RedisServer;
@@ -828,7 +828,7 @@ mod never_more_than_taken {
 
     use proptest::prelude::*;
     use ratelimit_runtime::store::ManualClock;
-    use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    use ratelimit_runtime::{Algorithm, MemoryStore, Policy, store::Check};
 
     const QUOTA: u64 = 1_000_000;
     const KEYS: [&str; 2] = ["ka", "kb"];

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ratelimit_runtime::store::{Store, StoreFuture};
-use ratelimit_runtime::{Check, RateLimitError, RateLimiter, RedisStore, rate_limit};
+use ratelimit_runtime::{RateLimitError, RateLimiter, RedisStore, rate_limit, store::Check};
 use ratelimit_tests::env::Env;
 use ratelimit_tests::redis_server::RedisServer;
 

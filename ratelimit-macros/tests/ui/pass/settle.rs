@@ -1,6 +1,6 @@
 //! `settle` on plain functions and methods: a closure over the output (its argument's type
 //! inferred), a function path, and "later" with the body's `Reservation`.
-use ratelimit_runtime::{RateLimitError, Reservation, rate_limit};
+use ratelimit_runtime::{RateLimitError, settle::Reservation, rate_limit};
 
 #[derive(Debug)]
 struct Reply {

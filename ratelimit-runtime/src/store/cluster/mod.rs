@@ -104,7 +104,7 @@ pub use self::connect::{NODES_ENV, split_nodes};
 /// A Redis Cluster (see the [module docs](self) for the behaviour and how stacked limits in
 /// different slots are handled).
 ///
-/// Cheap to share: wrap it in an `Arc` or hand it to [`crate::Builder::store`].
+/// Cheap to share: wrap it in an `Arc` or hand it to [`crate::limiter::Builder::store`].
 pub struct RedisClusterStore {
     client: ClusterClient,
     conn: LazyConnection<ClusterConnection>,

@@ -14,7 +14,7 @@ impl MemoryStore {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    /// use ratelimit_runtime::{Algorithm, store::Check, MemoryStore, Policy};
     ///
     /// let store = MemoryStore::new();
     /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
@@ -44,7 +44,7 @@ impl MemoryStore {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    /// use ratelimit_runtime::{Algorithm, store::Check, MemoryStore, Policy};
     /// use ratelimit_runtime::store::ManualClock;
     ///
     /// let clock = ManualClock::new();
@@ -70,7 +70,7 @@ impl MemoryStore {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    /// use ratelimit_runtime::{Algorithm, store::Check, MemoryStore, Policy};
     ///
     /// let store = MemoryStore::new();
     /// let policy = Policy::new(Algorithm::Fixed, 100, Duration::from_secs(1))?;

@@ -94,7 +94,7 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 ///
 /// ```
 /// use std::time::Duration;
-/// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+/// use ratelimit_runtime::{Algorithm, store::Check, MemoryStore, Policy};
 /// use ratelimit_runtime::store::ManualClock;
 ///
 /// let clock = ManualClock::new();
@@ -199,7 +199,7 @@ impl MemoryStore {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy, StoreError};
+    /// use ratelimit_runtime::{Algorithm, store::Check, MemoryStore, Policy, StoreError};
     /// use ratelimit_runtime::store::ManualClock;
     ///
     /// let clock = ManualClock::new();
@@ -322,7 +322,7 @@ impl MemoryStore {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    /// use ratelimit_runtime::{Algorithm, store::Check, MemoryStore, Policy};
     ///
     /// let store = MemoryStore::new();
     /// let policy = Policy::new(Algorithm::Fixed, 2, Duration::from_secs(10))?;

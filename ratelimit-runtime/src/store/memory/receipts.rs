@@ -67,7 +67,7 @@ impl MemoryStore {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    /// use ratelimit_runtime::{Algorithm, store::Check, MemoryStore, Policy};
     ///
     /// let store = MemoryStore::new();
     /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
@@ -157,7 +157,7 @@ impl MemoryStore {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    /// use ratelimit_runtime::{Algorithm, store::Check, MemoryStore, Policy};
     ///
     /// let store = MemoryStore::new();
     /// let minute = Policy::new(Algorithm::Fixed, 10_000, Duration::from_secs(60))?;

@@ -13,7 +13,7 @@ impl MemoryStore {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratelimit_runtime::{Algorithm, Check, MemoryStore, Policy};
+    /// use ratelimit_runtime::{Algorithm, store::Check, MemoryStore, Policy};
     ///
     /// let store = MemoryStore::new();
     /// let one_at_a_time = Policy::new(Algorithm::Concurrency, 1, Duration::from_secs(30))?;

@@ -33,7 +33,7 @@
 //!   failure policy, while calls over the quota are still answered (a rejection writes
 //!   nothing). An evicting `maxmemory-policy` (any other: every limit key has a TTL) is read at
 //!   connect and after a reconnect (`INFO memory`) and logged once as a WARN naming the
-//!   setting and the fix; [`crate::Builder::require_noeviction`] refuses it at build.
+//!   setting and the fix; [`crate::limiter::Builder::require_noeviction`] refuses it at build.
 //! * **Shared connection.** A [`redis::aio::ConnectionManager`]: one multiplexed connection per
 //!   store, shared by every task, reconnecting by itself after the server restarts or the
 //!   connection drops.
@@ -126,7 +126,7 @@ fn client(url: &str) -> Result<Client, ConfigError> {
 /// backoff, so an unreachable server is reported within seconds and a restarted one is found
 /// again quickly.
 ///
-/// No response timeout: the limiter's own timeout ([`crate::Builder::timeout`]) bounds every check
+/// No response timeout: the limiter's own timeout ([`crate::limiter::Builder::timeout`]) bounds every check
 /// already, and the connection manager's would register a second tokio timer per request.
 fn manager_config() -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
@@ -187,7 +187,7 @@ fn reread_memory_policy(mut conn: ConnectionManager, memory: &Arc<MemoryPolicy>)
 /// One Redis server, one `FCALL` (or `EVALSHA`) per check (see the [module docs](self) for the
 /// behaviour and the accepted URLs).
 ///
-/// Cheap to share: wrap it in an `Arc` or hand it to [`crate::Builder::store`].
+/// Cheap to share: wrap it in an `Arc` or hand it to [`crate::limiter::Builder::store`].
 pub struct RedisStore {
     client: Option<Client>,
     manager: LazyConnection<ConnectionManager>,

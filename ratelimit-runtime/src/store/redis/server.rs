@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Every limit key has a TTL, so any policy but `noeviction` (`volatile-*` as well as
 /// `allkeys-*`) lets a flood of minted keys evict other callers' live counters, and they start
 /// again from a full quota. An evicting policy is logged once per value read (one WARN naming
-/// the setting and the fix), and [`crate::Builder::require_noeviction`] makes it an error at
+/// the setting and the fix), and [`crate::limiter::Builder::require_noeviction`] makes it an error at
 /// build.
 ///
 /// After a reconnect: the connection manager reconnects by itself, and its

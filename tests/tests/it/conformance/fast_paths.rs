@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ratelimit_runtime::{Algorithm, Check, Policy, Store, StoreError, Verdict};
+use ratelimit_runtime::{Algorithm, Policy, Store, StoreError, Verdict, store::Check};
 
 use super::lua_store::{LuaStore, Mode};
 use super::model::Model;

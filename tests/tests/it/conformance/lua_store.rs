@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ratelimit_runtime::store::redis::{check_keys, compensate_keys};
 use ratelimit_runtime::store::{AdminFuture, StoreFuture};
-use ratelimit_runtime::{Check, Store, StoreError, Verdict};
+use ratelimit_runtime::{Store, StoreError, Verdict, store::Check};
 
 use super::scripts::{Sources, sources};
 

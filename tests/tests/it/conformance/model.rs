@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use ratelimit_runtime::algorithm::{self, Evaluation, Params, Receipt, State};
-use ratelimit_runtime::{Check, Decision, Verdict};
+use ratelimit_runtime::{Decision, Verdict, store::Check};
 
 /// The driver's longest receipt life, µs (`RECEIPT_TTL_US` in driver.lua).
 const RECEIPT_TTL_US: u64 = 10_000_000;

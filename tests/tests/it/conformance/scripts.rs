@@ -4,7 +4,7 @@
 //! scripts against what a `RedisStore` loads into a real server (`SCRIPT EXISTS` of their SHA1s).
 
 use ratelimit_runtime::store::redis::script_sources;
-use ratelimit_runtime::{Algorithm, Check};
+use ratelimit_runtime::{Algorithm, store::Check};
 
 /// Every script a store sends.
 #[derive(Debug, Clone)]

@@ -2,7 +2,7 @@
 //! releases of held calls (what `Store::forget` sends: the receipts dropped, `ZREM key id`),
 //! anonymous checks, peeks, leases that end, and a clock set back.
 
-use ratelimit_runtime::{Algorithm, Check, Policy, Store, Verdict};
+use ratelimit_runtime::{Algorithm, Policy, Store, Verdict, store::Check};
 
 use super::trace::{self, Rng};
 use super::{EPOCH_US, Pair};

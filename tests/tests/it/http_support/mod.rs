@@ -8,7 +8,7 @@ pub mod scenarios;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use ratelimit_runtime::{FailurePolicy, HeaderStyle, RateLimiter};
+use ratelimit_runtime::{FailurePolicy, RateLimiter, http::HeaderStyle};
 use ratelimit_tests::redis_server::RedisServer;
 
 /// Which store a test runs on. Keeps the Redis server alive for as long as the test holds it.

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use ratelimit_runtime::{FailurePolicy, ForwardedHeader, RateLimiter};
+use ratelimit_runtime::{FailurePolicy, RateLimiter, http::ForwardedHeader};
 use reqwest::header::HeaderValue;
 
 use super::{Answer, Backend, client, client_from, param, statuses};
