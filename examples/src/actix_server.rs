@@ -99,7 +99,7 @@ pub async fn serve(
     for addr in server.addrs() {
         println!(
             "actix_server listening on http://{addr} (store: {})",
-            RateLimiter::global().store().name()
+            RateLimiter::current().store().name()
         );
     }
     let server = server.run();
@@ -112,7 +112,7 @@ pub async fn serve(
     server.await?;
     // Drained: the limiter gives back what it holds in leases and finishes its background
     // store calls.
-    RateLimiter::global()
+    RateLimiter::current()
         .shutdown(std::time::Duration::from_secs(5))
         .await
         .map_err(std::io::Error::other)?;

@@ -206,7 +206,7 @@ impl RateLimiter {
     /// let limiter = RateLimiter::builder().build().await?;
     /// limiter.install()?;
     /// limiter.set_quota("reports", Quota::per_minute(30)?)?; // what #[rate_limit] sees
-    /// assert_eq!(RateLimiter::global().quota_override("reports"), Some(Quota::per_minute(30)?));
+    /// assert_eq!(RateLimiter::current().quota_override("reports"), Some(Quota::per_minute(30)?));
     /// # Ok(()) }
     /// ```
     ///
@@ -235,12 +235,15 @@ impl RateLimiter {
     /// The installed limiter, or one built from the environment on first use (see the type's
     /// docs). A malformed URL in the environment, or a value that is not UTF-8, is logged as an
     /// error naming its variable and the memory store used.
-    pub fn global() -> &'static RateLimiter {
+    fn global() -> &'static RateLimiter {
         GLOBAL.get_or_init(Self::from_env)
     }
 
-    /// The limiter for the current call: the one set by [`RateLimiter::scope`] around the
-    /// running task, else [`RateLimiter::global`].
+    /// The limiter `#[rate_limit]` uses here: the one set by [`RateLimiter::scope`] around the
+    /// running task, else the installed one ([`RateLimiter::install`]), else one built from
+    /// the environment on first use (see the type's docs; a malformed URL in the environment,
+    /// or a value that is not UTF-8, is logged as an error naming its variable and the memory
+    /// store used). A clone: it shares the store and settings of the one it names.
     pub fn current() -> RateLimiter {
         CURRENT
             .try_with(Clone::clone)
@@ -705,7 +708,7 @@ pub(crate) mod tests {
 
     fn limiter(store: &Arc<FakeStore>, policy: FailurePolicy) -> RateLimiter {
         RateLimiter::builder()
-            .shared_store(store.clone())
+            .store(store.clone())
             .failure_policy(policy)
             .build_lazy()
             .unwrap()
@@ -790,7 +793,7 @@ pub(crate) mod tests {
         let checks = [Check::new(KEY, &policy)];
         let store = Arc::new(AtOnceStore::default());
         let limiter = RateLimiter::builder()
-            .shared_store(store.clone())
+            .store(store.clone())
             .failure_policy(FailurePolicy::Deny)
             .build_lazy()
             .unwrap();
@@ -938,7 +941,7 @@ pub(crate) mod tests {
     async fn admitted_with_share(share: u32, policy: Policy, calls: usize) -> usize {
         let store = Arc::new(FakeStore::default());
         let limiter = RateLimiter::builder()
-            .shared_store(store.clone())
+            .store(store.clone())
             .failure_policy(FailurePolicy::Local)
             .local_share(share)
             .build_lazy()
@@ -981,7 +984,7 @@ pub(crate) mod tests {
         // The decisions report the share.
         let store = Arc::new(FakeStore::default());
         let limiter = RateLimiter::builder()
-            .shared_store(store)
+            .store(store)
             .failure_policy(FailurePolicy::Local)
             .local_share(4)
             .build_lazy()
@@ -1089,7 +1092,7 @@ pub(crate) mod tests {
         );
 
         let uncached = RateLimiter::builder()
-            .shared_store(store.clone())
+            .store(store.clone())
             .blocked_cache(0)
             .build_lazy()
             .unwrap();

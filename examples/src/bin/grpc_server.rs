@@ -134,7 +134,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = listener.local_addr()?;
     println!(
         "grpc_server listening on {addr} (store: {})",
-        RateLimiter::global().store().name()
+        RateLimiter::current().store().name()
     );
     // tonic's transport server records each connection's peer (`Request::remote_addr`), which
     // `by = "ip"` reads.

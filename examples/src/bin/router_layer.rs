@@ -52,7 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "router_layer listening on http://{} (store: {})",
         listener.local_addr()?,
-        RateLimiter::global().store().name()
+        RateLimiter::current().store().name()
     );
     // `by("ip")` reads the peer address from `ConnectInfo`, as the attribute does.
     axum::serve(

@@ -194,7 +194,6 @@ pub use self::service::{RateLimitService, ResponseFuture};
 use crate::call::plan::Dynamic;
 use crate::limit::Limit;
 use crate::limiter::RateLimiter;
-use crate::policy::Policy;
 
 /// A hook that finds the peer address of a request in its extensions, for servers whose
 /// connection info the layer does not know (TLS, Unix sockets, PROXY protocol…).
@@ -260,7 +259,10 @@ struct Rule {
 /// use std::time::Duration;
 /// use ratelimit_runtime::{Algorithm, Policy, RateLimitLayer};
 ///
-/// let per_ip = RateLimitLayer::new(Policy::new(Algorithm::Sliding, 100, Duration::from_secs(60))?, "ip")?;
+/// let per_ip = RateLimitLayer::builder()
+///     .policy(Policy::new(Algorithm::Sliding, 100, Duration::from_secs(60))?)
+///     .by("ip")
+///     .build()?;
 /// assert_eq!(per_ip.limits(), 1);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -290,12 +292,6 @@ impl RateLimitLayer {
             limiter: None,
             peer_addr: None,
         }
-    }
-
-    /// One limit, `policy` per caller identified by `by`, in scope
-    /// [`RateLimitLayer::DEFAULT_SCOPE`].
-    pub fn new(policy: Policy, by: &str) -> Result<Self, LayerError> {
-        Self::builder().policy(policy).by(by.to_owned()).build()
     }
 
     /// How many limits the layer checks per request.
@@ -577,7 +573,11 @@ mod tests {
             .unwrap()
             .with_burst(9)
             .unwrap();
-        let layer = RateLimitLayer::new(p, "url").unwrap();
+        let layer = RateLimitLayer::builder()
+            .policy(p)
+            .by("url")
+            .build()
+            .unwrap();
         assert_eq!(layer.shared.limits[0].policy, p);
         assert_eq!(layer.shared.limits[0].scope, "layer");
         assert!(!layer.shared.needs_peer);

@@ -162,15 +162,18 @@ impl Builder {
         self
     }
 
-    /// Use a store built by the caller.
-    pub fn store(mut self, store: impl Store) -> Self {
-        self.store = StoreChoice::Store(Arc::new(store));
-        self
-    }
-
-    /// Use a shared store built by the caller.
-    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
-        self.store = StoreChoice::Store(store);
+    /// Use a store built by the caller: any [`Store`], a shared one (`Arc<dyn Store>`,
+    /// `Arc<MemoryStore>`) included. An `Arc<dyn Store>` is kept as it is, so limiters given
+    /// clones of it share one store (a shared store is a [`Store`] too).
+    pub fn store<S: Store>(mut self, store: S) -> Self {
+        let mut slot = Some(store);
+        let shared = (&mut slot as &mut dyn std::any::Any)
+            .downcast_mut::<Option<Arc<dyn Store>>>()
+            .and_then(Option::take);
+        // Exactly one of the two holds the store.
+        if let Some(store) = shared.or_else(|| slot.map(|s| Arc::new(s) as Arc<dyn Store>)) {
+            self.store = StoreChoice::Store(store);
+        }
         self
     }
 

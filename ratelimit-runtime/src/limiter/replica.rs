@@ -53,7 +53,7 @@ mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
     use crate::policy::Policy;
-    use crate::store::{RefundFuture, ReplicateFuture, StoreFuture};
+    use crate::store::StoreFuture;
 
     /// A store that counts in memory, answers through futures (a remote store), and whose
     /// replica acknowledges nothing; it records the refunds it gets.
@@ -70,11 +70,11 @@ mod tests {
         fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
             self.memory.take(checks, call_id)
         }
-        fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+        fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
             self.refunds.lock().unwrap().push(call_id.to_owned());
             self.memory.refund(checks, call_id)
         }
-        fn replicate<'a>(&'a self, _: &'a str, _: Duration) -> ReplicateFuture<'a> {
+        fn replicate<'a>(&'a self, _: &'a str, _: Duration) -> StoreFuture<'a, bool> {
             Box::pin(async { Ok(false) })
         }
         fn name(&self) -> &'static str {
@@ -84,7 +84,7 @@ mod tests {
 
     fn limiter(store: &Arc<NoReplicaStore>, policy: FailurePolicy, ack: bool) -> RateLimiter {
         RateLimiter::builder()
-            .shared_store(store.clone())
+            .store(store.clone())
             .failure_policy(policy)
             .replica_ack(ack)
             .build_lazy()

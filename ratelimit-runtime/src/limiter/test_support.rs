@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::RateLimiter;
-use crate::store::{AdminFuture, Check, MemoryStore, RefundFuture, Store, StoreFuture, TokioClock};
+use crate::store::{Check, MemoryStore, Store, StoreFuture, TokioClock};
 
 /// A limiter on a memory store that reads Tokio's clock (so `start_paused` tests control it).
 pub(crate) async fn limiter() -> RateLimiter {
@@ -39,11 +39,11 @@ impl Store for RemoteMemory {
         self.0.take(checks, call_id)
     }
 
-    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         self.0.refund(checks, call_id)
     }
 
-    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         self.0.forget(checks, call_id)
     }
 
@@ -52,7 +52,7 @@ impl Store for RemoteMemory {
         checks: &'a [Check<'a>],
         call_id: &'a str,
         actual: &'a [u64],
-    ) -> RefundFuture<'a> {
+    ) -> StoreFuture<'a, ()> {
         self.0.settle(checks, call_id, actual)
     }
 
@@ -60,11 +60,11 @@ impl Store for RemoteMemory {
         self.0.peek(checks)
     }
 
-    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> StoreFuture<'a, ()> {
         self.0.reset(keys)
     }
 
-    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
         self.0.block(keys, duration)
     }
 }

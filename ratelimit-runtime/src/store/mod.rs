@@ -14,6 +14,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::decision::Verdict;
@@ -124,11 +125,11 @@ impl<'a> Check<'a> {
     }
 }
 
-/// The future a [`Store`] returns.
-pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Verdict, StoreError>> + Send + 'a>>;
-
-/// The future of [`Store::refund`].
-pub type RefundFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+/// The future every [`Store`] method returns: a [`Verdict`] for the checks, `()` for the
+/// refunds and the operator's calls, whether a write reached the replicas for
+/// [`Store::replicate`].
+pub type StoreFuture<'a, T = Verdict> =
+    Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
 /// A fresh id for one call's receipts ([`Store::take`], and a cluster call across slots that
 /// was not given one): this process's random 64-bit value and a counter, as 17 to 32
@@ -168,12 +169,6 @@ pub(crate) fn settle_arguments(checks: &[Check<'_>], actual: &[u64]) -> Result<(
         actual.len()
     )))
 }
-
-/// The future of [`Store::replicate`].
-pub type ReplicateFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
-
-/// The future of [`Store::reset`] and [`Store::block`].
-pub type AdminFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
 /// The answer of an operation a store does not implement (the default of [`Store::peek`],
 /// [`Store::reset`] and [`Store::block`]).
@@ -261,7 +256,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// nothing, and the call stays counted.
     ///
     /// The default gives back nothing (see [`Store::take`]).
-    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         let _ = (checks, call_id);
         Box::pin(async { Ok(()) })
     }
@@ -274,7 +269,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// are already gone does nothing.
     ///
     /// The default does nothing (see [`Store::take`]).
-    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         let _ = (checks, call_id);
         Box::pin(async { Ok(()) })
     }
@@ -298,7 +293,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         checks: &'a [Check<'a>],
         call_id: &'a str,
         actual: &'a [u64],
-    ) -> RefundFuture<'a> {
+    ) -> StoreFuture<'a, ()> {
         let _ = (checks, call_id, actual);
         unsupported("settle")
     }
@@ -313,7 +308,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// memory store and [`RedisStore`] (one server: a failover to one of its replicas, by
     /// Sentinel, may find it behind by the last writes, leases or not); `RedisClusterStore`
     /// waits, on the master of `key`'s slot.
-    fn replicate<'a>(&'a self, key: &'a str, timeout: Duration) -> ReplicateFuture<'a> {
+    fn replicate<'a>(&'a self, key: &'a str, timeout: Duration) -> StoreFuture<'a, bool> {
         let _ = (key, timeout);
         Box::pin(async { Ok(true) })
     }
@@ -338,7 +333,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// from a full quota.
     ///
     /// The default answers [`StoreError::Unsupported`].
-    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> StoreFuture<'a, ()> {
         let _ = keys;
         unsupported("reset")
     }
@@ -347,7 +342,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// whatever their state; a later block replaces an earlier one, [`Store::reset`] lifts it.
     ///
     /// The default answers [`StoreError::Unsupported`].
-    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
         let _ = (keys, duration);
         unsupported("block")
     }
@@ -359,9 +354,92 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// The default answers [`StoreError::Unsupported`]: a store that cannot decide it
     /// atomically must not fall back to [`Store::block`].
-    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
         let _ = (keys, duration);
         unsupported("extend_block")
+    }
+}
+
+/// A shared store is a store: `Arc<MemoryStore>`, `Arc<dyn Store>` and the like go wherever a
+/// store does ([`Builder::store`](crate::limiter::Builder::store), the layer's limiter), every
+/// call passed to the store inside.
+///
+/// ```
+/// use std::sync::Arc;
+/// use ratelimit_runtime::{MemoryStore, RateLimiter, Store};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let shared: Arc<dyn Store> = Arc::new(MemoryStore::new());
+/// let a = RateLimiter::builder().store(Arc::clone(&shared)).build().await?;
+/// let b = RateLimiter::builder().store(shared).build().await?;
+/// assert!(Arc::ptr_eq(a.store(), b.store()), "one store, not a copy");
+/// # Ok(()) }
+/// ```
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        (**self).check(checks)
+    }
+
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn is_local(&self) -> bool {
+        (**self).is_local()
+    }
+
+    fn check_at_once(
+        &self,
+        checks: &[Check<'_>],
+        call_id: Option<&str>,
+    ) -> Option<Result<Verdict, StoreError>> {
+        (**self).check_at_once(checks, call_id)
+    }
+
+    fn maxmemory_policy(&self) -> Option<String> {
+        (**self).maxmemory_policy()
+    }
+
+    fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
+        (**self).take(checks, call_id)
+    }
+
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
+        (**self).refund(checks, call_id)
+    }
+
+    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
+        (**self).forget(checks, call_id)
+    }
+
+    fn settle<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        call_id: &'a str,
+        actual: &'a [u64],
+    ) -> StoreFuture<'a, ()> {
+        (**self).settle(checks, call_id, actual)
+    }
+
+    fn replicate<'a>(&'a self, key: &'a str, timeout: Duration) -> StoreFuture<'a, bool> {
+        (**self).replicate(key, timeout)
+    }
+
+    fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+        (**self).peek(checks)
+    }
+
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> StoreFuture<'a, ()> {
+        (**self).reset(keys)
+    }
+
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
+        (**self).block(keys, duration)
+    }
+
+    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
+        (**self).extend_block(keys, duration)
     }
 }
 

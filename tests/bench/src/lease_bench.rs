@@ -194,7 +194,7 @@ where
         let (stop, held_max) = (stop.clone(), held_max.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                held_max.fetch_max(RateLimiter::global().lease_units_held(), Ordering::Relaxed);
+                held_max.fetch_max(RateLimiter::current().lease_units_held(), Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         })

@@ -539,14 +539,14 @@ async fn master_killed_under_load_fails_over_and_calls_follow_the_failure_policy
     );
     let timeout = Duration::from_millis(300);
     let allow = RateLimiter::builder()
-        .shared_store(Arc::clone(&store))
+        .store(Arc::clone(&store))
         .timeout(timeout)
         .failure_policy(FailurePolicy::Allow)
         .build()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let deny = RateLimiter::builder()
-        .shared_store(Arc::clone(&store))
+        .store(Arc::clone(&store))
         .timeout(timeout)
         .failure_policy(FailurePolicy::Deny)
         .build()

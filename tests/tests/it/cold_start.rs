@@ -12,7 +12,7 @@
 //!
 //! The limiter is configured the two ways an application that starts without connecting gets
 //! one: from the environment (`RATELIMIT_REDIS_URL` or `RATELIMIT_REDIS_CLUSTER_NODES`,
-//! [`RateLimiter::global`] with nothing installed, its timeout from `RATELIMIT_TIMEOUT_MS`) and
+//! [`RateLimiter::current`] with nothing installed, its timeout from `RATELIMIT_TIMEOUT_MS`) and
 //! with [`Builder::build_lazy`]. Both get a 2 s timeout, so that the test does not depend on the
 //! machine's speed: what it shows is that the first checks wait for the connection instead of
 //! being answered by the failure policy.
@@ -70,11 +70,11 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// `RATELIMIT_REDIS_URL` and [`RateLimiter::global`], nothing installed.
+    /// `RATELIMIT_REDIS_URL` and [`RateLimiter::current`], nothing installed.
     Env,
     /// `RateLimiter::builder().redis_url(..).timeout(LAZY_TIMEOUT).build_lazy()`.
     Lazy,
-    /// `RATELIMIT_REDIS_CLUSTER_NODES` and [`RateLimiter::global`], nothing installed.
+    /// `RATELIMIT_REDIS_CLUSTER_NODES` and [`RateLimiter::current`], nothing installed.
     EnvCluster,
     /// `RateLimiter::builder().redis_cluster(..).timeout(LAZY_TIMEOUT).build_lazy()`.
     LazyCluster,
@@ -171,7 +171,7 @@ fn child_process() {
 
 async fn child(mode: Mode, algorithm: Algorithm) {
     let limiter = match mode {
-        Mode::Env | Mode::EnvCluster => RateLimiter::global().clone(),
+        Mode::Env | Mode::EnvCluster => RateLimiter::current(),
         Mode::Lazy | Mode::LazyCluster => {
             let url = std::env::var(URL_ENV).unwrap_or_else(|_| panic!("{URL_ENV} is not set"));
             let builder = if mode == Mode::Lazy {
@@ -514,7 +514,7 @@ fn unreadable_environment_values_are_errors_naming_the_variable() {
             ),
             Err(e) => println!("FAILED {e}"),
         }
-        let default = RateLimiter::global();
+        let default = RateLimiter::current();
         let errors: Vec<String> = ratelimit_tests::logs::events()
             .iter()
             .filter(|e| e.level == tracing::Level::ERROR)

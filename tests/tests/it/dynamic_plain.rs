@@ -472,7 +472,7 @@ impl ratelimit_runtime::Store for CountingStore {
 async fn an_unlimited_quota_never_asks_the_store_and_a_store_without_refunds_keeps_calls_counted() {
     let store = Arc::new(CountingStore::default());
     let limiter = RateLimiter::builder()
-        .shared_store(store.clone())
+        .store(store.clone())
         .build()
         .await
         .unwrap();
@@ -560,7 +560,7 @@ async fn memory_with_receipts() -> (RateLimiter, Arc<ratelimit_runtime::MemorySt
     let clock = ratelimit_runtime::store::ManualClock::new();
     let store = Arc::new(ratelimit_runtime::MemoryStore::with_clock(clock));
     let limiter = RateLimiter::builder()
-        .shared_store(store.clone())
+        .store(store.clone())
         .build()
         .await
         .unwrap();

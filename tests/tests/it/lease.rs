@@ -112,7 +112,7 @@ fn child_process() {
             admitted.load(Ordering::Relaxed),
             rejected.load(Ordering::Relaxed),
             failed.load(Ordering::Relaxed),
-            RateLimiter::global().lease_units_held(),
+            RateLimiter::current().lease_units_held(),
             elapsed.as_millis()
         );
     });

@@ -301,7 +301,7 @@ async fn a_full_memory_store_refuses_new_keys_and_keeps_spent_callers() {
         let clock = ManualClock::new();
         let store = Arc::new(MemoryStore::with_clock(clock.clone()).with_max_keys(64));
         let limiter = RateLimiter::builder()
-            .shared_store(store.clone())
+            .store(store.clone())
             .failure_policy(failure)
             .build_lazy()
             .unwrap();

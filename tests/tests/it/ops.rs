@@ -23,7 +23,7 @@ use axum::response::Response;
 use axum::routing::get;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use ratelimit_runtime::key::{self, Part, Source};
-use ratelimit_runtime::store::{RefundFuture, StoreFuture};
+use ratelimit_runtime::store::StoreFuture;
 use ratelimit_runtime::{
     Algorithm, By, FailurePolicy, Limit, Policy, RateLimitError, RateLimiter, RedisStore, Store,
     Target, UserId, net::IpNet, rate_limit, store::Check,
@@ -1135,11 +1135,11 @@ impl Store for Renamed {
         self.0.take(checks, call_id)
     }
 
-    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         self.0.refund(checks, call_id)
     }
 
-    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         self.0.forget(checks, call_id)
     }
 

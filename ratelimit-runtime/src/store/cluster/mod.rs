@@ -91,7 +91,7 @@ use super::lazy::LazyConnection;
 use super::redis::invoke::{Calls, Mode, compensate, eval_checks};
 use super::redis::server::MemoryPolicy;
 use super::redis::wire::{block_cmd, extend_block_cmd, forget_pipe, reset_cmd};
-use super::{AdminFuture, Check, RefundFuture, ReplicateFuture, Store, StoreFuture};
+use super::{Check, Store, StoreFuture};
 use crate::decision::{Decision, Verdict};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::Policy;
@@ -283,7 +283,7 @@ impl Store for RedisClusterStore {
         })
     }
 
-    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             if checks.is_empty() || group_by_slot(checks).len() > 1 {
                 return Ok(());
@@ -303,7 +303,7 @@ impl Store for RedisClusterStore {
         checks: &'a [Check<'a>],
         call_id: &'a str,
         actual: &'a [u64],
-    ) -> RefundFuture<'a> {
+    ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             super::settle_arguments(checks, actual)?;
             if checks.is_empty() {
@@ -325,7 +325,7 @@ impl Store for RedisClusterStore {
         })
     }
 
-    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let holds = checks
                 .iter()
@@ -348,7 +348,7 @@ impl Store for RedisClusterStore {
 
     /// `WAIT 1 <timeout>` on the master of `key`'s slot, on the connection the store wrote
     /// with: whether a replica acknowledged every write this store sent that master.
-    fn replicate<'a>(&'a self, key: &'a str, timeout: Duration) -> ReplicateFuture<'a> {
+    fn replicate<'a>(&'a self, key: &'a str, timeout: Duration) -> StoreFuture<'a, bool> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
         Box::pin(async move {
             let mut conn = self.connection().await?;
@@ -390,7 +390,7 @@ impl Store for RedisClusterStore {
         })
     }
 
-    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let mut conn = self.connection().await?;
             for key in keys {
@@ -400,7 +400,7 @@ impl Store for RedisClusterStore {
         })
     }
 
-    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let mut conn = self.connection().await?;
             for key in keys {
@@ -412,7 +412,7 @@ impl Store for RedisClusterStore {
         })
     }
 
-    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let mut conn = self.connection().await?;
             for key in keys {

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use self::map::{Padded, SHARDS, key_hasher};
 use self::receipts::Receipts;
-use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
+use super::{Check, Store, StoreFuture};
 use crate::decision::Verdict;
 use crate::error::StoreError;
 
@@ -358,7 +358,7 @@ impl Store for MemoryStore {
         Box::pin(async move { self.take_now(checks, call_id) })
     }
 
-    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             self.refund_now(checks, call_id);
             Ok(())
@@ -370,11 +370,11 @@ impl Store for MemoryStore {
         checks: &'a [Check<'a>],
         call_id: &'a str,
         actual: &'a [u64],
-    ) -> RefundFuture<'a> {
+    ) -> StoreFuture<'a, ()> {
         Box::pin(async move { self.settle_now(checks, call_id, actual) })
     }
 
-    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             self.forget_now(call_id);
             self.release_now(checks, call_id);
@@ -394,21 +394,21 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(self.peek_now(checks)) })
     }
 
-    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             self.reset_now(keys);
             Ok(())
         })
     }
 
-    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             self.block_now(keys, duration);
             Ok(())
         })
     }
 
-    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             self.extend_block_now(keys, duration);
             Ok(())

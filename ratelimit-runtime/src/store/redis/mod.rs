@@ -69,7 +69,7 @@ use self::invoke::{Calls, Mode, compensate, eval_checks, load_scripts_pipelined}
 use self::server::{MemoryPolicy, info_memory_cmd};
 use self::wire::{block_cmd, extend_block_cmd, forget_pipe, reset_cmd};
 use super::lazy::LazyConnection;
-use super::{AdminFuture, Check, RefundFuture, Store, StoreFuture};
+use super::{Check, Store, StoreFuture};
 use crate::error::{ConfigError, StoreError};
 
 // The store, its URLs and its connection are here; the Redis Cluster store shares the rest.
@@ -295,7 +295,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
             compensate(&mut conn, &self.calls, Mode::Refund(call_id), checks)
@@ -309,7 +309,7 @@ impl Store for RedisStore {
         checks: &'a [Check<'a>],
         call_id: &'a str,
         actual: &'a [u64],
-    ) -> RefundFuture<'a> {
+    ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             super::settle_arguments(checks, actual)?;
             if checks.is_empty() {
@@ -327,7 +327,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> RefundFuture<'a> {
+    fn forget<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             if checks.is_empty() {
                 return Ok(());
@@ -355,7 +355,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
             let mut pipe = redis::pipe();
@@ -367,7 +367,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
             let mut pipe = redis::pipe();
@@ -379,7 +379,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
             let mut pipe = redis::pipe();

@@ -6,8 +6,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use std::time::Duration;
 
+use ratelimit_runtime::store::StoreFuture;
 use ratelimit_runtime::store::redis::{check_keys, compensate_keys};
-use ratelimit_runtime::store::{AdminFuture, StoreFuture};
 use ratelimit_runtime::{Store, StoreError, Verdict, store::Check};
 
 use super::scripts::{Sources, sources};
@@ -229,7 +229,7 @@ impl Store for LuaStore {
     }
 
     /// `DEL key key:b`, as `RedisStore::reset` sends it.
-    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> AdminFuture<'a> {
+    fn reset<'a>(&'a self, keys: &'a [&'a str]) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let lua = self.lua();
             for key in keys {
@@ -247,7 +247,7 @@ impl Store for LuaStore {
     }
 
     /// `scripts/extend_block.lua` on each `key:b`, as `RedisStore::extend_block` sends it.
-    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+    fn extend_block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let ms = u64::try_from(duration.as_millis())
                 .unwrap_or(u64::MAX)
@@ -265,7 +265,7 @@ impl Store for LuaStore {
     }
 
     /// `SET key:b 1 PX ms`, as `RedisStore::block` sends it.
-    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> AdminFuture<'a> {
+    fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let ms = u64::try_from(duration.as_millis())
                 .unwrap_or(u64::MAX)
