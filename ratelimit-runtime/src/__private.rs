@@ -24,7 +24,9 @@ pub use crate::call::settle::measure;
 pub use crate::call::{Hold, check, check_dyn, check_wait};
 pub use crate::caller::answer::PolicyField;
 #[cfg(any(feature = "axum", feature = "actix"))]
-pub use crate::http::caller::{HttpCaller, Limited, check_http, check_http_dyn, check_http_settle};
+pub use crate::http::adapter::{
+    HttpCaller, Limited, check_http, check_http_dyn, check_http_settle,
+};
 #[cfg(not(any(feature = "axum", feature = "actix")))]
 pub use crate::http::disabled::{
     HttpCaller, Limited, check_http, check_http_dyn, check_http_settle,
@@ -40,8 +42,8 @@ pub mod counted {
     /// Axum.
     #[cfg(feature = "axum")]
     pub mod axum {
+        pub use crate::http::adapter::HttpCaller as Caller;
         pub use crate::http::axum::check_http_counted;
-        pub use crate::http::caller::HttpCaller as Caller;
         /// What a counted handler answers.
         pub type Response = ::axum::response::Response;
     }

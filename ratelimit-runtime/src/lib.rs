@@ -270,6 +270,7 @@ pub mod algorithm;
 #[cfg(feature = "client")]
 pub mod client;
 mod error;
+pub mod exempt;
 pub mod grpc;
 pub mod http;
 pub mod key;
@@ -351,20 +352,12 @@ pub mod settle {
     pub use crate::call::settle::Reservation;
 }
 
-/// Callers let through without a check: the networks and the rule an application exempts
-/// ([`Exemptions`], set with [`Builder::exempt_networks`](crate::limiter::Builder::exempt_networks)
-/// and [`Builder::exempt_when`](crate::limiter::Builder::exempt_when)), and what the rule sees
-/// of a caller ([`CallerView`]).
-pub mod exempt {
-    pub use crate::limiter::exempt::{CallerView, Exemptions};
-}
-
 // The names the crate docs above link to by their short names.
 #[cfg(doc)]
 use crate::{
+    call::{plan::Count, settle::Reservation},
     exempt::{CallerView, Exemptions},
     limiter::Builder,
-    settle::{Count, Reservation},
 };
 
 pub use algorithm::Algorithm;

@@ -20,7 +20,6 @@ mod blocked;
 mod breaker;
 mod builder;
 mod env;
-pub(crate) mod exempt;
 mod failure;
 mod lease;
 mod log_throttle;
@@ -83,7 +82,7 @@ pub struct Settings {
     pub shadow: bool,
     /// Exempt and denied callers of the HTTP integrations ([`Builder::exempt_networks`],
     /// [`Builder::exempt_when`], [`Builder::deny_networks`]).
-    pub exemptions: exempt::Exemptions,
+    pub exemptions: crate::exempt::Exemptions,
     /// How many processes share each limit's quota when [`FailurePolicy::Local`] answers
     /// ([`Builder::local_share`]; default 1): during an outage each process checks every
     /// limit scaled to its share ([`crate::Policy::share`]), so that the fleet stays near the
@@ -112,7 +111,7 @@ impl Default for Settings {
             blocked_cache: Self::DEFAULT_BLOCKED_CACHE,
             http: HttpSettings::default(),
             shadow: false,
-            exemptions: exempt::Exemptions::default(),
+            exemptions: crate::exempt::Exemptions::default(),
             local_share: NonZeroU32::MIN,
             replica_ack: false,
         }

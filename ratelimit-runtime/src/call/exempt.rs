@@ -2,9 +2,9 @@
 //! ([`crate::exempt::Exemptions`]), the same on every transport that has a caller.
 
 use crate::caller::{Caller, Transport, ip};
+use crate::exempt::CallerView;
 use crate::limit::Limit;
 use crate::limiter::Settings;
-use crate::limiter::exempt::CallerView;
 use crate::observe::{self, Outcome as Count};
 
 use super::Refused;

@@ -8,7 +8,7 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, Responder, web};
 
-use super::caller::{Framework, Head, HttpCaller, Limited, Outcome};
+use super::adapter::{Framework, Head, HttpCaller, Limited, Outcome};
 use crate::caller::UserId;
 use crate::caller::answer::{FieldSet, Fields, Refusal};
 use crate::limiter::RateLimiter;
@@ -178,7 +178,7 @@ where
     Fut::Output: Responder,
 {
     let CountingCaller { caller, request } = caller;
-    super::caller::check_counted(
+    super::adapter::check_counted(
         limits,
         dynamics,
         caller,

@@ -8,7 +8,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::caller::{Framework, Head, HttpCaller, Limited, Outcome};
+use super::adapter::{Framework, Head, HttpCaller, Limited, Outcome};
 use crate::caller::UserId;
 use crate::caller::answer::{FieldSet, Fields, Refusal};
 use crate::limiter::RateLimiter;
@@ -22,7 +22,7 @@ impl<S: Send + Sync, const H: bool> FromRequestParts<S> for HttpCaller<H> {
         let headers = if H {
             parts.headers.clone()
         } else {
-            super::caller::forwarding_only(&parts.headers, &mut limiter)
+            super::adapter::forwarding_only(&parts.headers, &mut limiter)
         };
         Ok(Self {
             peer: parts
@@ -136,7 +136,7 @@ where
     Fut: Future,
     Fut::Output: IntoResponse,
 {
-    super::caller::check_counted(
+    super::adapter::check_counted(
         limits,
         dynamics,
         caller,

@@ -69,7 +69,7 @@ pub use crate::caller::settings::{ForwardedHeader, HeaderStyle, HttpSettings, Ie
 
 // The handlers' plumbing (`HttpCaller`, `Limited`, `check_http…`): `__private` re-exports it.
 #[cfg(any(feature = "axum", feature = "actix"))]
-pub(crate) mod caller;
+pub(crate) mod adapter;
 
 #[cfg(feature = "actix")]
 pub(crate) mod actix;

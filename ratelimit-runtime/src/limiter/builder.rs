@@ -407,7 +407,7 @@ impl Builder {
     /// ```
     pub fn exempt_when(
         mut self,
-        predicate: impl Fn(&super::exempt::CallerView<'_>) -> bool + Send + Sync + 'static,
+        predicate: impl Fn(&crate::exempt::CallerView<'_>) -> bool + Send + Sync + 'static,
     ) -> Self {
         self.settings.exemptions.predicate = Some(Arc::new(predicate));
         self

@@ -30,8 +30,9 @@ const FLOORS: &[&[&str]] = &[
     ],
     // Where counts live.
     &["store"],
-    // What a request offers the limiter (peer, forwarding headers, path, user).
-    &["caller"],
+    // What a request offers the limiter (peer, forwarding headers, path, user), and the
+    // exemptions that read it.
+    &["caller", "exempt"],
     // The limiter: stores, failure policy, overrides, exemptions, shadow mode, admin calls.
     &["limiter"],
     // The one pipeline every transport calls, and today's copies of it.
