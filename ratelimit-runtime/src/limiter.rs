@@ -345,43 +345,9 @@ impl RateLimiter {
         };
         // A store that answers at once (the memory store) needs no timeout and no future, so
         // no call id of the limiter's own either (below).
-        let result = if let Some(answer) = inner.store.check_at_once(checks, call_id) {
-            answer
-        } else {
-            let timeout = inner.settings.timeout;
-            // A call the store does not answer in time is still queued there and runs when
-            // the store wakes. Under `allow` it was admitted, so the store counting it is
-            // right; under `deny` and `local` it was answered without the store, which must
-            // not count it. So under those policies every check is sent as a take (an
-            // admitted call leaves receipts), and one that timed out is refunded by receipt in
-            // the background. (A local store answers at once: it is never asked for receipts.)
-            let refunds_timeouts = policy != FailurePolicy::Allow && !inner.store.is_local();
-            let own_id = (call_id.is_none() && refunds_timeouts).then(crate::store::new_call_id);
-            let sent_id = call_id.or(own_id.as_deref());
-            let replica_ack = self.wants_replica_ack(checks);
-            let call = async {
-                let verdict = match sent_id {
-                    Some(id) => inner.store.take(checks, id).await,
-                    None => inner.store.check(checks).await,
-                }?;
-                // Admitted only once a replica has the count (when asked): the policy answers
-                // a write no replica acknowledged, as it answers a timeout.
-                if replica_ack && verdict.is_admitted() {
-                    self.acknowledged(checks).await?;
-                }
-                Ok(verdict)
-            };
-            let result = tokio::time::timeout(timeout, call)
-                .await
-                .unwrap_or(Err(StoreError::Timeout(timeout)));
-            // The policy answers in the store's place: what the store counted (or will, once
-            // it wakes) is given back, as the call was not admitted by it.
-            if let (Err(e), Some(id)) = (&result, sent_id.filter(|_| refunds_timeouts))
-                && (e.is_timeout() || e.is_unreplicated())
-            {
-                refund_when_answered(self, checks, id);
-            }
-            result
+        let result = match inner.store.check_at_once(checks, call_id) {
+            Some(answer) => answer,
+            None => self.ask_remote(checks, call_id, policy).await,
         };
         crate::observe::store_latency(inner.store.name(), sent_at);
         if let Err(error) = &result {
@@ -389,23 +355,8 @@ impl RateLimiter {
         }
         match result {
             Ok(verdict) => {
-                if inner.breaker.success() {
-                    let held_back = inner.warnings.reset();
-                    tracing::warn!(target: crate::observe::log::LIMITER,
-                        store = inner.store.name(),
-                        held_back,
-                        "rate-limit store answers again; checks use it again"
-                    );
-                }
+                self.store_answered(checks, &verdict, call_id, sent_at);
                 drop(probe);
-                if !verdict.is_admitted() {
-                    if let (Some(blocked), Some(sent_at)) = (&inner.blocked, sent_at)
-                        && call_id.is_none()
-                    {
-                        blocked.record(checks, &verdict, sent_at);
-                    }
-                    log_rejection(checks, &verdict, inner.store.name());
-                }
                 Asked::Store(verdict)
             }
             Err(error) if error.is_transport() => {
@@ -423,6 +374,80 @@ impl RateLimiter {
                 drop(probe);
                 Asked::Policy(self.on_failure(checks, policy, Some(error)).await)
             }
+        }
+    }
+
+    /// A store that answers over the network, within the limiter's timeout.
+    ///
+    /// A call the store does not answer in time is still queued there and runs when the
+    /// store wakes. Under `allow` it was admitted, so the store counting it is right; under
+    /// `deny` and `local` it was answered without the store, which must not count it. So
+    /// under those policies every check is sent as a take (an admitted call leaves
+    /// receipts), and one that timed out is refunded by receipt in the background. (A local
+    /// store answers at once: it is never asked for receipts.)
+    async fn ask_remote(
+        &self,
+        checks: &[Check<'_>],
+        call_id: Option<&str>,
+        policy: FailurePolicy,
+    ) -> Result<Verdict, StoreError> {
+        let inner = &*self.inner;
+        let timeout = inner.settings.timeout;
+        let refunds_timeouts = policy != FailurePolicy::Allow && !inner.store.is_local();
+        let own_id = (call_id.is_none() && refunds_timeouts).then(crate::store::new_call_id);
+        let sent_id = call_id.or(own_id.as_deref());
+        let replica_ack = self.wants_replica_ack(checks);
+        let call = async {
+            let verdict = match sent_id {
+                Some(id) => inner.store.take(checks, id).await,
+                None => inner.store.check(checks).await,
+            }?;
+            // Admitted only once a replica has the count (when asked): the policy answers a
+            // write no replica acknowledged, as it answers a timeout.
+            if replica_ack && verdict.is_admitted() {
+                self.acknowledged(checks).await?;
+            }
+            Ok(verdict)
+        };
+        let result = tokio::time::timeout(timeout, call)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(timeout)));
+        // The policy answers in the store's place: what the store counted (or will, once it
+        // wakes) is given back, as the call was not admitted by it.
+        if let (Err(e), Some(id)) = (&result, sent_id.filter(|_| refunds_timeouts))
+            && (e.is_timeout() || e.is_unreplicated())
+        {
+            refund_when_answered(self, checks, id);
+        }
+        result
+    }
+
+    /// The store answered: the breaker closes (saying so once), and a rejection is
+    /// remembered by the blocked-caller cache (for calls without receipts) and logged.
+    #[inline]
+    fn store_answered(
+        &self,
+        checks: &[Check<'_>],
+        verdict: &Verdict,
+        call_id: Option<&str>,
+        sent_at: Option<tokio::time::Instant>,
+    ) {
+        let inner = &*self.inner;
+        if inner.breaker.success() {
+            let held_back = inner.warnings.reset();
+            tracing::warn!(target: crate::observe::log::LIMITER,
+                store = inner.store.name(),
+                held_back,
+                "rate-limit store answers again; checks use it again"
+            );
+        }
+        if !verdict.is_admitted() {
+            if let (Some(blocked), Some(sent_at)) = (&inner.blocked, sent_at)
+                && call_id.is_none()
+            {
+                blocked.record(checks, verdict, sent_at);
+            }
+            log_rejection(checks, verdict, inner.store.name());
         }
     }
 

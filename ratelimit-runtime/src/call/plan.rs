@@ -190,90 +190,35 @@ pub(crate) fn plan<'c, E>(
     by_value: impl FnMut(By) -> Result<Option<Cow<'c, [u8]>>, E>,
     error: impl Fn(RateLimitError) -> E,
 ) -> Result<Plan, E> {
-    let mut effective: Vec<(Limit, Option<&str>, Dynamic, bool)> = Vec::with_capacity(limits.len());
+    let mut effective: Vec<Effective<'_>> = Vec::with_capacity(limits.len());
     for (i, limit) in limits.iter().enumerate() {
         let dynamic = dynamics.and_then(|d| d.get(i)).copied();
         let dynamic = dynamic.unwrap_or(Dynamic::STATIC);
         let input = inputs.get(i).copied().unwrap_or(Input::NONE);
-        let base = limit.policy;
-        let quota = match dynamic.quota {
-            QuotaFrom::Attribute => limiter.quota_override(limit.scope),
-            QuotaFrom::Request => {
-                Some(request_quota.ok_or_else(|| error(RateLimitError::MissingQuota))?)
-            }
-            QuotaFrom::Argument => Some(
-                input
-                    .quota
-                    .ok_or_else(|| error(RateLimitError::MissingQuota))?,
-            ),
-        };
-        let cost = match input.cost.map(Units::to_cost) {
-            None => base.cost(),
-            Some(Ok(cost)) => cost,
-            Some(Err(cost)) => return Err(error(RateLimitError::NegativeCost { cost })),
-        };
-        let policy = match quota {
-            Some(q) => match q.apply(base.algorithm(), 1) {
-                Ok(Some(p)) => p,
-                Ok(None) => continue,
-                Err(e) => return Err(error(RateLimitError::InvalidQuota(e))),
-            },
-            None => base,
-        };
-        let policy = with_cost(policy, cost).map_err(&error)?;
         let template = templates.get(i).copied().flatten();
-        let chosen_at_run_time = quota.is_some();
-        // A concurrency limit is released whatever the outcome: never outcome-filtered.
-        let count = if limit.holds_slot() {
-            Count::All
-        } else {
-            dynamic.count
-        };
-        effective.push((
-            Limit { policy, ..*limit },
-            template,
-            Dynamic { count, ..dynamic },
-            chosen_at_run_time,
-        ));
+        let quota =
+            quota_of_limit(limiter, limit, dynamic, input, request_quota).map_err(&error)?;
+        if let Some(e) = effective_limit(limit, dynamic, input, quota, template).map_err(&error)? {
+            effective.push(e);
+        }
     }
     let (limits, templates): (Vec<Limit>, Vec<Option<&str>>) =
-        effective.iter().map(|(l, t, _, _)| (*l, *t)).unzip();
+        effective.iter().map(|e| (e.limit, e.template)).unzip();
     let keys = keys_for(&limiter.settings().prefix, &limits, &templates, by_value)?;
-    // Each merged limit with the largest cost among its parts that do not settle (what a
-    // settle of the merged limit never goes below).
-    let mut merged: Vec<(Limit, String, Dynamic, bool, u64)> = Vec::with_capacity(keys.len());
-    for ((limit, _, dynamic, run_time), key) in effective.into_iter().zip(keys) {
-        // Two limits that a run-time quota made one bucket (an override or a caller's quota
-        // equal to a stacked limit) are one limit: counted once, never twice per call. The
-        // stricter parts win: the larger cost, enforced over shadow, every outcome counted
-        // over some; it settles if a part settles, never below a fixed part's cost.
-        let floor = if dynamic.settle {
-            0
-        } else {
-            limit.policy.cost()
-        };
-        if let Some(m) = merged.iter_mut().find(|m| m.1 == key && (m.3 || run_time)) {
-            if limit.policy.cost() > m.0.policy.cost() {
-                m.0.policy = limit.policy;
-            }
-            m.2.settle |= dynamic.settle;
-            m.4 = m.4.max(floor);
-            m.0.shadow &= limit.shadow;
-            if dynamic.count == Count::All {
-                m.2.count = Count::All;
-            }
-            m.3 = true;
-            continue;
-        }
-        merged.push((limit, key, dynamic, run_time, floor));
-    }
+    let mut merged = merge(effective, keys);
     // Filtered limits first: a refund gives back a prefix of the take (the receipts are
     // numbered by position).
-    merged.sort_by_key(|(_, _, dynamic, _, _)| dynamic.count == Count::All);
-    let filtered = merged.iter().filter(|m| m.2.count != Count::All).count();
-    let count = merged.first().map_or(Count::All, |m| m.2.count);
-    let settled = merged.iter().map(|m| m.2.settle.then_some(m.4)).collect();
-    let (limits, keys) = merged.into_iter().map(|(l, k, _, _, _)| (l, k)).unzip();
+    merged.sort_by_key(|m| m.dynamic.count == Count::All);
+    let filtered = merged
+        .iter()
+        .filter(|m| m.dynamic.count != Count::All)
+        .count();
+    let count = merged.first().map_or(Count::All, |m| m.dynamic.count);
+    let settled = merged
+        .iter()
+        .map(|m| m.dynamic.settle.then_some(m.floor))
+        .collect();
+    let (limits, keys) = merged.into_iter().map(|m| (m.limit, m.key)).unzip();
     Ok(Plan {
         limits,
         keys,
@@ -281,6 +226,118 @@ pub(crate) fn plan<'c, E>(
         count,
         settled,
     })
+}
+
+/// One limit as it applies to this call, before its key.
+struct Effective<'t> {
+    limit: Limit,
+    template: Option<&'t str>,
+    dynamic: Dynamic,
+    /// Whether a run-time quota chose its policy.
+    chosen_at_run_time: bool,
+}
+
+/// One limit of the plan, with its key and the least a settle leaves of its cost.
+struct Merged {
+    limit: Limit,
+    key: String,
+    dynamic: Dynamic,
+    chosen_at_run_time: bool,
+    floor: u64,
+}
+
+/// The run-time quota of `limit` for this call: the scope's override, the request's or the
+/// argument's; `None` for the attribute's own numbers.
+fn quota_of_limit(
+    limiter: &RateLimiter,
+    limit: &Limit,
+    dynamic: Dynamic,
+    input: Input,
+    request_quota: Option<Quota>,
+) -> Result<Option<Quota>, RateLimitError> {
+    Ok(match dynamic.quota {
+        QuotaFrom::Attribute => limiter.quota_override(limit.scope),
+        QuotaFrom::Request => Some(request_quota.ok_or(RateLimitError::MissingQuota)?),
+        QuotaFrom::Argument => Some(input.quota.ok_or(RateLimitError::MissingQuota)?),
+    })
+}
+
+/// `limit` with its policy worked out from `quota` and the call's cost; `None` when the
+/// quota is unlimited (the limit is dropped: no store call).
+fn effective_limit<'t>(
+    limit: &Limit,
+    dynamic: Dynamic,
+    input: Input,
+    quota: Option<Quota>,
+    template: Option<&'t str>,
+) -> Result<Option<Effective<'t>>, RateLimitError> {
+    let base = limit.policy;
+    let cost = match input.cost.map(Units::to_cost) {
+        None => base.cost(),
+        Some(Ok(cost)) => cost,
+        Some(Err(cost)) => return Err(RateLimitError::NegativeCost { cost }),
+    };
+    let policy = match quota {
+        Some(q) => match q.apply(base.algorithm(), 1) {
+            Ok(Some(p)) => p,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(RateLimitError::InvalidQuota(e)),
+        },
+        None => base,
+    };
+    let policy = with_cost(policy, cost)?;
+    // A concurrency limit is released whatever the outcome: never outcome-filtered.
+    let count = if limit.holds_slot() {
+        Count::All
+    } else {
+        dynamic.count
+    };
+    Ok(Some(Effective {
+        limit: Limit { policy, ..*limit },
+        template,
+        dynamic: Dynamic { count, ..dynamic },
+        chosen_at_run_time: quota.is_some(),
+    }))
+}
+
+/// The limits with their keys, two that a run-time quota made one bucket (an override or a
+/// caller's quota equal to a stacked limit) merged into one: counted once, never twice per
+/// call. The stricter parts win: the larger cost, enforced over shadow, every outcome
+/// counted over some; it settles if a part settles, never below a fixed part's cost.
+fn merge(effective: Vec<Effective<'_>>, keys: Vec<String>) -> Vec<Merged> {
+    let mut merged: Vec<Merged> = Vec::with_capacity(keys.len());
+    for (e, key) in effective.into_iter().zip(keys) {
+        let floor = if e.dynamic.settle {
+            0
+        } else {
+            e.limit.policy.cost()
+        };
+        let run_time = e.chosen_at_run_time;
+        if let Some(m) = merged
+            .iter_mut()
+            .find(|m| m.key == key && (m.chosen_at_run_time || run_time))
+        {
+            if e.limit.policy.cost() > m.limit.policy.cost() {
+                m.limit.policy = e.limit.policy;
+            }
+            m.dynamic.settle |= e.dynamic.settle;
+            m.floor = m.floor.max(floor);
+            m.limit.shadow &= e.limit.shadow;
+            if e.dynamic.count == Count::All {
+                m.dynamic.count = Count::All;
+            }
+            m.chosen_at_run_time = true;
+            continue;
+        }
+        merged.push(Merged {
+            limit: e.limit,
+            key,
+            dynamic: e.dynamic,
+            chosen_at_run_time: run_time,
+            floor,
+        });
+    }
+    merged
 }
 
 /// `policy` with `cost`, or the typed error of a cost that never fits.

@@ -420,17 +420,7 @@ impl RateLimitLayerBuilder {
                 }
                 scope = intern(s);
             }
-            // A quota from the request gives num, period and burst per request; the policy
-            // here is a placeholder (as the attribute's), its cost given per request.
-            let policy = if draft.quota_from_request {
-                Policy::from_parts(draft.algorithm, 1, 1000, 1, 1)
-                    .map_err(|error| LayerError::Policy { limit: i, error })?
-            } else {
-                draft.policy(i)?
-            };
-            let by = parse_by(&draft.by).ok_or_else(|| LayerError::InvalidBy {
-                by: draft.by.clone().into_owned(),
-            })?;
+            let limit = draft.limit(i, scope)?;
             if draft.count != Count::All {
                 if filter.is_some_and(|f| f != draft.count) {
                     return Err(LayerError::MixedCounts { limit: i });
@@ -441,64 +431,106 @@ impl RateLimitLayerBuilder {
                 if drafts.len() > 1 || draft.count != Count::All {
                     return Err(LayerError::LeaseAlone { limit: i });
                 }
-                crate::lease::check(&policy, lease)
+                crate::lease::check(&limit.policy, lease)
                     .map_err(|error| LayerError::Policy { limit: i, error })?;
             }
-            limits.push(Limit {
-                policy,
-                scope,
-                by,
-                shadow: false,
-                failure_policy: draft.failure_policy,
-                lease: draft.lease,
-                replica_ack: false,
-            });
-            rules.push(Rule {
-                route: draft.route(i)?,
-                dynamic: Dynamic {
-                    quota: if draft.quota_from_request {
-                        QuotaFrom::Request
-                    } else {
-                        QuotaFrom::Attribute
-                    },
-                    count: draft.count,
-                    settle: false,
-                },
-                cost: draft.cost_fn.clone(),
-                fixed_cost: (draft.quota_from_request && draft.cost != 1).then_some(draft.cost),
-            });
+            limits.push(limit);
+            rules.push(draft.rule(i)?);
         }
-        let needs_peer = limits.iter().any(|l| l.by == By::Ip);
         if let Some(limit) = limits.iter().position(|l| l.by == By::Ip) {
             peer_source(limit, self.peer_addr.is_some(), PEER_FROM_SERVER)?;
         }
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared::new(
+                limits,
+                rules,
+                filter.is_some(),
+                self.limiter,
+                self.peer_addr,
+            )),
+        })
+    }
+}
+
+impl Draft {
+    /// The limit this draft describes, in `scope`, or what is wrong with it (limit `i`).
+    fn limit(&self, i: usize, scope: &'static str) -> Result<Limit, LayerError> {
+        // A quota from the request gives num, period and burst per request; the policy here
+        // is a placeholder (as the attribute's), its cost given per request.
+        let policy = if self.quota_from_request {
+            Policy::from_parts(self.algorithm, 1, 1000, 1, 1)
+                .map_err(|error| LayerError::Policy { limit: i, error })?
+        } else {
+            self.policy(i)?
+        };
+        let by = parse_by(&self.by).ok_or_else(|| LayerError::InvalidBy {
+            by: self.by.clone().into_owned(),
+        })?;
+        Ok(Limit {
+            policy,
+            scope,
+            by,
+            shadow: false,
+            failure_policy: self.failure_policy,
+            lease: self.lease,
+            replica_ack: false,
+        })
+    }
+
+    /// Which requests the draft's limit applies to and what it reads of each (limit `i`).
+    fn rule(&self, i: usize) -> Result<Rule, LayerError> {
+        Ok(Rule {
+            route: self.route(i)?,
+            dynamic: Dynamic {
+                quota: if self.quota_from_request {
+                    QuotaFrom::Request
+                } else {
+                    QuotaFrom::Attribute
+                },
+                count: self.count,
+                settle: false,
+            },
+            cost: self.cost_fn.clone(),
+            fixed_cost: (self.quota_from_request && self.cost != 1).then_some(self.cost),
+        })
+    }
+}
+
+impl Shared {
+    /// What the layer's services share: the limits and rules, and what they make the service
+    /// read of each request (the path or the method, the costs, the outcome).
+    fn new(
+        limits: Vec<Limit>,
+        rules: Vec<Rule>,
+        counts: bool,
+        limiter: Option<RateLimiter>,
+        peer_addr: Option<PeerAddrFn>,
+    ) -> Self {
         let dynamic = rules.iter().any(|r| {
             r.dynamic.quota != QuotaFrom::Attribute
                 || r.dynamic.count != Count::All
                 || r.cost.is_some()
                 || r.fixed_cost.is_some()
         });
-        Ok(RateLimitLayer {
-            shared: Arc::new(Shared {
-                routing: if rules.iter().any(|r| r.route.reads_path()) {
-                    Routing::Paths
-                } else if rules.iter().any(|r| !r.route.is_any()) {
-                    Routing::Methods
-                } else {
-                    Routing::All
-                },
-                dynamics: dynamic.then(|| rules.iter().map(|r| r.dynamic).collect()),
-                inputs: rules
-                    .iter()
-                    .any(|r| r.cost.is_some() || r.fixed_cost.is_some()),
-                counts: filter.is_some(),
-                limits: limits.into_boxed_slice(),
-                rules: rules.into_boxed_slice(),
-                limiter: self.limiter,
-                peer_addr: self.peer_addr,
-                needs_peer,
-            }),
-        })
+        Self {
+            routing: if rules.iter().any(|r| r.route.reads_path()) {
+                Routing::Paths
+            } else if rules.iter().any(|r| !r.route.is_any()) {
+                Routing::Methods
+            } else {
+                Routing::All
+            },
+            dynamics: dynamic.then(|| rules.iter().map(|r| r.dynamic).collect()),
+            inputs: rules
+                .iter()
+                .any(|r| r.cost.is_some() || r.fixed_cost.is_some()),
+            counts,
+            needs_peer: limits.iter().any(|l| l.by == By::Ip),
+            limits: limits.into_boxed_slice(),
+            rules: rules.into_boxed_slice(),
+            limiter,
+            peer_addr,
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::call::plan::{Dynamic, Input, Outcome, cost_of};
-use crate::call::{self, Call};
+use crate::call::{self, Admitted, Call};
 use crate::caller::path::RouteForms;
 use crate::caller::{Caller, Transport, UserId};
 use crate::limit::Limit;
@@ -195,19 +195,7 @@ impl Shared {
         // What each limit's cost is for this request (read before the body is handed on).
         let (request, inputs) = if self.inputs {
             let (parts, body) = request.into_parts();
-            let inputs: Vec<Input> = indices
-                .map(|i| {
-                    let rule = &self.rules[i];
-                    let cost = match &rule.cost {
-                        Some(cost) => Some((cost.0)(&parts)),
-                        None => rule.fixed_cost,
-                    };
-                    Input {
-                        quota: None,
-                        cost: cost.map(cost_of),
-                    }
-                })
-                .collect();
+            let inputs = self.inputs_of(&parts, indices);
             (Request::from_parts(parts, body), inputs)
         } else {
             (request, Vec::new())
@@ -217,13 +205,7 @@ impl Shared {
         let grpc = grpc::is_grpc(request.method(), request.headers())
             .then(|| request.headers().get(CONTENT_TYPE).cloned())
             .flatten();
-        let limiter = match &self.limiter {
-            Some(l) => l.clone(),
-            None => match request.extensions().get::<RateLimiter>() {
-                Some(l) => l.clone(),
-                None => RateLimiter::current(),
-            },
-        };
+        let limiter = self.limiter_for(&request);
         let settings = limiter.settings();
         // Steps 1–3 of the pipeline read the request; its borrow ends with them.
         let call = Call {
@@ -250,25 +232,71 @@ impl Shared {
                 if !fields.is_empty() {
                     add_admitted_fields(response.headers_mut(), fields, admitted.limits());
                 }
-                if !self.counts {
-                    return Ok(response.map(LayerBody::new));
-                }
-                // A count filter: the outcome gives back what an uncounted request took.
-                let outcome = match &grpc {
-                    None => Some(Outcome::Status(response.status().as_u16())),
-                    // A trailers-only gRPC answer has its status in the headers; else it comes
-                    // in the trailers, after the body.
-                    Some(_) => response.headers().get(grpc::STATUS).map(grpc::outcome),
-                };
-                if let Some(outcome) = outcome {
-                    admitted.settle(outcome).await;
-                    return Ok(response.map(LayerBody::new));
-                }
-                let admitted = admitted.detach();
-                Ok(response.map(|body| LayerBody::settling(body, admitted)))
+                Ok(self.counted(admitted, response, grpc.is_some()).await)
             }
             Err(refused) => Ok(answer(refused.refusal(&settings.http), grpc.as_ref())),
         }
+    }
+
+    /// What each chosen limit's cost is for this request (read before the body is handed
+    /// on).
+    fn inputs_of(
+        &self,
+        parts: &http::request::Parts,
+        indices: impl Iterator<Item = usize>,
+    ) -> Vec<Input> {
+        indices
+            .map(|i| {
+                let rule = &self.rules[i];
+                let cost = match &rule.cost {
+                    Some(cost) => Some((cost.0)(parts)),
+                    None => rule.fixed_cost,
+                };
+                Input {
+                    quota: None,
+                    cost: cost.map(cost_of),
+                }
+            })
+            .collect()
+    }
+
+    /// The limiter of this request: the layer's own, else one the request carries in its
+    /// extensions, else the current one.
+    fn limiter_for<B>(&self, request: &Request<B>) -> RateLimiter {
+        match &self.limiter {
+            Some(l) => l.clone(),
+            None => match request.extensions().get::<RateLimiter>() {
+                Some(l) => l.clone(),
+                None => RateLimiter::current(),
+            },
+        }
+    }
+
+    /// The response of an admitted request under a count filter: its outcome gives back
+    /// what an uncounted request took, now (a status, a trailers-only gRPC answer) or when
+    /// its body ends (gRPC's trailers).
+    async fn counted<ResB>(
+        &self,
+        admitted: Admitted<'_>,
+        response: Response<ResB>,
+        grpc: bool,
+    ) -> Response<LayerBody<ResB>> {
+        if !self.counts {
+            return response.map(LayerBody::new);
+        }
+        let outcome = if grpc {
+            // A trailers-only gRPC answer has its status in the headers; else it comes in
+            // the trailers, after the body.
+            response.headers().get(grpc::STATUS).map(grpc::outcome)
+        } else {
+            Some(Outcome::Status(response.status().as_u16()))
+        };
+        if let Some(outcome) = outcome {
+            admitted.settle(outcome).await;
+            return response.map(LayerBody::new);
+        }
+        let admitted = admitted.detach();
+        response.map(|body| LayerBody::settling(body, admitted))
     }
 
     /// What `request` offers the limiter (`grpc`: it is a gRPC call). The peer address is

@@ -25,109 +25,137 @@ impl RateLimiter {
         policy: FailurePolicy,
         error: Option<StoreError>,
     ) -> Result<Verdict, StoreError> {
-        let inner = &*self.inner;
-        // A store that answered but cannot record the call is refused whatever the policy
-        // (see below): counted as the refusal it is.
-        let refused = error.as_ref().is_some_and(StoreError::cannot_record);
-        crate::observe::count_all(
-            checks.iter().map(|c| (c.scope, c.policy.algorithm())),
-            match policy {
-                _ if refused => crate::observe::Outcome::FailureDeny,
-                FailurePolicy::Allow => crate::observe::Outcome::FailureAllow,
-                FailurePolicy::Deny => crate::observe::Outcome::FailureDeny,
-                FailurePolicy::Local => crate::observe::Outcome::FailureLocal,
-            },
-        );
-        if let Some(held_back) = inner.warnings.permit() {
-            let store = inner.store.name();
-            let scope = checks.first().map_or("", |c| c.scope);
-            let policy_name = policy.as_str();
-            let action = match policy {
-                // Limits may name their own policy: the warning says which one answered.
-                FailurePolicy::Allow => "calls under `allow` are admitted",
-                FailurePolicy::Deny => "calls under `deny` are rejected",
-                FailurePolicy::Local => "calls under `local` are checked in this process's memory",
-            };
-            match &error {
-                Some(error) if !error.is_transport() => {
-                    tracing::warn!(target: crate::observe::log::LIMITER,
-                        store,
-                        scope,
-                        policy = policy_name,
-                        %error,
-                        held_back,
-                        "rate-limit store could not decide this call; the failure policy answers it, other calls are unaffected"
-                    );
-                }
-                _ => {
-                    let (error, what) = match &error {
-                        Some(error) => (error.clone(), "failed"),
-                        None => (inner.breaker.last_error(), "still failing"),
-                    };
-                    tracing::warn!(target: crate::observe::log::LIMITER,
-                        store,
-                        scope,
-                        policy = policy_name,
-                        %error,
-                        held_back,
-                        "rate-limit store {what}; {action} until it answers again"
-                    );
-                }
-            }
-        }
         // A store that answered but cannot record the call (a memory store full of live
         // callers, a Redis at its maxmemory) is a flood of minted keys, not an outage:
         // admitting what it cannot count, or counting it only in this process, would let the
         // flood switch every caller's limit off. Such a call is refused, whatever the policy.
-        if let Some(error) = error.as_ref().filter(|e| e.cannot_record()) {
-            return Err(error.clone());
+        let refused = error.as_ref().is_some_and(StoreError::cannot_record);
+        count_failure(checks, policy, refused);
+        self.warn_failure(checks, policy, error.as_ref());
+        if refused {
+            return Err(error.unwrap_or_else(|| self.inner.breaker.last_error()));
         }
+        let last_error = || self.inner.breaker.last_error();
         match policy {
-            FailurePolicy::Allow => Ok(Verdict::new(
-                checks
-                    .iter()
-                    .map(|c| {
-                        let capacity = c.policy.capacity();
-                        Decision::new(true, capacity, capacity, Duration::ZERO, Duration::ZERO)
-                    })
-                    .collect(),
-            )),
-            FailurePolicy::Deny => Err(error.unwrap_or_else(|| inner.breaker.last_error())),
-            FailurePolicy::Local => {
-                // Each limit scaled to this process's share of the fleet (the keys stay as
-                // they are): a call costing more than its share is refused as under `deny`.
-                let share = inner.settings.local_share;
-                let (policies, shared);
-                let checks = if share.get() == 1 {
-                    checks
-                } else {
-                    let Ok(scaled) = checks
-                        .iter()
-                        .map(|c| c.policy.share(share))
-                        .collect::<Result<Vec<_>, _>>()
-                    else {
-                        return Err(error.unwrap_or_else(|| inner.breaker.last_error()));
-                    };
-                    policies = scaled;
-                    shared = checks
-                        .iter()
-                        .zip(&policies)
-                        .map(|(c, policy)| Check { policy, ..*c })
-                        .collect::<Vec<_>>();
-                    &shared[..]
+            FailurePolicy::Allow => Ok(admit_all(checks)),
+            FailurePolicy::Deny => Err(error.unwrap_or_else(last_error)),
+            FailurePolicy::Local => match self.check_locally(checks).await {
+                Some(answer) => answer,
+                None => Err(error.unwrap_or_else(last_error)),
+            },
+        }
+    }
+
+    /// The warning of a failed check, at most one per interval (the others counted as held
+    /// back): what failed, and what the failure policy does meanwhile.
+    fn warn_failure(
+        &self,
+        checks: &[Check<'_>],
+        policy: FailurePolicy,
+        error: Option<&StoreError>,
+    ) {
+        let inner = &*self.inner;
+        let Some(held_back) = inner.warnings.permit() else {
+            return;
+        };
+        let store = inner.store.name();
+        let scope = checks.first().map_or("", |c| c.scope);
+        let policy_name = policy.as_str();
+        let action = match policy {
+            // Limits may name their own policy: the warning says which one answered.
+            FailurePolicy::Allow => "calls under `allow` are admitted",
+            FailurePolicy::Deny => "calls under `deny` are rejected",
+            FailurePolicy::Local => "calls under `local` are checked in this process's memory",
+        };
+        match error {
+            Some(error) if !error.is_transport() => {
+                tracing::warn!(target: crate::observe::log::LIMITER,
+                    store,
+                    scope,
+                    policy = policy_name,
+                    %error,
+                    held_back,
+                    "rate-limit store could not decide this call; the failure policy answers it, other calls are unaffected"
+                );
+            }
+            _ => {
+                let (error, what) = match error {
+                    Some(error) => (error.clone(), "failed"),
+                    None => (inner.breaker.last_error(), "still failing"),
                 };
-                let verdict = inner
-                    .local
-                    .get_or_init(MemoryStore::new)
-                    .check(checks)
-                    .await?;
-                if !verdict.is_admitted() {
-                    log_rejection(checks, &verdict, "local");
-                }
-                Ok(verdict)
+                tracing::warn!(target: crate::observe::log::LIMITER,
+                    store,
+                    scope,
+                    policy = policy_name,
+                    %error,
+                    held_back,
+                    "rate-limit store {what}; {action} until it answers again"
+                );
             }
         }
     }
+
+    /// `local`: the call checked in this process's memory, each limit scaled to this
+    /// process's share of the fleet (the keys stay as they are); `None` when a call costs
+    /// more than its share (refused as under `deny`).
+    async fn check_locally(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, StoreError>> {
+        let inner = &*self.inner;
+        let share = inner.settings.local_share;
+        let (policies, shared);
+        let checks = if share.get() == 1 {
+            checks
+        } else {
+            policies = checks
+                .iter()
+                .map(|c| c.policy.share(share))
+                .collect::<Result<Vec<_>, _>>()
+                .ok()?;
+            shared = checks
+                .iter()
+                .zip(&policies)
+                .map(|(c, policy)| Check { policy, ..*c })
+                .collect::<Vec<_>>();
+            &shared[..]
+        };
+        let verdict = inner
+            .local
+            .get_or_init(MemoryStore::new)
+            .check(checks)
+            .await;
+        if let Ok(verdict) = &verdict
+            && !verdict.is_admitted()
+        {
+            log_rejection(checks, verdict, "local");
+        }
+        Some(verdict)
+    }
+}
+
+/// Counts a failed check's calls by what answers them (a call the store cannot record is a
+/// refusal whatever the policy).
+fn count_failure(checks: &[Check<'_>], policy: FailurePolicy, refused: bool) {
+    crate::observe::count_all(
+        checks.iter().map(|c| (c.scope, c.policy.algorithm())),
+        match policy {
+            _ if refused => crate::observe::Outcome::FailureDeny,
+            FailurePolicy::Allow => crate::observe::Outcome::FailureAllow,
+            FailurePolicy::Deny => crate::observe::Outcome::FailureDeny,
+            FailurePolicy::Local => crate::observe::Outcome::FailureLocal,
+        },
+    );
+}
+
+/// `allow`: every limit admits, reporting its full capacity.
+fn admit_all(checks: &[Check<'_>]) -> Verdict {
+    Verdict::new(
+        checks
+            .iter()
+            .map(|c| {
+                let capacity = c.policy.capacity();
+                Decision::new(true, capacity, capacity, Duration::ZERO, Duration::ZERO)
+            })
+            .collect(),
+    )
 }
 
 /// How long the background refund of a timed-out take may wait for the store: a receipt lives

@@ -110,6 +110,20 @@ impl RateLimiter {
         if verdict.is_admitted() {
             return Ok(verdict);
         }
+        self.shadowed(limits, checks, &verdict).await
+    }
+
+    /// A verdict that rejects, seen through shadow mode: each shadow limit's would-be
+    /// rejection logged; the call refused when an enforced limit rejects (the shadow limits
+    /// shown as admitting); otherwise admitted, its enforced limits checked again on their
+    /// own so that the call counts against them (the first check took nothing: it rejected).
+    async fn shadowed(
+        &self,
+        limits: &[Limit],
+        checks: &[Check<'_>],
+        verdict: &Verdict,
+    ) -> Result<Verdict, StoreError> {
+        let shadow = |i: usize| limits.get(i).is_some_and(|l| self.is_shadow(l));
         let rejecting = || {
             verdict
                 .decisions()
@@ -121,18 +135,8 @@ impl RateLimiter {
         // One event per would-be rejection, as the counter counts them: also for the shadow
         // limits of a call that an enforced limit rejects.
         for i in rejecting().filter(|&i| shadow(i)) {
-            let d = verdict.decisions()[i];
-            let retry_after_ms = d.retry_after.unwrap_or_default().as_millis();
-            tracing::info!(target: crate::observe::log::LIMITER,
-                scope = limits[i].scope,
-                algorithm = limits[i].policy.algorithm().as_str(),
-                limit = d.limit,
-                retry_after_ms,
-                "rate limit would reject (shadow mode)"
-            );
+            log_shadow_rejection(&limits[i], &verdict.decisions()[i]);
         }
-        let as_admitted =
-            |d: &Decision| Decision::new(true, d.limit, d.remaining, d.reset_after, Duration::ZERO);
         if !rejecting().all(shadow) {
             // An enforced limit rejects: the call is refused, with the enforced limits' wait
             // (a shadow limit's longer one would give it away and mislead).
@@ -145,10 +149,9 @@ impl RateLimiter {
             return Ok(Verdict::new(decisions));
         }
         let enforced: Vec<usize> = (0..limits.len()).filter(|&i| !shadow(i)).collect();
+        let mut decisions: Vec<Decision> = verdict.decisions().iter().map(as_admitted).collect();
         if enforced.is_empty() {
-            return Ok(Verdict::new(
-                verdict.decisions().iter().map(as_admitted).collect(),
-            ));
+            return Ok(Verdict::new(decisions));
         }
         let sub: Vec<Check<'_>> = enforced.iter().map(|&i| checks[i]).collect();
         let again = self.check(&sub).await?;
@@ -159,10 +162,26 @@ impl RateLimiter {
             &again,
             |_| false,
         );
-        let mut decisions: Vec<Decision> = verdict.decisions().iter().map(as_admitted).collect();
         for (&i, d) in enforced.iter().zip(again.decisions()) {
             decisions[i] = *d;
         }
         Ok(Verdict::new(decisions))
     }
+}
+
+/// A decision as an admitting one: its numbers kept, no wait.
+fn as_admitted(d: &Decision) -> Decision {
+    Decision::new(true, d.limit, d.remaining, d.reset_after, Duration::ZERO)
+}
+
+/// The event of a shadow limit that would have rejected a call.
+fn log_shadow_rejection(limit: &Limit, d: &Decision) {
+    let retry_after_ms = d.retry_after.unwrap_or_default().as_millis();
+    tracing::info!(target: crate::observe::log::LIMITER,
+        scope = limit.scope,
+        algorithm = limit.policy.algorithm().as_str(),
+        limit = d.limit,
+        retry_after_ms,
+        "rate limit would reject (shadow mode)"
+    );
 }
