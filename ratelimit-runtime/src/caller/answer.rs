@@ -613,8 +613,8 @@ mod tests {
         );
     }
 
-    /// Issue 28, bug 3: a fresh fixed window of 60 s answered `t=61` (the stores end a window
-    /// up to 1 ms after its period); it reads `t=60`, as `w`. `Retry-After` stays rounded up.
+    /// A fresh fixed window of 60 s reads `t=60`, as `w`, not `t=61` (the stores end a window
+    /// up to 1 ms after its period). `Retry-After` stays rounded up.
     #[test]
     fn a_fresh_window_reads_t_equal_to_w() {
         let store = crate::store::MemoryStore::new();

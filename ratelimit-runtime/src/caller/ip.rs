@@ -698,9 +698,9 @@ mod tests {
         assert_eq!(who("10.0.0.1", spoof, &s), known("10.0.0.1"));
     }
 
-    /// Issue 21, point 3: behind an RFC 7239 proxy, a client's `Forwarded: for="x` made one
-    /// unreadable element of the whole line, the proxy's appended `for=` included, and the
-    /// client became the proxy (a deny-listed address got 200; with the proxies exempt, no
+    /// Behind an RFC 7239 proxy, a client's `Forwarded: for="x` must not make one unreadable
+    /// element of the whole line, the proxy's appended `for=` included, so that the client
+    /// becomes the proxy (a deny-listed address let through; with the proxies exempt, no
     /// limit at all). Parsed from the right, the quote spoils only the client's element.
     #[test]
     fn an_unterminated_quote_spoils_only_the_client_s_own_elements() {

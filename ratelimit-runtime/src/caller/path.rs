@@ -242,8 +242,8 @@ mod tests {
         assert_eq!(&*normalized_path(b"/%zz%4"), b"/%25zz%254");
     }
 
-    /// Issue 21, point 5: reserved characters reach the handler decoded, so their escapes are
-    /// one key with them (before, `@`, `!` and `+` each doubled the buckets of a path).
+    /// Reserved characters reach the handler decoded, so their escapes are one key with them
+    /// (`@`, `!` and `+` escaped or not never double the buckets of a path).
     #[test]
     fn reserved_characters_are_one_key_with_their_escapes() {
         for (plain, spellings) in [

@@ -646,7 +646,7 @@ mod tests {
         assert_eq!(headers["x-ratelimit-limit"], "3");
     }
 
-    /// Issue 28, point 15: a layer over a route with its own `#[rate_limit]` answers one
+    /// A layer over a route with its own `#[rate_limit]` answers one
     /// `RateLimit-Policy` and one `RateLimit` field, named by the rule stacked attributes
     /// follow: a name an earlier member has gets the member's position in the field.
     #[test]

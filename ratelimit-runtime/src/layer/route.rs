@@ -252,7 +252,7 @@ mod tests {
     }
 
     proptest! {
-        /// Issue 22: with `.path(p)` on one limit and `.except_path(p)` on the catch-all, any
+        /// With `.path(p)` on one limit and `.except_path(p)` on the catch-all, any
         /// request path (any bytes a URI path may hold, escapes, dots, slashes, case) is
         /// limited by at least one of the two: never by neither.
         #[test]

@@ -378,7 +378,7 @@ pub(super) fn install(
 mod tests {
     use super::*;
 
-    /// Issue 28, point 6: an override on a limiter nobody installs is reported (the scopes
+    /// An override on a limiter nobody installs is reported (the scopes
     /// named), one used through `scope` or dropped is not.
     #[tokio::test]
     async fn overrides_on_a_limiter_nobody_uses_are_reported() {

@@ -201,6 +201,114 @@ fn h() { let _ = crate::G; }
     assert_eq!(names, ["B", "F", "d"]);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Short functions, and no history in the code.
+
+/// The longest a function of the runtime or the macro crate may run, `fn` line to closing
+/// brace.
+const MAX_FUNCTION_LINES: usize = 80;
+
+/// The sources of both crates, each with its path as a reader finds it.
+fn both_crates_sources() -> Vec<(String, String)> {
+    sources_in(&["src", "../ratelimit-macros/src"])
+}
+
+/// The Rust sources under `dirs` (relative to this crate), each with its path as a reader
+/// finds it.
+fn sources_in(dirs: &[&str]) -> Vec<(String, String)> {
+    let root = manifest_dir();
+    let mut files = Vec::new();
+    for dir in dirs {
+        rust_files(&root.join(dir), &mut files);
+    }
+    files
+        .into_iter()
+        .map(|path| {
+            let shown = path
+                .strip_prefix(&root)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            (shown, read(&path))
+        })
+        .collect()
+}
+
+/// No function of either crate runs past [`MAX_FUNCTION_LINES`]: each one found is named
+/// with its file, line and length.
+#[test]
+fn structure_no_function_runs_past_eighty_lines() {
+    let mut long = Vec::new();
+    for (file, src) in both_crates_sources() {
+        for (name, line, lines) in function_lengths(&code_only(&src)) {
+            if lines > MAX_FUNCTION_LINES {
+                long.push(format!("{file}:{line} fn {name}: {lines} lines"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions past {MAX_FUNCTION_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
+
+/// No comment or string of the workspace's sources (both crates, the tests, the examples,
+/// the benchmarks) names an issue by its number: history lives in git.
+#[test]
+fn structure_no_source_names_an_issue_by_number() {
+    let dirs = [
+        "src",
+        "../ratelimit-macros/src",
+        "../tests/src",
+        "../tests/tests",
+        "../tests/bench/src",
+        "../examples/src",
+    ];
+    let found: Vec<String> = sources_in(&dirs)
+        .into_iter()
+        .flat_map(|(file, src)| {
+            issue_references(&src)
+                .into_iter()
+                .map(move |line| format!("{file}:{line}"))
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "issue numbers in the sources:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The two scanners above count what they claim: a function's lines from `fn` to its
+/// brace (braces in strings, comments and characters not counted; declarations and pointer
+/// types left out), and an issue number in any case, with or without `#`.
+#[test]
+fn structure_function_and_issue_scanners_count_what_they_claim() {
+    let src = concat!(
+        "trait T { fn declared(&self); }\n",
+        "fn short(f: fn(u8) -> u8, a: [u8; 2]) -> u8 {\n",
+        "    let _ = \"}}}\"; // }\n",
+        "    let _ = '}';\n",
+        "    f(a[0])\n",
+        "}\n",
+        "pub(crate) async fn nested() {\n",
+        "    fn inner() {}\n",
+        "}\n",
+    );
+    let found = function_lengths(&code_only(src));
+    let expected = [("short", 2, 5), ("nested", 7, 3), ("inner", 8, 1)];
+    let found: Vec<(&str, usize, usize)> =
+        found.iter().map(|(n, l, c)| (n.as_str(), *l, *c)).collect();
+    assert_eq!(found, expected);
+    let word = "issue";
+    let text =
+        format!("a\n// {word} 12\n/// Fixes {word} #3.\nmisissue 4\n{word}s 5\n// {word} tracker");
+    assert_eq!(issue_references(&text), [2, 3]);
+    let upper = format!("// {} 9", word.to_uppercase());
+    assert_eq!(issue_references(&upper), [1]);
+}
+
 /// The crate's graph as it is, for a reader (`--nocapture`): every edge and its first site.
 #[test]
 #[ignore = "prints the import graph; run with --ignored --nocapture"]

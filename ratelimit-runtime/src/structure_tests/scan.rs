@@ -13,7 +13,6 @@ use super::*;
 /// still count), ready to search for paths.
 pub(super) fn code_only(src: &str) -> Vec<char> {
     let c: Vec<char> = src.chars().collect();
-    let blank = |ch: char| if ch == '\n' { '\n' } else { ' ' };
     let ident = |ch: char| ch.is_alphanumeric() || ch == '_';
     let mut out = Vec::with_capacity(c.len());
     let mut i = 0;
@@ -26,47 +25,14 @@ pub(super) fn code_only(src: &str) -> Vec<char> {
                     i += 1;
                 }
             }
-            '/' if c.get(i + 1) == Some(&'*') => {
-                let mut depth = 0;
-                while i < c.len() {
-                    if c[i] == '/' && c.get(i + 1) == Some(&'*') {
-                        depth += 1;
-                        out.extend([' ', ' ']);
-                        i += 2;
-                    } else if c[i] == '*' && c.get(i + 1) == Some(&'/') {
-                        depth -= 1;
-                        out.extend([' ', ' ']);
-                        i += 2;
-                        if depth == 0 {
-                            break;
-                        }
-                    } else {
-                        out.push(blank(c[i]));
-                        i += 1;
-                    }
-                }
-            }
+            '/' if c.get(i + 1) == Some(&'*') => i = blank_block_comment(&c, i, &mut out),
             // Raw strings: r"…", r#"…"#, br"…" (the prefix is not the end of an identifier).
             'r' | 'b' if !prev_ident && raw_string_len(&c[i..]).is_some() => {
                 let len = raw_string_len(&c[i..]).unwrap_or(1);
                 out.extend(c[i..i + len].iter().map(|&ch| blank(ch)));
                 i += len;
             }
-            '"' => {
-                out.push(' ');
-                i += 1;
-                while i < c.len() && c[i] != '"' {
-                    let step = if c[i] == '\\' { 2 } else { 1 };
-                    for _ in 0..step.min(c.len() - i) {
-                        out.push(blank(c[i]));
-                        i += 1;
-                    }
-                }
-                if i < c.len() {
-                    out.push(' ');
-                    i += 1;
-                }
-            }
+            '"' => i = blank_string(&c, i, &mut out),
             // A character literal ('x', '\n', '\''), not a lifetime or a label ('a, 'outer:).
             '\'' => {
                 let end = if c.get(i + 1) == Some(&'\\') {
@@ -91,6 +57,52 @@ pub(super) fn code_only(src: &str) -> Vec<char> {
         }
     }
     out
+}
+
+/// A blank in place of `ch` (a newline stays one).
+fn blank(ch: char) -> char {
+    if ch == '\n' { '\n' } else { ' ' }
+}
+
+/// Blanks the (nested) block comment starting at `c[i]` into `out`: the index after it.
+fn blank_block_comment(c: &[char], mut i: usize, out: &mut Vec<char>) -> usize {
+    let mut depth = 0;
+    while i < c.len() {
+        if c[i] == '/' && c.get(i + 1) == Some(&'*') {
+            depth += 1;
+            out.extend([' ', ' ']);
+            i += 2;
+        } else if c[i] == '*' && c.get(i + 1) == Some(&'/') {
+            depth -= 1;
+            out.extend([' ', ' ']);
+            i += 2;
+            if depth == 0 {
+                break;
+            }
+        } else {
+            out.push(blank(c[i]));
+            i += 1;
+        }
+    }
+    i
+}
+
+/// Blanks the string literal starting at `c[i]` (its quote) into `out`: the index after it.
+fn blank_string(c: &[char], mut i: usize, out: &mut Vec<char>) -> usize {
+    out.push(' ');
+    i += 1;
+    while i < c.len() && c[i] != '"' {
+        let step = if c[i] == '\\' { 2 } else { 1 };
+        for _ in 0..step.min(c.len() - i) {
+            out.push(blank(c[i]));
+            i += 1;
+        }
+    }
+    if i < c.len() {
+        out.push(' ');
+        i += 1;
+    }
+    i
 }
 
 /// The length of the raw string literal at the start of `c`, if one starts there.
@@ -151,27 +163,7 @@ pub(super) fn crate_paths(code: &[char]) -> Vec<(String, usize)> {
         }
         let j = skip_ws(code, j + 2);
         if code.get(j) == Some(&'{') {
-            // The first segment of each item at depth 1.
-            let mut depth = 1;
-            let mut k = j + 1;
-            let mut item_start = true;
-            while k < code.len() && depth > 0 {
-                match code[k] {
-                    '{' => depth += 1,
-                    '}' => depth -= 1,
-                    ',' if depth == 1 => item_start = true,
-                    ch if item_start && is_ident(ch) && depth == 1 => {
-                        let (name, end) = ident_at(code, k);
-                        found.push((name, line_of(k)));
-                        item_start = false;
-                        k = end;
-                        continue;
-                    }
-                    _ => {}
-                }
-                k += 1;
-            }
-            i = k;
+            i = group_paths(code, j, &line_of, &mut found);
         } else if code.get(j).is_some_and(|&ch| is_ident(ch)) {
             let (name, end) = ident_at(code, j);
             found.push((name, line_of(j)));
@@ -179,6 +171,36 @@ pub(super) fn crate_paths(code: &[char]) -> Vec<(String, usize)> {
         }
     }
     found
+}
+
+/// The first segment of each item at depth 1 of the group `{…}` at `code[j]`, with its line,
+/// into `found`: the index after the group.
+fn group_paths(
+    code: &[char],
+    j: usize,
+    line_of: &impl Fn(usize) -> usize,
+    found: &mut Vec<(String, usize)>,
+) -> usize {
+    let mut depth = 1;
+    let mut k = j + 1;
+    let mut item_start = true;
+    while k < code.len() && depth > 0 {
+        match code[k] {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 1 => item_start = true,
+            ch if item_start && is_ident(ch) && depth == 1 => {
+                let (name, end) = ident_at(code, k);
+                found.push((name, line_of(k)));
+                item_start = false;
+                k = end;
+                continue;
+            }
+            _ => {}
+        }
+        k += 1;
+    }
+    k
 }
 
 /// Whether the `crate` at `at` follows `(in`: a visibility, `pub(in crate::m)`.
@@ -219,6 +241,82 @@ pub(super) fn root_reexports(lib: &[char]) -> BTreeSet<String> {
         }
     }
     names
+}
+
+/// Every function with a body in `code` (as [`code_only`] leaves it): its name, the line of
+/// its `fn` and its length in lines, to the line of its closing brace. A declaration without
+/// a body (`fn f();`) and a function pointer type (`fn(u8)`) are left out.
+pub(super) fn function_lengths(code: &[char]) -> Vec<(String, usize, usize)> {
+    let line_of = |i: usize| 1 + code[..i].iter().filter(|&&ch| ch == '\n').count();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while let Some(at) = (i..code.len().saturating_sub(2)).find(|&j| {
+        code[j..j + 2] == ['f', 'n']
+            && (j == 0 || !is_ident(code[j - 1]))
+            && code[j + 2].is_whitespace()
+    }) {
+        i = at + 2;
+        let name_at = skip_ws(code, i);
+        let (name, _) = ident_at(code, name_at);
+        if name.is_empty() {
+            continue;
+        }
+        if let Some(close) = body_end(code, name_at) {
+            found.push((name, line_of(at), line_of(close) - line_of(at) + 1));
+        }
+    }
+    found
+}
+
+/// The index of the closing brace of the body of the function whose signature starts at
+/// `code[i]`; `None` when a `;` ends the signature first.
+fn body_end(code: &[char], i: usize) -> Option<usize> {
+    let mut nesting = 0_i32; // () and []
+    let mut k = i;
+    while k < code.len() {
+        match code[k] {
+            '(' | '[' => nesting += 1,
+            ')' | ']' => nesting -= 1,
+            ';' if nesting == 0 => return None,
+            '{' if nesting == 0 => break,
+            _ => {}
+        }
+        k += 1;
+    }
+    let mut depth = 0_i32;
+    for (j, &ch) in code.iter().enumerate().skip(k) {
+        match ch {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(j);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The lines of `src` that name an issue by its number (the word, then a number, with or
+/// without `#`, in any case): history, which a reader of the code cannot follow.
+pub(super) fn issue_references(src: &str) -> Vec<usize> {
+    let lower = src.to_lowercase();
+    let mut lines = Vec::new();
+    for (n, line) in lower.lines().enumerate() {
+        let mut rest = line;
+        while let Some(at) = rest.find("issue") {
+            let after = rest[at + 5..].trim_start_matches([' ', '#']);
+            let word_start = at == 0 || !rest[..at].ends_with(|c: char| c.is_alphanumeric());
+            if word_start && after.starts_with(|c: char| c.is_ascii_digit()) {
+                lines.push(n + 1);
+                break;
+            }
+            rest = &rest[at + 5..];
+        }
+    }
+    lines
 }
 
 pub(super) fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -181,7 +181,7 @@ async fn a_header_equal_to_the_callers_ip_is_its_own_bucket_redis() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 21, point 4: `by = "url"` under `Router::nest` and Actix-web's `scope`.
+// `by = "url"` under `Router::nest` and Actix-web's `scope`.
 
 #[rate_limit(
     num = 2,
@@ -280,7 +280,7 @@ async fn by_url_under_an_actix_scope_keys_the_full_path() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 21, point 5: path parameters with reserved characters.
+// Path parameters with reserved characters.
 
 #[rate_limit(
     num = 2,

@@ -123,8 +123,8 @@ const HOSTILE_LOGINS: &[&str] = &[
     "/login%2f",
 ];
 
-/// `/login` 5 a minute, every other path 100, in one layer on the whole router (`tower_governor`
-/// issue #59's ask): exactly 5 logins, exactly 100 other requests; each admitted response names
+/// `/login` 5 a minute, every other path 100, in one layer on the whole router (what `tower_governor`
+/// users ask for): exactly 5 logins, exactly 100 other requests; each admitted response names
 /// only the limit that applied; every hostile spelling of `/login` meets the spent login limit;
 /// a nested router matches the path the client sent.
 async fn login_and_the_rest(store: Store) {

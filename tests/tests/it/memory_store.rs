@@ -458,7 +458,7 @@ async fn a_flood_of_minted_keys_never_switches_a_new_callers_limit_off() {
     assert!(!limiter.store_failing());
 }
 
-/// Issue 13: a one-limit check on a held key updates its entry by compare-and-swap under the
+/// A one-limit check on a held key updates its entry by compare-and-swap under the
 /// shard's read lock, while stacked checks and takes hold the write lock. One hot key hammered
 /// from many threads at once with a mix of the two (and stacked calls naming it second, and
 /// takes): exactly the quota is admitted, for every algorithm, and every call that a stacked

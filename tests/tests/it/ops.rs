@@ -310,8 +310,8 @@ async fn a_shadow_attribute_never_rejects_and_sends_no_headers_while_enforced_li
         )
         .await;
         statuses.push(a.status);
-        // Issue 28, bug 2: no field names the shadow limit or its quota, 429 included (the
-        // 429 said `"mixed_shadow";q=1;w=60` before).
+        // No field names the shadow limit or its quota, 429 included (never
+        // `"mixed_shadow";q=1;w=60`).
         for field in ["ratelimit-policy", "ratelimit"] {
             let value = a.header(field).unwrap_or_default();
             assert!(
@@ -331,8 +331,8 @@ async fn a_shadow_attribute_never_rejects_and_sends_no_headers_while_enforced_li
     // The shadow limit would have rejected every call after the first (also the two the
     // enforced limit rejected).
     assert_eq!(calls("ops_mixed_shadow", "shadow_rejected"), 4);
-    // Issue 28, bug 1: one event per would-be rejection, as the counter (2 events before: the
-    // calls the enforced limit rejected too were counted, not logged).
+    // One event per would-be rejection, as the counter counts them (the calls the enforced
+    // limit rejected too are logged, not only counted).
     assert_eq!(shadow_events("ops_mixed_shadow"), 4);
     assert_eq!(calls("ops_mixed_enforced", "admitted"), 3);
     assert_eq!(calls("ops_mixed_enforced", "rejected"), 2);
@@ -1024,7 +1024,7 @@ async fn metrics_leased() -> Result<(), RateLimitError> {
     Ok(())
 }
 
-/// Issue 27: the gauge `ratelimit_lease_units_held` reports the units of the leases a process
+/// The gauge `ratelimit_lease_units_held` reports the units of the leases a process
 /// holds (the bound of what the other processes may be refused), back to 0 once they end; the
 /// counter of units given back counts what the last one did not use.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1298,7 +1298,7 @@ async fn a_deny_list_without_the_peer_address_refuses_instead_of_serving() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 21, point 3: a `Forwarded` element that cannot be read.
+// A `Forwarded` element that cannot be read.
 
 #[rate_limit(num = 2, time = 60, by = "ip", scope = "ops_fwd_axum")]
 async fn forwarded_axum() -> &'static str {

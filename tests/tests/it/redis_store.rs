@@ -938,7 +938,7 @@ async fn tls_with_the_tls_feature() {
     );
 }
 
-/// Issue 10, point 6: at the largest numbers a policy accepts, every reply stays exact on Redis
+/// At the largest numbers a policy accepts, every reply stays exact on Redis
 /// (whose scripts count in doubles) and equals the memory store's. Before the bounds, `num` near
 /// 2^60 came back rounded and failed the reply.
 #[tokio::test]
@@ -1093,7 +1093,7 @@ async fn a_bucket_in_the_earlier_form_keeps_its_level_across_the_upgrade() {
     }
 }
 
-/// Issue 10, point 5: state stamped a minute in the future — what a failover to a replica whose
+/// State stamped a minute in the future — what a failover to a replica whose
 /// clock is a minute behind leaves — is treated as stamped now, so the caller is admitted at the
 /// `retry_after` it was told. Before, token and leaky rejected for the whole minute while
 /// answering a wait of one refill, and sliding and fixed were locked for a minute plus a period.
@@ -1198,7 +1198,7 @@ async fn state_stamped_in_the_future_is_treated_as_stamped_now() {
     }
 }
 
-/// Issue 10, point 1: a key that answers with an error (here a hash where a counter belongs, as
+/// A key that answers with an error (here a hash where a counter belongs, as
 /// a foreign writer or an old version could leave) is that call's problem only: the breaker
 /// stays closed and every other caller keeps being limited.
 #[tokio::test]

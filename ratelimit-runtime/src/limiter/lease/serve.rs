@@ -230,6 +230,20 @@ impl RateLimiter {
         if spent {
             return self.check_room(&slot, check).await;
         }
+        self.take_lease(&slot, limit, check, lease).await
+    }
+
+    /// The next lease of `check`'s key, taken in line for the slot's refill lock (another
+    /// call may have taken one meanwhile), the lease it replaces retired; the call's own
+    /// check when the store has fewer units left than a lease.
+    async fn take_lease(
+        &self,
+        slot: &Arc<Slot>,
+        limit: &Limit,
+        check: Check<'_>,
+        lease: Lease,
+    ) -> Result<Verdict, StoreError> {
+        let cost = check.policy.cost();
         let refill = Arc::clone(&slot.refill).lock_owned().await;
         let now = Instant::now();
         let (retired, k, epoch) = {
@@ -247,7 +261,7 @@ impl RateLimiter {
             (retired, k, state.epoch)
         };
         if let Some(held) = retired {
-            self.retire(&slot, limit.scope, check.key, held, true);
+            self.retire(slot, limit.scope, check.key, held, true);
         }
         if k > cost
             && !self.is_shut_down()
@@ -258,7 +272,7 @@ impl RateLimiter {
             // calls, instead of `k` units counted and never used.
             let take = Take {
                 limiter: self.clone(),
-                slot: Arc::clone(&slot),
+                slot: Arc::clone(slot),
                 scope: limit.scope,
                 key: check.key.to_owned(),
                 failure_policy: check.failure_policy,
@@ -276,7 +290,7 @@ impl RateLimiter {
         } else {
             drop(refill);
         }
-        self.check_room(&slot, check).await
+        self.check_room(slot, check).await
     }
 
     /// The call's own check (no lease), noting what the store said was left.

@@ -191,26 +191,7 @@ impl Inner {
         holder: &str,
     ) -> Result<Vec<Decision>, StoreError> {
         let params: Vec<Params> = checks.iter().map(|c| Params::of(c.policy)).collect();
-        // Distinct keys ("slots"), each with its shard and what this call would write to it.
-        let mut slots: Vec<Slot<'_>> = Vec::with_capacity(checks.len());
-        let mut slot_of = Vec::with_capacity(checks.len());
-        for (n, c) in checks.iter().enumerate() {
-            let i = if let Some(i) = slots.iter().position(|s| s.key == c.key) {
-                slots[i].last = n;
-                i
-            } else {
-                let hash = self.hash(c.key);
-                slots.push(Slot {
-                    key: c.key,
-                    hash,
-                    shard: Self::shard_of(hash),
-                    pending: None,
-                    last: n,
-                });
-                slots.len() - 1
-            };
-            slot_of.push(i);
-        }
+        let (mut slots, slot_of) = self.slots_of(checks);
         let mut order: Vec<usize> = slots.iter().map(|s| s.shard).collect();
         order.sort_unstable();
         order.dedup();
@@ -244,60 +225,102 @@ impl Inner {
             outcomes.push(e);
         }
 
-        if outcomes.iter().all(|e| e.admitted) {
-            // Room for every new key first, in every shard: all of the call is written or
-            // none of it. Making room only sweeps idle entries, which changes no answer.
-            let max = self.max_per_shard();
-            for (&shard, guard) in order.iter().zip(guards.iter_mut()) {
-                let new_keys = |map: &Map| {
-                    slots
-                        .iter()
-                        .filter(|s| s.shard == shard && s.pending.is_some())
-                        .filter(|s| map.get(s.hash, s.key).is_none())
-                        .count()
-                };
-                if !guard.make_room(now, max, new_keys) {
-                    return Err(self.full());
-                }
-            }
-            for slot in &mut slots {
-                if let Some(state) = slot.pending.take() {
-                    let entry = Entry::new(state, &params[slot.last]);
-                    guards[guard_of(slot.shard)].commit(slot.hash, slot.key, entry);
-                }
-            }
-            if let Some(receipts) = receipts {
-                receipts.extend(outcomes.iter().zip(&firsts).zip(checks).map(
-                    |((e, &first), c)| Receipt {
-                        at_us: now,
-                        reset_us: e.after_reset_us,
-                        first,
-                        cost: c.policy.cost(),
-                    },
-                ));
-            }
-            Ok(checks
-                .iter()
-                .zip(&outcomes)
-                .map(|(c, e)| e.taken(c.policy.capacity()))
-                .collect())
-        } else {
-            // Nothing is written: every decision reports the state as it is now, with what this
-            // limit's own evaluation in the call found.
-            Ok(checks
+        if !outcomes.iter().all(|e| e.admitted) {
+            // Nothing is written: every decision reports the state as it is now, with what
+            // this limit's own evaluation in the call found.
+            let base = |s: &Slot<'_>, key: &str| guards[guard_of(s.shard)].base(s.hash, key, now);
+            return Ok(checks
                 .iter()
                 .zip(&params)
                 .zip(&slot_of)
                 .zip(&outcomes)
                 .map(|(((c, p), &s), o)| {
-                    let slot = &slots[s];
-                    let base = guards[guard_of(slot.shard)].base(slot.hash, c.key, now);
+                    let base = base(&slots[s], c.key);
                     let (now_e, _) =
                         algorithm::evaluate(c.policy.algorithm(), base.as_deref(), p, now);
                     now_e.untaken(c.policy.capacity(), o.admitted, o.retry_us)
                 })
-                .collect())
+                .collect());
         }
+        self.write_all(&order, &mut guards, &mut slots, &params, now)?;
+        if let Some(receipts) = receipts {
+            receipts.extend(
+                outcomes
+                    .iter()
+                    .zip(&firsts)
+                    .zip(checks)
+                    .map(|((e, &first), c)| Receipt {
+                        at_us: now,
+                        reset_us: e.after_reset_us,
+                        first,
+                        cost: c.policy.cost(),
+                    }),
+            );
+        }
+        Ok(checks
+            .iter()
+            .zip(&outcomes)
+            .map(|(c, e)| e.taken(c.policy.capacity()))
+            .collect())
+    }
+
+    /// The distinct keys of `checks` ("slots"), each with its shard and the last check that
+    /// names it, and each check's slot.
+    fn slots_of<'k>(&self, checks: &[Check<'k>]) -> (Vec<Slot<'k>>, Vec<usize>) {
+        let mut slots: Vec<Slot<'k>> = Vec::with_capacity(checks.len());
+        let mut slot_of = Vec::with_capacity(checks.len());
+        for (n, c) in checks.iter().enumerate() {
+            let i = if let Some(i) = slots.iter().position(|s| s.key == c.key) {
+                slots[i].last = n;
+                i
+            } else {
+                let hash = self.hash(c.key);
+                slots.push(Slot {
+                    key: c.key,
+                    hash,
+                    shard: Self::shard_of(hash),
+                    pending: None,
+                    last: n,
+                });
+                slots.len() - 1
+            };
+            slot_of.push(i);
+        }
+        (slots, slot_of)
+    }
+
+    /// Writes what an admitted call left in each slot, all of it or none: room for every
+    /// new key is made first, in every shard (making room only sweeps idle entries, which
+    /// changes no answer); a shard that has none fails the call with nothing written.
+    fn write_all(
+        &self,
+        order: &[usize],
+        guards: &mut [RwLockWriteGuard<'_, Shard>],
+        slots: &mut [Slot<'_>],
+        params: &[Params],
+        now: u64,
+    ) -> Result<(), StoreError> {
+        let max = self.max_per_shard();
+        for (&shard, guard) in order.iter().zip(guards.iter_mut()) {
+            let new_keys = |map: &Map| {
+                slots
+                    .iter()
+                    .filter(|s| s.shard == shard && s.pending.is_some())
+                    .filter(|s| map.get(s.hash, s.key).is_none())
+                    .count()
+            };
+            if !guard.make_room(now, max, new_keys) {
+                return Err(self.full());
+            }
+        }
+        for slot in slots {
+            if let Some(state) = slot.pending.take() {
+                let entry = Entry::new(state, &params[slot.last]);
+                let guard = order.binary_search(&slot.shard).unwrap_or(0);
+                guards[guard].commit(slot.hash, slot.key, entry);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -438,9 +461,9 @@ mod tests {
         }
     }
 
-    /// Issue 10, point 5: after the clock goes back a minute, state stamped in the future is
-    /// treated as stamped now. Before, buckets stayed empty and logs stayed full for the whole
-    /// skew while answering a `retry_after` of one period or less.
+    /// After the clock goes back a minute, state stamped in the future is treated as stamped
+    /// now: buckets do not stay empty, nor logs full, for the whole skew while answering a
+    /// `retry_after` of one period or less.
     #[test]
     fn state_stamped_in_the_future_is_treated_as_stamped_now() {
         let secs = Duration::from_secs;

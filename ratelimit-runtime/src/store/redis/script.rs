@@ -315,6 +315,21 @@ mod tests {
                 &fixed_only
             ]
         );
+        let sources: Vec<String> = SCRIPTS
+            .sources
+            .iter()
+            .map(|s| Script::new(s).get_hash().to_owned())
+            .collect();
+        assert_eq!(sources, loaded);
+    }
+
+    /// Each call's script is the text `script_sources` gives for its checks: the driver for
+    /// a key named twice, each algorithm's own for one check (the fixed windows' fast path).
+    #[test]
+    #[allow(clippy::many_single_char_names)] // one policy per algorithm, by its initial
+    fn each_call_runs_the_text_script_sources_gives_for_its_checks() {
+        let [f, s, l, t, g, c, n] = Algorithm::BY_CODE.map(policy);
+        let hash = |checks: &[Check<'_>]| SCRIPTS.for_checks(checks).get_hash().to_owned();
         let texts = script_sources();
         for (a, p) in Algorithm::BY_CODE
             .into_iter()
@@ -346,14 +361,10 @@ mod tests {
                 );
             }
         }
+        let fixed_only = hash(&[Check::new("a", &f)]);
         assert_eq!(Script::new(texts.fixed_only).get_hash(), fixed_only);
+        let mixed = hash(&[Check::new("a", &t), Check::new("b", &l)]);
         assert_eq!(Script::new(texts.combined).get_hash(), mixed);
-        let sources: Vec<String> = SCRIPTS
-            .sources
-            .iter()
-            .map(|s| Script::new(s).get_hash().to_owned())
-            .collect();
-        assert_eq!(sources, loaded);
     }
 
     #[test]

@@ -243,6 +243,10 @@ mod tests {
         Policy::new(a, 5, Duration::from_secs(1)).unwrap()
     }
 
+    fn ints(values: &[i64]) -> Vec<Value> {
+        values.iter().map(|v| Value::Int(*v)).collect()
+    }
+
     #[test]
     fn malformed_replies_are_errors_and_out_of_range_numbers_are_clamped() {
         let p = policy(Algorithm::Fixed);
@@ -251,21 +255,11 @@ mod tests {
         let cases = [
             Value::Nil,
             Value::Int(1),
-            Value::Array(vec![]),
-            row(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
-            Value::Array(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
-            Value::Array(vec![
-                Value::Int(2),
-                Value::Int(2),
-                Value::Int(3),
-                Value::Int(0),
-            ]),
-            row(vec![
-                Value::Int(2),
-                Value::Int(2),
-                Value::Int(3),
-                Value::Int(0),
-            ]),
+            Value::Array(ints(&[])),
+            row(ints(&[1, 2, 3])),
+            Value::Array(ints(&[1, 2, 3])),
+            Value::Array(ints(&[2, 2, 3, 0])),
+            row(ints(&[2, 2, 3, 0])),
             row(vec![
                 Value::Int(1),
                 Value::BulkString(b"2".to_vec()),
@@ -280,28 +274,13 @@ mod tests {
             );
         }
         // Out-of-range numbers are clamped, never an error that fails the call.
-        let negative = row(vec![
-            Value::Int(1),
-            Value::Int(-1),
-            Value::Int(-3),
-            Value::Int(-9),
-        ]);
+        let negative = row(ints(&[1, -1, -3, -9]));
         let d = parse_reply(&negative, &checks).unwrap().decisions()[0];
         assert_eq!((d.remaining, d.reset_after), (0, Duration::ZERO));
-        let above = row(vec![
-            Value::Int(0),
-            Value::Int(6),
-            Value::Int(3),
-            Value::Int(0),
-        ]);
+        let above = row(ints(&[0, 6, 3, 0]));
         let d = parse_reply(&above, &checks).unwrap().decisions()[0];
         assert_eq!((d.remaining, d.retry_after), (5, Some(Duration::ZERO)));
-        let ok = row(vec![
-            Value::Int(0),
-            Value::Int(0),
-            Value::Int(1500),
-            Value::Int(700),
-        ]);
+        let ok = row(ints(&[0, 0, 1500, 700]));
         let v = parse_reply(&ok, &checks).unwrap();
         let d = v.decisions()[0];
         assert!(!d.admitted);
@@ -315,12 +294,7 @@ mod tests {
         assert_eq!(parse_reply(&flat.remove(0), &checks).unwrap(), v);
         // Two checks need an array of two arrays.
         let two = [Check::new("k", &p), Check::new("j", &p)];
-        let four = Value::Array(vec![
-            Value::Int(1),
-            Value::Int(2),
-            Value::Int(3),
-            Value::Int(0),
-        ]);
+        let four = Value::Array(ints(&[1, 2, 3, 0]));
         assert!(matches!(
             parse_reply(&four, &two),
             Err(StoreError::BadReply(_))
