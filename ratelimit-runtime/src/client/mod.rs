@@ -78,6 +78,7 @@
 //! ```
 
 pub mod answer;
+mod learn;
 #[cfg(feature = "reqwest")]
 mod middleware;
 mod service;

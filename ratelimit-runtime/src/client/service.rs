@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -15,7 +15,8 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::answer::{Advice, Answer, Budget, IetfFields, ReadAnswer, Remaining, RetryAfter};
+use super::answer::{Budget, IetfFields, ReadAnswer, RetryAfter};
+use super::learn::Known;
 use crate::call::plan::{Count, Dynamic, Input, Outcome, QuotaFrom, cost_of};
 use crate::call::{Admitted, Call, prepare, wait};
 use crate::caller::Caller;
@@ -24,7 +25,6 @@ use crate::error::RateLimitError;
 use crate::layer::LayerError;
 use crate::limit::{By, Limit};
 use crate::limiter::RateLimiter;
-use crate::limiter::admin::Target;
 use crate::policy::Policy;
 
 /// Reads a request's estimated tokens.
@@ -32,12 +32,8 @@ type Estimate = Arc<dyn Fn(&http::request::Parts) -> u64 + Send + Sync>;
 /// Reads the tokens a response says were used.
 type Usage = Arc<dyn Fn(&http::response::Parts) -> Option<u64> + Send + Sync>;
 
-/// The unit a budget may be refilling when it is read: counted in flight (see
-/// [`Partner::lesson`]).
-const REFILLING: u64 = 1;
-
 /// The key template of each budget's limit, so the two limits of one scope never share a key.
-const fn template(budget: Budget) -> &'static str {
+pub(super) const fn template(budget: Budget) -> &'static str {
     match budget {
         Budget::Requests => "requests",
         Budget::Tokens => "tokens",
@@ -249,54 +245,26 @@ pub(super) struct Sent<'l> {
     known: Vec<Known>,
 }
 
-/// What a budget had left once a call was admitted, when, and how many units this process's
-/// lessons had taken from it by then; after the response, what the call's own settle gave
-/// back to it (negative: charged).
-#[derive(Debug, Clone, Copy)]
-struct Known {
-    left: u64,
-    at: Instant,
-    lowered: u64,
-    settled: i128,
-}
-
-impl Known {
-    /// What the budget lost since the call was admitted, to the calls admitted after it (and
-    /// to lowerings by other processes): `left`, plus what it refilled at `policy`'s rate
-    /// since and what the call's settle gave back, less what it has `now`.
-    fn lost(&self, policy: &Policy, now: u64) -> u64 {
-        let elapsed = self.at.elapsed().as_nanos();
-        let period = u128::from(policy.period_ms())
-            .saturating_mul(1_000_000)
-            .max(1);
-        let refilled = (u128::from(policy.limit()) * elapsed).div_ceil(period);
-        let before = i128::from(self.left)
-            .saturating_add(i128::try_from(refilled).unwrap_or(i128::MAX))
-            .saturating_add(self.settled);
-        u64::try_from(before.saturating_sub(i128::from(now)).max(0)).unwrap_or(u64::MAX)
-    }
-}
-
 /// What a [`PartnerLayer`] holds.
 pub(super) struct Partner {
     pub(super) limiter: Option<RateLimiter>,
-    limits: Box<[Limit]>,
+    pub(super) limits: Box<[Limit]>,
     /// Each limit's budget, by position.
-    budgets: Box<[Budget]>,
+    pub(super) budgets: Box<[Budget]>,
     /// Each budget's run-time part: its cost, and the tokens budget settles.
     dynamics: Box<[Dynamic]>,
     templates: Box<[Option<&'static str>]>,
     estimate: Option<Estimate>,
     usage: Option<Usage>,
-    readers: Vec<Box<dyn ReadAnswer>>,
+    pub(super) readers: Vec<Box<dyn ReadAnswer>>,
     wait: Duration,
-    max_pause: Duration,
+    pub(super) max_pause: Duration,
     learn: bool,
     /// The units this process's lessons took from each budget, by position.
-    lowered: Box<[AtomicU64]>,
+    pub(super) lowered: Box<[AtomicU64]>,
     /// The quota the partner last stated for each budget, per its configured period (0:
     /// none stated): see [`Partner::priced`].
-    stated: Box<[AtomicU64]>,
+    pub(super) stated: Box<[AtomicU64]>,
 }
 
 /// Why a [`PartnerService`] call failed: the budget (or the store) refused it before it was
@@ -492,119 +460,13 @@ impl Partner {
     fn tokens_index(&self) -> Option<usize> {
         self.budgets.iter().position(|b| *b == Budget::Tokens)
     }
-
-    /// What `units` of the partner's take from budget `i`: as many when the partner stated
-    /// no quota below the configured one; otherwise in proportion, the configured quota over
-    /// the partner's, rounded up. The budget then admits at the partner's rate and burst
-    /// under its own key (no new bucket, whatever the partner states), and never faster
-    /// than configured.
-    fn priced(&self, i: usize, units: u64) -> u64 {
-        let stated = self.stated[i].load(Ordering::Relaxed);
-        let configured = self.limits[i].policy.limit();
-        if stated == 0 || stated >= configured {
-            return units;
-        }
-        let priced = (u128::from(units) * u128::from(configured)).div_ceil(u128::from(stated));
-        u64::try_from(priced).unwrap_or(u64::MAX)
-    }
-
-    /// What the partner says is left of budget `i`, in the budget's units (rounded down):
-    /// the reverse of [`Partner::priced`].
-    fn in_budget_units(&self, i: usize, left: u64) -> u64 {
-        let stated = self.stated[i].load(Ordering::Relaxed);
-        let configured = self.limits[i].policy.limit();
-        if stated == 0 || stated >= configured {
-            return left;
-        }
-        let units = u128::from(left) * u128::from(configured) / u128::from(stated);
-        u64::try_from(units).unwrap_or(u64::MAX)
-    }
-
-    /// Reads the partner's answer and tells the store: a pause defers every budget; a budget
-    /// with units left is brought down to what the partner will still admit
-    /// ([`Partner::lesson`]).
-    async fn learn(&self, limiter: &RateLimiter, head: &http::response::Parts, known: &[Known]) {
-        let answer = Answer {
-            status: head.status,
-            headers: &head.headers,
-            now: SystemTime::now(),
-        };
-        let mut advice = Advice::default();
-        for reader in &self.readers {
-            reader.read(&answer, &mut advice);
-        }
-        let advice = advice.bounded(self.max_pause);
-        for (i, budget) in self.budgets.iter().enumerate() {
-            let limit = &self.limits[i..=i];
-            if let Some(stated) = advice.least_quota(*budget, limit[0].policy.period()) {
-                self.stated[i].store(stated, Ordering::Relaxed);
-            }
-            let target = Target::global().key(template(*budget));
-            let least = advice.least(*budget).map(|r| Remaining {
-                left: self.in_budget_units(i, r.left),
-                ..r
-            });
-            let lesson = self
-                .lesson(limiter, i, &target, advice.pause, least, known[i])
-                .await;
-            if let Err(error) = lesson {
-                tracing::warn!(target: crate::observe::log::CLIENT, %error,
-                    scope = limit[0].scope, "a partner's answer could not be recorded in the store");
-            }
-        }
-    }
-
-    /// One budget's lesson. The partner's `left` counts what it had received; the calls the
-    /// fleet admitted since this one are on their way and take from it too, and so does the
-    /// unit the budget is refilling (read as whole units, it may be a moment from admitting
-    /// one more before the next answer is learnt). The calls in flight are what the budget
-    /// lost since this call was admitted ([`Known::lost`]: a tokens budget counts them at
-    /// their estimates, which they hold until settled), less what this process's lessons
-    /// took from it meanwhile: a lowering by another process in between counts as calls too,
-    /// so the count errs towards fewer calls, never more. What the partner will still admit
-    /// is `left` less those: none, and the budget is deferred until the partner's reset (or
-    /// the pause, the longer); some, and the budget is lowered to them.
-    async fn lesson(
-        &self,
-        limiter: &RateLimiter,
-        i: usize,
-        target: &Target,
-        pause: Option<Duration>,
-        least: Option<Remaining>,
-        known: Known,
-    ) -> Result<(), crate::error::StoreError> {
-        let limit = &self.limits[i..=i];
-        // A partner with more left than the budget had, counting the unit refilling, has
-        // nothing to teach (and costs no round trip).
-        let news = |r: &Remaining| r.left <= known.left.saturating_add(REFILLING);
-        let Some(partner) = least.filter(news) else {
-            return match pause {
-                Some(pause) => limiter.defer(limit, target, pause).await,
-                None => Ok(()),
-            };
-        };
-        let now = limiter.peek(limit, target).await?;
-        let has = now.decisions().first().map_or(0, |d| d.remaining);
-        let lowered = self.lowered[i]
-            .load(Ordering::Relaxed)
-            .saturating_sub(known.lowered);
-        let lost = known.lost(&limit[0].policy, has);
-        let in_flight = lost.saturating_sub(lowered).saturating_add(REFILLING);
-        let left = partner.left.saturating_sub(in_flight);
-        let spent = partner.reset.filter(|_| left == 0);
-        if let Some(pause) = pause.max(spent).filter(|p| !p.is_zero()) {
-            return limiter.defer(limit, target, pause).await;
-        }
-        let took = limiter.lower_taking(limit, target, left).await?;
-        self.lowered[i].fetch_add(took, Ordering::Relaxed);
-        Ok(())
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
+    use crate::limiter::admin::Target;
     use crate::store::{MemoryStore, TokioClock};
 
     /// A layer at 20 a second on a memory store whose clock is tokio's (paused in the tests).
