@@ -224,38 +224,38 @@ impl Inner {
             }
             outcomes.push(e);
         }
-
         if !outcomes.iter().all(|e| e.admitted) {
-            // Nothing is written: every decision reports the state as it is now, with what
-            // this limit's own evaluation in the call found.
-            let base = |s: &Slot<'_>, key: &str| guards[guard_of(s.shard)].base(s.hash, key, now);
-            return Ok(checks
-                .iter()
-                .zip(&params)
-                .zip(&slot_of)
-                .zip(&outcomes)
-                .map(|(((c, p), &s), o)| {
-                    let base = base(&slots[s], c.key);
-                    let (now_e, _) =
-                        algorithm::evaluate(c.policy.algorithm(), base.as_deref(), p, now);
-                    now_e.untaken(c.policy.capacity(), o.admitted, o.retry_us)
-                })
-                .collect());
+            let locked = Locked {
+                order: &order,
+                guards: &guards,
+                now,
+            };
+            return Ok(locked.refusals(checks, &params, &slots, &slot_of, &outcomes));
         }
-        self.write_all(&order, &mut guards, &mut slots, &params, now)?;
-        if let Some(receipts) = receipts {
-            receipts.extend(
-                outcomes
+
+        // Room for every new key first, in every shard: all of the call is written or none of
+        // it. Making room only sweeps idle entries, which changes no answer.
+        let max = self.max_per_shard();
+        for (&shard, guard) in order.iter().zip(guards.iter_mut()) {
+            let new_keys = |map: &Map| {
+                slots
                     .iter()
-                    .zip(&firsts)
-                    .zip(checks)
-                    .map(|((e, &first), c)| Receipt {
-                        at_us: now,
-                        reset_us: e.after_reset_us,
-                        first,
-                        cost: c.policy.cost(),
-                    }),
-            );
+                    .filter(|s| s.shard == shard && s.pending.is_some())
+                    .filter(|s| map.get(s.hash, s.key).is_none())
+                    .count()
+            };
+            if !guard.make_room(now, max, new_keys) {
+                return Err(self.full());
+            }
+        }
+        for slot in &mut slots {
+            if let Some(state) = slot.pending.take() {
+                let entry = Entry::new(state, &params[slot.last]);
+                guards[guard_of(slot.shard)].commit(slot.hash, slot.key, entry);
+            }
+        }
+        if let Some(receipts) = receipts {
+            push_receipts(receipts, checks, &outcomes, &firsts, now);
         }
         Ok(checks
             .iter()
@@ -264,8 +264,8 @@ impl Inner {
             .collect())
     }
 
-    /// The distinct keys of `checks` ("slots"), each with its shard and the last check that
-    /// names it, and each check's slot.
+    /// The distinct keys ("slots") of `checks`, each with its shard, and the slot of each check.
+    #[inline]
     fn slots_of<'k>(&self, checks: &[Check<'k>]) -> (Vec<Slot<'k>>, Vec<usize>) {
         let mut slots: Vec<Slot<'k>> = Vec::with_capacity(checks.len());
         let mut slot_of = Vec::with_capacity(checks.len());
@@ -288,39 +288,66 @@ impl Inner {
         }
         (slots, slot_of)
     }
+}
 
-    /// Writes what an admitted call left in each slot, all of it or none: room for every
-    /// new key is made first, in every shard (making room only sweeps idle entries, which
-    /// changes no answer); a shard that has none fails the call with nothing written.
-    fn write_all(
+/// The receipt of each limit of an admitted call, pushed to `receipts` (for
+/// [`MemoryStore::take_now`]).
+///
+/// [`MemoryStore::take_now`]: super::MemoryStore::take_now
+fn push_receipts(
+    receipts: &mut Vec<Receipt>,
+    checks: &[Check<'_>],
+    outcomes: &[Evaluation],
+    firsts: &[u64],
+    now: u64,
+) {
+    receipts.extend(
+        outcomes
+            .iter()
+            .zip(firsts)
+            .zip(checks)
+            .map(|((e, &first), c)| Receipt {
+                at_us: now,
+                reset_us: e.after_reset_us,
+                first,
+                cost: c.policy.cost(),
+            }),
+    );
+}
+
+/// The shards a call of several limits holds write-locked ([`Inner::check_many`]): their
+/// indices, ascending, each at the index of its guard, and the call's clock.
+struct Locked<'a, 's> {
+    order: &'a [usize],
+    guards: &'a [RwLockWriteGuard<'s, Shard>],
+    now: u64,
+}
+
+impl Locked<'_, '_> {
+    /// The decisions of a refused call. Nothing is written: every decision reports the state
+    /// as it is now, with what this limit's own evaluation in the call found.
+    fn refusals(
         &self,
-        order: &[usize],
-        guards: &mut [RwLockWriteGuard<'_, Shard>],
-        slots: &mut [Slot<'_>],
+        checks: &[Check<'_>],
         params: &[Params],
-        now: u64,
-    ) -> Result<(), StoreError> {
-        let max = self.max_per_shard();
-        for (&shard, guard) in order.iter().zip(guards.iter_mut()) {
-            let new_keys = |map: &Map| {
-                slots
-                    .iter()
-                    .filter(|s| s.shard == shard && s.pending.is_some())
-                    .filter(|s| map.get(s.hash, s.key).is_none())
-                    .count()
-            };
-            if !guard.make_room(now, max, new_keys) {
-                return Err(self.full());
-            }
-        }
-        for slot in slots {
-            if let Some(state) = slot.pending.take() {
-                let entry = Entry::new(state, &params[slot.last]);
-                let guard = order.binary_search(&slot.shard).unwrap_or(0);
-                guards[guard].commit(slot.hash, slot.key, entry);
-            }
-        }
-        Ok(())
+        slots: &[Slot<'_>],
+        slot_of: &[usize],
+        outcomes: &[Evaluation],
+    ) -> Vec<Decision> {
+        checks
+            .iter()
+            .zip(params)
+            .zip(slot_of)
+            .zip(outcomes)
+            .map(|(((c, p), &s), o)| {
+                let slot = &slots[s];
+                let guard = self.order.binary_search(&slot.shard).unwrap_or(0);
+                let base = self.guards[guard].base(slot.hash, c.key, self.now);
+                let (now_e, _) =
+                    algorithm::evaluate(c.policy.algorithm(), base.as_deref(), p, self.now);
+                now_e.untaken(c.policy.capacity(), o.admitted, o.retry_us)
+            })
+            .collect()
     }
 }
 
