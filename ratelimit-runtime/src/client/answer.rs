@@ -639,8 +639,17 @@ mod tests {
             ..rpm
         };
         assert_eq!(no_window.per(second), None);
+        // A member whose window is zero or not a number states no rate: left out, never
+        // read per the budget's period.
+        for bad in [
+            &br#""a";q=5;w=0"#[..],
+            br#""a";q=5;w=-1"#,
+            br#""a";q=5;w=soon"#,
+        ] {
+            assert_eq!(ietf_policy(bad), Some(vec![]), "{bad:?}");
+        }
         assert_eq!(
-            ietf_policy(br#""a";q=5;w=0"#),
+            ietf_policy(br#""a";q=5"#),
             Some(vec![IetfPolicy {
                 name: "a".into(),
                 quota: 5,

@@ -1,12 +1,15 @@
 //! Learning from a partner's answer: what its fields teach each budget (a pause, what is left
 //! once the calls in flight are counted, the quota it states), told to the store.
 
+use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
+use http::StatusCode;
+
 use tokio::time::Instant;
 
-use super::answer::{Advice, Answer, Remaining};
+use super::answer::{Advice, Answer, Remaining, Stated};
 use super::service::{Partner, template};
 use crate::limiter::RateLimiter;
 use crate::limiter::admin::Target;
@@ -16,60 +19,114 @@ use crate::policy::Policy;
 /// [`Partner::lesson`]).
 const REFILLING: u64 = 1;
 
-/// What a budget had left once a call was admitted, when, and how many units this process's
-/// lessons had taken from it by then; after the response, what the call's own settle gave
-/// back to it (negative: charged).
+/// What a budget had left once a call was admitted, when, at what price, and how many units
+/// this process's lessons had taken from it by then; after the response, what the call's own
+/// settle gave back to it (negative: charged).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Known {
     pub(super) left: u64,
     pub(super) at: Instant,
+    pub(super) price: Price,
     pub(super) lowered: u64,
     pub(super) settled: i128,
 }
 
 impl Known {
     /// What the budget lost since the call was admitted, to the calls admitted after it (and
-    /// to lowerings by other processes): `left`, plus what it refilled at `policy`'s rate
-    /// since and what the call's settle gave back, less what it has `now`.
-    fn lost(&self, policy: &Policy, now: u64) -> u64 {
+    /// to lowerings by other processes): `left`, refilled at the policy's rate since (never
+    /// past its capacity, as the store refills) with what the call's settle gave back, less
+    /// what it has `now`.
+    fn lost(&self, now: u64) -> u64 {
+        let policy = &self.price.policy;
         let elapsed = self.at.elapsed().as_nanos();
         let period = u128::from(policy.period_ms())
             .saturating_mul(1_000_000)
             .max(1);
         let refilled = (u128::from(policy.limit()) * elapsed).div_ceil(period);
-        let before = i128::from(self.left)
+        let capacity = i128::from(policy.capacity());
+        let refilled = i128::from(self.left)
             .saturating_add(i128::try_from(refilled).unwrap_or(i128::MAX))
-            .saturating_add(self.settled);
+            .min(capacity);
+        let before = refilled.saturating_add(self.settled).min(capacity);
         u64::try_from(before.saturating_sub(i128::from(now)).max(0)).unwrap_or(u64::MAX)
     }
 }
 
-impl Partner {
-    /// What `units` of the partner's take from budget `i`: as many when the partner stated
-    /// no quota below the configured one; otherwise in proportion, the configured quota over
-    /// the partner's, rounded up. The budget then admits at the partner's rate and burst
-    /// under its own key (no new bucket, whatever the partner states), and never faster
-    /// than configured.
-    pub(super) fn priced(&self, i: usize, units: u64) -> u64 {
-        let stated = self.stated[i].load(Ordering::Relaxed);
-        let configured = self.limits[i].policy.limit();
-        if stated == 0 || stated >= configured {
+/// A quota the partner stated for one budget, and until when it is believed: the budget's
+/// period or the layer's `max_pause` after the answer that stated it, the longer (a partner
+/// that stops stating it, or an answer that was a one-off, does not slow the fleet for good).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Told {
+    quota: Stated,
+    until: Instant,
+}
+
+/// How one budget prices a call: its policy as it applies now (a scope's quota override
+/// included) and the partner's stated quota per that policy's period, if believed.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Price {
+    pub(super) policy: Policy,
+    stated: Option<u64>,
+}
+
+impl Price {
+    /// What `units` of the partner's take from the budget: as many when the partner stated
+    /// no quota below the budget's; otherwise in proportion, the budget's quota over the
+    /// partner's, rounded up, and never past the budget's capacity (a call it could never
+    /// admit; `units` alone past it are refused as too costly, as any call is). The budget
+    /// then admits at the partner's rate and burst under its own key (no new bucket,
+    /// whatever the partner states), and never faster than configured.
+    pub(super) fn of(&self, units: u64) -> u64 {
+        let configured = self.policy.limit();
+        let Some(stated) = self.stated.filter(|s| *s < configured) else {
             return units;
-        }
+        };
         let priced = (u128::from(units) * u128::from(configured)).div_ceil(u128::from(stated));
-        u64::try_from(priced).unwrap_or(u64::MAX)
+        let priced = u64::try_from(priced).unwrap_or(u64::MAX);
+        priced.min(self.policy.capacity().max(units))
     }
 
-    /// What the partner says is left of budget `i`, in the budget's units (rounded down):
-    /// the reverse of [`Partner::priced`].
-    fn in_budget_units(&self, i: usize, left: u64) -> u64 {
-        let stated = self.stated[i].load(Ordering::Relaxed);
-        let configured = self.limits[i].policy.limit();
-        if stated == 0 || stated >= configured {
+    /// What the partner says is left, in the budget's units (rounded down): the reverse of
+    /// [`Price::of`].
+    fn in_budget_units(&self, left: u64) -> u64 {
+        let configured = self.policy.limit();
+        let Some(stated) = self.stated.filter(|s| *s < configured) else {
             return left;
-        }
+        };
         let units = u128::from(left) * u128::from(configured) / u128::from(stated);
         u64::try_from(units).unwrap_or(u64::MAX)
+    }
+}
+
+impl Partner {
+    /// How budget `i` prices a call now ([`Price`]).
+    pub(super) fn price(&self, limiter: &RateLimiter, i: usize) -> Price {
+        let policy = limiter.in_force(&self.limits[i..=i])[0].policy;
+        let told = *self.stated[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let stated = told
+            .filter(|t| t.until > Instant::now())
+            .and_then(|t| t.quota.per(policy.period()));
+        Price { policy, stated }
+    }
+
+    /// Remembers the least quota the answer states for budget `i` (by its rate per the
+    /// budget's period), until it is stale ([`Told`]).
+    fn told(&self, i: usize, policy: &Policy, advice: &Advice) {
+        let period = policy.period();
+        let least = advice
+            .quotas
+            .iter()
+            .filter(|q| q.budget == self.budgets[i])
+            .filter_map(|q| Some((q.per(period)?, *q)))
+            .min_by_key(|(rate, _)| *rate);
+        if let Some((_, quota)) = least {
+            let until = Instant::now() + period.max(self.max_pause);
+            *self.stated[i]
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(Told { quota, until });
+        }
     }
 
     /// Reads the partner's answer and tells the store: a pause defers every budget; a budget
@@ -91,14 +148,17 @@ impl Partner {
             reader.read(&answer, &mut advice);
         }
         let advice = advice.bounded(self.max_pause);
+        // A quota is the partner's word on a success or a 429, not on an error page (a
+        // proxy's, a maintenance page's) that may carry any fields.
+        let states_quota = head.status.is_success() || head.status == StatusCode::TOO_MANY_REQUESTS;
         for (i, budget) in self.budgets.iter().enumerate() {
             let limit = &self.limits[i..=i];
-            if let Some(stated) = advice.least_quota(*budget, limit[0].policy.period()) {
-                self.stated[i].store(stated, Ordering::Relaxed);
+            if states_quota {
+                self.told(i, &known[i].price.policy, &advice);
             }
             let target = Target::global().key(template(*budget));
             let least = advice.least(*budget).map(|r| Remaining {
-                left: self.in_budget_units(i, r.left),
+                left: known[i].price.in_budget_units(r.left),
                 ..r
             });
             let lesson = self
@@ -145,7 +205,7 @@ impl Partner {
         let lowered = self.lowered[i]
             .load(Ordering::Relaxed)
             .saturating_sub(known.lowered);
-        let lost = known.lost(&limit[0].policy, has);
+        let lost = known.lost(has);
         let in_flight = lost.saturating_sub(lowered).saturating_add(REFILLING);
         let left = partner.left.saturating_sub(in_flight);
         let spent = partner.reset.filter(|_| left == 0);

@@ -34,17 +34,21 @@
 //!   - a budget with units left becomes [`RateLimiter::lower`]: the shared budget is brought
 //!     down to them, by taking the difference; never up, so the configured quota stays the
 //!     most the fleet ever sends;
-//!   - a quota the partner states ([`Stated`]: `RateLimit-Policy`, `x-ratelimit-limit-*`)
-//!     below the configured one prices every call in proportion (a partner at half the
-//!     quota: two units a request), so the budget admits at the partner's rate under its own
-//!     key; a partner stating more prices nothing.
+//!   - a quota the partner states ([`Stated`]: `RateLimit-Policy`, `x-ratelimit-limit-*`,
+//!     read from a success or a 429) below the budget's quota in force prices every call in
+//!     proportion (a partner at half the quota: two units a request), so the budget admits at
+//!     the partner's rate under its own key; a partner stating more prices nothing. The
+//!     price is this process's, believed for the budget's period or `max_pause` (the longer)
+//!     after the last answer that stated it, and never past the budget's capacity.
 //!
 //!   Then the tokens budget is settled to what the response says was used (a closure over
 //!   the response's head, [`PartnerLayerBuilder::tokens`]).
 //! * **Hostile input**: every value is the partner's. A value that does not parse is ignored
 //!   with one log line (at most one every ten seconds); a pause or reset longer than
 //!   `max_pause` is cut to it. A partner can slow the fleet down to what it admits, never
-//!   lock it out past `max_pause` in one answer, never raise the configured quota.
+//!   lock it out past `max_pause` in one answer, never raise the configured quota; a quota
+//!   it states slows the budget to one call each time it is whole again at the slowest, and
+//!   for no longer than the budget's period or `max_pause` after it last says so.
 //!
 //! The response itself is handed back untouched: a 429 is still the caller's to retry (its
 //! retry then waits for the pause, in its process and every other).

@@ -4,8 +4,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::answer::{Budget, IetfFields, ReadAnswer, RetryAfter};
-use super::learn::Known;
+use super::learn::{Known, Price, Told};
 use crate::call::plan::{Count, Dynamic, Input, Outcome, QuotaFrom, cost_of};
 use crate::call::{Admitted, Call, prepare, wait};
 use crate::caller::Caller;
@@ -230,7 +230,7 @@ impl PartnerLayerBuilder {
                 max_pause: self.max_pause,
                 learn: self.learn,
                 lowered: (0..limits_len).map(|_| AtomicU64::new(0)).collect(),
-                stated: (0..limits_len).map(|_| AtomicU64::new(0)).collect(),
+                stated: (0..limits_len).map(|_| Mutex::new(None)).collect(),
             }),
         })
     }
@@ -262,9 +262,9 @@ pub(super) struct Partner {
     learn: bool,
     /// The units this process's lessons took from each budget, by position.
     pub(super) lowered: Box<[AtomicU64]>,
-    /// The quota the partner last stated for each budget, per its configured period (0:
-    /// none stated): see [`Partner::priced`].
-    pub(super) stated: Box<[AtomicU64]>,
+    /// The quota the partner last stated for each budget, while it is believed: see
+    /// [`Price`].
+    pub(super) stated: Box<[Mutex<Option<Told>>]>,
 }
 
 /// Why a [`PartnerService`] call failed: the budget (or the store) refused it before it was
@@ -376,7 +376,10 @@ impl Partner {
         limiter: &RateLimiter,
         head: &http::request::Parts,
     ) -> Result<Sent<'_>, RateLimitError> {
-        let costs = self.costs(head);
+        let prices: Vec<Price> = (0..self.limits.len())
+            .map(|i| self.price(limiter, i))
+            .collect();
+        let costs = self.costs(head, &prices);
         let inputs: Vec<Input> = costs
             .iter()
             .map(|cost| Input {
@@ -405,6 +408,7 @@ impl Partner {
                     .get(i)
                     .map_or(0, |d| d.remaining),
                 at,
+                price: prices[i],
                 lowered: self.lowered[i].load(Ordering::Relaxed),
                 settled: 0,
             })
@@ -423,15 +427,20 @@ impl Partner {
         sent: Sent<'_>,
         head: &http::response::Parts,
     ) {
+        let mut known = sent.known;
+        // The tokens used, at the price the call was admitted at (a quota stated since
+        // prices the calls after it).
         let used = self.usage.as_ref().and_then(|u| u(head));
         let used = used
-            .zip(self.tokens_index())
-            .map(|(u, i)| self.priced(i, u));
+            .zip(sent.taken)
+            .map(|(used, (i, taken))| (i, taken, known[i].price.of(used)));
         sent.call
-            .settle_to(Outcome::Status(head.status.as_u16()), used.map(Units::of))
+            .settle_to(
+                Outcome::Status(head.status.as_u16()),
+                used.map(|(_, _, used)| Units::of(used)),
+            )
             .await;
-        let mut known = sent.known;
-        if let (Some((i, taken)), Some(used)) = (sent.taken, used) {
+        if let Some((i, taken, used)) = used {
             known[i].settled = i128::from(taken) - i128::from(used);
         }
         if self.learn {
@@ -439,19 +448,17 @@ impl Partner {
         }
     }
 
-    /// What each budget takes from this request, priced ([`Partner::priced`]) and at most
-    /// the budget's capacity: one request, and the tokens budget the request's estimate.
-    fn costs(&self, head: &http::request::Parts) -> Vec<u64> {
+    /// What each budget takes from this request at its price ([`Price::of`]): the requests
+    /// budget its policy's cost, the tokens budget the request's estimate.
+    fn costs(&self, head: &http::request::Parts, prices: &[Price]) -> Vec<u64> {
         let estimate = self.estimate.as_ref().map_or(0, |estimate| estimate(head));
         (0..self.budgets.len())
             .map(|i| {
                 let units = match self.budgets[i] {
-                    Budget::Requests => 1,
+                    Budget::Requests => prices[i].policy.cost(),
                     Budget::Tokens => estimate,
                 };
-                // Never priced past the capacity (a call the budget could never admit).
-                let capacity = self.limits[i].policy.capacity();
-                self.priced(i, units).min(capacity.max(units))
+                prices[i].of(units)
             })
             .collect()
     }
@@ -471,11 +478,17 @@ mod tests {
 
     /// A layer at 20 a second on a memory store whose clock is tokio's (paused in the tests).
     async fn layer() -> (RateLimiter, PartnerLayer) {
+        let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
+        layer_with(|b| b.requests(policy)).await
+    }
+
+    /// A layer whose budgets `budgets` gives, waiting for nothing, pausing at most 5 s.
+    async fn layer_with(
+        budgets: impl FnOnce(PartnerLayerBuilder) -> PartnerLayerBuilder,
+    ) -> (RateLimiter, PartnerLayer) {
         let store = MemoryStore::with_clock(TokioClock::default());
         let limiter = RateLimiter::builder().store(store).build().await.unwrap();
-        let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
-        let layer = PartnerLayer::builder("partner")
-            .requests(policy)
+        let layer = budgets(PartnerLayer::builder("partner"))
             .wait(Duration::ZERO)
             .max_pause(Duration::from_secs(5))
             .limiter(limiter.clone())
@@ -561,9 +574,15 @@ mod tests {
         deferred_until(&limiter, &layer, Duration::from_secs(2)).await;
     }
 
-    /// A 200 whose `RateLimit-Policy` field states `quota` a second (and plenty left).
+    /// A 200 whose `RateLimit-Policy` field states `quota` (and plenty left).
     fn states(quota: &str) -> http::response::Parts {
+        states_with(200, quota)
+    }
+
+    /// An answer of `status` whose `RateLimit-Policy` field states `quota` (and plenty left).
+    fn states_with(status: u16, quota: &str) -> http::response::Parts {
         let response = http::Response::builder()
+            .status(status)
             .header("ratelimit-policy", format!("\"default\";{quota}"))
             .header("ratelimit", "\"default\";r=1000;t=1");
         response.body(()).unwrap().into_parts().0
@@ -630,5 +649,149 @@ mod tests {
             .await;
         tokio::time::sleep(Duration::from_millis(5_100)).await;
         assert!(budget(&limiter, &layer).await.is_admitted());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_call_counts_no_refill_past_the_capacity_as_calls_in_flight() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        // The call takes ten periods; the budget refilled to its capacity (20), no further,
+        // and nothing else was admitted: only the unit refilling is in flight, so the
+        // partner's 5 leave 4, and the budget is lowered to them, not deferred.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        partner.answered(&limiter, sent, &says(5, 1)).await;
+        let now = budget(&limiter, &layer).await;
+        assert!(now.is_admitted(), "{now:?}");
+        assert_eq!(now.decisions()[0].remaining, 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stated_quota_is_believed_while_fresh_and_only_from_a_success_or_a_429() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner.answered(&limiter, sent, &states("q=10;w=1")).await;
+        assert_eq!(admitted_now(&limiter, partner).await, 9);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(admitted_now(&limiter, partner).await, 10);
+        // No answer states it again for `max_pause` (5 s, longer than the period): a call
+        // costs one unit again.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(admitted_now(&limiter, partner).await, 20);
+        // A 503 (a proxy's error page, say) states nothing the fleet believes; a 429 does.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner
+            .answered(&limiter, sent, &states_with(503, "q=1;w=1"))
+            .await;
+        assert_eq!(admitted_now(&limiter, partner).await, 19);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner
+            .answered(&limiter, sent, &states_with(429, "q=5;w=1"))
+            .await;
+        assert_eq!(admitted_now(&limiter, partner).await, 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_scope_override_prices_calls_against_the_quota_in_force() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        // The operator lowers the partner's budget to 5 a second; the partner states 1.
+        let five = crate::quota::Quota::per_second(5).unwrap();
+        limiter.set_quota("partner", five).unwrap();
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner.answered(&limiter, sent, &states("q=1;w=1")).await;
+        // A call is priced at the override's capacity (5), not the configured one (20, a
+        // cost the overridden budget could never admit): one call a second.
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(admitted_now(&limiter, partner).await, 1);
+        }
+    }
+
+    /// A 200 stating a tokens quota of `quota` with `used` tokens used.
+    fn used(quota: &str, used: u64) -> http::response::Parts {
+        let response = http::Response::builder()
+            .header("ratelimit-policy", format!("\"tpm\";{quota}"))
+            .header("x-used", used.to_string());
+        response.body(()).unwrap().into_parts().0
+    }
+
+    /// A tokens budget of 1,000 a second, each call estimated at 10 and settled to its
+    /// `x-used` field, the IETF policy `tpm` read as its quota.
+    async fn tokens_layer() -> (RateLimiter, PartnerLayer) {
+        let policy = Policy::new(Algorithm::Token, 1_000, Duration::from_secs(1)).unwrap();
+        layer_with(|b| {
+            b.tokens(policy, |_| 10)
+                .settle_tokens(|head| head.headers.get("x-used")?.to_str().ok()?.parse().ok())
+                .read(IetfFields::new().tokens("tpm"))
+        })
+        .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokens_settle_at_the_price_the_call_was_admitted_at() {
+        let (limiter, layer) = tokens_layer().await;
+        let partner = &layer.partner;
+        // The first call, unpriced, learns a quota of one token a second: a thousandfold.
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner.answered(&limiter, sent, &used("q=1;w=1", 10)).await;
+        // A call is then priced at the capacity, and its 10 tokens used settle to the same
+        // (the price it was admitted at, capped alike), not to 10,000.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner.answered(&limiter, sent, &used("q=1;w=1", 10)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(admitted_now(&limiter, partner).await, 1);
+        // A quota stated while a call is in flight prices the calls after it, not its settle.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let slow = partner.admit(&limiter, &request()).await.unwrap();
+        let fast = partner.admit(&limiter, &request()).await.unwrap();
+        partner
+            .answered(&limiter, fast, &used("q=500;w=1", 10))
+            .await;
+        partner
+            .answered(&limiter, slow, &used("q=500;w=1", 10))
+            .await;
+        let target = Target::global().key("tokens");
+        let now = limiter.peek(&partner.limits, &target).await.unwrap();
+        assert_eq!(now.decisions()[0].remaining, 1_000 - 20);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_call_charged_by_its_settle_counts_the_charge_after_the_refill() {
+        let (limiter, layer) = tokens_layer().await;
+        let partner = &layer.partner;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        // Ten periods later the budget is full (1,000), the call's 60 tokens charge 50 more
+        // than its estimate (950 left), and nothing else was admitted: the partner's 500
+        // leave 499 once the unit refilling is counted.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let answer = |left: u64, used: &str| {
+            let response = http::Response::builder()
+                .header("ratelimit", format!("\"tpm\";r={left};t=1"))
+                .header("x-used", used);
+            response.body(()).unwrap().into_parts().0
+        };
+        partner.answered(&limiter, sent, &answer(500, "60")).await;
+        let target = Target::global().key("tokens");
+        let left = || async { limiter.peek(&partner.limits, &target).await.unwrap() };
+        assert_eq!(left().await.decisions()[0].remaining, 499);
+        // A call that used less than its estimate gives back 9 to a full budget, which stays
+        // at its capacity: nothing was lost to other calls, and the partner's 400 leave 399.
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        partner.answered(&limiter, sent, &answer(400, "1")).await;
+        assert_eq!(left().await.decisions()[0].remaining, 399);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_requests_budget_takes_its_policy_s_cost() {
+        let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
+        let policy = policy.with_cost(2).unwrap();
+        let (limiter, layer) = layer_with(|b| b.requests(policy)).await;
+        assert_eq!(admitted_now(&limiter, &layer.partner).await, 10);
     }
 }

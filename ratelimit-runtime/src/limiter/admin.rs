@@ -145,7 +145,7 @@ impl RateLimiter {
     /// replaces the attribute's numbers, which are part of the key, so the admin calls find
     /// the caller's live state. An override that makes a limit unlimited, or that the limit's
     /// cost cannot fit, leaves the attribute's numbers.
-    pub(super) fn in_force(&self, limits: &[Limit]) -> Vec<Limit> {
+    pub(crate) fn in_force(&self, limits: &[Limit]) -> Vec<Limit> {
         limits
             .iter()
             .map(|l| {

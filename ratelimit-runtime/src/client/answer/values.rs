@@ -126,16 +126,20 @@ pub struct IetfPolicy {
     pub name: String,
     /// `q`: the quota (never zero).
     pub quota: u64,
-    /// `w`: the window, in seconds (`None`: not said, or zero).
+    /// `w`: the window, in seconds (`None`: not said).
     pub window: Option<Duration>,
 }
 
 /// The IETF `RateLimit-Policy` field's members (`"default";q=100;w=60`); members without a
-/// positive `q` are left out; `None` when the field is not a list of members at all.
+/// positive `q`, or with a `w` that is not a positive number of seconds, are left out (a
+/// window of zero states no rate); `None` when the field is not a list of members at all.
 pub fn ietf_policy(value: &[u8]) -> Option<Vec<IetfPolicy>> {
     sf_members(value, |name, params| {
         let quota = sf_unsigned(params, "q").filter(|q| *q > 0)?;
-        let window = sf_unsigned(params, "w").filter(|w| *w > 0);
+        let window = match params.iter().find(|(k, _)| *k == "w") {
+            Some(_) => Some(sf_unsigned(params, "w").filter(|w| *w > 0)?),
+            None => None,
+        };
         Some(IetfPolicy {
             name,
             quota,
