@@ -109,10 +109,40 @@ impl Level {
     }
 }
 
+/// How long `2·burst` calls take to drain at `rate` units per µs, `unit` units a call, µs
+/// (rounded down; 0 where the numbers do not fit, which only turns off
+/// [`normalize`]'s shortcut).
+pub(crate) const fn drain_us(burst: u64, unit: u64, rate: u64) -> u64 {
+    match burst.checked_mul(unit) {
+        Some(capacity) => match capacity.checked_mul(2) {
+            Some(most) if rate > 0 => most / rate,
+            _ => 0,
+        },
+        None => 0,
+    }
+}
+
 /// A level above a full bucket plus one capacity of settled debt (`2·burst` calls) was written
 /// by a clock ahead of this one (a failover to a replica behind): brought back to that from
 /// now, never held against the caller longer (GCRA's `tat > now + tau`).
+#[inline]
 pub(crate) fn normalize(b: &mut Level, p: &Params, now: u64) -> bool {
+    // The level is below `(ms·1000 + 1000 − now)·rate` (its units are below a millisecond's
+    // drain): when that span is at most the drain time of the most, so is the level, and
+    // there is nothing to bring back. One comparison on every check of a bucket that is not
+    // ahead, instead of the level's multiplications.
+    if b.ms
+        .checked_mul(1000)
+        .and_then(|us| us.checked_add(1000))
+        .is_some_and(|end| end <= now.saturating_add(p.bucket_drain_us))
+    {
+        return false;
+    }
+    normalize_ahead(b, p, now)
+}
+
+/// [`normalize`] past its shortcut: the level computed and compared with the most.
+fn normalize_ahead(b: &mut Level, p: &Params, now: u64) -> bool {
     // 64 bits within the policy bounds (the most is 2^53 units), 128 past them.
     let narrow = p
         .burst
@@ -325,6 +355,39 @@ mod tests {
             true
         } else {
             false
+        }
+    }
+
+    /// Around the shortcut's edge (a level of exactly the most, one unit more, and every
+    /// millisecond near the drain time), [`normalize`] answers as the plain comparison does.
+    #[test]
+    fn normalize_s_shortcut_answers_as_the_comparison_at_its_edge() {
+        for p in [
+            Params::new(3, 10_000_000, 3, 1),
+            Params::new(1, 3_600_000_000, 1_000, 1),
+            Params::new(1_000, 1_000_000, 50, 7),
+            Params::new(7, 999, 2, 1),
+        ] {
+            let (rate, unit) = scale(&p);
+            let most = 2 * u128::from(p.burst) * unit;
+            let now = 1_700_000_000_000_000;
+            for level in [most.saturating_sub(1), most, most + 1, most + rate * 1000] {
+                let b = Level::of(level, rate, now);
+                for later in (0..3_000)
+                    .step_by(7)
+                    .chain([p.bucket_drain_us, p.bucket_drain_us + 1])
+                {
+                    for at in [now + later, now.saturating_sub(later)] {
+                        let (mut fast, mut plain) = (b, b);
+                        assert_eq!(
+                            normalize(&mut fast, &p, at),
+                            wide_normalize(&mut plain, &p, at),
+                            "{p:?} level {level} at {at}"
+                        );
+                        assert_eq!(fast, plain);
+                    }
+                }
+            }
         }
     }
 
