@@ -58,7 +58,9 @@ impl Known {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Told {
     quota: Stated,
-    until: Instant,
+    /// `None`: past what the clock can name (a `max_pause` of centuries), believed until an
+    /// answer states another.
+    until: Option<Instant>,
 }
 
 /// How one budget prices a call: its policy as it applies now (a scope's quota override
@@ -106,7 +108,7 @@ impl Partner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let stated = told
-            .filter(|t| t.until > Instant::now())
+            .filter(|t| t.until.is_none_or(|until| until > Instant::now()))
             .and_then(|t| t.quota.per(policy.period()));
         Price { policy, stated }
     }
@@ -122,7 +124,7 @@ impl Partner {
             .filter_map(|q| Some((q.per(period)?, *q)))
             .min_by_key(|(rate, _)| *rate);
         if let Some((_, quota)) = least {
-            let until = Instant::now() + period.max(self.max_pause);
+            let until = Instant::now().checked_add(period.max(self.max_pause));
             *self.stated[i]
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(Told { quota, until });

@@ -158,7 +158,8 @@ impl PartnerLayerBuilder {
     }
 
     /// The longest pause one answer may impose on the fleet (default 60 s): a longer
-    /// `Retry-After` or reset is cut to it.
+    /// `Retry-After` or reset is cut to it. A quota the partner states is believed for this
+    /// long after the last answer that states it, or for the budget's period if longer.
     #[must_use]
     pub fn max_pause(mut self, max: Duration) -> Self {
         self.max_pause = max;
@@ -785,6 +786,24 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(10)).await;
         partner.answered(&limiter, sent, &answer(400, "1")).await;
         assert_eq!(left().await.decisions()[0].remaining, 399);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_max_pause_past_what_the_clock_can_name_never_panics() {
+        let store = MemoryStore::with_clock(TokioClock::default());
+        let limiter = RateLimiter::builder().store(store).build().await.unwrap();
+        let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
+        let layer = PartnerLayer::builder("partner")
+            .requests(policy)
+            .wait(Duration::ZERO)
+            .max_pause(Duration::MAX)
+            .limiter(limiter.clone())
+            .build()
+            .unwrap();
+        let partner = &layer.partner;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner.answered(&limiter, sent, &states("q=10;w=1")).await;
+        assert_eq!(admitted_now(&limiter, partner).await, 9);
     }
 
     #[tokio::test(start_paused = true)]
