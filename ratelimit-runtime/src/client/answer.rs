@@ -22,7 +22,7 @@ pub use self::values::{
 /// Which of a partner's budgets a reading is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Budget {
-    /// Requests (one unit a call).
+    /// Requests (the partner counts one a call).
     Requests,
     /// Tokens (a cost a call estimates and settles).
     Tokens,
@@ -56,7 +56,7 @@ pub struct Remaining {
 pub struct Stated {
     /// The budget.
     pub budget: Budget,
-    /// Units per window (never zero: a reader leaves a zero out).
+    /// Units per window (a reader leaves a zero out; a zero states no rate).
     pub limit: u64,
     /// The partner's window (`None`: not said, as the `x-ratelimit-*` families do not; the
     /// layer then reads `limit` per the budget's configured period).
@@ -65,8 +65,11 @@ pub struct Stated {
 
 impl Stated {
     /// `limit` per `window` as units per `period` (rounded down, at least 1), or `None` when
-    /// the window is zero.
+    /// the limit or the window is zero (no rate).
     pub fn per(&self, period: Duration) -> Option<u64> {
+        if self.limit == 0 {
+            return None;
+        }
         let Some(window) = self.window else {
             return Some(self.limit);
         };
@@ -122,11 +125,16 @@ impl Advice {
     /// The least of the quotas stated for `budget`, as units per `period` (see
     /// [`Stated::per`]).
     pub fn least_quota(&self, budget: Budget, period: Duration) -> Option<u64> {
+        self.least_stated(budget, period).map(|(rate, _)| rate)
+    }
+
+    /// The least of the quotas stated for `budget` (by its rate per `period`), with that rate.
+    pub(super) fn least_stated(&self, budget: Budget, period: Duration) -> Option<(u64, Stated)> {
         self.quotas
             .iter()
             .filter(|q| q.budget == budget)
-            .filter_map(|q| q.per(period))
-            .min()
+            .filter_map(|q| Some((q.per(period)?, *q)))
+            .min_by_key(|(rate, _)| *rate)
     }
 
     /// The least left of `budget`, with its reset (the latest among the least).
@@ -639,6 +647,16 @@ mod tests {
             ..rpm
         };
         assert_eq!(no_window.per(second), None);
+        // A zero limit (from a reader of your own, whose `Stated` is built by hand) is no
+        // rate either, whatever its window.
+        for window in [None, Some(minute)] {
+            let zero = Stated {
+                limit: 0,
+                window,
+                ..rpm
+            };
+            assert_eq!(zero.per(second), None);
+        }
         // A member whose window is zero or not a number states no rate: left out, never
         // read per the budget's period.
         for bad in [

@@ -9,7 +9,7 @@ use http::StatusCode;
 
 use tokio::time::Instant;
 
-use super::answer::{Advice, Answer, Remaining, Stated};
+use super::answer::{Advice, Answer, Budget, Remaining, Stated};
 use super::service::{Partner, template};
 use crate::limiter::RateLimiter;
 use crate::limiter::admin::Target;
@@ -64,10 +64,13 @@ pub(super) struct Told {
 }
 
 /// How one budget prices a call: its policy as it applies now (a scope's quota override
-/// included) and the partner's stated quota per that policy's period, if believed.
+/// included), the budget's units one of the partner's is worth unpriced (a request: the
+/// policy's cost; a token: one), and the partner's stated quota in those units per that
+/// policy's period, if believed.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Price {
     pub(super) policy: Policy,
+    scale: u64,
     stated: Option<u64>,
 }
 
@@ -79,24 +82,30 @@ impl Price {
     /// then admits at the partner's rate and burst under its own key (no new bucket,
     /// whatever the partner states), and never faster than configured.
     pub(super) fn of(&self, units: u64) -> u64 {
-        let configured = self.policy.limit();
-        let Some(stated) = self.stated.filter(|s| *s < configured) else {
+        let Some(stated) = self.below() else {
             return units;
         };
+        let configured = self.policy.limit();
         let priced = (u128::from(units) * u128::from(configured)).div_ceil(u128::from(stated));
         let priced = u64::try_from(priced).unwrap_or(u64::MAX);
         priced.min(self.policy.capacity().max(units))
     }
 
-    /// What the partner says is left, in the budget's units (rounded down): the reverse of
-    /// [`Price::of`].
+    /// What the partner says is left (in its own units: requests or tokens), in the budget's
+    /// units (rounded down): the reverse of [`Price::of`].
     fn in_budget_units(&self, left: u64) -> u64 {
-        let configured = self.policy.limit();
-        let Some(stated) = self.stated.filter(|s| *s < configured) else {
-            return left;
+        let units = u128::from(left) * u128::from(self.scale);
+        let units = match self.below() {
+            Some(stated) => units * u128::from(self.policy.limit()) / u128::from(stated),
+            None => units,
         };
-        let units = u128::from(left) * u128::from(configured) / u128::from(stated);
         u64::try_from(units).unwrap_or(u64::MAX)
+    }
+
+    /// The stated quota in the budget's units, when it is below the budget's (never zero).
+    fn below(&self) -> Option<u64> {
+        let configured = self.policy.limit();
+        self.stated.filter(|s| (1..configured).contains(s))
     }
 }
 
@@ -104,26 +113,29 @@ impl Partner {
     /// How budget `i` prices a call now ([`Price`]).
     pub(super) fn price(&self, limiter: &RateLimiter, i: usize) -> Price {
         let policy = limiter.in_force(&self.limits[i..=i])[0].policy;
+        let scale = match self.budgets[i] {
+            Budget::Requests => policy.cost(),
+            Budget::Tokens => 1,
+        };
         let told = *self.stated[i]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let stated = told
             .filter(|t| t.until.is_none_or(|until| until > Instant::now()))
-            .and_then(|t| t.quota.per(policy.period()));
-        Price { policy, stated }
+            .and_then(|t| t.quota.per(policy.period()))
+            .map(|rate| rate.saturating_mul(scale));
+        Price {
+            policy,
+            scale,
+            stated,
+        }
     }
 
     /// Remembers the least quota the answer states for budget `i` (by its rate per the
     /// budget's period), until it is stale ([`Told`]).
     fn told(&self, i: usize, policy: &Policy, advice: &Advice) {
         let period = policy.period();
-        let least = advice
-            .quotas
-            .iter()
-            .filter(|q| q.budget == self.budgets[i])
-            .filter_map(|q| Some((q.per(period)?, *q)))
-            .min_by_key(|(rate, _)| *rate);
-        if let Some((_, quota)) = least {
+        if let Some((_, quota)) = advice.least_stated(self.budgets[i], period) {
             let until = Instant::now().checked_add(period.max(self.max_pause));
             *self.stated[i]
                 .lock()
@@ -158,9 +170,15 @@ impl Partner {
             if states_quota {
                 self.told(i, &known[i].price.policy, &advice);
             }
+            // What is left, in the budget's units at the cheaper of two prices: the one this
+            // call was admitted at (the calls in flight paid it) and the one the next calls
+            // pay (the answer may have just changed it).
+            let next = self.price(limiter, i);
+            let in_units =
+                |left| (known[i].price.in_budget_units(left)).min(next.in_budget_units(left));
             let target = Target::global().key(template(*budget));
             let least = advice.least(*budget).map(|r| Remaining {
-                left: known[i].price.in_budget_units(r.left),
+                left: in_units(r.left),
                 ..r
             });
             let lesson = self
@@ -180,7 +198,7 @@ impl Partner {
     /// lost since this call was admitted ([`Known::lost`]: a tokens budget counts them at
     /// their estimates, which they hold until settled), less what this process's lessons
     /// took from it meanwhile: a lowering by another process in between counts as calls too,
-    /// so the count errs towards fewer calls, never more. What the partner will still admit
+    /// so the count errs towards fewer calls. What the partner will still admit
     /// is `left` less those: none, and the budget is deferred until the partner's reset (or
     /// the pause, the longer); some, and the budget is lowered to them.
     async fn lesson(

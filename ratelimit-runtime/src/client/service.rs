@@ -109,7 +109,8 @@ impl fmt::Debug for PartnerLayerBuilder {
 }
 
 impl PartnerLayerBuilder {
-    /// The requests budget: one unit a request.
+    /// The requests budget: each request takes the policy's cost (one unit unless
+    /// [`Policy::with_cost`] says more). A quota the partner states counts requests.
     #[must_use]
     pub fn requests(mut self, policy: Policy) -> Self {
         self.requests = Some(policy);
@@ -472,6 +473,7 @@ impl Partner {
 
 #[cfg(test)]
 mod tests {
+    use super::super::answer::{Advice, Answer, Stated};
     use super::*;
     use crate::algorithm::Algorithm;
     use crate::limiter::admin::Target;
@@ -483,18 +485,18 @@ mod tests {
         layer_with(|b| b.requests(policy)).await
     }
 
-    /// A layer whose budgets `budgets` gives, waiting for nothing, pausing at most 5 s.
+    /// A layer whose budgets `budgets` gives (and any setting it changes), waiting for
+    /// nothing, pausing at most 5 s.
     async fn layer_with(
         budgets: impl FnOnce(PartnerLayerBuilder) -> PartnerLayerBuilder,
     ) -> (RateLimiter, PartnerLayer) {
         let store = MemoryStore::with_clock(TokioClock::default());
         let limiter = RateLimiter::builder().store(store).build().await.unwrap();
-        let layer = budgets(PartnerLayer::builder("partner"))
+        let builder = PartnerLayer::builder("partner")
             .wait(Duration::ZERO)
             .max_pause(Duration::from_secs(5))
-            .limiter(limiter.clone())
-            .build()
-            .unwrap();
+            .limiter(limiter.clone());
+        let layer = budgets(builder).build().unwrap();
         (limiter, layer)
     }
 
@@ -582,10 +584,16 @@ mod tests {
 
     /// An answer of `status` whose `RateLimit-Policy` field states `quota` (and plenty left).
     fn states_with(status: u16, quota: &str) -> http::response::Parts {
+        states_left(status, quota, 1_000)
+    }
+
+    /// An answer of `status` whose `RateLimit-Policy` field states `quota`, and whose
+    /// `RateLimit` field says `left` (reset in a second).
+    fn states_left(status: u16, quota: &str, left: u64) -> http::response::Parts {
         let response = http::Response::builder()
             .status(status)
             .header("ratelimit-policy", format!("\"default\";{quota}"))
-            .header("ratelimit", "\"default\";r=1000;t=1");
+            .header("ratelimit", format!("\"default\";r={left};t=1"));
         response.body(()).unwrap().into_parts().0
     }
 
@@ -790,16 +798,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_max_pause_past_what_the_clock_can_name_never_panics() {
-        let store = MemoryStore::with_clock(TokioClock::default());
-        let limiter = RateLimiter::builder().store(store).build().await.unwrap();
         let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
-        let layer = PartnerLayer::builder("partner")
-            .requests(policy)
-            .wait(Duration::ZERO)
-            .max_pause(Duration::MAX)
-            .limiter(limiter.clone())
-            .build()
-            .unwrap();
+        let (limiter, layer) = layer_with(|b| b.requests(policy).max_pause(Duration::MAX)).await;
         let partner = &layer.partner;
         let sent = partner.admit(&limiter, &request()).await.unwrap();
         partner.answered(&limiter, sent, &states("q=10;w=1")).await;
@@ -811,6 +811,61 @@ mod tests {
         let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
         let policy = policy.with_cost(2).unwrap();
         let (limiter, layer) = layer_with(|b| b.requests(policy)).await;
-        assert_eq!(admitted_now(&limiter, &layer.partner).await, 10);
+        let partner = &layer.partner;
+        assert_eq!(admitted_now(&limiter, partner).await, 10);
+        // The partner counts requests: stating the 10 a second the budget admits prices
+        // nothing (its 20 units are 10 requests)…
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner.answered(&limiter, sent, &states("q=10;w=1")).await;
+        assert_eq!(admitted_now(&limiter, partner).await, 9);
+        // …and stating 5 makes a request take twice its cost: 5 a second.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner.answered(&limiter, sent, &states("q=5;w=1")).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(admitted_now(&limiter, partner).await, 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_is_left_is_counted_at_the_cheaper_of_the_call_s_price_and_the_next() {
+        let (limiter, layer) = layer().await;
+        let partner = &layer.partner;
+        // Priced at two units a call (the partner states 10 a second, the budget 20)…
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner.answered(&limiter, sent, &states("q=10;w=1")).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // …a call admitted at two learns the partner's 20 a second and 8 left: the next
+        // calls cost one unit, so the 8 are 8 units (not 16), less the unit refilling.
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner
+            .answered(&limiter, sent, &states_left(200, "q=20;w=1", 8))
+            .await;
+        assert_eq!(admitted_now(&limiter, partner).await, 7);
+    }
+
+    /// A reader of your own that states a quota of zero (`Stated`'s fields are public).
+    struct StatesZero;
+
+    impl ReadAnswer for StatesZero {
+        fn read(&self, _: &Answer<'_>, advice: &mut Advice) {
+            for window in [None, Some(Duration::from_secs(1))] {
+                advice.quotas.push(Stated {
+                    budget: Budget::Requests,
+                    limit: 0,
+                    window,
+                });
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stated_quota_of_zero_prices_nothing_and_never_panics() {
+        let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
+        let (limiter, layer) = layer_with(|b| b.requests(policy).read(StatesZero)).await;
+        let partner = &layer.partner;
+        let sent = partner.admit(&limiter, &request()).await.unwrap();
+        partner.answered(&limiter, sent, &says(1_000, 1)).await;
+        assert_eq!(admitted_now(&limiter, partner).await, 19);
     }
 }

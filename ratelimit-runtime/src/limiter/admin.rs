@@ -243,7 +243,8 @@ impl RateLimiter {
     /// state (shared by every instance on Redis and Redis Cluster; per process on memory). A
     /// later block replaces an earlier one; [`RateLimiter::reset`] lifts it. A blocked call
     /// gets the usual rejection (429 with `Retry-After` until the block's end, or
-    /// [`crate::RateLimitError::Limited`]) and takes nothing.
+    /// [`crate::RateLimitError::Limited`]) and takes nothing. A `duration` past a hundred
+    /// years (`Duration::MAX`: until reset) is cut to a hundred years.
     ///
     /// On Redis, each check reads whether a block exists for its keys (one `EXISTS` in the
     /// check's script, for all of the call's limits at once). This limiter's leases
@@ -292,6 +293,7 @@ impl RateLimiter {
     ) -> Result<(), StoreError> {
         let keys = target.keys(self, limits)?;
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let duration = duration.min(crate::store::LONGEST_BLOCK);
         let sent_at = Instant::now();
         let store = &self.inner.store;
         if keep_later {
@@ -306,7 +308,9 @@ impl RateLimiter {
                 .zip(&keys)
                 .map(|(l, k)| Check::new(k, &l.policy))
                 .collect();
-            blocked.block(&checks, sent_at + duration);
+            if let Some(until) = sent_at.checked_add(duration) {
+                blocked.block(&checks, until);
+            }
         }
         self.block_leases(limits, &refs);
         Ok(())

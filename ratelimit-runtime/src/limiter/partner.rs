@@ -29,7 +29,8 @@ impl RateLimiter {
     /// [`Store::extend_block`](crate::Store::extend_block), which keeps a block that ends
     /// later, atomically in the store (a block written by another process in the meantime
     /// is never cut short). `pause` is trusted: bound it before passing a partner's value
-    /// (the client layer cuts it to its `max_pause`).
+    /// (the client layer cuts it to its `max_pause`); past a hundred years, it is cut to a
+    /// hundred years, as a block is.
     ///
     /// ```
     /// use std::time::Duration;

@@ -6,5 +6,5 @@ local ms = tonumber(ARGV[1])
 if left == -1 or left >= ms then
   return 0
 end
-redis.call('SET', KEYS[1], 1, 'PX', ms)
+redis.call('SET', KEYS[1], 1, 'PX', ARGV[1])
 return 1

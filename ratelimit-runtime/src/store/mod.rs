@@ -131,6 +131,18 @@ impl<'a> Check<'a> {
 pub type StoreFuture<'a, T = Verdict> =
     Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
+/// The longest block a store writes: a hundred years, for ever in practice. A longer one
+/// ([`Duration::MAX`] for "until reset") is cut to it, so that every store can name its end
+/// (Redis refuses an expiry past its clock's range) and so can the blocked-caller cache.
+pub(crate) const LONGEST_BLOCK: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// A block's length as the stores write it: whole milliseconds, at least 1, at most
+/// [`LONGEST_BLOCK`].
+pub(crate) fn block_ms(duration: Duration) -> u64 {
+    let ms = duration.min(LONGEST_BLOCK).as_millis();
+    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+}
+
 /// A fresh id for one call's receipts ([`Store::take`], and a cluster call across slots that
 /// was not given one): this process's random 64-bit value and a counter, as 17 to 32
 /// lower-case hex digits (the scripts' call id format). The receipts of two calls never share
@@ -340,6 +352,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Rejects every call under `keys` for `duration` (from now, on the store's clock),
     /// whatever their state; a later block replaces an earlier one, [`Store::reset`] lifts it.
+    /// The built-in stores cut a block past a hundred years to a hundred years.
     ///
     /// The default answers [`StoreError::Unsupported`].
     fn block<'a>(&'a self, keys: &'a [&'a str], duration: Duration) -> StoreFuture<'a, ()> {

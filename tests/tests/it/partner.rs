@@ -813,3 +813,47 @@ async fn a_pause_never_shortens_an_operator_s_block_on_redis() {
     assert!(waits[0] <= Duration::from_secs(6), "{waits:?}");
     assert!(waits[1] > Duration::from_secs(500), "{waits:?}");
 }
+
+/// A block or a pause of any length (`Duration::MAX`: until reset) is written on every
+/// store, cut to a hundred years: never a panic (the blocked-caller cache names its end),
+/// never an expiry Redis refuses (which would leave the budget unpaused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_or_a_pause_of_any_length_holds_on_every_store() {
+    use ratelimit_runtime::{By, Limit, RedisStore, Store, Target};
+    let server = RedisServer::start();
+    let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
+    let (blocked, paused) = (
+        Limit::new(policy, "for_ever_block", By::Global),
+        Limit::new(policy, "for_ever_pause", By::Global),
+    );
+    let everyone = Target::global();
+    let ninety_nine_years = Duration::from_hours(99 * 365 * 24);
+    let memory = RateLimiter::builder().build().await.unwrap();
+    for fleet in [Fleet::Memory(memory), Fleet::Redis(server.url())] {
+        let limiter = fleet.limiter().await;
+        limiter
+            .block(&[blocked], &everyone, Duration::MAX)
+            .await
+            .unwrap();
+        limiter
+            .defer(&[paused], &everyone, Duration::MAX)
+            .await
+            .unwrap();
+        for limit in [blocked, paused] {
+            let now = limiter.peek(&[limit], &everyone).await.unwrap();
+            assert!(now.retry_after().unwrap() > ninety_nine_years, "{now:?}");
+        }
+        limiter.reset(&[blocked, paused], &everyone).await.unwrap();
+        let now = limiter.peek(&[blocked, paused], &everyone).await.unwrap();
+        assert!(now.is_admitted(), "{now:?}");
+    }
+    // The store's own writes, key by key.
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    store.block(&["a"], Duration::MAX).await.unwrap();
+    store.extend_block(&["b"], Duration::MAX).await.unwrap();
+    let checks = [Check::new("a", &policy), Check::new("b", &policy)];
+    let now = store.peek(&checks).await.unwrap();
+    for decision in now.decisions() {
+        assert!(decision.retry_after.unwrap() > ninety_nine_years, "{now:?}");
+    }
+}

@@ -91,9 +91,7 @@ impl MemoryStore {
         // As Redis expires the block's marker (`SET … PX ms`): it lives through the
         // millisecond `now_ms + ms` and is gone from the next one, so both stores answer the
         // same wait.
-        let ms = u64::try_from(duration.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
+        let ms = crate::store::block_ms(duration);
         let until = (now / 1000)
             .saturating_add(ms)
             .saturating_add(1)

@@ -148,11 +148,10 @@ pub(crate) fn reset_cmd(key: &str) -> redis::Cmd {
     cmd
 }
 
-/// `SET key:b 1 PX ms`: the block marker, with the block's length as its TTL (at least 1 ms).
+/// `SET key:b 1 PX ms`: the block marker, with the block's length as its TTL
+/// ([`crate::store::block_ms`]).
 pub(crate) fn block_cmd(key: &str, duration: Duration) -> redis::Cmd {
-    let ms = u64::try_from(duration.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1);
+    let ms = crate::store::block_ms(duration);
     let mut cmd = redis::cmd("SET");
     cmd.arg(block_key(key)).arg(1).arg("PX").arg(ms);
     cmd
@@ -164,9 +163,7 @@ const EXTEND_BLOCK: &str = include_str!("../../scripts/extend_block.lua");
 /// `EVAL extend_block.lua 1 key:b ms`: the block marker as [`block_cmd`] writes it, unless
 /// the marker there already ends later (read and written in one script, so atomically).
 pub(crate) fn extend_block_cmd(key: &str, duration: Duration) -> redis::Cmd {
-    let ms = u64::try_from(duration.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1);
+    let ms = crate::store::block_ms(duration);
     let mut cmd = redis::cmd("EVAL");
     cmd.arg(EXTEND_BLOCK).arg(1).arg(block_key(key)).arg(ms);
     cmd
