@@ -101,6 +101,12 @@ impl Level {
         }
     }
 
+    /// When the level an admitted call left (`e` its evaluation at `now`) is back to 0, µs:
+    /// [`Level::idle_at`] of that level, read off the evaluation without a division.
+    pub(crate) fn idle_after(e: &Evaluation, now: u64) -> u64 {
+        now.saturating_add(e.after_reset_us)
+    }
+
     /// When the level is back to 0, µs.
     pub(crate) fn idle_at(&self, p: &Params) -> u64 {
         self.ms
@@ -293,6 +299,20 @@ mod tests {
                 let (mut n, mut w) = (b, b);
                 prop_assert_eq!(normalize(&mut n, &p, now), wide_normalize(&mut w, &p, now));
                 prop_assert_eq!(n, w);
+            }
+            // An admitted call's level is idle when its evaluation says, never sooner than
+            // the level's own time (the janitor drops an idle state): the same within the
+            // bounds.
+            for now in [stamp, stamp.saturating_add(later)] {
+                for state in [None, Some(&b)] {
+                    if let (e, Some(next)) = evaluate(state, &p, now) {
+                        let idle = Level::idle_after(&e, now);
+                        prop_assert!(idle >= next.idle_at(&p), "{e:?} {next:?}");
+                        if !wide_numbers && stamp < 1 << 50 && later < 1 << 40 {
+                            prop_assert_eq!(idle, next.idle_at(&p));
+                        }
+                    }
+                }
             }
             let capacity = u128::from(p.burst) * u128::from(p.unit);
             let bounded = capacity <= 1 << 52

@@ -107,6 +107,13 @@ pub(super) trait PackedState: Copy {
     fn normalize(&mut self, p: &Params, now: u64) -> bool;
     /// When the state becomes idle, µs.
     fn idle_at(self, p: &Params) -> u64;
+    /// When `next`, the state an admitted call left (`e` its evaluation at `now`), becomes
+    /// idle, µs: [`PackedState::idle_at`], unless the evaluation already says.
+    #[inline]
+    fn idle_after(next: Self, e: &Evaluation, now: u64, p: &Params) -> u64 {
+        let _ = (e, now);
+        next.idle_at(p)
+    }
     /// The algorithm's `evaluate`.
     fn evaluate(state: Option<&Self>, p: &Params, now: u64) -> (Evaluation, Option<Self>);
 }
@@ -149,6 +156,10 @@ impl PackedState for Level {
     }
     fn idle_at(self, p: &Params) -> u64 {
         Level::idle_at(&self, p)
+    }
+    #[inline]
+    fn idle_after(_: Self, e: &Evaluation, now: u64, _: &Params) -> u64 {
+        Level::idle_after(e, now)
     }
     fn evaluate(state: Option<&Self>, p: &Params, now: u64) -> (Evaluation, Option<Self>) {
         bucket::evaluate(state, p, now)

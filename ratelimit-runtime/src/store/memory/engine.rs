@@ -165,7 +165,10 @@ impl Inner {
                 let base = (now < idle_at).then_some(&state);
                 let (e, next) = S::evaluate(base, p, now);
                 match next {
-                    Some(next) => (e.taken(capacity), Some((next, next.idle_at(p)))),
+                    Some(next) => (
+                        e.taken(capacity),
+                        Some((next, S::idle_after(next, &e, now, p))),
+                    ),
                     None => (
                         e.untaken(capacity, false, e.retry_us),
                         normalized.then_some((state, idle_at)),
