@@ -504,6 +504,12 @@ mod tests {
         http::Request::new(()).into_parts().0
     }
 
+    /// One call admitted and answered `answer`.
+    async fn one_call(limiter: &RateLimiter, partner: &Partner, answer: &http::response::Parts) {
+        let sent = partner.admit(limiter, &request()).await.unwrap();
+        partner.answered(limiter, sent, answer).await;
+    }
+
     /// A 200 whose `RateLimit` field says `left` with a reset of `reset` seconds.
     fn says(left: u64, reset: u64) -> http::response::Parts {
         let field = format!("\"default\";r={left};t={reset}");
@@ -648,14 +654,10 @@ mod tests {
     async fn a_partner_with_more_left_than_the_budget_neither_raises_nor_pauses_it() {
         let (limiter, layer) = layer().await;
         let partner = &layer.partner;
-        let sent = partner.admit(&limiter, &request()).await.unwrap();
-        partner.answered(&limiter, sent, &says(1_000, 3600)).await;
+        one_call(&limiter, partner, &says(1_000, 3600)).await;
         assert_eq!(budget(&limiter, &layer).await.decisions()[0].remaining, 19);
         // A ten-year reset with nothing left pauses no longer than `max_pause` (5 s).
-        let sent = partner.admit(&limiter, &request()).await.unwrap();
-        partner
-            .answered(&limiter, sent, &says(0, 315_360_000))
-            .await;
+        one_call(&limiter, partner, &says(0, 315_360_000)).await;
         tokio::time::sleep(Duration::from_millis(5_100)).await;
         assert!(budget(&limiter, &layer).await.is_admitted());
     }
@@ -864,8 +866,7 @@ mod tests {
         let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
         let (limiter, layer) = layer_with(|b| b.requests(policy).read(StatesZero)).await;
         let partner = &layer.partner;
-        let sent = partner.admit(&limiter, &request()).await.unwrap();
-        partner.answered(&limiter, sent, &says(1_000, 1)).await;
+        one_call(&limiter, partner, &says(1_000, 1)).await;
         assert_eq!(admitted_now(&limiter, partner).await, 19);
     }
 }

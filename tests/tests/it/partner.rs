@@ -172,6 +172,13 @@ fn fields(dialect: Dialect, verdict: &Verdict) -> Vec<(String, String)> {
         }
         Dialect::Hostile => vec![
             ("ratelimit".into(), "\"requests\";r=-1;t=-5".into()),
+            (
+                "ratelimit-policy".into(),
+                "\"requests\";q=0;w=1, \"requests\";q=5;w=0, \"requests\";q=5;w=-1, \
+                 \"requests\";q=99999999999999999999;w=1"
+                    .into(),
+            ),
+            ("x-ratelimit-limit-requests".into(), "0".into()),
             ("x-ratelimit-remaining-requests".into(), "１２".into()),
             (
                 "x-ratelimit-reset-requests".into(),
