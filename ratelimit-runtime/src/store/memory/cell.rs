@@ -80,6 +80,21 @@ impl Packed {
         })
     }
 
+    /// The form's tag in a cell's `seq` (its top two bits).
+    const fn tag(self) -> u64 {
+        (self as u64) << TAG_SHIFT
+    }
+
+    /// The form a cell's `seq` names.
+    const fn of_seq(seq: u64) -> Self {
+        match seq >> TAG_SHIFT {
+            0 => Self::Fixed,
+            1 => Self::Bucket,
+            2 => Self::Gcra,
+            _ => Self::Counter,
+        }
+    }
+
     /// The state of these numbers (the inverse of [`Packed::pack`]).
     fn unpack(self, w: [u64; 3]) -> State {
         match self {
@@ -208,13 +223,10 @@ impl PackedState for Counters {
     }
 }
 
-/// How a [`Cell`] holds its state.
-pub(super) enum Form {
-    /// In the cell's words ([`Packed`]).
-    Packed(Packed),
-    /// Beside them (the sliding log); changed only under the shard's write lock.
-    Other(Box<State>),
-}
+/// Where a cell's `seq` keeps its packed form: its top two bits (see [`Cell`]).
+const TAG_SHIFT: u32 = 62;
+/// The bits of a cell's `seq` that count its writes.
+const COUNTER: u64 = (1 << TAG_SHIFT) - 1;
 
 /// Where an [`Entry`] lives, so that one-limit checks can update it under the shard's *read*
 /// lock, as governor's keyed limiter does: a sequence lock over atomic words.
@@ -232,11 +244,17 @@ pub(super) enum Form {
 ///   against: it reads and writes the cells through `&mut`, with every fast write either done
 ///   before it or begun after it. That is how a stacked check stays all or nothing against
 ///   the same entries.
+///
+/// The cell keeps its form in the top two bits of `seq` (which [`Packed`] the words hold; set
+/// only with exclusive access, so a fast writer's compare-and-swap keeps it), and a state
+/// that does not pack (the sliding log) in `other`, beside the words: a cell is 48 bytes, so
+/// that a map entry (the key and its cell) fills one cache line.
 pub(super) struct Cell {
     seq: AtomicU64,
     idle_at: AtomicU64,
     words: [AtomicU64; 3],
-    pub(super) form: Form,
+    /// The state when it does not pack; changed only under the shard's write lock.
+    other: Option<Box<State>>,
 }
 
 impl Cell {
@@ -245,7 +263,7 @@ impl Cell {
             seq: AtomicU64::new(0),
             idle_at: AtomicU64::new(0),
             words: Default::default(),
-            form: Form::Packed(Packed::Fixed),
+            other: None,
         };
         cell.set(entry);
         cell
@@ -266,11 +284,22 @@ impl Cell {
             for (w, v) in self.words.iter_mut().zip(words) {
                 *w.get_mut() = v;
             }
-            self.form = Form::Packed(form);
-        } else if let Form::Other(held) = &mut self.form {
+            let seq = self.seq.get_mut();
+            *seq = (*seq & COUNTER) | form.tag();
+            self.other = None;
+        } else if let Some(held) = &mut self.other {
             **held = entry.state;
         } else {
-            self.form = Form::Other(Box::new(entry.state));
+            self.other = Some(Box::new(entry.state));
+        }
+    }
+
+    /// The packed form of the state held, if it packs. Under the shard's read lock too: the
+    /// form changes only with exclusive access.
+    pub(super) fn packed(&self) -> Option<Packed> {
+        match self.other {
+            Some(_) => None,
+            None => Some(Packed::of_seq(self.seq.load(Ordering::Relaxed))),
         }
     }
 
@@ -278,63 +307,54 @@ impl Cell {
     /// (exclusive access: no fast writer is running). Whoever changes the state sets
     /// `idle_at` to match.
     pub(super) fn unpacked_mut(&mut self) -> Option<(&mut u64, &mut State)> {
-        match &mut self.form {
-            Form::Other(state) => Some((self.idle_at.get_mut(), state)),
-            Form::Packed(_) => None,
-        }
+        let state = self.other.as_deref_mut()?;
+        Some((self.idle_at.get_mut(), state))
     }
 
     /// [`Entry::normalize`] in place, with exclusive access; `true` when it changed.
     pub(super) fn normalize(&mut self, p: &Params, now: u64) -> bool {
-        match &mut self.form {
-            Form::Other(state) => {
-                let idle_at = self.idle_at.get_mut();
-                let changed = now < *idle_at && algorithm::normalize(state, p, now);
-                if changed {
-                    *idle_at = algorithm::idle_at(state, p);
-                }
-                changed
+        if let Some(state) = &mut self.other {
+            let idle_at = self.idle_at.get_mut();
+            let changed = now < *idle_at && algorithm::normalize(state, p, now);
+            if changed {
+                *idle_at = algorithm::idle_at(state, p);
             }
-            Form::Packed(_) => {
-                let mut entry = Entry {
-                    idle_at: self.idle_at(),
-                    state: self.state().into_owned(),
-                };
-                let changed = entry.normalize(p, now);
-                if changed {
-                    self.set(entry);
-                }
-                changed
-            }
+            return changed;
         }
+        let mut entry = Entry {
+            idle_at: self.idle_at(),
+            state: self.state().into_owned(),
+        };
+        let changed = entry.normalize(p, now);
+        if changed {
+            self.set(entry);
+        }
+        changed
     }
 
     /// The state held, with exclusive access (the shard's write lock): borrowed when it is
     /// not packed.
     pub(super) fn state(&self) -> Cow<'_, State> {
-        match &self.form {
-            Form::Packed(form) => Cow::Owned(form.unpack(self.words.each_ref().map(|w| {
-                // Exclusive access: no writer can be storing.
-                w.load(Ordering::Relaxed)
-            }))),
-            Form::Other(state) => Cow::Borrowed(state),
+        if let Some(state) = &self.other {
+            return Cow::Borrowed(state);
         }
+        // Exclusive access: no writer can be storing.
+        let form = Packed::of_seq(self.seq.load(Ordering::Relaxed));
+        Cow::Owned(form.unpack(self.words.each_ref().map(|w| w.load(Ordering::Relaxed))))
     }
 
     /// A copy of the entry, consistent even while fast writers run (under a read lock).
     pub(super) fn snapshot(&self) -> Entry {
-        match &self.form {
-            Form::Packed(form) => {
-                let (idle_at, words) = self.read_packed();
-                Entry {
-                    idle_at,
-                    state: form.unpack(words),
-                }
-            }
-            Form::Other(state) => Entry {
+        if let Some(state) = &self.other {
+            return Entry {
                 idle_at: self.idle_at(),
                 state: (**state).clone(),
-            },
+            };
+        }
+        let (seq, idle_at, words) = self.read_packed();
+        Entry {
+            idle_at,
+            state: Packed::of_seq(seq).unpack(words),
         }
     }
 
@@ -376,15 +396,16 @@ impl Cell {
         }
     }
 
-    /// The packed numbers: a read that waits out any write under way.
-    fn read_packed(&self) -> (u64, [u64; 3]) {
+    /// The packed numbers and the `seq` they were read at: a read that waits out any write
+    /// under way.
+    fn read_packed(&self) -> (u64, u64, [u64; 3]) {
         let mut spins = 0;
         loop {
             let seq = self.seq.load(Ordering::Acquire);
             if seq & 1 == 0 {
-                let read = self.load_words();
+                let (idle_at, words) = self.load_words();
                 if self.unchanged_since(seq) {
-                    return read;
+                    return (seq, idle_at, words);
                 }
             }
             backoff(&mut spins);
@@ -426,8 +447,14 @@ impl Cell {
         for (w, &v) in self.words.iter().zip(words) {
             w.store(v, Ordering::Relaxed);
         }
-        self.seq.store(seq + 2, Ordering::Release);
+        self.seq.store(next_seq(seq), Ordering::Release);
     }
+}
+
+/// The `seq` after a write claimed at `seq` (even): the count moves on, the form's tag stays
+/// (the count wraps within its bits, after 2^61 writes).
+const fn next_seq(seq: u64) -> u64 {
+    (seq & !COUNTER) | (seq.wrapping_add(2) & COUNTER)
 }
 
 /// Waits a little for a write under way to finish: spins, then yields (the writer may have
@@ -438,5 +465,63 @@ fn backoff(spins: &mut u32) {
         std::hint::spin_loop();
     } else {
         std::thread::yield_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(state: State) -> Entry {
+        Entry { idle_at: 7, state }
+    }
+
+    /// A cell answers the form it holds through every change of form, and the fast writes'
+    /// count never reaches the form's bits, even where it wraps.
+    #[test]
+    fn the_form_survives_every_write_and_the_count_s_wrap() {
+        let forms = [Packed::Fixed, Packed::Bucket, Packed::Gcra, Packed::Counter];
+        let mut cell = Cell::new(entry(Packed::Gcra.unpack([5, 0, 0])));
+        for round in 0..3 {
+            for form in forms {
+                let state = form.unpack([round + 1, round + 2, round + 3]);
+                cell.set(entry(state.clone()));
+                assert_eq!(cell.packed(), Some(form));
+                assert_eq!(cell.snapshot(), entry(state.clone()));
+                assert_eq!(cell.state().into_owned(), state);
+            }
+            cell.set(entry(State::Sliding(
+                crate::algorithm::sliding::Log::default(),
+            )));
+            assert_eq!(cell.packed(), None);
+            assert!(cell.unpacked_mut().is_some());
+        }
+        for form in forms {
+            let last = form.tag() | (COUNTER - 1);
+            assert_eq!(next_seq(last), form.tag(), "{form:?}");
+            assert_eq!(Packed::of_seq(next_seq(last)), form);
+            assert_eq!(next_seq(form.tag() | 4), form.tag() | 6);
+        }
+        // A fast write keeps the form.
+        let mut cell = Cell::new(entry(Packed::Counter.unpack([1, 2, 3])));
+        *cell.seq.get_mut() = Packed::Counter.tag() | (COUNTER - 1);
+        let ((), wrote) = cell.measure_and_replace::<Counters, _>(
+            || 8,
+            |c, _, _| {
+                (
+                    (),
+                    Some((
+                        Counters {
+                            cur: c.cur + 1,
+                            ..c
+                        },
+                        9,
+                    )),
+                )
+            },
+        );
+        assert_eq!(wrote, Some(9));
+        assert_eq!(cell.packed(), Some(Packed::Counter));
+        assert_eq!(cell.snapshot().state, Packed::Counter.unpack([1, 3, 3]));
     }
 }

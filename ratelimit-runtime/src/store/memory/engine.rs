@@ -5,7 +5,7 @@ use std::sync::RwLockWriteGuard;
 use std::sync::atomic::Ordering;
 
 use super::blocks::blocked_decision;
-use super::cell::{Cell, Entry, Form, Packed, PackedState};
+use super::cell::{Cell, Entry, Packed, PackedState};
 use super::map::{Map, SHARDS, Shard, lower};
 use super::receipts::sliding_first;
 use super::{Inner, read, write};
@@ -67,7 +67,7 @@ impl Inner {
         {
             let guard = read(shard);
             if let Some(cell) = guard.map.get(hash, check.key)
-                && matches!(cell.form, Form::Packed(f) if f == form)
+                && cell.packed() == Some(form)
             {
                 return Ok(self.check_packed(&guard, cell, form, p, capacity));
             }

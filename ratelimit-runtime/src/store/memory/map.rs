@@ -19,12 +19,15 @@ pub(super) const SHARDS: usize = 64;
 /// after its last sweep, whichever is more (so sweeping costs O(1) per insert, amortised).
 const MIN_INSERTS_PER_SWEEP: usize = 64;
 
+/// The hasher of the store's keys ([`key_hasher`]).
+pub(super) type KeyHasher = foldhash::fast::SeedableRandomState;
+
 /// The hash of the store's keys: foldhash (hashbrown's default hasher, a few times cheaper
 /// than std's `SipHash` on a key of 50 bytes, which was a third of a check's instructions), with
 /// secrets drawn from std's `RandomState` (the OS's randomness): one for the process and one for
 /// each store. Keys are caller values (IPs, header values); the secrets keep a caller from
 /// choosing keys that collide, which is what `SipHash` guarded against.
-pub(super) fn key_hasher() -> foldhash::fast::SeedableRandomState {
+pub(super) fn key_hasher() -> KeyHasher {
     use std::hash::RandomState;
     use std::sync::LazyLock;
     static SHARED: LazyLock<foldhash::SharedSeed> =
@@ -49,9 +52,23 @@ impl Inner {
 /// A shard's lock on cache lines of its own (128 bytes: the pair the CPU's adjacent-line
 /// prefetcher moves together), so that threads on different shards never write each other's
 /// lines (each read lock writes its shard's lock word).
-#[derive(Default)]
 #[repr(align(128))]
 pub(super) struct Padded(RwLock<Shard>);
+
+impl Padded {
+    /// An empty shard whose map hashes keys with `hasher` (the store's).
+    pub(super) fn new(hasher: KeyHasher) -> Self {
+        Self(RwLock::new(Shard {
+            map: Map {
+                table: HashTable::new(),
+                hasher,
+            },
+            inserts_since_sweep: 0,
+            len_after_sweep: 0,
+            next_idle: AtomicU64::new(0),
+        }))
+    }
+}
 
 impl std::ops::Deref for Padded {
     type Target = RwLock<Shard>;
@@ -62,7 +79,6 @@ impl std::ops::Deref for Padded {
 }
 
 /// One shard: its entries and its amortised-sweep bookkeeping.
-#[derive(Default)]
 pub(super) struct Shard {
     pub(super) map: Map,
     inserts_since_sweep: usize,
@@ -169,70 +185,79 @@ impl Shard {
     }
 }
 
-/// A shard's entries by key, each stored with its key's hash: a check hashes its key once
-/// (for the shard and the slot alike), and growing the table rehashes nothing.
-#[derive(Default)]
-pub(super) struct Map(HashTable<Held>);
+/// A shard's entries by key. A check hashes its key once, for the shard and the slot alike;
+/// growing the table hashes the keys again with the store's hasher (rare, amortised), so that
+/// an entry is its key and its cell alone and fills one cache line: a check at 100,000 keys
+/// misses on one line for it, not two.
+pub(super) struct Map {
+    table: HashTable<Held>,
+    hasher: KeyHasher,
+}
 
+/// A key and its cell, on a cache line of their own.
+#[repr(align(64))]
 struct Held {
-    hash: u64,
     key: Box<str>,
     cell: Cell,
 }
 
+const _: () = assert!(size_of::<Held>() == 64, "a map entry fills one cache line");
+
 impl Map {
     pub(super) fn get(&self, hash: u64, key: &str) -> Option<&Cell> {
-        self.0.find(hash, |h| &*h.key == key).map(|h| &h.cell)
+        self.table.find(hash, |h| &*h.key == key).map(|h| &h.cell)
     }
 
     pub(super) fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Cell> {
-        self.0
+        self.table
             .find_mut(hash, |h| &*h.key == key)
             .map(|h| &mut h.cell)
     }
 
     /// Adds a key the map does not hold.
     fn insert(&mut self, hash: u64, key: &str, entry: Entry) {
-        self.0.insert_unique(
+        let hasher = &self.hasher;
+        self.table.insert_unique(
             hash,
             Held {
-                hash,
                 key: key.into(),
                 cell: Cell::new(entry),
             },
-            |h| h.hash,
+            |h| hasher.hash_one(&*h.key),
         );
     }
 
     pub(super) fn remove(&mut self, hash: u64, key: &str) {
-        if let Ok(found) = self.0.find_entry(hash, |h| &*h.key == key) {
+        if let Ok(found) = self.table.find_entry(hash, |h| &*h.key == key) {
             found.remove();
         }
     }
 
     fn retain(&mut self, mut keep: impl FnMut(&str, &Cell) -> bool) {
-        self.0.retain(|h| keep(&h.key, &h.cell));
+        self.table.retain(|h| keep(&h.key, &h.cell));
     }
 
     #[cfg(test)]
     pub(super) fn iter(&self) -> impl Iterator<Item = (&str, &Cell)> {
-        self.0.iter().map(|h| (&*h.key, &h.cell))
+        self.table.iter().map(|h| (&*h.key, &h.cell))
     }
 
     pub(super) fn values(&self) -> impl Iterator<Item = &Cell> {
-        self.0.iter().map(|h| &h.cell)
+        self.table.iter().map(|h| &h.cell)
     }
 
     pub(super) fn len(&self) -> usize {
-        self.0.len()
+        self.table.len()
     }
 
     fn capacity(&self) -> usize {
-        self.0.capacity()
+        self.table.capacity()
     }
 
     fn shrink_to(&mut self, min_capacity: usize) {
-        self.0.shrink_to(min_capacity, |h| h.hash);
+        let hasher = &self.hasher;
+        self.table
+            .shrink_to(min_capacity, |h| hasher.hash_one(&*h.key));
     }
 }
 
@@ -255,6 +280,37 @@ mod tests {
     use crate::error::StoreError;
     use crate::policy::Policy;
     use crate::store::{Check, ManualClock, MemoryStore};
+
+    /// Growing a shard's table and shrinking it after a sweep hash every key again: each
+    /// key is still found where its checks look (a key lost would admit its caller afresh).
+    #[test]
+    fn keys_are_found_after_their_table_grows_and_shrinks() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        let minute = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60)).unwrap();
+        let second = Policy::new(Algorithm::Gcra, 1, Duration::from_secs(1)).unwrap();
+        let admitted = |key: &str, p: &Policy| {
+            store
+                .check_now(&[Check::new(key, p)])
+                .unwrap()
+                .is_admitted()
+        };
+        let keys: Vec<String> = (0..20_000).map(|i| format!("k{i}")).collect();
+        let brief: Vec<String> = (0..100_000).map(|i| format!("b{i}")).collect();
+        for key in &keys {
+            assert!(admitted(key, &minute));
+        }
+        // Many keys that go idle in a second make the tables grow, then sweeps empty them
+        // and shrink the tables.
+        for key in &brief {
+            assert!(admitted(key, &second));
+        }
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(store.sweep(), brief.len());
+        for key in &keys {
+            assert!(!admitted(key, &minute), "{key} was lost");
+        }
+    }
 
     /// Each entry becomes idle exactly when its state is back to none, and not a microsecond
     /// before.

@@ -169,11 +169,12 @@ impl MemoryStore {
 
     /// A store on the given clock.
     pub fn with_clock(clock: impl Clock) -> Self {
-        let shards = (0..SHARDS).map(|_| Padded::default()).collect();
+        let hasher = key_hasher();
+        let shards = (0..SHARDS).map(|_| Padded::new(hasher.clone())).collect();
         let store = Self {
             inner: Arc::new(Inner {
                 clock: Box::new(clock),
-                hasher: key_hasher(),
+                hasher,
                 shards,
                 fast: AtomicBool::new(true),
                 max_per_shard: AtomicUsize::new(0),
