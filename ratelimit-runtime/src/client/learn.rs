@@ -92,11 +92,18 @@ impl Price {
     }
 
     /// What the partner says is left (in its own units: requests or tokens), in the budget's
-    /// units (rounded down): the reverse of [`Price::of`].
+    /// units: the reverse of [`Price::of`], rounded down, and never more than `left` calls of
+    /// one partner unit each cost (a price cut to the capacity makes a call cheaper than in
+    /// proportion). Saturating: `left` is the partner's number.
     fn in_budget_units(&self, left: u64) -> u64 {
-        let units = u128::from(left) * u128::from(self.scale);
+        let units = u128::from(left).saturating_mul(u128::from(self.scale));
         let units = match self.below() {
-            Some(stated) => units * u128::from(self.policy.limit()) / u128::from(stated),
+            Some(stated) => {
+                let proportional =
+                    units.saturating_mul(u128::from(self.policy.limit())) / u128::from(stated);
+                let per_unit = u128::from(self.of(self.scale));
+                proportional.min(u128::from(left).saturating_mul(per_unit))
+            }
             None => units,
         };
         u64::try_from(units).unwrap_or(u64::MAX)

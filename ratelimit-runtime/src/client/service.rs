@@ -830,6 +830,32 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn what_is_left_of_a_requests_budget_counts_requests_at_their_cost() {
+        let policy = Policy::new(Algorithm::Gcra, 20, Duration::from_secs(1)).unwrap();
+        let policy = policy.with_cost(2).unwrap();
+        let (limiter, layer) = layer_with(|b| b.requests(policy)).await;
+        let partner = &layer.partner;
+        // 4 requests left are 8 units, less the unit refilling: 3 requests of 2 units.
+        one_call(&limiter, partner, &says(4, 1)).await;
+        assert_eq!(budget(&limiter, &layer).await.decisions()[0].remaining, 7);
+        assert_eq!(admitted_now(&limiter, partner).await, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_partner_s_largest_numbers_never_overflow_the_conversion() {
+        let policy = Policy::new(Algorithm::Fixed, 1 << 40, Duration::from_secs(1)).unwrap();
+        let policy = policy.with_cost(1 << 30).unwrap();
+        let (limiter, layer) = layer_with(|b| b.requests(policy)).await;
+        let partner = &layer.partner;
+        // Priced at the whole window (2^40 units a request), told 2^64 - 1 requests left.
+        one_call(&limiter, partner, &states("q=1;w=1")).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let answer = states_left(200, "q=1;w=1", u64::MAX);
+        one_call(&limiter, partner, &answer).await;
+        assert!(!budget(&limiter, &layer).await.is_admitted());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn what_is_left_is_counted_at_the_cheaper_of_the_call_s_price_and_the_next() {
         let (limiter, layer) = layer().await;
         let partner = &layer.partner;
