@@ -170,39 +170,10 @@ fn push_hex(out: &mut String, bytes: &[u8]) {
     }
 }
 
-/// Appends `n` in decimal, without `core::fmt` (keys and header values are built per request).
+/// Appends `n` in decimal, without `core::fmt` and without validating digits as UTF-8 (keys
+/// and header values are built per request).
 pub(crate) fn push_decimal(out: &mut String, n: u64) {
-    let mut buf = [0u8; 20];
-    let digits = decimal(&mut buf, n);
-    out.push_str(digits);
-}
-
-/// Writes `n` in decimal at the end of `buf` and returns the digits (two at a time).
-pub(crate) fn decimal(buf: &mut [u8; 20], mut n: u64) -> &str {
-    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-        2021222324252627282930313233343536373839\
-        4041424344454647484950515253545556575859\
-        6061626364656667686970717273747576777879\
-        8081828384858687888990919293949596979899";
-    let mut start = buf.len();
-    while n >= 100 {
-        #[allow(clippy::cast_possible_truncation)] // below 100
-        let pair = (n % 100) as usize * 2;
-        n /= 100;
-        start -= 2;
-        buf[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-    }
-    #[allow(clippy::cast_possible_truncation)] // below 100
-    let n = n as usize;
-    if n >= 10 {
-        start -= 2;
-        buf[start..start + 2].copy_from_slice(&PAIRS[n * 2..n * 2 + 2]);
-    } else {
-        start -= 1;
-        buf[start] = PAIRS[n * 2 + 1];
-    }
-    // ASCII digits only.
-    std::str::from_utf8(&buf[start..]).unwrap_or_default()
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// The letter of an algorithm in the suffix (see the module docs).
@@ -520,14 +491,18 @@ mod tests {
 
     #[test]
     fn decimals_are_display() {
-        let mut buf = [0; 20];
+        let mut out = String::from("x");
         for exponent in 0..=18 {
             let n = 10u64.pow(exponent);
             for m in [n - 1, n, n + 1, n * 9, n * 10 - 1, n * 10 + 7] {
-                assert_eq!(decimal(&mut buf, m), m.to_string());
+                out.truncate(1);
+                push_decimal(&mut out, m);
+                assert_eq!(out, format!("x{m}"));
             }
         }
-        assert_eq!(decimal(&mut buf, u64::MAX), u64::MAX.to_string());
+        out.truncate(1);
+        push_decimal(&mut out, u64::MAX);
+        assert_eq!(out, format!("x{}", u64::MAX));
     }
 
     #[test]

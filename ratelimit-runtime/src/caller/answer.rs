@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::settings::{HeaderStyle, HttpSettings, IetfDraft};
 use crate::decision::{Decision, Verdict};
-use crate::key::{decimal, push_decimal};
+use crate::key::push_decimal;
 use crate::limit::Limit;
 
 /// Header fields to add to a response: lower-case static names, ASCII values.
@@ -304,8 +304,7 @@ pub(crate) fn static_rate_fields(
 /// A number as a `String` of exactly its digits (the frameworks take a string whose length is
 /// its capacity without copying it).
 fn decimal_string(n: u64) -> String {
-    let mut buf = [0; 20];
-    decimal(&mut buf, n).to_owned()
+    itoa::Buffer::new().format(n).to_owned()
 }
 
 /// The list-member names of a verdict's limits.
@@ -462,8 +461,7 @@ fn name_len(limits: &[Limit], i: usize) -> usize {
     let name = short_name(limits[i].scope);
     let mut len = 2 + name.len();
     if limits[..i].iter().any(|l| short_name(l.scope) == name) {
-        let mut buf = [0; 20];
-        len += 1 + decimal(&mut buf, i as u64 + 1).len();
+        len += 1 + itoa::Buffer::new().format(i as u64 + 1).len();
     }
     len
 }

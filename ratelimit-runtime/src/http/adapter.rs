@@ -98,9 +98,12 @@ pub(crate) fn forwarding_only(
     if limiter.settings().exemptions.predicate.is_some() {
         return headers.clone();
     }
+    // One pass over the request's few headers, comparing names, costs less than three
+    // lookups, each hashing a name. Each name's lines keep their order.
+    let names = ip::forwarding_names();
     let mut kept = http::HeaderMap::new();
-    for name in ip::forwarding_names() {
-        for value in headers.get_all(name) {
+    for (name, value) in headers {
+        if names.contains(&name) {
             kept.append(name.clone(), value.clone());
         }
     }
