@@ -77,6 +77,24 @@ pub fn evaluate(tat: Option<&Tat>, p: &Params, now: u64) -> (Evaluation, Option<
     (e, admitted.then(|| Tat(now.saturating_add(after))))
 }
 
+/// The instant a call of one GCRA limit without a call id is decided at on the Redis stores
+/// (`scripts/gcra_only.lua`, which reads no clock): the start of `now`'s millisecond, the
+/// server's own, from which the key's expiry and `SET … PX` count. The rule is [`evaluate`]
+/// at that instant, less than 1 ms before the call: its waits are never early and at most
+/// 1 ms late, and it is the rule on a clock that reads whole milliseconds. A call that follows,
+/// within the same millisecond, one the stores decided at its exact instant (a call under a
+/// call id, or of stacked limits) reads that call's units as taken from the start of the
+/// millisecond: at most 1 ms of refill less than the exact rule gives, never more.
+///
+/// ```
+/// use ratelimit_runtime::algorithm::gcra::server_ms;
+/// assert_eq!(server_ms(5_000_250), 5_000_000);
+/// assert_eq!(server_ms(5_000_000), 5_000_000);
+/// ```
+pub fn server_ms(now: u64) -> u64 {
+    now - now % 1000
+}
+
 /// Gives back what the call still holds: `cost·T` less the time gone since the take (the part
 /// of its backlog not yet worked off). A bucket full again is deleted (`None`).
 pub fn refund(tat: Tat, r: &Receipt, p: &Params, now: u64) -> Option<Tat> {

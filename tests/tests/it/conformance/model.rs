@@ -66,7 +66,17 @@ impl Model {
 
     /// One call's limits, in order, each on what the ones before it left (the driver and the
     /// memory store); written only when all admit, with a receipt per limit under `call_id`.
+    /// Decided at the instant the Redis stores decide the call at (`decided_at`: the start of
+    /// the millisecond for a call GCRA's own function decides).
     pub(crate) fn take(&mut self, checks: &[Check<'_>], call_id: Option<&str>) -> Verdict {
+        let now = self.now;
+        self.now = super::decided_at(checks, call_id, now);
+        let verdict = self.take_at_now(checks, call_id);
+        self.now = now;
+        verdict
+    }
+
+    fn take_at_now(&mut self, checks: &[Check<'_>], call_id: Option<&str>) -> Verdict {
         let now = self.now;
         let params: Vec<Params> = checks.iter().map(|c| Params::of(c.policy)).collect();
         for (c, p) in checks.iter().zip(&params) {
