@@ -6,16 +6,16 @@
 -- KEYS and ARGV are the driver's for one limit (the key, its block marker;
 -- code, limit, period µs, burst, cost), so that whatever this path does not
 -- decide itself goes to the driver's `check` on the same KEYS and ARGV, in the
--- same script (atomic): a call id, a key of another type, and any argument or
--- key the driver would refuse.
+-- same script (atomic): a call id, a key of another type, a backlog past the
+-- tolerance (below), and any argument or key the driver would refuse.
 --
 -- Time: this path reads no clock (TIME costs more than the rest of its Lua).
 -- gcra.lua keeps the tat in the key's expiry millisecond and its microseconds
 -- in the value, so the key's PTTL, counted from the server's own millisecond,
 -- gives the backlog from the start of that millisecond, and SET … PX writes the
 -- new tat from the same millisecond. The call is decided at the start of the
--- millisecond those count from (algorithm::gcra::server_ms, the conformance
--- test's statement of it): the rule at an instant less than 1 ms before the
+-- millisecond those count from (algorithm::gcra::redis_decides_at, the
+-- conformance test's statement of it): the rule at an instant less than 1 ms before the
 -- answer, so its waits are never early and at most 1 ms late. Redis 6.2 and
 -- 7.0 count PTTL and PX from the live clock, later ones from the command's
 -- snapshot of it: one clock per engine either way, so the backlog read and the
@@ -41,10 +41,12 @@ local function gcra_only(KEYS, ARGV)
   local tau = p.burst * t
   -- The backlog from the start of the server's millisecond, read as gcra.lua's
   -- gcra_read reads the tat (the expiry millisecond less one, in µs, plus the
-  -- stored microseconds; no number or no expiry: no state). A tat further
-  -- ahead than a full backlog was stamped by a clock ahead of this one: brought
-  -- back to a full backlog from now, as gcra.lua does (this call does not fit
-  -- then). Not ahead of now (or not a number at all): no backlog.
+  -- stored microseconds; no number or no expiry: no state). Not ahead of now
+  -- (or not a number at all): no backlog. More than a full backlog: the driver
+  -- decides at its exact instant (it is either a backlog a call decided at its
+  -- exact instant earlier in this millisecond left, which is the bucket's, or a
+  -- clock ahead, which the driver brings back); from the millisecond's start,
+  -- bringing it back would give away the part of the millisecond gone.
   local backlog = 0
   local value = redis.pcall('GET', key)
   if type(value) == 'table' then
@@ -57,8 +59,7 @@ local function gcra_only(KEYS, ARGV)
     if pttl >= 0 then
       backlog = (pttl - 1) * 1000 + us
       if backlog > tau then
-        backlog = tau
-        redis.call('SET', key, int(math.fmod(tau, 1000)), 'PX', int(floor_div(tau, 1000) + 1))
+        return check(KEYS, ARGV)
       elseif not (backlog > 0) then
         backlog = 0
       end

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use ratelimit_runtime::algorithm::{fixed, gcra};
+use ratelimit_runtime::algorithm::{Params, fixed, gcra};
 use ratelimit_runtime::store::Clock;
 use ratelimit_runtime::{
     Algorithm, Decision, MemoryStore, Policy, Store, StoreError, Verdict, store::Check,
@@ -104,6 +104,14 @@ impl Pair {
         self.lua_scripts.lua().set_time_us(EPOCH_US + now);
     }
 
+    /// The instant the Redis stores decide a check of `checks` at now ([`decided_at`], the
+    /// state read off the stand-in).
+    fn decided_at(&self, checks: &[Check<'_>]) -> u64 {
+        decided_at(checks, None, self.now, |key| {
+            standin_tat(&self.lua, key, self.now)
+        })
+    }
+
     /// The same call through the stores' `Store::check`: memory, the library's functions,
     /// the scripts.
     #[allow(clippy::type_complexity, reason = "three results side by side")]
@@ -122,7 +130,7 @@ impl Pair {
         // The memory store decides at the instant the Redis stores decide this call at.
         self.clock
             .0
-            .store(decided_at(checks, None, now), Ordering::SeqCst);
+            .store(self.decided_at(checks), Ordering::SeqCst);
         let memory = self
             .runtime
             .block_on(memory.check(checks))
@@ -134,15 +142,39 @@ impl Pair {
 }
 
 /// The instant the Redis stores decide a call of `checks` at (µs, either clock: they differ
-/// by whole milliseconds): a call GCRA's own function decides (one GCRA limit, no call id) at
-/// the start of `now`'s millisecond (`gcra::server_ms`); any other call at `now`.
-pub(crate) fn decided_at(checks: &[Check<'_>], call_id: Option<&str>, now: u64) -> u64 {
+/// by whole milliseconds): a call GCRA's own function takes (one GCRA limit, no call id) at
+/// `gcra::redis_decides_at` of the key's arrival time (`tat`: µs on the same clock, `None`
+/// for no state); any other call at `now`.
+pub(crate) fn decided_at(
+    checks: &[Check<'_>],
+    call_id: Option<&str>,
+    now: u64,
+    tat: impl FnOnce(&str) -> Option<u64>,
+) -> u64 {
     let texts = ratelimit_runtime::store::redis::script_sources();
-    if call_id.is_none() && texts.for_checks(checks).0 == texts.gcra_only_function {
-        gcra::server_ms(now)
-    } else {
-        now
+    match checks {
+        [c] if call_id.is_none() && texts.for_checks(checks).0 == texts.gcra_only_function => {
+            let tat = tat(c.key).map(gcra::Tat);
+            gcra::redis_decides_at(tat.as_ref(), &Params::of(c.policy), now)
+        }
+        _ => now,
     }
+}
+
+/// The arrival time GCRA's own function reads under `key` on the stand-in of `lua` at `now`
+/// (µs on the memory clock): the expiry millisecond less one plus the stored microseconds.
+fn standin_tat(lua: &LuaStore, key: &str, now: u64) -> Option<u64> {
+    let lua = lua.lua();
+    let mut db = lua.db();
+    let value = db.command(&[b"GET".to_vec(), key.as_bytes().to_vec()]);
+    let pttl = db.command(&[b"PTTL".to_vec(), key.as_bytes().to_vec()]);
+    let (Reply::Bulk(value), Reply::Int(ms)) = (value, pttl) else {
+        return None;
+    };
+    let us: i128 = std::str::from_utf8(&value).ok()?.parse().ok()?;
+    let start = i128::from(now - now % 1000);
+    let tat = start + (i128::from(ms) - 1) * 1000 + us;
+    (ms >= 0).then(|| u64::try_from(tat.max(0)).unwrap_or(u64::MAX))
 }
 
 /// The verdict of `checks` at `now_us` (µs, either clock: they differ by whole milliseconds)
@@ -338,6 +370,7 @@ fn run_trace(seed: u64, limits: &[Limit], shape: Shape, counts: &mut Counts) {
             .zip(&policies)
             .map(|(l, p)| Check::new(&l.key, p))
             .collect();
+        let at = pair.decided_at(&checks);
         let (memory, lua, scripts) = pair.check(&checks);
         let line = format!(
             "step {step} at {now} µs: {}\n  memory: {memory:?}\n  lua:    {lua:?}\n  script: {scripts:?}",
@@ -363,7 +396,7 @@ fn run_trace(seed: u64, limits: &[Limit], shape: Shape, counts: &mut Counts) {
         }
         if let Ok(v) = &memory {
             // Its waits count from the instant the call was decided at.
-            note_whole(&mut whole_at, &checks, v, decided_at(&checks, None, now));
+            note_whole(&mut whole_at, &checks, v, at);
         }
         retry = memory.map_or(0, |v| retry_of(&v));
         counts.add(&checks);
@@ -598,6 +631,10 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
                 .zip(&policies)
                 .map(|(l, p)| Check::new(&l.key, p))
                 .collect();
+            let from = match &what {
+                Op::Take(id) => model.decided_at(&checks, id.as_deref()),
+                _ => now,
+            };
             let (rust, script): (Result<Verdict, StoreError>, _) = match &what {
                 Op::Take(id) => (
                     Ok(model.take(&checks, id.as_deref())),
@@ -630,10 +667,6 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
                 }
             }
             if let Ok(v) = &rust {
-                let from = match &what {
-                    Op::Take(id) => decided_at(&checks, id.as_deref(), now),
-                    _ => now,
-                };
                 note_whole(&mut whole_at, &checks, v, from);
             }
             retry = rust.map_or(0, |v| retry_of(&v));

@@ -27,8 +27,9 @@
 //!   `scripts/gcra_only.lua`: the key's `GET` and `PTTL` (GCRA keeps its arrival time in the
 //!   key's expiry), one `SET … PX` when the call fits. It reads no clock either: the call is
 //!   decided at the start of the millisecond the server counts expiries from
-//!   ([`crate::algorithm::gcra::server_ms`]), the rule at an instant less than 1 ms before the
-//!   answer. Blocks are read there too; a call id goes to the driver.
+//!   ([`crate::algorithm::gcra::redis_decides_at`]), the rule at an instant less than 1 ms
+//!   before the answer. Blocks are read there too; a call id, and an arrival time more than
+//!   the tolerance past that instant, go to the driver.
 //! * **TTL on every key.** No key outlives its state: fixed = the window's end, sliding = newest
 //!   entry + period, token = time until full, leaky = time until empty. A key is never created
 //!   without its TTL in the same command.

@@ -3,7 +3,7 @@
 //! path's text in [`MUTANTS`] is caught by the same checks that the real text passes.
 //!
 //! The checks: random traces of takes (with a call id, which the driver answers, and without,
-//! which the fast path decides at the start of the clock's millisecond: `gcra::server_ms`),
+//! which the fast path decides at the start of the clock's millisecond: `gcra::redis_decides_at`),
 //! refunds, settles and peeks against the Rust rule ([`Model`]), the clock set back now and
 //! then; blocks and resets against the memory store; and, from planted states and arguments
 //! (a backlog, a tat far ahead, a value without a TTL, values that are no number, another
@@ -66,14 +66,14 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "backlog = (pttl - 1) * 1000",
     ),
     (
-        "keeps a tat ahead of the clock",
-        "      if backlog > tau then\n        backlog = tau\n",
-        "      if false then\n        backlog = tau\n",
+        "decides a backlog past the tolerance itself",
+        "      if backlog > tau then\n        return check(KEYS, ARGV)\n",
+        "      if false then\n        return check(KEYS, ARGV)\n",
     ),
     (
-        "a tat ahead of the clock is not brought back",
-        "        redis.call('SET', key, int(math.fmod(tau, 1000)), 'PX', int(floor_div(tau, 1000) + 1))\n",
-        "",
+        "brings a backlog past the tolerance back to it",
+        "      if backlog > tau then\n        return check(KEYS, ARGV)\n",
+        "      if backlog > tau then\n        backlog = tau\n        redis.call('SET', key, int(math.fmod(tau, 1000)), 'PX', int(floor_div(tau, 1000) + 1))\n",
     ),
     (
         "a tat behind the clock counts as a backlog",
@@ -127,7 +127,48 @@ fn differs(sources: &Sources) -> Result<(), String> {
     for t in 0..8 {
         block_trace(sources, 0xB10C_6C4A + t, gcra_limit)?;
     }
+    exact_instant_backlog_is_kept(sources)?;
     planted_states(sources)
+}
+
+/// A backlog that calls decided at their exact instant left late in a millisecond is more
+/// than the tolerance from the millisecond's start: a call of the fast path in that
+/// millisecond must not take it for a clock ahead and cut it back, which would let the calls
+/// after it in — again each millisecond. At 10,000 a second with a burst of 10 (T = 100 µs, a
+/// tolerance of 1 ms): ten takes under call ids at 900 µs into a millisecond fill the bucket,
+/// and nothing more fits in that millisecond, whatever the path.
+fn exact_instant_backlog_is_kept(sources: &Sources) -> Result<(), String> {
+    let lua = LuaStore::with_sources(EPOCH_US + START_US, Mode::Functions, sources.clone());
+    let mut model = Model::default();
+    let policy = Policy::new(Algorithm::Gcra, 10_000, std::time::Duration::from_secs(1))
+        .and_then(|p| p.with_burst(10))
+        .map_err(|e| e.to_string())?;
+    let checks = [Check::new("g:{exact}", &policy)];
+    let mut admitted = 0;
+    let steps = (0..10)
+        .map(|i| (900, Some(format!("a{i}"))))
+        .chain([(910, None), (920, Some("b1".to_owned())), (950, None)])
+        .chain([(960, Some("b2".to_owned())), (999, None)]);
+    for (at, id) in steps {
+        model.now = START_US + at;
+        lua.lua().set_time_us(EPOCH_US + START_US + at);
+        let rust = model.take(&checks, id.as_deref());
+        let script = lua.take(&checks, id.as_deref());
+        compare_step(
+            &lua,
+            &format!("at {at} µs: take {id:?}"),
+            &checks,
+            &rust,
+            &script,
+        )?;
+        admitted += usize::from(rust.is_admitted());
+    }
+    if admitted != 10 {
+        return Err(format!(
+            "{admitted} calls admitted in one millisecond, the burst is 10"
+        ));
+    }
+    Ok(())
 }
 
 /// The real fast path passes every check, and each mutant fails one.
@@ -179,6 +220,11 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
             }
         };
         let checks = [Check::new(&key, &p)];
+        let from = if what == "take" {
+            model.decided_at(&checks, id.as_deref())
+        } else {
+            now
+        };
         let (rust, script): (Verdict, Result<Verdict, StoreError>) = match what {
             "take" => (
                 model.take(&checks, id.as_deref()),
@@ -203,11 +249,6 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
         };
         let at = format!("seed {seed:#x} step {step} at {now} µs: {what} {id:?}");
         compare_step(&lua, &at, &checks, &rust, &script)?;
-        let from = if what == "take" {
-            super::decided_at(&checks, id.as_deref(), now)
-        } else {
-            now
-        };
         note_whole(&mut whole_at, &checks, &rust, from);
         retry = retry_of(&rust);
     }
