@@ -77,45 +77,6 @@ pub fn evaluate(tat: Option<&Tat>, p: &Params, now: u64) -> (Evaluation, Option<
     (e, admitted.then(|| Tat(now.saturating_add(after))))
 }
 
-/// The instant the Redis stores decide a call of one GCRA limit without a call id at, whose
-/// arrival time is `tat` (`None`: no state) at `now`.
-///
-/// Their own function for such a call (`scripts/gcra_only.lua`) reads no clock: it reads the
-/// backlog from the start of the millisecond the server counts expiries from, and decides
-/// there, by [`evaluate`] at that instant, less than 1 ms before the call: its waits are never
-/// early and at most 1 ms late, and it is the rule on a clock that reads whole milliseconds.
-/// As on any such clock, the calls admitted over a span of time are bounded by the burst and
-/// the span plus 1 ms (at most `1 ms / T` units more than the exact bound, once, whatever the
-/// span: the rate is the same), and a call in the millisecond of one decided at its exact
-/// instant may find up to 1 ms of refill less than the exact rule gives.
-/// One case it hands to the general path, which decides at `now`: an arrival time more than
-/// the tolerance (`burst·T`) past the start of the millisecond. A call decided at its exact
-/// instant earlier in this millisecond (under a call id, or of stacked limits) may have
-/// written one, and it is a backlog the bucket holds, not a clock ahead to bring back (which
-/// would give the caller the part of the millisecond gone, again each millisecond).
-///
-/// ```
-/// use ratelimit_runtime::algorithm::gcra::{Tat, redis_decides_at};
-/// use ratelimit_runtime::algorithm::Params;
-/// use ratelimit_runtime::{Algorithm, Policy};
-/// use std::time::Duration;
-///
-/// // 10 a second, a burst of 10: one unit each 100 ms, a tolerance of a second.
-/// let p = Params::of(&Policy::new(Algorithm::Gcra, 10, Duration::from_secs(1))?);
-/// assert_eq!(redis_decides_at(None, &p, 5_000_250), 5_000_000);
-/// assert_eq!(redis_decides_at(Some(&Tat(5_400_000)), &p, 5_000_250), 5_000_000);
-/// // Past the tolerance from the start of the millisecond: at `now`.
-/// assert_eq!(redis_decides_at(Some(&Tat(6_000_100)), &p, 5_000_250), 5_000_250);
-/// # Ok::<(), ratelimit_runtime::PolicyError>(())
-/// ```
-pub fn redis_decides_at(tat: Option<&Tat>, p: &Params, now: u64) -> u64 {
-    let start = now - now % 1000;
-    match tat {
-        Some(tat) if tat.0 > start.saturating_add(tolerance(p)) => now,
-        _ => start,
-    }
-}
-
 /// Gives back what the call still holds: `cost·T` less the time gone since the take (the part
 /// of its backlog not yet worked off). A bucket full again is deleted (`None`).
 pub fn refund(tat: Tat, r: &Receipt, p: &Params, now: u64) -> Option<Tat> {

@@ -201,8 +201,7 @@ local ALGOS = {}
 -- error reply.
 --
 -- Parsed limits are kept by their five argument strings (PARSED), read-only
--- from then on (no rule writes to `p`; gcra_only.lua keeps the emission interval it
--- derives from `p` on the limit): a Functions library keeps
+-- from then on (no rule writes to `p` or to a limit): a Functions library keeps
 -- them between calls, where parsing and checking five numbers cost more than
 -- the rest of the call's Lua; an `EVAL` chunk starts with an empty cache. The
 -- id joins the strings with ':', which no valid number holds: an id with

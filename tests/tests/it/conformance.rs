@@ -15,7 +15,6 @@
 
 mod declared;
 mod fast_paths;
-mod gcra_fast_path;
 mod lua_store;
 mod model;
 mod scripts;
@@ -29,7 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use ratelimit_runtime::algorithm::{Params, fixed, gcra};
+use ratelimit_runtime::algorithm::fixed;
 use ratelimit_runtime::store::Clock;
 use ratelimit_runtime::{
     Algorithm, Decision, MemoryStore, Policy, Store, StoreError, Verdict, store::Check,
@@ -104,14 +103,6 @@ impl Pair {
         self.lua_scripts.lua().set_time_us(EPOCH_US + now);
     }
 
-    /// The instant the Redis stores decide a check of `checks` at now ([`decided_at`], the
-    /// state read off the stand-in).
-    fn decided_at(&self, checks: &[Check<'_>]) -> u64 {
-        decided_at(checks, None, self.now, |key| {
-            standin_tat(&self.lua, key, self.now)
-        })
-    }
-
     /// The same call through the stores' `Store::check`: memory, the library's functions,
     /// the scripts.
     #[allow(clippy::type_complexity, reason = "three results side by side")]
@@ -127,54 +118,14 @@ impl Pair {
         let lua: &dyn Store = &self.lua;
         let scripts: &dyn Store = &self.lua_scripts;
         let now = self.now;
-        // The memory store decides at the instant the Redis stores decide this call at.
-        self.clock
-            .0
-            .store(self.decided_at(checks), Ordering::SeqCst);
-        let memory = self
-            .runtime
-            .block_on(memory.check(checks))
-            .map(|v| as_sent(checks, v, now));
-        self.clock.0.store(now, Ordering::SeqCst);
-        self.runtime
-            .block_on(async { (memory, lua.check(checks).await, scripts.check(checks).await) })
+        self.runtime.block_on(async {
+            (
+                memory.check(checks).await.map(|v| as_sent(checks, v, now)),
+                lua.check(checks).await,
+                scripts.check(checks).await,
+            )
+        })
     }
-}
-
-/// The instant the Redis stores decide a call of `checks` at (µs, either clock: they differ
-/// by whole milliseconds): a call GCRA's own function takes (one GCRA limit, no call id) at
-/// `gcra::redis_decides_at` of the key's arrival time (`tat`: µs on the same clock, `None`
-/// for no state); any other call at `now`.
-pub(crate) fn decided_at(
-    checks: &[Check<'_>],
-    call_id: Option<&str>,
-    now: u64,
-    tat: impl FnOnce(&str) -> Option<u64>,
-) -> u64 {
-    let texts = ratelimit_runtime::store::redis::script_sources();
-    match checks {
-        [c] if call_id.is_none() && texts.for_checks(checks).0 == texts.gcra_only_function => {
-            let tat = tat(c.key).map(gcra::Tat);
-            gcra::redis_decides_at(tat.as_ref(), &Params::of(c.policy), now)
-        }
-        _ => now,
-    }
-}
-
-/// The arrival time GCRA's own function reads under `key` on the stand-in of `lua` at `now`
-/// (µs on the memory clock): the expiry millisecond less one plus the stored microseconds.
-fn standin_tat(lua: &LuaStore, key: &str, now: u64) -> Option<u64> {
-    let lua = lua.lua();
-    let mut db = lua.db();
-    let value = db.command(&[b"GET".to_vec(), key.as_bytes().to_vec()]);
-    let pttl = db.command(&[b"PTTL".to_vec(), key.as_bytes().to_vec()]);
-    let (Reply::Bulk(value), Reply::Int(ms)) = (value, pttl) else {
-        return None;
-    };
-    let us: i128 = std::str::from_utf8(&value).ok()?.parse().ok()?;
-    let start = i128::from(now - now % 1000);
-    let tat = start + (i128::from(ms) - 1) * 1000 + us;
-    (ms >= 0).then(|| u64::try_from(tat.max(0)).unwrap_or(u64::MAX))
 }
 
 /// The verdict of `checks` at `now_us` (µs, either clock: they differ by whole milliseconds)
@@ -294,32 +245,13 @@ fn retry_of(v: &Verdict) -> u64 {
 /// now went idle (`whole_at`, from each key's last `reset_after`). Going back further would
 /// bring idle state back to life on one side only: the memory store keeps an idle entry until
 /// a sweep, Redis a key until its millisecond TTL. Live state may be stamped in the future.
-/// Rounded up to a whole millisecond (but not past `now`): GCRA's own function decides at the
-/// start of the clock's millisecond, which must not fall before that time either.
 fn back_floor(whole_at: &BTreeMap<String, u64>, now: u64) -> u64 {
     whole_at
         .values()
         .filter(|&&w| w <= now)
         .max()
-        .map_or(0, |&w| w.div_ceil(1000).saturating_mul(1000).min(now))
-}
-
-/// The time of a trace's next step after `now` ([`trace::step`]), set back one time in
-/// `back_percent` a hundred by up to two periods, never before [`back_floor`].
-pub(crate) fn next_time(
-    rng: &mut Rng,
-    now: u64,
-    (period, unit, retry): (u64, u64, u64),
-    back_percent: u64,
-    whole_at: &BTreeMap<String, u64>,
-) -> u64 {
-    let next = now + trace::step(rng, now, period, unit, retry);
-    if rng.chance(back_percent) {
-        next.saturating_sub(rng.between(1, 2 * period))
-            .max(back_floor(whole_at, next))
-    } else {
-        next
-    }
+        .copied()
+        .unwrap_or(0)
 }
 
 /// Records, per key, when its quota is whole again (now + `reset_after`).
@@ -345,13 +277,12 @@ fn run_trace(seed: u64, limits: &[Limit], shape: Shape, counts: &mut Counts) {
     let mut history: Vec<String> = Vec::new();
     let mut whole_at = BTreeMap::new();
     for step in 0..shape.steps {
-        let now = next_time(
-            &mut rng,
-            pair.now,
-            (period, unit, retry),
-            shape.back,
-            &whole_at,
-        );
+        let mut now = pair.now + trace::step(&mut rng, pair.now, period, unit, retry);
+        if rng.chance(shape.back) {
+            now = now
+                .saturating_sub(rng.between(1, 2 * period))
+                .max(back_floor(&whole_at, now));
+        }
         pair.set(now);
         let chosen: Vec<&Limit> = if shape.stacked {
             limits.iter().collect()
@@ -370,7 +301,6 @@ fn run_trace(seed: u64, limits: &[Limit], shape: Shape, counts: &mut Counts) {
             .zip(&policies)
             .map(|(l, p)| Check::new(&l.key, p))
             .collect();
-        let at = pair.decided_at(&checks);
         let (memory, lua, scripts) = pair.check(&checks);
         let line = format!(
             "step {step} at {now} µs: {}\n  memory: {memory:?}\n  lua:    {lua:?}\n  script: {scripts:?}",
@@ -395,8 +325,7 @@ fn run_trace(seed: u64, limits: &[Limit], shape: Shape, counts: &mut Counts) {
             );
         }
         if let Ok(v) = &memory {
-            // Its waits count from the instant the call was decided at.
-            note_whole(&mut whole_at, &checks, v, at);
+            note_whole(&mut whole_at, &checks, v, now);
         }
         retry = memory.map_or(0, |v| retry_of(&v));
         counts.add(&checks);
@@ -561,7 +490,12 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
         let mut retry = 0;
         let mut history: Vec<String> = Vec::new();
         for step in 0..200 {
-            let now = next_time(&mut rng, model.now, (period, unit, retry), 3, &whole_at);
+            let mut now = model.now + trace::step(&mut rng, model.now, period, unit, retry);
+            if rng.chance(3) {
+                now = now
+                    .saturating_sub(rng.between(1, 2 * period))
+                    .max(back_floor(&whole_at, now));
+            }
             model.now = now;
             lua.lua().set_time_us(EPOCH_US + now);
             let op = rng.below(100);
@@ -631,10 +565,6 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
                 .zip(&policies)
                 .map(|(l, p)| Check::new(&l.key, p))
                 .collect();
-            let from = match &what {
-                Op::Take(id) => model.decided_at(&checks, id.as_deref()),
-                _ => now,
-            };
             let (rust, script): (Result<Verdict, StoreError>, _) = match &what {
                 Op::Take(id) => (
                     Ok(model.take(&checks, id.as_deref())),
@@ -667,7 +597,7 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
                 }
             }
             if let Ok(v) = &rust {
-                note_whole(&mut whole_at, &checks, v, from);
+                note_whole(&mut whole_at, &checks, v, now);
             }
             retry = rust.map_or(0, |v| retry_of(&v));
             counts.add(&checks);
@@ -760,9 +690,7 @@ fn a_take_made_while_the_server_paused_is_refunded_alike() {
 /// server is paused mid-script must decide as the rules do, and leave the state they leave (the
 /// next call, without a pause, agrees field by field). GCRA keeps its state in the key's expiry
 /// and read it as now + `PTTL`: a pause read it early, which gave the caller room the rule does
-/// not (one unit a millisecond at 1,000 a second); it reads the stored expiry now. GCRA's own
-/// function (one limit, no call id) reads only that live clock (`PTTL`, `SET … PX`): it
-/// decides as the rule does at that clock's millisecond.
+/// not (one unit a millisecond at 1,000 a second); it reads the stored expiry now.
 #[test]
 fn a_limit_read_while_the_server_paused_decides_alike() {
     for algorithm in Algorithm::ALL {
@@ -773,13 +701,7 @@ fn a_limit_read_while_the_server_paused_decides_alike() {
         let lua = LuaStore::new(EPOCH_US + START_US);
         for (step, lag_ms) in [0_u64, 0, 3, 0, 7, 0, 0].into_iter().enumerate() {
             let at = START_US + 100 * u64::try_from(step).unwrap_or(0);
-            // GCRA's own function reads no clock but the one PTTL and PX count from, which
-            // a pause moves on (Redis 7.0): it decides at that millisecond.
-            model.now = if algorithm == Algorithm::Gcra {
-                at + lag_ms * 1000
-            } else {
-                at
-            };
+            model.now = at;
             lua.lua().set_time_us(EPOCH_US + at);
             lua.lua().set_lag_us(lag_ms * 1000);
             let script = lua.take(&checks, None).expect("a take");
@@ -1316,17 +1238,17 @@ fn script_texts_are_the_ones_the_store_loads() {
         let sources = scripts::sources();
         let mut exists = redis::cmd("SCRIPT");
         exists.arg("EXISTS");
-        for text in sources.single.iter().chain([
-            &sources.combined,
-            &sources.fixed_only,
-            &sources.gcra_only,
-        ]) {
+        for text in sources
+            .single
+            .iter()
+            .chain([&sources.combined, &sources.fixed_only])
+        {
             exists.arg(redis::Script::new(text).get_hash());
         }
         exists.arg(redis::Script::new(&sources.compensate).get_hash());
         let found: Vec<u8> = exists.query_async(&mut conn).await.expect("SCRIPT EXISTS");
         // Every driver and fast path is loaded; the companion script only by the cluster store.
-        let mut expected = vec![1; sources.single.len() + 3];
+        let mut expected = vec![1; sources.single.len() + 2];
         expected.push(0);
         assert_eq!(found, expected);
         if redis_server::skip_without_functions(
@@ -1378,7 +1300,6 @@ fn script_texts_are_the_ones_the_store_loads() {
             &sources.check_function,
             &sources.compensate_function,
             &sources.fixed_only_function,
-            &sources.gcra_only_function,
         ] {
             assert!(
                 names.contains(&Reply::Bulk(name.as_bytes().to_vec())),

@@ -23,13 +23,6 @@
 //!   whole milliseconds, never early and less than 1 ms later than the other paths'
 //!   ([`crate::algorithm::fixed::whole_ms`]). A block, a replayed take or state it does not
 //!   read itself is handed to the driver in the same script.
-//! * **One GCRA limit, its own function.** A call of one GCRA limit without a call id goes to
-//!   `scripts/gcra_only.lua`: the key's `GET` and `PTTL` (GCRA keeps its arrival time in the
-//!   key's expiry), one `SET … PX` when the call fits. It reads no clock either: the call is
-//!   decided at the start of the millisecond the server counts expiries from
-//!   ([`crate::algorithm::gcra::redis_decides_at`]), the rule at an instant less than 1 ms
-//!   before the answer. Blocks are read there too; a call id, and an arrival time more than
-//!   the tolerance past that instant, go to the driver.
 //! * **TTL on every key.** No key outlives its state: fixed = the window's end, sliding = newest
 //!   entry + period, token = time until full, leaky = time until empty. A key is never created
 //!   without its TTL in the same command.

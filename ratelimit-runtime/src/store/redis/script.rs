@@ -21,9 +21,6 @@ const REFUND: &str = include_str!("../../scripts/refund.lua");
 /// The check of a call of fixed-window limits only, on distinct keys (`fixed_only`), after the
 /// driver it hands every other case to.
 const FIXED_ONLY: &str = include_str!("../../scripts/fixed_only.lua");
-/// The check of a call of one GCRA limit without a call id (`gcra_only`), after the driver it
-/// hands every other case to.
-const GCRA_ONLY: &str = include_str!("../../scripts/gcra_only.lua");
 
 /// The last line of an `EVAL` script: the driver's `check` (defined by `driver.lua`) on the
 /// script's own KEYS and ARGV.
@@ -32,8 +29,6 @@ const EVAL_CHECK: &str = "return check(KEYS, ARGV)\n";
 const EVAL_COMPENSATE: &str = "return compensate(KEYS, ARGV)\n";
 /// The last line of the fixed windows' `EVAL` script (`fixed_only.lua`).
 const EVAL_FIXED_ONLY: &str = "return fixed_only(KEYS, ARGV)\n";
-/// The last line of GCRA's `EVAL` script (`gcra_only.lua`).
-const EVAL_GCRA_ONLY: &str = "return gcra_only(KEYS, ARGV)\n";
 
 /// Whether a call of `checks` goes to the fixed windows' own function (`fixed_only.lua`)
 /// instead of the driver: every limit a fixed window, no key named twice. That function hands
@@ -44,13 +39,6 @@ pub(super) fn fixed_only(checks: &[Check<'_>]) -> bool {
             .iter()
             .all(|c| c.policy.algorithm() == Algorithm::Fixed)
         && !super::wire::keys_repeat(checks)
-}
-
-/// Whether a call of `checks` goes to GCRA's own function (`gcra_only.lua`) instead of the
-/// driver: one GCRA limit. That function hands any case it does not decide itself (a call id
-/// among them) to the driver, in the same call.
-pub(super) fn gcra_only(checks: &[Check<'_>]) -> bool {
-    matches!(checks, [c] if c.policy.algorithm() == Algorithm::Gcra)
 }
 
 /// The Lua file that holds `algorithm`'s rule (its evaluate, commit and refund).
@@ -114,13 +102,6 @@ pub struct ScriptSources {
     /// The library's function for a call of fixed-window limits only (the driver's KEYS and
     /// ARGV): the library's name and `_check_fixed`.
     pub fixed_only_function: &'static str,
-    /// The script sent for a call of one GCRA limit: the prelude, `gcra.lua`, the driver and
-    /// `gcra_only.lua` (whose `gcra_only` hands what it does not decide to the driver's
-    /// `check`), ending with a call of `gcra_only`.
-    pub gcra_only: &'static str,
-    /// The library's function for a call of one GCRA limit (the driver's KEYS and ARGV): the
-    /// library's name and `_check_gcra`.
-    pub gcra_only_function: &'static str,
     /// The companion's function (peek and refund, the companion script's KEYS and ARGV): the
     /// library's name and `_compensate`.
     pub compensate_function: &'static str,
@@ -133,14 +114,11 @@ impl ScriptSources {
     }
 
     /// The function (`FCALL`) and the script (`EVALSHA`, its text) a check of `checks` is
-    /// sent to: the fixed windows' own (every limit a fixed window, no key twice), GCRA's own
-    /// (one GCRA limit), or the driver.
+    /// sent to: the fixed windows' own (every limit a fixed window, no key twice), or the
+    /// driver.
     pub fn for_checks(&self, checks: &[Check<'_>]) -> (&'static str, &'static str) {
         if fixed_only(checks) {
             return (self.fixed_only_function, self.fixed_only);
-        }
-        if gcra_only(checks) {
-            return (self.gcra_only_function, self.gcra_only);
         }
         let mut algorithms = checks.iter().map(|c| c.policy.algorithm());
         let script = match algorithms.next() {
@@ -162,33 +140,21 @@ struct Texts {
     compensate_function: String,
     fixed_only: String,
     fixed_only_function: String,
-    gcra_only: String,
-    gcra_only_function: String,
 }
 
 static TEXTS: LazyLock<Texts> = LazyLock::new(|| {
     let algorithms = ALGORITHMS.concat();
-    let code = [
-        PRELUDE,
-        algorithms.as_str(),
-        DRIVER,
-        REFUND,
-        FIXED_ONLY,
-        GCRA_ONLY,
-    ]
-    .concat();
+    let code = [PRELUDE, algorithms.as_str(), DRIVER, REFUND, FIXED_ONLY].concat();
     let hash = Script::new(&code).get_hash().to_owned();
     let library_name = format!("ratelimit_{}", &hash[..16]);
     let check_function = format!("{library_name}_check");
     let compensate_function = format!("{library_name}_compensate");
     let fixed_only_function = format!("{library_name}_check_fixed");
-    let gcra_only_function = format!("{library_name}_check_gcra");
     let library = format!(
         "#!lua name={library_name}\n{code}\
          redis.register_function('{check_function}', check)\n\
          redis.register_function('{compensate_function}', compensate)\n\
-         redis.register_function('{fixed_only_function}', fixed_only)\n\
-         redis.register_function('{gcra_only_function}', gcra_only)\n"
+         redis.register_function('{fixed_only_function}', fixed_only)\n"
     );
     Texts {
         single: Algorithm::BY_CODE.map(|a| [PRELUDE, source(a), DRIVER, EVAL_CHECK].concat()),
@@ -200,8 +166,6 @@ static TEXTS: LazyLock<Texts> = LazyLock::new(|| {
         compensate_function,
         fixed_only: [PRELUDE, FIXED, DRIVER, FIXED_ONLY, EVAL_FIXED_ONLY].concat(),
         fixed_only_function,
-        gcra_only: [PRELUDE, GCRA, DRIVER, GCRA_ONLY, EVAL_GCRA_ONLY].concat(),
-        gcra_only_function,
     }
 });
 
@@ -219,8 +183,6 @@ pub fn script_sources() -> ScriptSources {
         compensate_function: &texts.compensate_function,
         fixed_only: &texts.fixed_only,
         fixed_only_function: &texts.fixed_only_function,
-        gcra_only: &texts.gcra_only,
-        gcra_only_function: &texts.gcra_only_function,
     }
 }
 
@@ -232,8 +194,6 @@ pub(super) struct Scripts {
     combined: Script,
     /// The fixed windows' script ([`fixed_only`]).
     fixed_only: Script,
-    /// GCRA's script ([`gcra_only`]).
-    gcra_only: Script,
     /// The per-algorithm scripts, each text once.
     distinct: Vec<Script>,
     /// The source of each script of [`Scripts::all`], in its order, for `SCRIPT LOAD`.
@@ -252,26 +212,20 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let distinct = sources.iter().map(|s| Script::new(s)).collect();
     sources.push(texts.combined);
     sources.push(texts.fixed_only);
-    sources.push(texts.gcra_only);
     Scripts {
         single,
         combined: Script::new(texts.combined),
         fixed_only: Script::new(texts.fixed_only),
-        gcra_only: Script::new(texts.gcra_only),
         distinct,
         sources,
     }
 });
 
 impl Scripts {
-    /// The script a check of `checks` is sent to: the fixed windows' ([`fixed_only`]), GCRA's
-    /// ([`gcra_only`]), else the smallest driver that knows every algorithm in `checks`.
+    /// The script a check of `checks` is sent to: the fixed windows' ([`fixed_only`]), else the smallest driver that knows every algorithm in `checks`.
     pub(super) fn for_checks(&self, checks: &[Check<'_>]) -> &Script {
         if fixed_only(checks) {
             return &self.fixed_only;
-        }
-        if gcra_only(checks) {
-            return &self.gcra_only;
         }
         let Some(first) = checks.first() else {
             return &self.combined;
@@ -290,11 +244,11 @@ impl Scripts {
     }
 
     /// Every script, each text once: the per-algorithm ones, the combined one, the fixed
-    /// windows', GCRA's.
+    /// windows'.
     pub(super) fn all(&self) -> impl Iterator<Item = &Script> {
         self.distinct
             .iter()
-            .chain([&self.combined, &self.fixed_only, &self.gcra_only])
+            .chain([&self.combined, &self.fixed_only])
     }
 }
 
@@ -327,7 +281,7 @@ mod tests {
         let sliding = hash(&[Check::new("a", &s)]);
         let leaky = hash(&[Check::new("a", &l), Check::new("b", &l)]);
         let token = hash(&[Check::new("a", &t), Check::new("b", &t)]);
-        let gcra = hash(&[Check::new("a", &g), Check::new("b", &g)]);
+        let gcra = hash(&[Check::new("a", &g)]);
         let counter = hash(&[Check::new("a", &c)]);
         let slots = hash(&[Check::new("a", &n)]);
         let mixed = hash(&[Check::new("a", &t), Check::new("b", &l)]);
@@ -346,10 +300,6 @@ mod tests {
             hash(&[Check::new("a", &f), Check::new("b", &f)]),
             fixed_only
         );
-        // One GCRA limit: its own script.
-        let gcra_only = hash(&[Check::new("a", &g)]);
-        assert_ne!(gcra_only, gcra);
-        assert_ne!(gcra_only, fixed_only);
         // What is loaded is every script once, and each is the text `script_sources` gives.
         let loaded: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
         assert_eq!(
@@ -362,8 +312,7 @@ mod tests {
                 &counter,
                 &slots,
                 &mixed,
-                &fixed_only,
-                &gcra_only
+                &fixed_only
             ]
         );
         let sources: Vec<String> = SCRIPTS
@@ -405,11 +354,6 @@ mod tests {
                     (function, script),
                     (texts.fixed_only_function, texts.fixed_only)
                 );
-            } else if a == Algorithm::Gcra {
-                assert_eq!(
-                    (function, script),
-                    (texts.gcra_only_function, texts.gcra_only)
-                );
             } else {
                 assert_eq!(
                     (function, script),
@@ -419,8 +363,6 @@ mod tests {
         }
         let fixed_only = hash(&[Check::new("a", &f)]);
         assert_eq!(Script::new(texts.fixed_only).get_hash(), fixed_only);
-        let gcra_only = hash(&[Check::new("a", &g)]);
-        assert_eq!(Script::new(texts.gcra_only).get_hash(), gcra_only);
         let mixed = hash(&[Check::new("a", &t), Check::new("b", &l)]);
         assert_eq!(Script::new(texts.combined).get_hash(), mixed);
     }
@@ -449,13 +391,9 @@ mod tests {
             texts.fixed_only,
             [PRELUDE, FIXED, DRIVER, FIXED_ONLY, EVAL_FIXED_ONLY].concat()
         );
-        assert_eq!(
-            texts.gcra_only,
-            [PRELUDE, GCRA, DRIVER, GCRA_ONLY, EVAL_GCRA_ONLY].concat()
-        );
         // The library: the same files once each, named by the hash of that code, registering
         // the two composers' functions under names of its own.
-        let code = [PRELUDE, &algorithms, DRIVER, REFUND, FIXED_ONLY, GCRA_ONLY].concat();
+        let code = [PRELUDE, &algorithms, DRIVER, REFUND, FIXED_ONLY].concat();
         let name = format!("ratelimit_{}", &Script::new(&code).get_hash()[..16]);
         assert_eq!(texts.library_name, name);
         assert_eq!(texts.check_function, format!("{name}_check"));
@@ -467,8 +405,7 @@ mod tests {
             format!(
                 "{code}redis.register_function('{name}_check', check)\n\
                  redis.register_function('{name}_compensate', compensate)\n\
-                 redis.register_function('{name}_check_fixed', fixed_only)\n\
-                 redis.register_function('{name}_check_gcra', gcra_only)\n"
+                 redis.register_function('{name}_check_fixed', fixed_only)\n"
             )
         );
         // Every rule file registers its codes; the composers register none.
@@ -483,7 +420,7 @@ mod tests {
                 assert!(file.contains(code), "{code}");
             }
         }
-        for composer in [PRELUDE, DRIVER, REFUND, FIXED_ONLY, GCRA_ONLY] {
+        for composer in [PRELUDE, DRIVER, REFUND, FIXED_ONLY] {
             for code in [
                 "ALGOS[1]", "ALGOS[2]", "ALGOS[3]", "ALGOS[4]", "ALGOS[5]", "ALGOS[6]",
             ] {

@@ -66,25 +66,7 @@ impl Model {
 
     /// One call's limits, in order, each on what the ones before it left (the driver and the
     /// memory store); written only when all admit, with a receipt per limit under `call_id`.
-    /// Decided at the instant the Redis stores decide the call at ([`Model::decided_at`]).
     pub(crate) fn take(&mut self, checks: &[Check<'_>], call_id: Option<&str>) -> Verdict {
-        let now = self.now;
-        self.now = self.decided_at(checks, call_id);
-        let verdict = self.take_at_now(checks, call_id);
-        self.now = now;
-        verdict
-    }
-
-    /// The instant the Redis stores decide a take of `checks` at now (`decided_at`, on this
-    /// model's state).
-    pub(crate) fn decided_at(&self, checks: &[Check<'_>], call_id: Option<&str>) -> u64 {
-        super::decided_at(checks, call_id, self.now, |key| match self.live(key) {
-            Some(State::Gcra(tat)) => Some(tat.0),
-            _ => None,
-        })
-    }
-
-    fn take_at_now(&mut self, checks: &[Check<'_>], call_id: Option<&str>) -> Verdict {
         let now = self.now;
         let params: Vec<Params> = checks.iter().map(|c| Params::of(c.policy)).collect();
         for (c, p) in checks.iter().zip(&params) {

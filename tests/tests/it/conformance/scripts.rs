@@ -26,22 +26,16 @@ pub(crate) struct Sources {
     pub fixed_only: String,
     /// The library's function for a call of one fixed-window limit.
     pub fixed_only_function: String,
-    /// The script for a call of one GCRA limit (`gcra_only.lua` after its driver).
-    pub gcra_only: String,
-    /// The library's function for a call of one GCRA limit.
-    pub gcra_only_function: String,
 }
 
 impl Sources {
     /// The function and the script a call of `checks` is sent to, as the stores pick them
-    /// (`ScriptSources::for_checks`): the fixed windows' own, GCRA's own, or the driver.
+    /// (`ScriptSources::for_checks`): the fixed windows' own, or the driver.
     pub(crate) fn for_checks(&self, checks: &[Check<'_>]) -> (&str, &str) {
         let texts = script_sources();
         let (function, _) = texts.for_checks(checks);
         if function == texts.fixed_only_function {
             (&self.fixed_only_function, &self.fixed_only)
-        } else if function == texts.gcra_only_function {
-            (&self.gcra_only_function, &self.gcra_only)
         } else {
             let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.policy.algorithm()).collect();
             (&self.check_function, self.driver(&algorithms))
@@ -81,7 +75,5 @@ pub(crate) fn sources() -> Sources {
         compensate_function: texts.compensate_function.to_owned(),
         fixed_only: texts.fixed_only.to_owned(),
         fixed_only_function: texts.fixed_only_function.to_owned(),
-        gcra_only: texts.gcra_only.to_owned(),
-        gcra_only_function: texts.gcra_only_function.to_owned(),
     }
 }
