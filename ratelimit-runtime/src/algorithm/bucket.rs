@@ -10,22 +10,24 @@
 //! fraction ever accumulates (50 calls against a burst of 50 admit exactly 50). The policy
 //! bounds keep `burst × period_µs / g` at most 2^52, where the scripts' doubles are exact.
 //!
-//! State: a level `L` at `now` is the integer `E = now·rate + L` ("empty at", in units of
-//! `1 / rate` µs), kept as the Redis scripts keep it: the millisecond `ms` it falls in (the key
-//! expires at the next one) and `units = E − ms·1000·rate`, below `1000·rate`. The level at any
-//! later time `t` is then `max((ms·1000 − t)·rate + units, 0)`, exactly. A level above a full
-//! bucket plus one capacity of settled debt (`2·burst` calls) was written by a clock ahead of
-//! this one: it is brought back to that, from now (`normalize`).
+//! State: the level `L` and the µs `at` it was written at. The level at any later time `t` is
+//! `max(L − (t − at)·rate, 0)`, exactly, and an admitted call writes its level at `now`: no
+//! division to keep the state. The Redis scripts keep the same state as the number `E =
+//! at·rate + L` ("empty at", in units of `1 / rate` µs), split as Lua's doubles need it: the
+//! millisecond `ms` it falls in (the key expires at the next one) and `units = E −
+//! ms·1000·rate`, below `1000·rate`; the level at `t` is then `max((ms·1000 − t)·rate + units,
+//! 0)`, the same number (the conformance test holds the two forms equal, decision by decision).
+//! A level above a full bucket plus one capacity of settled debt (`2·burst` calls) was written
+//! by a clock ahead of this one: it is brought back to that, from now (`normalize`).
 
-use super::{Evaluation, Params, Receipt, ceil_div, floor_div, sat};
+use super::{Evaluation, Params, Receipt, ceil_div, sat};
 
-/// A bucket's level, as when it is empty (see the module docs).
+/// A bucket's level and when it was written (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Level {
-    /// The millisecond in which the bucket is empty again (ms since the epoch).
-    pub ms: u64,
-    /// The level at the start of that millisecond, in units of `1 / (period_µs / g)` of a call
-    /// (below `1000·rate`).
+    /// When the level was written, µs.
+    pub at_us: u64,
+    /// The level then, in units of `1 / (period_µs / g)` of a call.
     pub units: u64,
 }
 
@@ -37,67 +39,40 @@ fn scale(p: &Params) -> (u128, u128) {
 }
 
 impl Level {
-    /// A level of `level` units at `now`: `w = (now mod 1000)·rate + level` past the start of
-    /// now's millisecond.
-    pub fn of(level: u128, rate: u128, now: u64) -> Self {
-        if let (Ok(level), Ok(rate)) = (u64::try_from(level), u64::try_from(rate))
-            && let Some(b) = Self::of_narrow(level, rate, now)
-        {
-            return b;
-        }
-        let per_ms = 1000 * rate;
-        let w = u128::from(now % 1000) * rate + level;
-        let ms = floor_div(w, per_ms);
+    /// A level of `level` units at `now` (saturated at `u64::MAX` units, which only `Params`
+    /// built past the policy bounds reach).
+    pub fn of(level: u128, now: u64) -> Self {
         Self {
-            ms: sat(u128::from(now / 1000) + ms),
-            units: sat(w - ms * per_ms.max(1)),
+            at_us: now,
+            units: sat(level),
         }
     }
 
-    /// [`Level::of`] in `u64`: `None` when a number would not fit (or `rate` is 0). Within
-    /// the policy bounds (a level of at most 2^53 units, 1000·rate at most 2^52) every number
-    /// fits, and 64-bit division is several times cheaper than 128-bit; the same numbers
-    /// either way.
-    fn of_narrow(level: u64, rate: u64, now: u64) -> Option<Self> {
-        let per_ms = rate.checked_mul(1000).filter(|&m| m > 0)?;
-        let w = (now % 1000).checked_mul(rate)?.checked_add(level)?;
-        let ms = w / per_ms;
-        Some(Self {
-            ms: (now / 1000).checked_add(ms)?,
-            units: w - ms * per_ms,
-        })
-    }
-
-    /// The level at `now`: `(ms·1000 − now)·rate + units`, at least 0.
+    /// The level at `now`: `units − (now − at)·rate`, at least 0 (`units + (at − now)·rate`
+    /// for a level written by a clock ahead). Never overflows: a `u64` times a `u64` and a
+    /// `u64` fit in `u128`.
     fn at_time(&self, rate: u128, now: u64) -> u128 {
-        // 64 bits within the policy bounds (see `of`), 128 past them.
-        if let (Some(ms_us), Ok(rate)) = (self.ms.checked_mul(1000), i64::try_from(rate))
-            && let (Ok(ms_us), Ok(now)) = (i64::try_from(ms_us), i64::try_from(now))
-            && let Some(level) = (ms_us - now)
-                .checked_mul(rate)
-                .and_then(|l| l.checked_add(i64::try_from(self.units).ok()?))
-        {
-            return u128::try_from(level).unwrap_or(0);
+        let units = u128::from(self.units);
+        if now >= self.at_us {
+            units.saturating_sub(u128::from(now - self.at_us) * rate)
+        } else {
+            units + u128::from(self.at_us - now) * rate
         }
-        let ahead = i128::from(self.ms) * 1000 - i128::from(now);
-        let rate = i128::try_from(rate).unwrap_or(i128::MAX);
-        let level = ahead
-            .saturating_mul(rate)
-            .saturating_add(i128::from(self.units));
-        u128::try_from(level).unwrap_or(0)
     }
 
-    /// [`Level::at_time`] in `u64`: `None` when a number would not fit.
+    /// [`Level::at_time`] in `u64`: `None` when a level written by a clock ahead would not
+    /// fit.
+    #[inline]
     fn at_time_narrow(&self, rate: u64, now: u64) -> Option<u64> {
-        let ms_us = self.ms.checked_mul(1000)?;
-        if ms_us >= now {
-            (ms_us - now).checked_mul(rate)?.checked_add(self.units)
-        } else {
-            // Behind the millisecond: what is left of `units`, at least 0.
+        if now >= self.at_us {
             Some(
                 self.units
-                    .saturating_sub((now - ms_us).saturating_mul(rate)),
+                    .saturating_sub((now - self.at_us).saturating_mul(rate)),
             )
+        } else {
+            (self.at_us - now)
+                .checked_mul(rate)?
+                .checked_add(self.units)
         }
     }
 
@@ -109,63 +84,47 @@ impl Level {
 
     /// When the level is back to 0, µs.
     pub(crate) fn idle_at(&self, p: &Params) -> u64 {
-        self.ms
-            .saturating_mul(1000)
+        self.at_us
             .saturating_add(self.units.div_ceil(p.rate.max(1)))
     }
 }
 
-/// How long `2·burst` calls take to drain at `rate` units per µs, `unit` units a call, µs
-/// (rounded down; 0 where the numbers do not fit, which only turns off
-/// [`normalize`]'s shortcut).
-pub(crate) const fn drain_us(burst: u64, unit: u64, rate: u64) -> u64 {
+/// The most a bucket may hold, two capacities (a full bucket and a settled debt), in units;
+/// `u64::MAX` where it does not fit, which every `u64` level is below.
+pub(crate) const fn most_units(burst: u64, unit: u64) -> u64 {
     match burst.checked_mul(unit) {
-        Some(capacity) => match capacity.checked_mul(2) {
-            Some(most) if rate > 0 => most / rate,
-            _ => 0,
-        },
-        None => 0,
+        Some(capacity) => capacity.saturating_mul(2),
+        None => u64::MAX,
     }
 }
 
 /// A level above a full bucket plus one capacity of settled debt (`2·burst` calls) was written
 /// by a clock ahead of this one (a failover to a replica behind): brought back to that from
 /// now, never held against the caller longer (GCRA's `tat > now + tau`).
-#[inline]
+#[inline(always)]
+#[allow(
+    clippy::inline_always,
+    reason = "inlined into the memory store's check, measured: `#[inline]` alone leaves it a call"
+)]
 pub(crate) fn normalize(b: &mut Level, p: &Params, now: u64) -> bool {
-    // The level is below `(ms·1000 + 1000 − now)·rate` (its units are below a millisecond's
-    // drain): when that span is at most the drain time of the most, so is the level, and
-    // there is nothing to bring back. One comparison on every check of a bucket that is not
-    // ahead, instead of the level's multiplications.
-    if b.ms
-        .checked_mul(1000)
-        .and_then(|us| us.checked_add(1000))
-        .is_some_and(|end| end <= now.saturating_add(p.bucket_drain_us))
-    {
+    // Written at or before `now`, a level is at most what it was then: when that is at most
+    // the most, there is nothing to bring back. Two comparisons on every check of a bucket
+    // that is not ahead.
+    if b.at_us <= now && b.units <= p.bucket_most {
         return false;
     }
     normalize_ahead(b, p, now)
 }
 
-/// [`normalize`] past its shortcut: the level computed and compared with the most.
+/// [`normalize`] past its shortcut: the level computed and compared with the most. Out of
+/// line: only a bucket written by a clock ahead (or holding a debt) comes here.
+#[cold]
+#[inline(never)]
 fn normalize_ahead(b: &mut Level, p: &Params, now: u64) -> bool {
-    // 64 bits within the policy bounds (the most is 2^53 units), 128 past them.
-    let narrow = p
-        .burst
-        .checked_mul(p.unit)
-        .and_then(|c| c.checked_mul(2))
-        .zip(b.at_time_narrow(p.rate, now));
-    let (level, most) = if let Some((most, level)) = narrow {
-        (u128::from(level), u128::from(most))
-    } else {
-        let (rate, unit) = scale(p);
-        (
-            b.at_time(rate, now),
-            u128::from(p.burst).saturating_mul(unit).saturating_mul(2),
-        )
-    };
-    if level > most {
-        *b = Level::of(most, u128::from(p.rate), now);
+    let (rate, unit) = scale(p);
+    let most = u128::from(p.burst).saturating_mul(unit).saturating_mul(2);
+    if b.at_time(rate, now) > most {
+        *b = Level::of(most, now);
         true
     } else {
         false
@@ -173,7 +132,11 @@ fn normalize_ahead(b: &mut Level, p: &Params, now: u64) -> bool {
 }
 
 /// Evaluates one call; the level it leaves when admitted.
-#[inline]
+#[inline(always)]
+#[allow(
+    clippy::inline_always,
+    reason = "inlined into the memory store's check, measured: `#[inline]` alone leaves it a call"
+)]
 pub fn evaluate(b: Option<&Level>, p: &Params, now: u64) -> (Evaluation, Option<Level>) {
     evaluate_narrow(b, p, now).unwrap_or_else(|| evaluate_wide(b, p, now))
 }
@@ -183,7 +146,11 @@ pub fn evaluate(b: Option<&Level>, p: &Params, now: u64) -> (Evaluation, Option<
 /// the bounds, as the rules' own tests do), for [`evaluate_wide`]. The same numbers wherever
 /// it answers (`narrow_and_wide_agree`), without 128-bit arithmetic or a width check per
 /// division (the memory store's check: 692 → 665 instructions).
-#[inline]
+#[inline(always)]
+#[allow(
+    clippy::inline_always,
+    reason = "inlined into the memory store's check, measured: `#[inline]` alone leaves it a call"
+)]
 fn evaluate_narrow(b: Option<&Level>, p: &Params, now: u64) -> Option<(Evaluation, Option<Level>)> {
     let (rate, unit) = (p.rate, p.unit);
     if rate == 0 || unit == 0 {
@@ -211,11 +178,10 @@ fn evaluate_narrow(b: Option<&Level>, p: &Params, now: u64) -> Option<(Evaluatio
             (after - capacity).div_ceil(rate)
         },
     };
-    let next = if admitted {
-        Some(Level::of_narrow(after, rate, now)?)
-    } else {
-        None
-    };
+    let next = admitted.then_some(Level {
+        at_us: now,
+        units: after,
+    });
     Some((e, next))
 }
 
@@ -240,7 +206,7 @@ fn evaluate_wide(b: Option<&Level>, p: &Params, now: u64) -> (Evaluation, Option
             sat(ceil_div(after - capacity, rate))
         },
     };
-    let next = admitted.then(|| Level::of(after, rate, now));
+    let next = admitted.then(|| Level::of(after, now));
     (e, next)
 }
 
@@ -257,7 +223,7 @@ pub fn refund(b: Level, r: &Receipt, p: &Params, now: u64) -> Option<Level> {
         return Some(b);
     }
     let level = b.at_time(rate, now).saturating_sub(give);
-    (level > 0).then(|| Level::of(level, rate, now))
+    (level > 0).then(|| Level::of(level, now))
 }
 
 #[cfg(test)]
@@ -289,7 +255,7 @@ mod tests {
             // Most states a bucket holds: at most two capacities (a full bucket and a debt).
             let most = u64::try_from(2 * u128::from(p.burst) * u128::from(p.unit)).unwrap_or(u64::MAX);
             let level = if held { level % most.saturating_add(1).max(1) } else { level };
-            let b = Level::of(u128::from(level), u128::from(p.rate), stamp);
+            let b = Level::of(u128::from(level), stamp);
             for now in [stamp, stamp.saturating_add(later), stamp.saturating_sub(later)] {
                 for state in [None, Some(&b)] {
                     if let Some(narrow) = evaluate_narrow(state, &p, now) {
@@ -302,19 +268,19 @@ mod tests {
             }
             // An admitted call's level is idle when its evaluation says, never sooner than
             // the level's own time (the janitor drops an idle state): the same within the
-            // bounds.
+            // bounds (a capacity of at most 2^52 units).
+            let capacity = u128::from(p.burst) * u128::from(p.unit);
             for now in [stamp, stamp.saturating_add(later)] {
                 for state in [None, Some(&b)] {
                     if let (e, Some(next)) = evaluate(state, &p, now) {
                         let idle = Level::idle_after(&e, now);
                         prop_assert!(idle >= next.idle_at(&p), "{e:?} {next:?}");
-                        if !wide_numbers && stamp < 1 << 50 && later < 1 << 40 {
+                        if capacity <= 1 << 52 && stamp < 1 << 50 && later < 1 << 40 {
                             prop_assert_eq!(idle, next.idle_at(&p));
                         }
                     }
                 }
             }
-            let capacity = u128::from(p.burst) * u128::from(p.unit);
             let bounded = capacity <= 1 << 52
                 && u128::from(p.rate) * 1000 <= 1 << 52
                 && u128::from(level) <= 2 * capacity
@@ -342,10 +308,10 @@ mod tests {
             for state in [
                 None,
                 Some(Level {
-                    ms: max,
+                    at_us: max,
                     units: max,
                 }),
-                Some(Level { ms: 0, units: 0 }),
+                Some(Level { at_us: 0, units: 0 }),
             ] {
                 for now in [0, 1, max / 2, max] {
                     let (e, next) = evaluate(state.as_ref(), &p, now);
@@ -371,15 +337,16 @@ mod tests {
         let (rate, unit) = scale(p);
         let most = 2 * u128::from(p.burst) * unit;
         if b.at_time(rate, now) > most {
-            *b = Level::of(most, rate, now);
+            *b = Level::of(most, now);
             true
         } else {
             false
         }
     }
 
-    /// Around the shortcut's edge (a level of exactly the most, one unit more, and every
-    /// millisecond near the drain time), [`normalize`] answers as the plain comparison does.
+    /// Around the shortcut's edge (a level of exactly the most, one unit more, written a
+    /// little before or after now, and near the drain time of the most), [`normalize`]
+    /// answers as the plain comparison does.
     #[test]
     fn normalize_s_shortcut_answers_as_the_comparison_at_its_edge() {
         for p in [
@@ -390,13 +357,11 @@ mod tests {
         ] {
             let (rate, unit) = scale(&p);
             let most = 2 * u128::from(p.burst) * unit;
+            let drain = u64::try_from(most / rate).unwrap();
             let now = 1_700_000_000_000_000;
             for level in [most.saturating_sub(1), most, most + 1, most + rate * 1000] {
-                let b = Level::of(level, rate, now);
-                for later in (0..3_000)
-                    .step_by(7)
-                    .chain([p.bucket_drain_us, p.bucket_drain_us + 1])
-                {
+                let b = Level::of(level, now);
+                for later in (0..3_000).step_by(7).chain([drain, drain + 1]) {
                     for at in [now + later, now.saturating_sub(later)] {
                         let (mut fast, mut plain) = (b, b);
                         assert_eq!(
@@ -434,30 +399,30 @@ mod tests {
         // 1 per s, burst 1 (unit 1_000_000, rate 1): a level stamped 60 s ahead reads as 61
         // calls; it is brought back to 2 (a full bucket and one of debt) from now.
         let p = Params::new(1, 1_000_000, 1, 1);
-        let mut b = Level::of(1_000_000, 1, 70_000_000);
+        let mut b = Level::of(1_000_000, 70_000_000);
         assert!(normalize(&mut b, &p, 10_000_000));
-        assert_eq!(b, Level::of(2_000_000, 1, 10_000_000));
+        assert_eq!(b, Level::of(2_000_000, 10_000_000));
         let (e, _) = evaluate(Some(&b), &p, 10_000_000);
         assert_eq!(e.retry_us, 2_000_000);
         assert!(evaluate(Some(&b), &p, 12_000_000).0.admitted);
         // A settled debt of one capacity is kept as it is.
-        let mut debt = Level::of(2_000_000, 1, 10_000_000);
+        let mut debt = Level::of(2_000_000, 10_000_000);
         assert!(!normalize(&mut debt, &p, 10_000_000));
     }
 
     #[test]
-    fn the_state_is_when_the_bucket_empties() {
-        // 3 per 10 s (rate 3, unit 10_000_000): a call at 1_234_567 µs empties at
-        // 1_234_567 + 3_333_333.3 µs = 4_567_900.3 µs: in millisecond 4567, whose start is
-        // 2701 units (900.3 µs × 3) before.
+    fn the_state_is_the_level_and_when_it_was_written() {
+        // 3 per 10 s (rate 3, unit 10_000_000): a call at 1_234_567 µs leaves one call's
+        // units, which drain by 3 a µs: the bucket is empty at 1_234_567 + 3_333_333.3 µs =
+        // 4_567_900.3 µs, so idle from 4_567_901.
         let p = Params::new(3, 10_000_000, 3, 1);
         let (_, b) = evaluate(None, &p, 1_234_567);
         let b = b.unwrap();
         assert_eq!(
             b,
             Level {
-                ms: 4567,
-                units: 2701
+                at_us: 1_234_567,
+                units: 10_000_000
             }
         );
         assert_eq!(b.idle_at(&p), 4_567_901);
@@ -469,7 +434,7 @@ mod tests {
     #[test]
     fn a_refund_gives_back_only_what_has_not_drained() {
         let p = Params::new(1, 1_000_000, 2, 1);
-        let b = Level::of(2_000_000, 1, 0);
+        let b = Level::of(2_000_000, 0);
         let r = Receipt {
             at_us: 0,
             reset_us: 0,

@@ -159,10 +159,10 @@ pub struct Params {
     pub(crate) unit: u64,
     /// GCRA's emission interval `T`, µs.
     pub(crate) interval: u64,
-    /// How long the most a bucket may hold (two capacities: a full bucket and a settled debt)
-    /// takes to drain, µs, rounded down (0 where it does not fit): a level that empties
-    /// sooner needs no [`bucket::normalize`].
-    pub(crate) bucket_drain_us: u64,
+    /// The most a bucket may hold (two capacities: a full bucket and a settled debt), in its
+    /// units (`u64::MAX` where it does not fit): a level at most that, written at or before
+    /// now, needs no [`bucket::normalize`].
+    pub(crate) bucket_most: u64,
 }
 
 impl Params {
@@ -179,7 +179,7 @@ impl Params {
             rate: limit / g,
             unit: period_us / g,
             interval: gcra::interval_of(limit, period_us),
-            bucket_drain_us: bucket::drain_us(burst, period_us / g, limit / g),
+            bucket_most: bucket::most_units(burst, period_us / g),
         }
     }
 }

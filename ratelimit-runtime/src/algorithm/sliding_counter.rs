@@ -51,6 +51,13 @@ impl Counters {
     pub(crate) fn idle_at(self, p: &Params) -> u64 {
         self.window.saturating_add(2).saturating_mul(p.period_us)
     }
+
+    /// When the counts an admitted call left (`e` its evaluation at `now`) stop weighing
+    /// anything, µs: [`Counters::idle_at`] of them, read off the evaluation (its
+    /// `after_reset_us` runs to the end of the next window) without a multiplication.
+    pub(crate) fn idle_after(e: &Evaluation, now: u64) -> u64 {
+        now.saturating_add(e.after_reset_us)
+    }
 }
 
 /// Counters of a window ahead of the clock's (a clock behind the one that wrote them) count as
@@ -81,6 +88,11 @@ fn window_of(c: Option<&Counters>, period: u64, now: u64) -> u64 {
 }
 
 /// Evaluates one call; the counters it leaves when admitted.
+#[inline(always)]
+#[allow(
+    clippy::inline_always,
+    reason = "inlined into the memory store's check, measured: `#[inline]` alone leaves it a call"
+)]
 pub fn evaluate(c: Option<&Counters>, p: &Params, now: u64) -> (Evaluation, Option<Counters>) {
     let period = p.period_us.max(1000);
     let index = window_of(c, period, now);
@@ -140,7 +152,10 @@ fn weigh(cur: u64, prev: u64, pms: u64, e: u64, p: &Params) -> Option<(bool, u64
     ))
 }
 
-/// [`weigh`] in `u128`, where nothing overflows.
+/// [`weigh`] in `u128`, where nothing overflows. Out of line: only a settled debt far past
+/// `num` comes here, and its 128-bit products are then not computed ahead on every check.
+#[cold]
+#[inline(never)]
 fn weigh_wide(cur: u64, prev: u64, pms: u64, e: u64, p: &Params) -> (bool, u64, u64) {
     let (pms, e) = (u128::from(pms), u128::from(e));
     let (num, cost) = (u128::from(p.limit), u128::from(p.cost));
@@ -154,7 +169,9 @@ fn weigh_wide(cur: u64, prev: u64, pms: u64, e: u64, p: &Params) -> (bool, u64, 
 
 /// The wait until the same call fits with no other calls: later in this window, as the
 /// previous window's weight decays; or in the next, where this window's count is the one that
-/// decays.
+/// decays. Out of line: only a rejected call needs it, and its 128-bit products would
+/// otherwise be computed ahead of every check.
+#[inline(never)]
 fn retry(p: &Params, now: u64, start: u64, cur: u64, prev: u64) -> u64 {
     let period = p.period_us.max(1000);
     let pms = u128::from(period / 1000);
@@ -198,9 +215,37 @@ pub fn refund(c: Counters, r: &Receipt, p: &Params) -> Option<Counters> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn p(limit: u64, period_ms: u64, cost: u64) -> Params {
         Params::new(limit, period_ms * 1000, limit, cost)
+    }
+
+    proptest! {
+        /// The idle time read off an admitted call's evaluation is the counters' own: the
+        /// memory store's fast path keeps the one, the janitor and the slow path the other.
+        #[test]
+        fn idle_after_is_the_counters_idle_time(
+            limit in 1u64..=1 << 20,
+            period_ms in 1u64..=1 << 32,
+            cost in 1u64..=1 << 10,
+            window_back in 0u64..=3,
+            cur in 0u64..=1 << 20,
+            prev in 0u64..=1 << 20,
+            now in 0u64..=1 << 52,
+        ) {
+            let p = Params::new(limit, period_ms * 1000, limit, cost);
+            let held = Counters {
+                window: (now / p.period_us).saturating_sub(window_back),
+                cur,
+                prev,
+            };
+            for state in [None, Some(&held)] {
+                if let (e, Some(next)) = evaluate(state, &p, now) {
+                    prop_assert_eq!(Counters::idle_after(&e, now), next.idle_at(&p));
+                }
+            }
+        }
     }
 
     fn run(c: &mut Option<Counters>, p: &Params, now: u64) -> Evaluation {

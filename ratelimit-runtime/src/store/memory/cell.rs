@@ -159,12 +159,12 @@ impl PackedState for Level {
     const WORDS: usize = 2;
     fn of_words(w: [u64; 3]) -> Self {
         Self {
-            ms: w[0],
+            at_us: w[0],
             units: w[1],
         }
     }
     fn words(self) -> [u64; 3] {
-        [self.ms, self.units, 0]
+        [self.at_us, self.units, 0]
     }
     fn normalize(&mut self, p: &Params, now: u64) -> bool {
         bucket::normalize(self, p, now)
@@ -176,6 +176,11 @@ impl PackedState for Level {
     fn idle_after(_: Self, e: &Evaluation, now: u64, _: &Params) -> u64 {
         Level::idle_after(e, now)
     }
+    #[inline(always)]
+    #[allow(
+        clippy::inline_always,
+        reason = "inlined into the memory store's check, measured: `#[inline]` alone leaves it a call"
+    )]
     fn evaluate(state: Option<&Self>, p: &Params, now: u64) -> (Evaluation, Option<Self>) {
         bucket::evaluate(state, p, now)
     }
@@ -218,6 +223,15 @@ impl PackedState for Counters {
     fn idle_at(self, p: &Params) -> u64 {
         Counters::idle_at(self, p)
     }
+    #[inline]
+    fn idle_after(_: Self, e: &Evaluation, now: u64, _: &Params) -> u64 {
+        Counters::idle_after(e, now)
+    }
+    #[inline(always)]
+    #[allow(
+        clippy::inline_always,
+        reason = "inlined into the memory store's check, measured: `#[inline]` alone leaves it a call"
+    )]
     fn evaluate(state: Option<&Self>, p: &Params, now: u64) -> (Evaluation, Option<Self>) {
         sliding_counter::evaluate(state, p, now)
     }
