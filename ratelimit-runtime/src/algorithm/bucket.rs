@@ -39,12 +39,17 @@ fn scale(p: &Params) -> (u128, u128) {
 }
 
 impl Level {
-    /// A level of `level` units at `now` (saturated at `u64::MAX` units, which only `Params`
-    /// built past the policy bounds reach).
-    pub fn of(level: u128, now: u64) -> Self {
+    /// A level of `level` units at `now`, exactly: a level past `u64` (only a bucket written by
+    /// a clock ahead holds one within the policy bounds) is the same state stamped later, when
+    /// what is left of it fits. Saturates only for `Params` built past the bounds.
+    pub fn of(level: u128, rate: u128, now: u64) -> Self {
+        if let Ok(units) = u64::try_from(level) {
+            return Self { at_us: now, units };
+        }
+        let later = ceil_div(level - u128::from(u64::MAX), rate.max(1));
         Self {
-            at_us: now,
-            units: sat(level),
+            at_us: sat(u128::from(now) + later),
+            units: sat(level.saturating_sub(later.saturating_mul(rate))),
         }
     }
 
@@ -90,7 +95,7 @@ impl Level {
 }
 
 /// The most a bucket may hold, two capacities (a full bucket and a settled debt), in units;
-/// `u64::MAX` where it does not fit, which every `u64` level is below.
+/// `u64::MAX` where it does not fit, which every `u64` level is at most.
 pub(crate) const fn most_units(burst: u64, unit: u64) -> u64 {
     match burst.checked_mul(unit) {
         Some(capacity) => capacity.saturating_mul(2),
@@ -117,14 +122,14 @@ pub(crate) fn normalize(b: &mut Level, p: &Params, now: u64) -> bool {
 }
 
 /// [`normalize`] past its shortcut: the level computed and compared with the most. Out of
-/// line: only a bucket written by a clock ahead (or holding a debt) comes here.
+/// line: only a level written by a clock ahead, or above the most, comes here.
 #[cold]
 #[inline(never)]
 fn normalize_ahead(b: &mut Level, p: &Params, now: u64) -> bool {
     let (rate, unit) = scale(p);
     let most = u128::from(p.burst).saturating_mul(unit).saturating_mul(2);
     if b.at_time(rate, now) > most {
-        *b = Level::of(most, now);
+        *b = Level::of(most, rate, now);
         true
     } else {
         false
@@ -141,11 +146,11 @@ pub fn evaluate(b: Option<&Level>, p: &Params, now: u64) -> (Evaluation, Option<
     evaluate_narrow(b, p, now).unwrap_or_else(|| evaluate_wide(b, p, now))
 }
 
-/// [`evaluate`] in `u64`, where the policy bounds keep every number (a level of at most
-/// 2^53 units, `1000·rate` at most 2^52): `None` when one would not fit (a policy built past
-/// the bounds, as the rules' own tests do), for [`evaluate_wide`]. The same numbers wherever
-/// it answers (`narrow_and_wide_agree`), without 128-bit arithmetic or a width check per
-/// division (the memory store's check: 692 → 665 instructions).
+/// [`evaluate`] in `u64`, where the policy bounds keep every number (a capacity of at most
+/// 2^52 units, a level of at most two): `None` when one would not fit (a level written by a
+/// clock ahead and not yet brought back, a policy built past the bounds, as the rules' own
+/// tests do), for [`evaluate_wide`]. The same numbers wherever it answers
+/// (`narrow_and_wide_agree`), without 128-bit arithmetic or a width check per division.
 #[inline(always)]
 #[allow(
     clippy::inline_always,
@@ -185,7 +190,11 @@ fn evaluate_narrow(b: Option<&Level>, p: &Params, now: u64) -> Option<(Evaluatio
     Some((e, next))
 }
 
-/// [`evaluate`] in `u128`, where nothing overflows.
+/// [`evaluate`] in `u128`, where nothing overflows. Out of line: only a level from a clock
+/// ahead or a policy past the bounds comes here, and its 128-bit products are then not
+/// computed ahead of every check.
+#[cold]
+#[inline(never)]
 fn evaluate_wide(b: Option<&Level>, p: &Params, now: u64) -> (Evaluation, Option<Level>) {
     let (rate, unit) = scale(p);
     let level = b.map_or(0, |b| b.at_time(rate, now));
@@ -206,7 +215,7 @@ fn evaluate_wide(b: Option<&Level>, p: &Params, now: u64) -> (Evaluation, Option
             sat(ceil_div(after - capacity, rate))
         },
     };
-    let next = admitted.then(|| Level::of(after, now));
+    let next = admitted.then(|| Level::of(after, rate, now));
     (e, next)
 }
 
@@ -223,7 +232,7 @@ pub fn refund(b: Level, r: &Receipt, p: &Params, now: u64) -> Option<Level> {
         return Some(b);
     }
     let level = b.at_time(rate, now).saturating_sub(give);
-    (level > 0).then(|| Level::of(level, now))
+    (level > 0).then(|| Level::of(level, rate, now))
 }
 
 #[cfg(test)]
@@ -255,7 +264,7 @@ mod tests {
             // Most states a bucket holds: at most two capacities (a full bucket and a debt).
             let most = u64::try_from(2 * u128::from(p.burst) * u128::from(p.unit)).unwrap_or(u64::MAX);
             let level = if held { level % most.saturating_add(1).max(1) } else { level };
-            let b = Level::of(u128::from(level), stamp);
+            let b = Level::of(u128::from(level), u128::from(p.rate), stamp);
             for now in [stamp, stamp.saturating_add(later), stamp.saturating_sub(later)] {
                 for state in [None, Some(&b)] {
                     if let Some(narrow) = evaluate_narrow(state, &p, now) {
@@ -337,7 +346,7 @@ mod tests {
         let (rate, unit) = scale(p);
         let most = 2 * u128::from(p.burst) * unit;
         if b.at_time(rate, now) > most {
-            *b = Level::of(most, now);
+            *b = Level::of(most, rate, now);
             true
         } else {
             false
@@ -360,7 +369,7 @@ mod tests {
             let drain = u64::try_from(most / rate).unwrap();
             let now = 1_700_000_000_000_000;
             for level in [most.saturating_sub(1), most, most + 1, most + rate * 1000] {
-                let b = Level::of(level, now);
+                let b = Level::of(level, rate, now);
                 for later in (0..3_000).step_by(7).chain([drain, drain + 1]) {
                     for at in [now + later, now.saturating_sub(later)] {
                         let (mut fast, mut plain) = (b, b);
@@ -399,14 +408,14 @@ mod tests {
         // 1 per s, burst 1 (unit 1_000_000, rate 1): a level stamped 60 s ahead reads as 61
         // calls; it is brought back to 2 (a full bucket and one of debt) from now.
         let p = Params::new(1, 1_000_000, 1, 1);
-        let mut b = Level::of(1_000_000, 70_000_000);
+        let mut b = Level::of(1_000_000, 1, 70_000_000);
         assert!(normalize(&mut b, &p, 10_000_000));
-        assert_eq!(b, Level::of(2_000_000, 10_000_000));
+        assert_eq!(b, Level::of(2_000_000, 1, 10_000_000));
         let (e, _) = evaluate(Some(&b), &p, 10_000_000);
         assert_eq!(e.retry_us, 2_000_000);
         assert!(evaluate(Some(&b), &p, 12_000_000).0.admitted);
         // A settled debt of one capacity is kept as it is.
-        let mut debt = Level::of(2_000_000, 10_000_000);
+        let mut debt = Level::of(2_000_000, 1, 10_000_000);
         assert!(!normalize(&mut debt, &p, 10_000_000));
     }
 
@@ -431,10 +440,58 @@ mod tests {
         assert_eq!(b.at_time(3, 4_567_901), 0);
     }
 
+    proptest! {
+        /// `Level::of` keeps any level a bucket within the bounds can hold, past `u64` too (a
+        /// clock ahead by up to 2^40 µs at the fastest drain): the same level at every time.
+        #[test]
+        fn of_keeps_the_level_exactly(
+            rate in 1u64..=1 << 42,
+            ahead_us in 0u64..=1 << 40,
+            units in any::<u64>(),
+            now in 0u64..=1 << 52,
+            later in 0u64..=1 << 41,
+        ) {
+            let rate = u128::from(rate);
+            let level = u128::from(units) + u128::from(ahead_us) * rate;
+            let b = Level::of(level, rate, now);
+            for t in [now, now + later, now.saturating_sub(later)] {
+                let exact = (level + u128::from(now) * rate).saturating_sub(u128::from(t) * rate);
+                prop_assert_eq!(b.at_time(rate, t), exact);
+            }
+        }
+    }
+
+    /// A refund computes the level at its own time, which may be past `u64` for a bucket
+    /// written by a clock ahead (within the policy bounds: the fastest drain, a clock 10 s
+    /// ahead). The state it leaves is that level exactly, so the bucket is idle when the
+    /// take's level less the refund drains, not sooner (the janitor would forget it), and
+    /// the next check finds it over the most, as the Redis script's exact state reads.
+    #[test]
+    fn a_refund_of_a_bucket_from_a_clock_ahead_keeps_its_level_exactly() {
+        let limit = (1 << 42) - 1;
+        let p = Params::new(limit, 1_000, limit, 1);
+        let rate = u128::from(p.rate);
+        // A take at 110 s (the clock ahead) of a bucket empty then, refunded at 100 s.
+        let taken = Level::of(1_000, rate, 110_000_000);
+        let r = Receipt {
+            at_us: 100_000_000,
+            reset_us: 0,
+            first: 0,
+            cost: p.cost,
+        };
+        let back = refund(taken, &r, &p, 100_000_000).unwrap();
+        assert!(back.at_time(rate, 100_000_000) > u128::from(u64::MAX));
+        assert_eq!(back.idle_at(&p), 110_000_000);
+        assert_eq!(back.at_time(rate, 105_000_000), 5_000_000 * rate);
+        let mut held = back;
+        assert!(normalize(&mut held, &p, 105_000_000));
+        assert!(!evaluate(Some(&held), &p, 105_000_000).0.admitted);
+    }
+
     #[test]
     fn a_refund_gives_back_only_what_has_not_drained() {
         let p = Params::new(1, 1_000_000, 2, 1);
-        let b = Level::of(2_000_000, 0);
+        let b = Level::of(2_000_000, 1, 0);
         let r = Receipt {
             at_us: 0,
             reset_us: 0,
