@@ -240,6 +240,16 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The receipt of a call of `p`'s cost taken at `at_us`.
+    fn taken_at(at_us: u64, p: &Params) -> Receipt {
+        Receipt {
+            at_us,
+            reset_us: 0,
+            first: 0,
+            cost: p.cost,
+        }
+    }
+
     proptest! {
         /// The `u64` path answers exactly as the `u128` one wherever it answers, and answers
         /// for every state the policy bounds allow (a level of at most two capacities).
@@ -327,12 +337,7 @@ mod tests {
                     assert!(e.now_remaining <= p.burst && e.after_remaining <= p.burst);
                     if let Some(mut b) = state.or(next) {
                         normalize(&mut b, &p, now);
-                        let r = Receipt {
-                            at_us: 0,
-                            reset_us: 0,
-                            first: 0,
-                            cost: p.cost,
-                        };
+                        let r = taken_at(0, &p);
                         let _ = refund(b, &r, &p, now);
                         let _ = b.idle_at(&p);
                     }
@@ -473,12 +478,7 @@ mod tests {
         let rate = u128::from(p.rate);
         // A take at 110 s (the clock ahead) of a bucket empty then, refunded at 100 s.
         let taken = Level::of(1_000, rate, 110_000_000);
-        let r = Receipt {
-            at_us: 100_000_000,
-            reset_us: 0,
-            first: 0,
-            cost: p.cost,
-        };
+        let r = taken_at(100_000_000, &p);
         let back = refund(taken, &r, &p, 100_000_000).unwrap();
         assert!(back.at_time(rate, 100_000_000) > u128::from(u64::MAX));
         assert_eq!(back.idle_at(&p), 110_000_000);
@@ -492,12 +492,7 @@ mod tests {
     fn a_refund_gives_back_only_what_has_not_drained() {
         let p = Params::new(1, 1_000_000, 2, 1);
         let b = Level::of(2_000_000, 1, 0);
-        let r = Receipt {
-            at_us: 0,
-            reset_us: 0,
-            first: 0,
-            cost: p.cost,
-        };
+        let r = taken_at(0, &p);
         // Half a unit drained since the take: half is given back.
         let after = refund(b, &r, &p, 500_000).unwrap();
         assert_eq!(after.at_time(1, 500_000), 1_000_000);
