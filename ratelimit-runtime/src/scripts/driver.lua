@@ -119,17 +119,21 @@ local function check(KEYS, ARGV)
     return taken_reply(l, d)
   end
 
+  -- Keys are few: comparing each with those before it is cheaper than a set.
   local repeated = false
-  local seen = {}
-  for i = 1, nkeys do
-    if seen[KEYS[i]] then
-      repeated = true
+  for i = 2, nkeys do
+    local key = KEYS[i]
+    for j = 1, i - 1 do
+      if KEYS[j] == key then
+        repeated = true
+      end
     end
-    seen[KEYS[i]] = true
   end
 
-  local decisions = {}
-  local reply = {}
+  -- Made for two limits (the usual stack), not grown one entry at a time
+  -- (fixed_only.lua's fixed_many says why).
+  local decisions = { false, false }
+  local reply = { false, false }
 
   if not repeated then
     -- The usual case: distinct keys. Evaluate all, then write all or nothing.

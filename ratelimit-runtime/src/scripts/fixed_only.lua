@@ -159,7 +159,11 @@ local function fixed_many(KEYS, ARGV)
   elseif #ARGV ~= 5 * n or #KEYS ~= 2 * n then
     return whole_ms(check(KEYS, ARGV))
   end
-  local limits = {}
+  -- The per-limit tables are made for two limits (the usual stack): a table
+  -- grown one entry at a time is resized at every power of two, which cost a
+  -- stacked call more than its arithmetic (BENCHMARKS.md, "Stacked limits,
+  -- tables made to size").
+  local limits = { false, false }
   for i = 1, n do
     local key = KEYS[i]
     if ARGV[5 * i - 4] ~= '1' or KEYS[n + i] ~= key .. ':b'
@@ -186,9 +190,9 @@ local function fixed_many(KEYS, ARGV)
   end
   -- Per limit: the count after the take, the ms left of its window (nil for a
   -- window this call opens), and whether the call created the key.
-  local counts = {}
-  local left = {}
-  local fresh = {}
+  local counts = { false, false }
+  local left = { false, false }
+  local fresh = { false, false }
   local admitted = true
   local undo = 0
   for i = 1, n do
@@ -226,7 +230,7 @@ local function fixed_many(KEYS, ARGV)
     end
     return whole_ms(check(KEYS, ARGV))
   end
-  local reply = {}
+  local reply = { false, false }
   for i = 1, n do
     local l = limits[i]
     local pttl = left[i]

@@ -261,7 +261,8 @@ local function parse_limit(argv, base, i)
 end
 
 local function parse_limits(argv, offset, nkeys)
-  local limits = {}
+  -- Made for one limit, the usual call (fixed_only.lua's fixed_many says why).
+  local limits = { false }
   for i = 1, nkeys do
     local limit, refused = parse_limit(argv, offset + 5 * (i - 1), i)
     if limit == nil then

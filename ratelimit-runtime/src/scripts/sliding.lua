@@ -75,18 +75,24 @@ ALGOS[2] = {
     -- first write only if that write may grow memory, so the ZADD must come first
     -- (after a trim it would be let through, and a flood of sliding keys would grow
     -- the server past its maxmemory). The new entries are all above the floor.
-    -- ZADD in batches: `unpack` is bounded by Lua's C stack.
-    local i = 0
-    while i < p.cost do
-      local args = {}
-      local last = math.min(i + 500, p.cost)
-      while i < last do
-        local score = int(d.first + i)
-        args[#args + 1] = score
-        args[#args + 1] = score
-        i = i + 1
+    -- ZADD in batches: `unpack` is bounded by Lua's C stack. A call of cost 1,
+    -- the usual one, needs no table of arguments.
+    if p.cost == 1 then
+      local score = int(d.first)
+      redis.call('ZADD', key, score, score)
+    else
+      local i = 0
+      while i < p.cost do
+        local args = {}
+        local last = math.min(i + 500, p.cost)
+        while i < last do
+          local score = int(d.first + i)
+          args[#args + 1] = score
+          args[#args + 1] = score
+          i = i + 1
+        end
+        redis.call('ZADD', key, unpack(args))
       end
-      redis.call('ZADD', key, unpack(args))
     end
     redis.call('ZREMRANGEBYSCORE', key, '-inf', int(w.floor))
     redis.call('PEXPIRE', key, ttl_ms(w.newest + p.period - now))

@@ -193,7 +193,8 @@ struct Shape {
     steps: usize,
     /// Percent of steps that set the clock back (up to two periods).
     back: u64,
-    /// Each call checks every limit (stacked) instead of one caller's.
+    /// Each call checks every limit (stacked; all but the last in a quarter of the calls,
+    /// when there are three or more) instead of one caller's.
     stacked: bool,
 }
 
@@ -285,7 +286,10 @@ fn run_trace(seed: u64, limits: &[Limit], shape: Shape, counts: &mut Counts) {
         }
         pair.set(now);
         let chosen: Vec<&Limit> = if shape.stacked {
-            limits.iter().collect()
+            // Now and then one limit fewer, so that a call of fewer limits follows one of
+            // more on the same library (whose scripts reuse their per-limit tables).
+            let fewer = limits.len() > 2 && rng.chance(25);
+            limits[..limits.len() - usize::from(fewer)].iter().collect()
         } else {
             vec![rng.pick(limits)]
         };

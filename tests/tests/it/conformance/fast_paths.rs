@@ -49,6 +49,11 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "if false\n    or",
     ),
     (
+        "a stacked call's reply holds a row past its limits",
+        "local reply = { false, false }",
+        "local reply = { false, false, false }",
+    ),
+    (
         "takes a replayed call again",
         "(call_id ~= nil and redis.call('EXISTS', KEYS[3]) == 1)",
         "false",
@@ -232,15 +237,20 @@ fn fixed_limit(rng: &mut Rng, i: usize) -> (String, Policy) {
     )
 }
 
-/// Takes (with and without a call id), refunds, settles and peeks on one fixed-window limit
-/// (a tenth of the takes name both limits: the driver, on the same keys), against [`Model`].
+/// Takes (with and without a call id), refunds, settles and peeks on fixed-window limits, one
+/// or a stack of two or three (so that a call of fewer limits follows one of more), against
+/// [`Model`].
 #[allow(
     clippy::too_many_lines,
     reason = "one trace loop: the operations side by side"
 )]
 fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
     let mut rng = Rng::new(seed);
-    let limits = [fixed_limit(&mut rng, 0), fixed_limit(&mut rng, 1)];
+    let limits = [
+        fixed_limit(&mut rng, 0),
+        fixed_limit(&mut rng, 1),
+        fixed_limit(&mut rng, 2),
+    ];
     let lua = lua_store(sources);
     let mut model = Model::default();
     model.now = START_US;
@@ -264,9 +274,13 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
         let op = rng.below(100);
         let fresh = |rng: &mut Rng| -> Vec<(usize, Policy)> {
             let which: Vec<usize> = if rng.chance(30) {
-                vec![0, 1]
+                if rng.chance(50) {
+                    vec![0, 1, 2]
+                } else {
+                    vec![0, 1]
+                }
             } else {
-                vec![usize::try_from(rng.below(2)).unwrap_or(0)]
+                vec![usize::try_from(rng.below(3)).unwrap_or(0)]
             };
             which
                 .into_iter()
