@@ -286,8 +286,8 @@ fn run_trace(seed: u64, limits: &[Limit], shape: Shape, counts: &mut Counts) {
         }
         pair.set(now);
         let chosen: Vec<&Limit> = if shape.stacked {
-            // Now and then one limit fewer, so that a call of fewer limits follows one of
-            // more on the same library (whose scripts reuse their per-limit tables).
+            // Now and then one limit fewer, so that the scripts' per-limit tables (made for
+            // two limits) are filled past that size and to it within one trace.
             let fewer = limits.len() > 2 && rng.chance(25);
             limits[..limits.len() - usize::from(fewer)].iter().collect()
         } else {
