@@ -33,7 +33,9 @@ mutations=(
   "driver.lua|  if nkeys == 1 then|  if nkeys >= 1 then"
   "driver.lua|local reply = { false, false }|local reply = { false, false, false }"
   "prelude.lua|INT_FORMAT = '%d'|INT_FORMAT = '%.3g'"
-  "prelude.lua|      .. ':' .. argv[base + 4] .. ':' .. argv[base + 5]|      .. ':' .. argv[base + 4]"
+  "prelude.lua|string.match(spec, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')|string.match(spec, '(%d+):(%d+):(%d+):(%d+):(%d+)')"
+  "prelude.lua|if n > 0 and not string.find(argv[n], ':', 1, true) then|if false then"
+  "prelude.lua|local limit, refused = parse_limit(argv[offset + i], i)|local limit, refused = parse_limit(argv[offset + 1], i)"
   "prelude.lua|local left = expiry_left(pttl)|local left = pttl * 1000"
   "prelude.lua|return pttl * 1000 + 1000 - math.fmod(now, 1000)|return pttl * 1000"
   "prelude.lua|local pttl = redis.call('PTTL', marker)|local pttl = -2"
@@ -43,10 +45,12 @@ mutations=(
   # A block that never shortens another (Store::extend_block).
   "extend_block.lua|if left == -1 or left >= ms then|if left == -1 or left <= ms then"
   "extend_block.lua|if left == -1 or left >= ms then|if false then"
-  "extend_block.lua|redis.call('SET', KEYS[1], 1, 'PX', ms)|redis.call('SET', KEYS[1], 1, 'PX', ms + 1)"
+  "extend_block.lua|redis.call('SET', KEYS[1], 1, 'PX', ARGV[1])|redis.call('SET', KEYS[1], 1, 'PX', ms + 1)"
   # Settles (refund.lua's settle mode): the difference given back, the excess charged, once.
-  "refund.lua|cost = p.cost - actual }, r)|cost = p.cost }, r)"
-  "refund.lua|local excess = math.min(actual - p.cost, l.capacity)|local excess = actual - p.cost"
+  "refund.lua|give_back(key, l, r, estimate - actual)|give_back(key, l, r, estimate)"
+  "refund.lua|local excess = math.min(actual - estimate, l.capacity)|local excess = actual - estimate"
+  "refund.lua|local text = ARGV[offset + nkeys + i]|local text = ARGV[offset + i]"
+  "refund.lua|local actual = string.match(text, '^%d+$') and tonumber(text)|local actual = tonumber(text)"
   "refund.lua|if value ~= 'settled' then|if true then"
   # Keys built in Lua instead of read from KEYS (the declared-keys check, static and in the
   # stand-in).

@@ -5,7 +5,7 @@
 -- (building and sending that array costs ~5% of a one-limit check's server
 -- time); a call of several, with an array of them.
 --
--- ARGV holds 5 arguments per key (see the prelude), then optionally a call id
+-- ARGV holds one argument per key (see the prelude), then optionally a call id
 -- ([0-9a-f], at most 32; a take under an id that already left receipts is not
 -- taken again): with one, an admitted call also leaves a receipt per
 -- limit (the prelude's write_receipt), whose TTL is reset_after (the longest
@@ -44,15 +44,13 @@ local function check(KEYS, ARGV)
   read_clock()
   -- KEYS as the prelude's declared_keys says: the n keys, their block markers,
   -- their working copies when a key repeats, their receipts with a call id.
-  local nkeys = math.floor(#ARGV / 5)
-  local call_id = nil
-  if nkeys > 0 and #ARGV == 5 * nkeys + 1 then
-    call_id = ARGV[#ARGV]
-    if not valid_call_id(call_id) then
-      return redis.error_reply(BAD_CALL_ID)
-    end
-  elseif nkeys == 0 or #ARGV ~= 5 * nkeys then
-    return redis.error_reply('ERR ratelimit: expected 5 arguments per key, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
+  local nkeys, call_id = call_shape(ARGV)
+  if nkeys == 0 then
+    return redis.error_reply('ERR ratelimit: expected one argument per key, then optionally a call id; got '
+      .. #ARGV .. ' arguments for ' .. #KEYS .. ' keys')
+  end
+  if call_id ~= nil and not valid_call_id(call_id) then
+    return redis.error_reply(BAD_CALL_ID)
   end
   holder = call_id
   local markers, copies, receipts = declared_keys(KEYS, nkeys, true, call_id)

@@ -4,8 +4,8 @@
 -- decision by decision by the conformance test.
 --
 -- KEYS and ARGV are the driver's for one limit (the key, its block marker, with
--- a call id its receipt; code, limit, period µs, burst, cost, optionally the
--- call id), so that whatever this path does not decide itself goes to the
+-- a call id its receipt; one argument "code:limit:period:burst:cost", optionally
+-- the call id), so that whatever this path does not decide itself goes to the
 -- driver's `check` on the same KEYS and ARGV, in the same script (atomic): a
 -- block marker present, a take replayed under a call id that left its receipt,
 -- a cost above the limit, a period that is not whole milliseconds, a value that
@@ -71,19 +71,19 @@ end
 local function fixed_one(KEYS, ARGV)
   local key = KEYS[1]
   local call_id = nil
-  if #ARGV == 6 and #KEYS == 3 then
-    call_id = ARGV[6]
+  if #ARGV == 2 and #KEYS == 3 then
+    call_id = ARGV[2]
     if not valid_call_id(call_id) or KEYS[3] ~= receipt_key(key, call_id, 1) then
       return whole_ms(check(KEYS, ARGV))
     end
-  elseif #ARGV ~= 5 or #KEYS ~= 2 then
+  elseif #ARGV ~= 1 or #KEYS ~= 2 then
     return whole_ms(check(KEYS, ARGV))
   end
-  if ARGV[1] ~= '1' or KEYS[2] ~= key .. ':b' then
+  if KEYS[2] ~= key .. ':b' then
     return whole_ms(check(KEYS, ARGV))
   end
-  local l = parse_limit(ARGV, 0, 1)
-  if l == nil then
+  local l = parse_limit(ARGV[1], 1)
+  if l == nil or l.code ~= 1 then
     return whole_ms(check(KEYS, ARGV))
   end
   local p = l.p
@@ -147,16 +147,14 @@ end
 -- answered; when one does not, or anything fixed_one hands to the driver turns
 -- up, what was taken is undone (DECRBY; a key the call created is deleted) and
 -- the driver answers, on the keys as they were. KEYS and ARGV are the driver's
--- (keys, markers, receipts with a call id; 5 arguments a limit and the id).
+-- (keys, markers, receipts with a call id; one argument a limit, then the id).
 local function fixed_many(KEYS, ARGV)
-  local n = math.floor(#ARGV / 5)
-  local call_id = nil
-  if #ARGV == 5 * n + 1 and #KEYS == 3 * n then
-    call_id = ARGV[#ARGV]
-    if not valid_call_id(call_id) then
+  local n, call_id = call_shape(ARGV)
+  if call_id ~= nil then
+    if #KEYS ~= 3 * n or not valid_call_id(call_id) then
       return whole_ms(check(KEYS, ARGV))
     end
-  elseif #ARGV ~= 5 * n or #KEYS ~= 2 * n then
+  elseif #KEYS ~= 2 * n then
     return whole_ms(check(KEYS, ARGV))
   end
   -- The per-limit tables are made for two limits (the usual stack): a table
@@ -166,7 +164,7 @@ local function fixed_many(KEYS, ARGV)
   local limits = { false, false }
   for i = 1, n do
     local key = KEYS[i]
-    if ARGV[5 * i - 4] ~= '1' or KEYS[n + i] ~= key .. ':b'
+    if KEYS[n + i] ~= key .. ':b'
       or (call_id ~= nil and KEYS[2 * n + i] ~= receipt_key(key, call_id, i)) then
       return whole_ms(check(KEYS, ARGV))
     end
@@ -175,8 +173,8 @@ local function fixed_many(KEYS, ARGV)
         return whole_ms(check(KEYS, ARGV))
       end
     end
-    local l = parse_limit(ARGV, 5 * (i - 1), i)
-    if l == nil or l.p.cost > l.p.limit or l.period_ms_text == nil then
+    local l = parse_limit(ARGV[i], i)
+    if l == nil or l.code ~= 1 or l.p.cost > l.p.limit or l.period_ms_text == nil then
       return whole_ms(check(KEYS, ARGV))
     end
     limits[i] = l
@@ -253,7 +251,7 @@ end
 
 -- The entry point for calls of fixed-window limits only, on distinct keys.
 local function fixed_only(KEYS, ARGV)
-  if #ARGV <= 6 then
+  if #ARGV <= 1 or (#ARGV == 2 and call_shape(ARGV) == 1) then
     return fixed_one(KEYS, ARGV)
   end
   return fixed_many(KEYS, ARGV)

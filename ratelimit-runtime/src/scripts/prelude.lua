@@ -3,9 +3,10 @@
 -- replies.
 --
 -- One call checks every limit of ONE request: KEYS[i] is the key of limit i and
--- ARGV[5*(i-1)+1 .. 5*i] its parameters: algorithm code, limit, period (µs),
--- burst, cost. Time is the server's own (`TIME`), in microseconds, so app
--- servers with skewed clocks share one consistent limit.
+-- ARGV[i] its parameters, five whole numbers joined by ':' (algorithm code,
+-- limit, period µs, burst, cost: "1:5:60000000:5:1"). Time is the server's own
+-- (`TIME`), in microseconds, so app servers with skewed clocks share one
+-- consistent limit.
 --
 -- Numbers: Lua numbers are doubles, exact for integers up to 2^53 (µs since the
 -- epoch fit with centuries to spare). Every number handed to Redis goes through
@@ -194,48 +195,55 @@ end
 -- never lets the state admit more.
 local ALGOS = {}
 
--- Reads the limits of one call: for limit i, KEYS[i] and the five arguments
--- argv[offset + 5*(i-1) + 1 .. offset + 5*i] of the call's ARGV (algorithm
+-- Reads the limits of one call: for limit i, KEYS[i] and its argument
+-- argv[offset + i] of the call's ARGV, "code:limit:period:burst:cost" (algorithm
 -- code, limit, period µs, burst, cost), parsed and checked here once for the
--- driver and the refund script alike. Returns the limits ({ algo, p, capacity } each), or nil and the
--- error reply.
+-- driver and the refund script alike. One string a limit: Redis makes an object
+-- of every argument and pushes it into ARGV, which costs a check more than
+-- parsing the string (BENCHMARKS.md, "One argument per limit").
+-- Returns the limits ({ algo, code, p, capacity } each), or nil and the error
+-- reply.
 --
--- Parsed limits are kept by their five argument strings (PARSED), read-only
+-- Parsed limits are kept by their argument as it arrives (PARSED), read-only
 -- from then on (no rule writes to `p` or to a limit): a Functions library keeps
 -- them between calls, where parsing and checking five numbers cost more than
--- the rest of the call's Lua; an `EVAL` chunk starts with an empty cache. The
--- id joins the strings with ':', which no valid number holds: an id with
--- exactly four ':' names one tuple of strings, and only valid tuples are kept.
--- At most PARSED_MAX are kept (costs vary per call): then it starts over.
+-- the rest of the call's Lua; an `EVAL` chunk starts with an empty cache. Only
+-- arguments that parse as a valid limit are kept. At most PARSED_MAX are kept
+-- (costs vary per call): then it starts over.
 local PARSED = {}
 local PARSED_COUNT = 0
 local PARSED_MAX = 1000
 
 -- Whether a parsed argument is a whole number from `least` up to below 2^53 (so that
--- `int()` writes it exactly): `tonumber` also takes "1.5", "nan" and "inf", which no limit
--- is (the stores send whole numbers).
+-- `int()` writes it exactly). Its text is digits only (parse_limit's pattern), so
+-- no sign, fraction, exponent, "nan" or "inf" reaches here; a long enough string
+-- of digits still reads as a double beyond 2^53, or as inf.
 local function whole(n, least)
   return n ~= nil and n >= least and n < 9007199254740992 and n == math.floor(n)
 end
 
--- Limit i of a call, whose five arguments start after argv[base]: the parsed
--- limit (from PARSED), or nil and the error reply.
-local function parse_limit(argv, base, i)
-  local id = argv[base + 1] .. ':' .. argv[base + 2] .. ':' .. argv[base + 3]
-    .. ':' .. argv[base + 4] .. ':' .. argv[base + 5]
-  local limit = PARSED[id]
+-- Limit i of a call, whose argument is `spec`: the parsed limit (from PARSED), or
+-- nil and the error reply.
+local function parse_limit(spec, i)
+  local limit = PARSED[spec]
   if limit == nil then
     choose_int_format()
-    local code = tonumber(argv[base + 1])
+    local code, lim, period, burst, cost =
+      string.match(spec, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+    if code == nil then
+      return nil, redis.error_reply('ERR ratelimit: invalid parameters for key ' .. i
+        .. ': expected five whole numbers joined by ":"')
+    end
+    code = tonumber(code)
     local algo = ALGOS[code]
     if algo == nil then
-      return nil, redis.error_reply('ERR ratelimit: this script has no algorithm with code ' .. tostring(argv[base + 1]))
+      return nil, redis.error_reply('ERR ratelimit: this script has no algorithm with code ' .. code)
     end
     local p = {
-      limit = tonumber(argv[base + 2]),
-      period = tonumber(argv[base + 3]),
-      burst = tonumber(argv[base + 4]),
-      cost = tonumber(argv[base + 5]),
+      limit = tonumber(lim),
+      period = tonumber(period),
+      burst = tonumber(burst),
+      cost = tonumber(cost),
     }
     if not (whole(p.limit, 1) and whole(p.period, 1000) and whole(p.burst, 1)
       and whole(p.cost, 1)) then
@@ -245,7 +253,7 @@ local function parse_limit(argv, base, i)
     -- once per parsed limit: formatting a number costs more than the rest of a check's
     -- arithmetic.
     p.cost_text = int(p.cost)
-    limit = { algo = algo, p = p, capacity = p[algo.capacity] }
+    limit = { algo = algo, code = code, p = p, capacity = p[algo.capacity] }
     -- The period in whole milliseconds as PEXPIRE takes it (fixed_only.lua), when it is.
     if math.fmod(p.period, 1000) == 0 then
       limit.period_ms_text = int(p.period / 1000)
@@ -254,23 +262,35 @@ local function parse_limit(argv, base, i)
       PARSED = {}
       PARSED_COUNT = 0
     end
-    PARSED[id] = limit
+    PARSED[spec] = limit
     PARSED_COUNT = PARSED_COUNT + 1
   end
   return limit
 end
 
+-- The limits of argv[offset + 1 .. offset + nkeys].
 local function parse_limits(argv, offset, nkeys)
   -- Made for one limit, the usual call (fixed_only.lua's fixed_many says why).
   local limits = { false }
   for i = 1, nkeys do
-    local limit, refused = parse_limit(argv, offset + 5 * (i - 1), i)
+    local limit, refused = parse_limit(argv[offset + i], i)
     if limit == nil then
       return nil, refused
     end
     limits[i] = limit
   end
   return limits
+end
+
+-- The shape of a check's ARGV (the driver's and the fast paths'): one argument a
+-- limit, then optionally the call id, told from a limit by having no ':'.
+-- Returns the number of limits and the call id (nil: none).
+local function call_shape(argv)
+  local n = #argv
+  if n > 0 and not string.find(argv[n], ':', 1, true) then
+    return n - 1, argv[n]
+  end
+  return n, nil
 end
 
 -- Whether `id` is a well-formed call id: 1 to 32 lower-case hex digits.

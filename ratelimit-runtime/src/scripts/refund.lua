@@ -3,17 +3,18 @@
 -- instead of the driver.
 --
 --   peek    KEYS: the call's n keys, then their n block markers (the
---           prelude's declared_keys). ARGV: 'peek', then the driver's 5
---           arguments per key (algorithm code, limit, period µs, burst, cost).
+--           prelude's declared_keys). ARGV: 'peek', then the driver's
+--           argument per key ("code:limit:period:burst:cost", the prelude's
+--           parse_limit).
 --           Reads only: the state of each limit now, for limits of the call
 --           that were never checked because another slot rejected first.
 --   refund  KEYS: the n keys, their n block markers, then their n receipts (receipt i is
 --           `<KEYS[i]>:r:<id>:<i>`, as the driver wrote it when it admitted
---           this group under the call id). ARGV: 'refund', the call id, then 5
---           arguments per key, in the order of the take. Gives back what the
+--           this group under the call id). ARGV: 'refund', the call id, then the
+--           argument of each key, in the order of the take. Gives back what the
 --           take of this call still holds, then reads the state as peek does.
 --
---   settle  KEYS as refund. ARGV: 'settle', the call id, the 5 arguments per key of
+--   settle  KEYS as refund. ARGV: 'settle', the call id, the argument of each key of
 --           the take (cost: the call's estimate), then one whole number per key, the
 --           units the call used. Settles each limit to what the call used (the
 --           rule's home is algorithm::settle in Rust, `settle_one` below): less
@@ -94,17 +95,17 @@ read_clock()
 local mode = ARGV[1]
 local call_id = nil
 local offset = 1
-local per_key = 5
+local per_key = 1
 if mode == 'refund' or mode == 'settle' then
   call_id = ARGV[2]
   offset = 2
 end
 if mode == 'settle' then
-  per_key = 6
+  per_key = 2
 end
 local nkeys = (#ARGV - offset) / per_key
 if (mode ~= 'peek' and mode ~= 'refund' and mode ~= 'settle') or nkeys < 1 or nkeys ~= math.floor(nkeys) then
-  return redis.error_reply('ERR ratelimit: expected peek with n keys and 1 + 5n arguments, or refund with n keys, n receipts and 2 + 5n arguments, or settle with n keys, n receipts and 2 + 6n arguments; got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+  return redis.error_reply('ERR ratelimit: expected peek with n keys and 1 + n arguments, or refund with n keys, n receipts and 2 + n arguments, or settle with n keys, n receipts and 2 + 2n arguments; got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
 if call_id ~= nil and not valid_call_id(call_id) then
   return redis.error_reply(BAD_CALL_ID)
@@ -125,8 +126,10 @@ end
 if mode == 'settle' then
   local actuals = {}
   for i = 1, nkeys do
-    local actual = tonumber(ARGV[offset + 5 * nkeys + i])
-    if not actual or actual < 0 or actual ~= math.floor(actual) or actual > WAIVED_CAPACITY then
+    -- Digits only, as a limit's numbers are (the prelude's parse_limit).
+    local text = ARGV[offset + nkeys + i]
+    local actual = string.match(text, '^%d+$') and tonumber(text)
+    if not actual or actual > WAIVED_CAPACITY then
       return redis.error_reply('ERR ratelimit: invalid actual units for key ' .. i)
     end
     actuals[i] = actual

@@ -263,10 +263,10 @@ fn redis_benchmark(server: &RedisServer, n: u64, command: &[String]) -> Result<O
 /// The redis-benchmark command that runs the store's code exactly as the store calls it:
 /// `FCALL <function>` of the library on a server with Redis Functions, else `EVALSHA <sha>`
 /// of the script (`head`: those two words), then the same keys and arguments: the caller's
-/// key and its block marker (`<key>:b`, which the scripts check is the key's), then the five
-/// arguments. One caller: redis-benchmark draws every `__rand_int__` of a command on its own,
-/// so a random key and its marker would not match; the store's side of table 1 checks the
-/// same one caller.
+/// key and its block marker (`<key>:b`, which the scripts check is the key's), then the
+/// limit's one argument (its five numbers joined by `:`). One caller: redis-benchmark draws
+/// every `__rand_int__` of a command on its own, so a random key and its marker would not
+/// match; the store's side of table 1 checks the same one caller.
 fn store_command(head: [&str; 2], policy: &Policy) -> Vec<String> {
     let key = caller_key(policy, "bench", 0);
     vec![
@@ -275,11 +275,14 @@ fn store_command(head: [&str; 2], policy: &Policy) -> Vec<String> {
         "2".to_owned(),
         key.clone(),
         format!("{key}:b"),
-        algorithm_code(policy.algorithm()).to_string(),
-        policy.limit().to_string(),
-        (policy.period_ms() * 1000).to_string(),
-        policy.burst().to_string(),
-        policy.cost().to_string(),
+        format!(
+            "{}:{}:{}:{}:{}",
+            algorithm_code(policy.algorithm()),
+            policy.limit(),
+            policy.period_ms() * 1000,
+            policy.burst(),
+            policy.cost()
+        ),
     ]
 }
 

@@ -901,47 +901,87 @@ add(redis.status_reply('FINE'))
 return out
 ";
 
-/// A limit whose numbers are not whole numbers from 1 (the period from 1,000 µs) below 2^53 is
-/// refused with an error reply before anything is read or written, whatever `tonumber` makes of
-/// it; a whole number written another way (`1e3`, ` 5`) is that number.
+/// A limit's argument that is not five whole numbers joined by `:`, each from 1 (the period
+/// from 1,000 µs) below 2^53, is refused with an error reply before anything is read or
+/// written: digits only, so no sign, fraction, exponent, space, `nan` or `inf`, whatever
+/// `tonumber` would make of it. Leading zeros are the same number. So in every script that
+/// reads limits (the check, the peek, the refund and the settle, whose units used are digits
+/// only too), as functions and as scripts.
 #[test]
 fn limits_that_are_not_whole_numbers_are_refused() {
-    let lua = LuaStore::new(EPOCH_US + START_US);
-    let keys = [b"k".to_vec(), b"k:b".to_vec()];
-    // One fixed-window limit: the call goes where the store sends it (its own function, which
-    // hands a call it does not decide to the driver).
+    let b = |text: &str| text.as_bytes().to_vec();
+    let keys = [b("k"), b("k:b")];
+    let with_receipt = [b("k"), b("k:b"), b("k:r:ab:1")];
+    // One fixed-window limit: the check goes where the store sends it (its own function,
+    // which hands a call it does not decide to the driver).
     let fixed = Policy::new(Algorithm::Fixed, 10, Duration::from_secs(10)).expect("valid");
-    let call = |args: [&str; 5]| {
-        let argv: Vec<Vec<u8>> = args.iter().map(|a| a.as_bytes().to_vec()).collect();
-        lua.run_driver(&[Check::new("k", &fixed)], &keys, &argv)
-    };
-    for bad in [
-        ["1", "10", "60000000", "10", "1.5"],
-        ["1", "nan", "60000000", "10", "1"],
-        ["1", "10", "inf", "10", "1"],
-        ["1", "10", "60000000", "-inf", "1"],
-        ["1", "10", "60000000", "10", "9007199254740992"],
-        ["1", "10", "999", "10", "1"],
-        ["1", "0", "60000000", "10", "1"],
-        ["1", "10", "60000000", "10", "x"],
-    ] {
-        match call(bad) {
-            Reply::Error(e) => assert!(e.contains("invalid parameters"), "{bad:?}: {e}"),
-            other => panic!("{bad:?}: expected an error reply, got {other:?}"),
-        }
-    }
-    assert!(
-        lua.lua().db().shapes().is_empty(),
-        "a refused call wrote something"
-    );
-    for good in [
-        ["1", "1e1", "6e7", "10", "1"],
-        ["1", "10", "60000000", "10", " 5"],
-    ] {
-        let Reply::Array(reply) = call(good) else {
-            panic!("{good:?}: expected a decision");
+    let checks = [Check::new("k", &fixed)];
+    for mode in [Mode::Functions, Mode::Scripts] {
+        let lua = LuaStore::with_mode(EPOCH_US + START_US, mode);
+        let refused = |what: &str, reply: Reply, says: &str| match reply {
+            Reply::Error(e) => assert!(e.contains(says), "{mode:?}, {what}: {e}"),
+            other => panic!("{mode:?}, {what}: expected an error reply, got {other:?}"),
         };
-        assert_eq!(reply.first(), Some(&Reply::Int(1)), "{good:?}: admitted");
+        for bad in [
+            "1:10:60000000:10:1.5",
+            "1:nan:60000000:10:1",
+            "1:10:inf:10:1",
+            "1:10:60000000:-inf:1",
+            "1:10:60000000:10:9007199254740992",
+            "1:10:999:10:1",
+            "1:0:60000000:10:1",
+            "1:10:60000000:10:x",
+            "1:1e1:6e7:10:1",
+            "1:10:60000000:10: 5",
+            "1:10:60000000:10:-1",
+            "1:10:60000000:10",
+            "1:10:60000000:10:1:1",
+            "1::60000000:10:1",
+            "1:10:60000000:10:1\n",
+        ] {
+            let says = "invalid parameters";
+            let check = lua.run_driver(&checks, &keys, &[b(bad)]);
+            refused(&format!("check {bad:?}"), check, says);
+            let peek = lua.run_companion(&keys, &[b("peek"), b(bad)]);
+            refused(&format!("peek {bad:?}"), peek, says);
+            let refund = lua.run_companion(&with_receipt, &[b("refund"), b("ab"), b(bad)]);
+            refused(&format!("refund {bad:?}"), refund, says);
+            let settle = lua.run_companion(&with_receipt, &[b("settle"), b("ab"), b(bad), b("1")]);
+            refused(&format!("settle {bad:?}"), settle, says);
+        }
+        // An unknown algorithm, and an argument without `:` (read as a call id, with no
+        // limit).
+        for (bad, says) in [
+            ("9:10:60000000:10:1", "no algorithm with code 9"),
+            ("10", "expected one argument per key"),
+            ("", "expected one argument per key"),
+        ] {
+            let check = lua.run_driver(&checks, &keys, &[b(bad)]);
+            refused(&format!("check {bad:?}"), check, says);
+        }
+        // A settle's units used: digits only, at most 2^52.
+        for bad in ["1e0", " 1", "-1", "0x10", "1.0", "", "4503599627370497"] {
+            let argv = [b("settle"), b("ab"), b("1:10:60000000:10:1"), b(bad)];
+            let settle = lua.run_companion(&with_receipt, &argv);
+            refused(
+                &format!("settle's units {bad:?}"),
+                settle,
+                "invalid actual units",
+            );
+        }
+        assert!(
+            lua.lua().db().shapes().is_empty(),
+            "{mode:?}: a refused call wrote something"
+        );
+        let Reply::Array(reply) = lua.run_driver(&checks, &keys, &[b("01:010:60000000:10:1")])
+        else {
+            panic!("{mode:?}, leading zeros: expected a decision");
+        };
+        assert_eq!(
+            reply.first(),
+            Some(&Reply::Int(1)),
+            "{mode:?}, leading zeros: admitted"
+        );
     }
 }
 

@@ -186,11 +186,12 @@ async fn a_redis_out_of_memory_refuses_what_it_cannot_count_under_every_failure_
                 .arg(2)
                 .arg(&fresh)
                 .arg(format!("{fresh}:b"))
-                .arg(Algorithm::ALL.iter().position(|a| *a == algorithm).unwrap() + 1)
-                .arg(5)
-                .arg(3_600_000_000_u64)
-                .arg(policy.burst())
-                .arg(1)
+                // The limit's one argument: code, limit, period µs, burst, cost.
+                .arg(format!(
+                    "{}:5:3600000000:{}:1",
+                    Algorithm::ALL.iter().position(|a| *a == algorithm).unwrap() + 1,
+                    policy.burst()
+                ))
                 .query_async(&mut conn)
                 .await;
             let e = StoreError::from(refused.unwrap_err());

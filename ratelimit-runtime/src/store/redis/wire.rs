@@ -97,16 +97,51 @@ pub fn compensate_keys(checks: &[Check<'_>], refund: Option<&str>) -> Vec<String
         .collect()
 }
 
-/// The 5 arguments of each limit, in the scripts' order (see the prelude): algorithm code,
-/// limit, period in µs, burst, cost.
+/// The argument of each limit, in the scripts' form (the prelude's `parse_limit`): five whole
+/// numbers joined by `:` (algorithm code, limit, period in µs, burst, cost), e.g.
+/// `1:5:60000000:5:1`. One string a limit: the server makes an object of each argument it is
+/// sent, which costs a check more than the script's parsing of the string.
 pub(super) fn limit_args(cmd: &mut redis::Cmd, checks: &[Check<'_>]) {
     for check in checks {
         let p = check.policy;
-        cmd.arg(p.algorithm().code())
-            .arg(p.limit())
-            .arg(p.period_ms().saturating_mul(1000))
-            .arg(p.burst())
-            .arg(p.cost());
+        let mut spec = LimitSpec::new();
+        cmd.arg(spec.write([
+            u64::from(p.algorithm().code()),
+            p.limit(),
+            p.period_ms().saturating_mul(1000),
+            p.burst(),
+            p.cost(),
+        ]));
+    }
+}
+
+/// One limit's argument, written into a stack buffer: five numbers of at most 20 digits
+/// each and four separators.
+struct LimitSpec {
+    buf: [u8; 5 * 20 + 4],
+}
+
+impl LimitSpec {
+    const fn new() -> Self {
+        Self {
+            buf: [0; 5 * 20 + 4],
+        }
+    }
+
+    /// The argument of a limit's five numbers, as bytes of this buffer.
+    fn write(&mut self, numbers: [u64; 5]) -> &[u8] {
+        let mut len = 0;
+        let mut digits = itoa::Buffer::new();
+        for (i, n) in numbers.into_iter().enumerate() {
+            if i > 0 {
+                self.buf[len] = b':';
+                len += 1;
+            }
+            let text = digits.format(n).as_bytes();
+            self.buf[len..len + text.len()].copy_from_slice(text);
+            len += text.len();
+        }
+        &self.buf[..len]
     }
 }
 
@@ -242,6 +277,36 @@ mod tests {
 
     fn ints(values: &[i64]) -> Vec<Value> {
         values.iter().map(|v| Value::Int(*v)).collect()
+    }
+
+    #[test]
+    fn a_limit_is_one_argument_of_five_numbers_joined_by_colons() {
+        let p = Policy::new(Algorithm::Gcra, 7, Duration::from_secs(60)).unwrap();
+        let q = Policy::new(Algorithm::Fixed, 3, Duration::from_millis(1500)).unwrap();
+        let mut cmd = redis::cmd("FCALL");
+        limit_args(&mut cmd, &[Check::new("k", &p), Check::new("j", &q)]);
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        let (gcra, fixed) = (Algorithm::Gcra.code(), Algorithm::Fixed.code());
+        assert_eq!(
+            args[1..],
+            [
+                format!("{gcra}:7:60000000:7:1").into_bytes(),
+                format!("{fixed}:3:1500000:3:1").into_bytes(),
+            ]
+        );
+        // The largest numbers fill the buffer exactly, each written whole.
+        let max = u64::MAX.to_string();
+        let mut spec = LimitSpec::new();
+        assert_eq!(
+            spec.write([u64::MAX; 5]),
+            [max.as_str(); 5].join(":").as_bytes()
+        );
     }
 
     #[test]

@@ -135,8 +135,18 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "takes with a wrong block marker",
-        " or KEYS[2] ~= key .. ':b'",
-        "",
+        "if KEYS[2] ~= key .. ':b' then",
+        "if false then",
+    ),
+    (
+        "takes another algorithm's limit as a fixed window",
+        "if l == nil or l.code ~= 1 then",
+        "if l == nil then",
+    ),
+    (
+        "a stack takes another algorithm's limit as a fixed window",
+        "l == nil or l.code ~= 1 or l.p.cost",
+        "l == nil or l.p.cost",
     ),
     (
         "a stack admits one unit over a limit",
@@ -521,37 +531,46 @@ fn planted_states(sources: &Sources) -> Result<(), String> {
         ("a marker without a TTL", &["SET k:b 1"]),
         ("a receipt already", &["SET k:r:ab:1 1:2:0:1 PX 4000"]),
     ];
-    // (what, KEYS, ARGV) with a period of 10 s and a limit of 5.
-    let calls: [(&str, &str, &str); 13] = [
-        ("cost 1", "k k:b", "1 5 10000000 5 1"),
-        ("cost 2", "k k:b", "1 5 10000000 5 2"),
-        ("the whole limit", "k k:b", "1 5 10000000 5 5"),
-        ("a cost above the limit", "k k:b", "1 5 10000000 5 6"),
-        ("a wrong marker", "k j:b", "1 5 10000000 5 1"),
-        ("a call id", "k k:b k:r:ab:1", "1 5 10000000 5 1 ab"),
-        ("a wrong receipt", "k k:b k:r:ac:1", "1 5 10000000 5 1 ab"),
-        ("a bad call id", "k k:b k:r:AB:1", "1 5 10000000 5 1 AB"),
-        ("a period of 1.5 ms", "k k:b", "1 5 1500 5 1"),
+    // (what, KEYS, ARGV) with a period of 10 s and a limit of 5: one argument per limit
+    // (code:limit:period µs:burst:cost), then the call id.
+    let calls: [(&str, &str, &str); 17] = [
+        ("cost 1", "k k:b", "1:5:10000000:5:1"),
+        ("cost 2", "k k:b", "1:5:10000000:5:2"),
+        ("the whole limit", "k k:b", "1:5:10000000:5:5"),
+        ("a cost above the limit", "k k:b", "1:5:10000000:5:6"),
+        ("another algorithm", "k k:b", "5:5:10000000:5:1"),
+        ("a malformed limit", "k k:b", "1:5:10000000:5"),
+        ("a wrong marker", "k j:b", "1:5:10000000:5:1"),
+        ("a call id", "k k:b k:r:ab:1", "1:5:10000000:5:1 ab"),
+        ("a wrong receipt", "k k:b k:r:ac:1", "1:5:10000000:5:1 ab"),
+        ("a bad call id", "k k:b k:r:AB:1", "1:5:10000000:5:1 AB"),
+        ("a call id alone", "k k:b", "ab"),
+        ("a period of 1.5 ms", "k k:b", "1:5:1500:5:1"),
         // Two limits, the second on `j` (2 taken of its window, planted in every state).
         (
             "two limits",
             "k j k:b j:b",
-            "1 5 10000000 5 1 1 5 10000000 5 1",
+            "1:5:10000000:5:1 1:5:10000000:5:1",
         ),
         (
             "two limits, the second full",
             "k j k:b j:b",
-            "1 5 10000000 5 1 1 3 10000000 3 2",
+            "1:5:10000000:5:1 1:3:10000000:3:2",
+        ),
+        (
+            "two limits, the second another algorithm",
+            "k j k:b j:b",
+            "1:5:10000000:5:1 2:5:10000000:5:1",
         ),
         (
             "a key twice",
             "k k k:b k:b",
-            "1 5 10000000 5 1 1 5 10000000 5 1",
+            "1:5:10000000:5:1 1:5:10000000:5:1",
         ),
         (
             "two limits with a call id",
             "k j k:b j:b k:r:ab:1 j:r:ab:2",
-            "1 5 10000000 5 1 1 5 10000000 5 1 ab",
+            "1:5:10000000:5:1 1:5:10000000:5:1 ab",
         ),
     ];
     for (state, commands) in states {

@@ -33,17 +33,19 @@ pub(crate) struct LuaStore {
     mode: Mode,
 }
 
-/// The 5 arguments of one limit, as `eval_checks` writes them.
-pub(crate) fn limit_args(check: &Check<'_>) -> [Vec<u8>; 5] {
+/// The argument of one limit, as `eval_checks` writes it: its five numbers joined by `:`
+/// (algorithm code, limit, period µs, burst, cost).
+pub(crate) fn limit_args(check: &Check<'_>) -> Vec<u8> {
     let p = check.policy;
-    [
-        super::scripts::code(p.algorithm()).to_string(),
-        p.limit().to_string(),
-        p.period_ms().saturating_mul(1000).to_string(),
-        p.burst().to_string(),
-        p.cost().to_string(),
-    ]
-    .map(String::into_bytes)
+    format!(
+        "{}:{}:{}:{}:{}",
+        super::scripts::code(p.algorithm()),
+        p.limit(),
+        p.period_ms().saturating_mul(1000),
+        p.burst(),
+        p.cost()
+    )
+    .into_bytes()
 }
 
 /// The driver's KEYS and ARGV for `checks` (and a call id), as `eval_checks` builds them.
@@ -55,7 +57,7 @@ pub(crate) fn driver_call(
         .into_iter()
         .map(String::into_bytes)
         .collect();
-    let mut argv: Vec<Vec<u8>> = checks.iter().flat_map(limit_args).collect();
+    let mut argv: Vec<Vec<u8>> = checks.iter().map(limit_args).collect();
     if let Some(id) = call_id {
         argv.push(id.as_bytes().to_vec());
     }
@@ -76,7 +78,7 @@ pub(crate) fn compensate_call(
         None => vec![b"peek".to_vec()],
         Some(id) => vec![b"refund".to_vec(), id.as_bytes().to_vec()],
     };
-    argv.extend(checks.iter().flat_map(limit_args));
+    argv.extend(checks.iter().map(limit_args));
     (keys, argv)
 }
 
@@ -92,7 +94,7 @@ pub(crate) fn settle_call(
         .map(String::into_bytes)
         .collect();
     let mut argv = vec![b"settle".to_vec(), call_id.as_bytes().to_vec()];
-    argv.extend(checks.iter().flat_map(limit_args));
+    argv.extend(checks.iter().map(limit_args));
     argv.extend(actual.iter().map(|a| a.to_string().into_bytes()));
     (keys, argv)
 }
