@@ -92,9 +92,15 @@ local function fixed_one(KEYS, ARGV)
     return whole_ms(check(KEYS, ARGV))
   end
   -- A block (the driver tells a marker with a TTL from one without), and a take
-  -- that ran before under this call id: the driver answers.
-  if redis.call('EXISTS', KEYS[2]) == 1
-    or (call_id ~= nil and redis.call('EXISTS', KEYS[3]) == 1) then
+  -- that ran before under this call id (its receipt is there): the driver
+  -- answers. One EXISTS asks both.
+  local found
+  if call_id == nil then
+    found = redis.call('EXISTS', KEYS[2])
+  else
+    found = redis.call('EXISTS', KEYS[2], KEYS[3])
+  end
+  if found > 0 then
     return whole_ms(check(KEYS, ARGV))
   end
   if call_id ~= nil then
@@ -179,8 +185,13 @@ local function fixed_many(KEYS, ARGV)
     end
     limits[i] = l
   end
-  if redis.call('EXISTS', unpack(KEYS, n + 1, 2 * n)) > 0
-    or (call_id ~= nil and redis.call('EXISTS', KEYS[2 * n + 1]) == 1) then
+  -- The blocks and, under a call id, a take that ran before (its first receipt):
+  -- one EXISTS, as fixed_one asks.
+  local asked = 2 * n
+  if call_id ~= nil then
+    asked = asked + 1
+  end
+  if redis.call('EXISTS', unpack(KEYS, n + 1, asked)) > 0 then
     return whole_ms(check(KEYS, ARGV))
   end
   if call_id ~= nil then

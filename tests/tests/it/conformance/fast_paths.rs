@@ -45,8 +45,8 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "skips a block",
-        "if redis.call('EXISTS', KEYS[2]) == 1\n    or",
-        "if false\n    or",
+        "    found = redis.call('EXISTS', KEYS[2])\n",
+        "    found = 0\n",
     ),
     (
         "a stacked call's reply holds a row past its limits",
@@ -55,8 +55,8 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "takes a replayed call again",
-        "(call_id ~= nil and redis.call('EXISTS', KEYS[3]) == 1)",
-        "false",
+        "found = redis.call('EXISTS', KEYS[2], KEYS[3])",
+        "found = redis.call('EXISTS', KEYS[2])",
     ),
     (
         "a new window (with a call id) ends a millisecond late",
@@ -164,8 +164,13 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "",
     ),
     (
+        "a stack takes a replayed call again",
+        "    asked = asked + 1\n",
+        "",
+    ),
+    (
         "a stack skips a block",
-        "if redis.call('EXISTS', unpack(KEYS, n + 1, 2 * n)) > 0",
+        "if redis.call('EXISTS', unpack(KEYS, n + 1, asked)) > 0",
         "if false",
     ),
     (
