@@ -324,6 +324,24 @@ impl RateLimiter {
     /// [`RateLimiter::check_as`], telling the store's answer (or the blocked-caller cache's,
     /// which is a copy of it) from the failure policy's.
     async fn ask(&self, checks: &[Check<'_>], call_id: Option<&str>) -> Asked {
+        match self.ask_now(checks, call_id) {
+            Ok(asked) => asked,
+            // Boxed: every limited call's future holds this one, and a framework moves that
+            // into a box of its own, so the remote call's size would be copied (and a larger
+            // box allocated) on every call, the memory store's included.
+            Err(sent) => Box::pin(self.ask_remote_answered(checks, call_id, sent)).await,
+        }
+    }
+
+    /// The part of [`RateLimiter::ask`] that waits for nothing: the blocked-caller cache, the
+    /// breaker, the failure policy and a store that answers at once (the memory store).
+    /// `Err` for a store that answers over the network, before anything was asked of it:
+    /// what its call carries to [`RateLimiter::ask_remote_answered`].
+    fn ask_now<'s>(
+        &'s self,
+        checks: &[Check<'_>],
+        call_id: Option<&str>,
+    ) -> Result<Asked, StoreCall<'s>> {
         let inner = &*self.inner;
         // When the store is asked, read once for the two that need it: the blocked-caller
         // cache (its lookup, and a rejection's block, which counts from before the store
@@ -335,20 +353,53 @@ impl RateLimiter {
             && let Some(verdict) = blocked.lookup(checks, now)
         {
             log_rejection(checks, &verdict, "blocked-cache");
-            return Asked::Store(verdict);
+            return Ok(Asked::Store(verdict));
         }
         let policy = self.failure_policy_of(checks);
         let probe = match inner.breaker.gate() {
-            Gate::Open => return Asked::Policy(self.on_failure(checks, policy, None).await),
+            Gate::Open => return Ok(Asked::Policy(self.on_failure(checks, policy, None))),
             Gate::Closed => None,
             Gate::Probe(guard) => Some(guard),
         };
-        // A store that answers at once (the memory store) needs no timeout and no future, so
-        // no call id of the limiter's own either (below).
-        let result = match inner.store.check_at_once(checks, call_id) {
-            Some(answer) => answer,
-            None => self.ask_remote(checks, call_id, policy).await,
+        let call = StoreCall {
+            sent_at,
+            policy,
+            probe,
         };
+        // A store that answers at once needs no timeout and no future, so no call id of the
+        // limiter's own either (see `ask_remote`).
+        match inner.store.check_at_once(checks, call_id) {
+            Some(result) => Ok(self.answered(checks, call_id, call, result)),
+            None => Err(call),
+        }
+    }
+
+    /// The rest of [`RateLimiter::ask`] for a store that answers over the network.
+    async fn ask_remote_answered(
+        &self,
+        checks: &[Check<'_>],
+        call_id: Option<&str>,
+        call: StoreCall<'_>,
+    ) -> Asked {
+        let result = self.ask_remote(checks, call_id, call.policy).await;
+        self.answered(checks, call_id, call, result)
+    }
+
+    /// What the store answered `call` (or its failure): counted, told to the breaker, and a
+    /// failure answered by the call's failure policy.
+    fn answered(
+        &self,
+        checks: &[Check<'_>],
+        call_id: Option<&str>,
+        call: StoreCall<'_>,
+        result: Result<Verdict, StoreError>,
+    ) -> Asked {
+        let inner = &*self.inner;
+        let StoreCall {
+            sent_at,
+            policy,
+            probe,
+        } = call;
         crate::observe::store_latency(inner.store.name(), sent_at);
         if let Err(error) = &result {
             crate::observe::store_error(inner.store.name(), error);
@@ -362,7 +413,7 @@ impl RateLimiter {
             Err(error) if error.is_transport() => {
                 inner.breaker.failure(&error, probe.is_some());
                 drop(probe);
-                Asked::Policy(self.on_failure(checks, policy, Some(error)).await)
+                Asked::Policy(self.on_failure(checks, policy, Some(error)))
             }
             Err(error) => {
                 // The store answered, with something this call cannot use: an error for this
@@ -372,7 +423,7 @@ impl RateLimiter {
                     inner.warnings.reset();
                 }
                 drop(probe);
-                Asked::Policy(self.on_failure(checks, policy, Some(error)).await)
+                Asked::Policy(self.on_failure(checks, policy, Some(error)))
             }
         }
     }
@@ -496,6 +547,15 @@ impl RateLimiter {
     pub fn store_failing(&self) -> bool {
         self.inner.breaker.is_open()
     }
+}
+
+/// One call to the store, from [`RateLimiter::ask_now`] to its answer: when it was sent (for
+/// the blocked-caller cache and the latency metric), its failure policy, and the breaker's
+/// probe when it is the one.
+struct StoreCall<'s> {
+    sent_at: Option<Instant>,
+    policy: FailurePolicy,
+    probe: Option<breaker::ProbeGuard<'s>>,
 }
 
 /// Who answered a check: the store (or the blocked-caller cache, a copy of its rejections), or

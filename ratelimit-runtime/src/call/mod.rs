@@ -209,6 +209,27 @@ impl std::fmt::Debug for Prepared<'_> {
     }
 }
 
+/// The outcome of static limits' decision: admitted, refused with the verdict, or refused for
+/// a store that could not answer.
+fn fixed_outcome<'c>(
+    limiter: &RateLimiter,
+    limits: &'c [Limit],
+    decided: Result<Verdict, StoreError>,
+) -> Result<Admitted<'c>, Refused> {
+    let verdict = decided.map_err(Refused::Unavailable)?;
+    if !verdict.is_admitted() {
+        return Err(Refused::Limited {
+            limits: limits.to_vec(),
+            verdict,
+        });
+    }
+    Ok(Admitted {
+        shadow: limiter.any_shadow(limits),
+        verdict,
+        applied: Applied::Fixed(limits),
+    })
+}
+
 /// Steps 1–3: the exemptions, the limits as they apply, the keys. The request's borrow ends
 /// here.
 pub(crate) fn prepare<'l>(
@@ -270,33 +291,35 @@ pub(crate) fn prepare<'l>(
 }
 
 impl<'c> Prepared<'c> {
+    /// Step 4 when it waits for nothing ([`RateLimiter::decide_now`]: static limits, a store
+    /// that answers at once, no lease, no shadow mode; an exempt call): the decision, as
+    /// [`Prepared::run`] would take it. An admitted call of it has nothing to settle (no
+    /// planned limit). `Err` gives the call back untouched, for `run`.
+    pub(crate) fn run_now(
+        self,
+        limiter: &RateLimiter,
+    ) -> Result<Result<Admitted<'c>, Refused>, Self> {
+        match self {
+            Self::Exempt => Ok(Ok(Admitted::exempt())),
+            Self::Fixed { limits, keys } => match limiter.decide_now(limits, &keys) {
+                Some(decided) => Ok(fixed_outcome(limiter, limits, decided)),
+                None => Err(Self::Fixed { limits, keys }),
+            },
+            Self::Planned { .. } => Err(self),
+        }
+    }
+
     /// Step 4: the decision. An admitted call, or why not.
     pub(crate) async fn run(self, limiter: &RateLimiter) -> Result<Admitted<'c>, Refused> {
         match self {
-            Self::Exempt => Ok(Admitted {
-                verdict: Verdict::new(Vec::new()),
-                applied: Applied::Nothing,
-                shadow: true,
-            }),
+            Self::Exempt => Ok(Admitted::exempt()),
             Self::Fixed { limits, keys } => {
-                let verdict = limiter
-                    .decide(limits, &keys)
-                    .await
-                    .map_err(Refused::Unavailable)?;
-                if !verdict.is_admitted() {
-                    return Err(Refused::Limited {
-                        limits: limits.to_vec(),
-                        verdict,
-                    });
-                }
-                Ok(Admitted {
-                    shadow: limiter.any_shadow(limits),
-                    verdict,
-                    applied: Applied::Fixed(limits),
-                })
+                fixed_outcome(limiter, limits, limiter.decide(limits, &keys).await)
             }
             Self::Planned { limits, plan } => {
-                let (verdict, taken) = plan.run(limiter).await.map_err(Refused::Unavailable)?;
+                let (verdict, taken) = Box::pin(plan.run(limiter))
+                    .await
+                    .map_err(Refused::Unavailable)?;
                 if !verdict.is_admitted() {
                     return Err(Refused::Limited {
                         limits: taken.limits().to_vec(),
@@ -341,6 +364,15 @@ impl std::fmt::Debug for Admitted<'_> {
 }
 
 impl Admitted<'_> {
+    /// An exempt call: nothing applied, no fields.
+    fn exempt() -> Self {
+        Self {
+            verdict: Verdict::new(Vec::new()),
+            applied: Applied::Nothing,
+            shadow: true,
+        }
+    }
+
     /// The decision that admitted the call, one per limit as they applied.
     #[cfg(feature = "client")]
     pub(crate) fn verdict(&self) -> &Verdict {

@@ -19,7 +19,7 @@ impl RateLimiter {
     /// Answers a check the store could not, with `policy` (the call's, see
     /// [`RateLimiter::failure_policy_of`]): `error` is the failure of this check's own store
     /// call, `None` when the breaker skipped the store.
-    pub(super) async fn on_failure(
+    pub(super) fn on_failure(
         &self,
         checks: &[Check<'_>],
         policy: FailurePolicy,
@@ -39,7 +39,7 @@ impl RateLimiter {
         match policy {
             FailurePolicy::Allow => Ok(admit_all(checks)),
             FailurePolicy::Deny => Err(error.unwrap_or_else(last_error)),
-            FailurePolicy::Local => match self.check_locally(checks).await {
+            FailurePolicy::Local => match self.check_locally(checks) {
                 Some(answer) => answer,
                 None => Err(error.unwrap_or_else(last_error)),
             },
@@ -98,7 +98,7 @@ impl RateLimiter {
     /// `local`: the call checked in this process's memory, each limit scaled to this
     /// process's share of the fleet (the keys stay as they are); `None` when a call costs
     /// more than its share (refused as under `deny`).
-    async fn check_locally(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, StoreError>> {
+    fn check_locally(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, StoreError>> {
         let inner = &*self.inner;
         let share = inner.settings.local_share;
         let (policies, shared);
@@ -117,11 +117,7 @@ impl RateLimiter {
                 .collect::<Vec<_>>();
             &shared[..]
         };
-        let verdict = inner
-            .local
-            .get_or_init(MemoryStore::new)
-            .check(checks)
-            .await;
+        let verdict = inner.local.get_or_init(MemoryStore::new).check_now(checks);
         if let Ok(verdict) = &verdict
             && !verdict.is_admitted()
         {

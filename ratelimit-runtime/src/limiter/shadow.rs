@@ -68,29 +68,64 @@ impl RateLimiter {
         keys: &[String],
         call_id: Option<&str>,
     ) -> Result<Verdict, StoreError> {
-        // One limit, the usual call: its check on the stack (no allocation per request).
-        let one: [Check<'_>; 1];
-        let many: Vec<Check<'_>>;
-        let checks: &[Check<'_>] = if let ([limit], [key, ..]) = (limits, keys) {
-            one = [self.check_of(limit, key)];
-            &one
-        } else {
-            many = limits
-                .iter()
-                .zip(keys)
-                .map(|(l, k)| self.check_of(l, k))
-                .collect();
-            &many
-        };
-        let labels = || limits.iter().map(|l| (l.scope, l.policy.algorithm()));
+        let checks = self.checks_of(limits, keys);
         let asked = match self.leased(limits, call_id) {
             Some(
                 limit @ Limit {
                     lease: Some(lease), ..
                 },
             ) => self.check_leased(limit, checks[0], *lease).await,
-            _ => self.check_as(checks, call_id).await,
+            _ => self.check_as(&checks, call_id).await,
         };
+        match self.counted(limits, asked) {
+            Counted::Final(result) => result,
+            Counted::Rejected(verdict) => self.shadowed(limits, &checks, &verdict).await,
+        }
+    }
+
+    /// [`RateLimiter::decide`] when the decision waits for nothing: the store answers at once
+    /// (the memory store), and no limit is leased or in shadow mode. `None` otherwise, before
+    /// anything was asked: the call is then decided by [`RateLimiter::decide`].
+    ///
+    /// A call whose future is polled once to its end costs its framework less (the future a
+    /// framework boxes and moves holds nothing of the decision).
+    pub(crate) fn decide_now(
+        &self,
+        limits: &[Limit],
+        keys: &[String],
+    ) -> Option<Result<Verdict, StoreError>> {
+        if self.leased(limits, None).is_some() || self.any_shadow(limits) {
+            return None;
+        }
+        let checks = self.checks_of(limits, keys);
+        let asked = self.ask_now(&checks, None).ok()?.into_result();
+        Some(match self.counted(limits, asked) {
+            Counted::Final(result) => result,
+            // No limit is in shadow mode: a rejection stands as the store answered it
+            // (`shadowed` would give it back unchanged).
+            Counted::Rejected(verdict) => Ok(verdict),
+        })
+    }
+
+    /// The store checks of one call's limits under their keys.
+    fn checks_of<'a>(&self, limits: &'a [Limit], keys: &'a [String]) -> Checks<'a> {
+        if let ([limit], [key, ..]) = (limits, keys) {
+            Checks::One([self.check_of(limit, key)])
+        } else {
+            Checks::Many(
+                limits
+                    .iter()
+                    .zip(keys)
+                    .map(|(l, k)| self.check_of(l, k))
+                    .collect(),
+            )
+        }
+    }
+
+    /// A call's verdict once its store (or failure policy) answered, counted: final, or a
+    /// rejection for shadow mode to look at ([`RateLimiter::shadowed`]).
+    fn counted(&self, limits: &[Limit], asked: Result<Verdict, StoreError>) -> Counted {
+        let labels = || limits.iter().map(|l| (l.scope, l.policy.algorithm()));
         let verdict = match asked {
             Ok(v) => v,
             // The store failed and the failure policy refused: a call whose limits are all in
@@ -101,16 +136,16 @@ impl RateLimiter {
                     let cap = l.policy.capacity();
                     Decision::new(true, cap, cap, Duration::ZERO, Duration::ZERO)
                 };
-                return Ok(Verdict::new(limits.iter().map(whole).collect()));
+                return Counted::Final(Ok(Verdict::new(limits.iter().map(whole).collect())));
             }
-            Err(e) => return Err(e),
+            Err(e) => return Counted::Final(Err(e)),
         };
         let shadow = |i: usize| limits.get(i).is_some_and(|l| self.is_shadow(l));
         observe::count_verdict(labels(), &verdict, shadow);
         if verdict.is_admitted() {
-            return Ok(verdict);
+            return Counted::Final(Ok(verdict));
         }
-        self.shadowed(limits, checks, &verdict).await
+        Counted::Rejected(verdict)
     }
 
     /// A verdict that rejects, seen through shadow mode: each shadow limit's would-be
@@ -154,7 +189,8 @@ impl RateLimiter {
             return Ok(Verdict::new(decisions));
         }
         let sub: Vec<Check<'_>> = enforced.iter().map(|&i| checks[i]).collect();
-        let again = self.check(&sub).await?;
+        // Boxed: a rare path, kept out of the size of every call's future.
+        let again = Box::pin(self.check(&sub)).await?;
         observe::count_verdict(
             enforced
                 .iter()
@@ -184,4 +220,29 @@ fn log_shadow_rejection(limit: &Limit, d: &Decision) {
         retry_after_ms,
         "rate limit would reject (shadow mode)"
     );
+}
+
+/// The store checks of one call: one limit's on the stack (the usual call: no allocation).
+enum Checks<'a> {
+    One([Check<'a>; 1]),
+    Many(Vec<Check<'a>>),
+}
+
+impl<'a> std::ops::Deref for Checks<'a> {
+    type Target = [Check<'a>];
+
+    fn deref(&self) -> &[Check<'a>] {
+        match self {
+            Self::One(check) => check,
+            Self::Many(checks) => checks,
+        }
+    }
+}
+
+/// A call's verdict once counted ([`RateLimiter::counted`]).
+enum Counted {
+    /// The call's answer.
+    Final(Result<Verdict, StoreError>),
+    /// A rejection, which shadow mode may turn into an admission.
+    Rejected(Verdict),
 }
