@@ -309,6 +309,18 @@ impl<'c> Prepared<'c> {
         }
     }
 
+    /// Step 4, as the transports take it: at once when it waits for nothing
+    /// ([`Prepared::run_now`]), else [`Prepared::run`] in a box. The future a transport
+    /// awaits holds the call, not the size of every future the decision may wait for (a
+    /// remote store's call, a line, a lease's refill), so a call the memory store answers
+    /// allocates and copies none of it.
+    pub(crate) async fn run_soon(self, limiter: &RateLimiter) -> Result<Admitted<'c>, Refused> {
+        match self.run_now(limiter) {
+            Ok(decided) => decided,
+            Err(prepared) => Box::pin(prepared.run(limiter)).await,
+        }
+    }
+
     /// Step 4: the decision. An admitted call, or why not.
     pub(crate) async fn run(self, limiter: &RateLimiter) -> Result<Admitted<'c>, Refused> {
         match self {
@@ -432,7 +444,7 @@ pub(crate) async fn plain<'l>(
     let limiter = RateLimiter::current();
     let answer = match wait {
         None => match prepare(&limiter, call, &Caller::PLAIN) {
-            Ok(prepared) => prepared.run(&limiter).await,
+            Ok(prepared) => prepared.run_soon(&limiter).await,
             Err(refused) => Err(refused),
         },
         Some(budget) => {

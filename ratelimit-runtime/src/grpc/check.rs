@@ -109,7 +109,7 @@ pub fn prepare<T>(
 pub async fn check(call: GrpcCall) -> Result<Admission, Status> {
     let GrpcCall { limiter, prepared } = call;
     let admitted = match prepared {
-        Ok(prepared) => prepared.run(&limiter).await,
+        Ok(prepared) => prepared.run_soon(&limiter).await,
         Err(refused) => Err(refused),
     };
     let settings = &limiter.settings().http;

@@ -220,7 +220,7 @@ impl Shared {
             &self.caller(&request, settings, grpc.is_some()),
         );
         let admitted = match prepared {
-            Ok(prepared) => prepared.run(&limiter).await,
+            Ok(prepared) => prepared.run_soon(&limiter).await,
             Err(refused) => Err(refused),
         };
         match admitted {
