@@ -326,10 +326,7 @@ impl RateLimiter {
     async fn ask(&self, checks: &[Check<'_>], call_id: Option<&str>) -> Asked {
         match self.ask_now(checks, call_id) {
             Ok(asked) => asked,
-            // Boxed: every limited call's future holds this one, and a framework moves that
-            // into a box of its own, so the remote call's size would be copied (and a larger
-            // box allocated) on every call, the memory store's included.
-            Err(sent) => Box::pin(self.ask_remote_answered(checks, call_id, sent)).await,
+            Err(sent) => self.ask_remote_answered(checks, call_id, sent).await,
         }
     }
 

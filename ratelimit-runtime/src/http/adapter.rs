@@ -318,7 +318,9 @@ where
     F: FnOnce() -> Fut,
     Fut: Future,
 {
-    match decide(&limiter, Ok(prepared)).await {
+    // `run`, not `run_soon`: `check_http` found that the decision waits.
+    let decided = prepared.run(&limiter).await;
+    match decided.map_err(|refused| refused.refusal(&limiter.settings().http)) {
         Ok(admitted) => {
             let fields = admitted.fields(limiter.settings().http.header_style, Some(policy));
             Limited(Outcome::Admitted(handler().await, fields))

@@ -83,9 +83,9 @@ impl RateLimiter {
         }
     }
 
-    /// [`RateLimiter::decide`] when the decision waits for nothing: the store answers at once
-    /// (the memory store), and no limit is leased or in shadow mode. `None` otherwise, before
-    /// anything was asked: the call is then decided by [`RateLimiter::decide`].
+    /// [`RateLimiter::decide`] when the decision waits for nothing: the store is local and
+    /// answers at once (the memory store), and no limit is in shadow mode. `None` otherwise,
+    /// before anything was asked: the call is then decided by [`RateLimiter::decide`].
     ///
     /// A call whose future is polled once to its end costs its framework less (the future a
     /// framework boxes and moves holds nothing of the decision).
@@ -94,7 +94,9 @@ impl RateLimiter {
         limits: &[Limit],
         keys: &[String],
     ) -> Option<Result<Verdict, StoreError>> {
-        if self.leased(limits, None).is_some() || self.any_shadow(limits) {
+        // A store over the network does not answer at once: the blocked-caller cache and the
+        // breaker are not asked twice (here, then by `decide`). Leases serve only such stores.
+        if !self.inner.store.is_local() || self.any_shadow(limits) {
             return None;
         }
         let checks = self.checks_of(limits, keys);
