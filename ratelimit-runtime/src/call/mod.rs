@@ -23,7 +23,10 @@
 //!
 //! Steps 1–3 read the request and end its borrow ([`prepare`]); step 4 is the only await
 //! ([`Prepared::run`]), so a transport whose request is neither `Send` nor `Sync` (a tonic
-//! `Streaming`) holds nothing of it across the store call. A transport is an adapter: it
+//! `Streaming`) holds nothing of it across the store call. A decision that waits for nothing
+//! (the memory store's) is taken without one ([`Prepared::run_now`]); the transports await
+//! [`Prepared::run_soon`], which boxes `run` only for a decision that waits, so the future a
+//! framework boxes and moves on every request holds none of its state. A transport is an adapter: it
 //! builds a [`Caller`] and a [`Call`], and renders the answer.
 
 // Each transport uses its part of the pipeline; the full build (every integration) is the
@@ -291,8 +294,8 @@ pub(crate) fn prepare<'l>(
 }
 
 impl<'c> Prepared<'c> {
-    /// Step 4 when it waits for nothing ([`RateLimiter::decide_now`]: static limits, a store
-    /// that answers at once, no lease, no shadow mode; an exempt call): the decision, as
+    /// Step 4 when it waits for nothing ([`RateLimiter::decide_now`]: static limits, a local
+    /// store that answers at once, no shadow mode; an exempt call): the decision, as
     /// [`Prepared::run`] would take it. An admitted call of it has nothing to settle (no
     /// planned limit). `Err` gives the call back untouched, for `run`.
     pub(crate) fn run_now(

@@ -34,20 +34,20 @@ impl<T> fmt::Debug for Limited<T> {
 }
 
 /// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.
-#[allow(clippy::unused_async)]
-pub async fn check_http<F, Fut, const H: bool>(
+#[allow(clippy::needless_pass_by_value)] // never called: `HttpCaller` has no value
+pub fn check_http<F, Fut, const H: bool>(
     limits: &'static [Limit],
     policy: &'static PolicyField,
     caller: HttpCaller<H>,
     templates: &[Option<&str>],
     handler: F,
-) -> Limited<Fut::Output>
+) -> impl Future<Output = Limited<Fut::Output>> + use<F, Fut, H>
 where
     F: FnOnce() -> Fut,
     Fut: Future,
 {
     let _ = (limits, policy, templates, handler);
-    match caller.never {}
+    async move { match caller.never {} }
 }
 
 /// Stand-in: enable the `axum` or `actix` feature of ratelimit-runtime.

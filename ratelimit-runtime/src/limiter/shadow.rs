@@ -84,8 +84,9 @@ impl RateLimiter {
     }
 
     /// [`RateLimiter::decide`] when the decision waits for nothing: the store is local and
-    /// answers at once (the memory store), and no limit is in shadow mode. `None` otherwise,
-    /// before anything was asked: the call is then decided by [`RateLimiter::decide`].
+    /// answers at once (the memory store), its breaker is closed, and no limit is in shadow
+    /// mode. `None` otherwise, before anything was asked: the call is then decided by
+    /// [`RateLimiter::decide`].
     ///
     /// A call whose future is polled once to its end costs its framework less (the future a
     /// framework boxes and moves holds nothing of the decision).
@@ -94,9 +95,11 @@ impl RateLimiter {
         limits: &[Limit],
         keys: &[String],
     ) -> Option<Result<Verdict, StoreError>> {
-        // A store over the network does not answer at once: the blocked-caller cache and the
-        // breaker are not asked twice (here, then by `decide`). Leases serve only such stores.
-        if !self.inner.store.is_local() || self.any_shadow(limits) {
+        // A store that is not local is asked by `decide` alone: its blocked-caller cache and
+        // breaker are not asked twice (leases, too, serve only such stores). An open breaker
+        // may hand this call its probe: `decide` takes it, so that a local store that does
+        // not answer at once (a wrapper) never drops one here.
+        if !self.inner.store.is_local() || self.inner.breaker.is_open() || self.any_shadow(limits) {
             return None;
         }
         let checks = self.checks_of(limits, keys);
