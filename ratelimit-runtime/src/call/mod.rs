@@ -313,10 +313,11 @@ impl<'c> Prepared<'c> {
     }
 
     /// Step 4, as the transports take it: at once when it waits for nothing
-    /// ([`Prepared::run_now`]), else [`Prepared::run`] in a box. The future a transport
-    /// awaits holds the call, not the size of every future the decision may wait for (a
-    /// remote store's call, a line, a lease's refill), so a call the memory store answers
-    /// allocates and copies none of it.
+    /// ([`Prepared::run_now`]), else [`Prepared::run`] in a box, the one a call that waits
+    /// allocates. The future a transport awaits holds the call, not the size of every future
+    /// the decision may wait for (a remote store's call, a planned call's run, a lease's
+    /// refill, shadow mode's second check), so a call the memory store answers allocates and
+    /// copies none of it.
     pub(crate) async fn run_soon(self, limiter: &RateLimiter) -> Result<Admitted<'c>, Refused> {
         match self.run_now(limiter) {
             Ok(decided) => decided,
@@ -332,9 +333,7 @@ impl<'c> Prepared<'c> {
                 fixed_outcome(limiter, limits, limiter.decide(limits, &keys).await)
             }
             Self::Planned { limits, plan } => {
-                let (verdict, taken) = Box::pin(plan.run(limiter))
-                    .await
-                    .map_err(Refused::Unavailable)?;
+                let (verdict, taken) = plan.run(limiter).await.map_err(Refused::Unavailable)?;
                 if !verdict.is_admitted() {
                     return Err(Refused::Limited {
                         limits: taken.limits().to_vec(),

@@ -85,12 +85,12 @@ async fn admit_in<'l>(
     let deadline = Instant::now() + budget;
     let prepared = prepare()?;
     let Some(key) = lines.key(limiter, &prepared) else {
-        return prepared.run(limiter).await; // exempt: nothing to wait for
+        return prepared.run_soon(limiter).await; // exempt: nothing to wait for
     };
     // Why the call is waiting, and when it may try again.
     let mut last: Option<Limited> = None;
     if !lines.has_line(key) {
-        match prepared.run(limiter).await {
+        match prepared.run_soon(limiter).await {
             Err(Refused::Limited { limits, verdict }) => {
                 let spent = Limited::new(limits, verdict);
                 if !spent.fits(deadline) {
@@ -109,7 +109,7 @@ async fn admit_in<'l>(
         // The budget ran out in the line: the latest refusal this call or its line saw.
         return match last.or_else(|| place.latest()) {
             Some(spent) => Err(spent.refused()),
-            None => prepare()?.run(limiter).await,
+            None => prepare()?.run_soon(limiter).await,
         };
     };
     // The head of the line: sleep until the slot, check, again until admitted or out of time.
@@ -122,7 +122,7 @@ async fn admit_in<'l>(
         {
             tokio::time::sleep_until(spent.next_try().min(deadline)).await;
         }
-        match prepare()?.run(limiter).await {
+        match prepare()?.run_soon(limiter).await {
             Err(Refused::Limited { limits, verdict }) => {
                 let spent = Limited::new(limits, verdict);
                 place.line.record(&spent);

@@ -194,8 +194,7 @@ impl RateLimiter {
             return Ok(Verdict::new(decisions));
         }
         let sub: Vec<Check<'_>> = enforced.iter().map(|&i| checks[i]).collect();
-        // Boxed: a rare path, kept out of the size of every call's future.
-        let again = Box::pin(self.check(&sub)).await?;
+        let again = self.check(&sub).await?;
         observe::count_verdict(
             enforced
                 .iter()

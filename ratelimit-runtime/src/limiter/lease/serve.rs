@@ -211,10 +211,8 @@ impl RateLimiter {
             crate::limiter::log_rejection(&[check], &verdict, "blocked-cache");
             return Ok(verdict);
         }
-        // The awaits below are boxed: a call served from its lease (the usual one) awaits
-        // nothing, and its future (inside every limited call's) stays small.
         let Some(slot) = self.inner.leases.slot(check.key, now) else {
-            return Box::pin(self.check_as(&[check], None)).await;
+            return self.check_as(&[check], None).await;
         };
         let cost = check.policy.cost();
         let spent = {
@@ -230,9 +228,9 @@ impl RateLimiter {
             state.resetting > 0 || state.room.is_some_and(|room| room < cost.saturating_mul(2))
         };
         if spent {
-            return Box::pin(self.check_room(&slot, check)).await;
+            return self.check_room(&slot, check).await;
         }
-        Box::pin(self.take_lease(&slot, limit, check, lease)).await
+        self.take_lease(&slot, limit, check, lease).await
     }
 
     /// The next lease of `check`'s key, taken in line for the slot's refill lock (another
