@@ -431,8 +431,10 @@ impl RateLimiter {
     /// store wakes. Under `allow` it was admitted, so the store counting it is right; under
     /// `deny` and `local` it was answered without the store, which must not count it. So
     /// under those policies every check is sent as a take (an admitted call leaves
-    /// receipts), and one that timed out is refunded by receipt in the background. (A local
-    /// store answers at once: it is never asked for receipts.)
+    /// receipts, kept only as long as that refund needs:
+    /// [`Store::take_briefly`](crate::store::Store::take_briefly)), and one
+    /// that timed out is refunded by receipt in the background. (A local store answers at
+    /// once: it is never asked for receipts.)
     async fn ask_remote(
         &self,
         checks: &[Check<'_>],
@@ -446,9 +448,14 @@ impl RateLimiter {
         let sent_id = call_id.or(own_id.as_deref());
         let replica_ack = self.wants_replica_ack(checks);
         let call = async {
-            let verdict = match sent_id {
-                Some(id) => inner.store.take(checks, id).await,
-                None => inner.store.check(checks).await,
+            let verdict = match (sent_id, &own_id) {
+                // Receipts for the refund of a timeout only: kept no longer than that needs.
+                (Some(id), Some(_)) => {
+                    let keep = failure::timeout_receipts_keep(timeout);
+                    inner.store.take_briefly(checks, id, keep).await
+                }
+                (Some(id), None) => inner.store.take(checks, id).await,
+                (None, _) => inner.store.check(checks).await,
             }?;
             // Admitted only once a replica has the count (when asked): the policy answers a
             // write no replica acknowledged, as it answers a timeout.

@@ -154,8 +154,22 @@ fn admit_all(checks: &[Check<'_>]) -> Verdict {
     )
 }
 
-/// How long the background refund of a timed-out take may wait for the store: a receipt lives
-/// at most 10 seconds after its take ran, so a later refund could give back nothing anyway.
+/// What the refund of a timed-out take needs its receipts for beyond the timeout: the store
+/// runs the refund right after the take when both waited in its queue, and about a timeout
+/// after it when the take ran in time and its answer was slow to come back.
+const TIMEOUT_RECEIPT_SPARE: Duration = Duration::from_secs(1);
+
+/// How long the receipts of a check sent as a take only for its timeout's refund are kept
+/// ([`Store::take_briefly`](crate::store::Store::take_briefly)): the limiter's `timeout` and
+/// a second more. A refund later than that finds nothing and the call stays counted (never
+/// more admitted than the quota).
+pub(super) fn timeout_receipts_keep(timeout: Duration) -> Duration {
+    timeout.saturating_add(TIMEOUT_RECEIPT_SPARE)
+}
+
+/// How long the background refund of a timed-out take may wait for the store. A stalled store
+/// runs the queued take, then at once the refund queued behind it, so the wait is the stall's;
+/// no receipt lives longer than 10 seconds, so a later refund could give back nothing anyway.
 pub(super) const REFUND_WAIT: Duration = Duration::from_secs(10);
 
 /// Gives back, in a task of its own, what the take under `call_id` took if the store runs it

@@ -9,8 +9,9 @@
 -- ([0-9a-f], at most 32; a take under an id that already left receipts is not
 -- taken again): with one, an admitted call also leaves a receipt per
 -- limit (the prelude's write_receipt), whose TTL is reset_after (the longest
--- the call can hold anything of that limit), at most RECEIPT_TTL_US: a refund
--- comes within one cross-slot check, and a refund that finds no receipt gives
+-- the call can hold anything of that limit), at most RECEIPT_TTL_US, or at most
+-- the TTL the call gives after its id (the prelude's call_shape): a refund
+-- comes within one cross-slot check, or right after an answer given up on, and a refund that finds no receipt gives
 -- back nothing (never too much). The Redis Cluster store takes limits that
 -- fall in several slots one slot at a time, and gives back through these
 -- receipts what an earlier slot took when a later one rejects (refund.lua).
@@ -46,7 +47,7 @@ local function check(KEYS, ARGV)
   -- their working copies when a key repeats, their receipts with a call id.
   local nkeys, call_id = call_shape(ARGV)
   if nkeys == 0 then
-    return redis.error_reply('ERR ratelimit: expected one argument per key, then optionally a call id; got '
+    return redis.error_reply('ERR ratelimit: expected one argument per key, then optionally a call id and its receipts\' TTL (1 to 10000 ms); got '
       .. #ARGV .. ' arguments for ' .. #KEYS .. ' keys')
   end
   if call_id ~= nil and not valid_call_id(call_id) then

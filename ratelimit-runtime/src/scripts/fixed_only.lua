@@ -5,7 +5,7 @@
 --
 -- KEYS and ARGV are the driver's for one limit (the key, its block marker, with
 -- a call id its receipt; one argument "code:limit:period:burst:cost", optionally
--- the call id), so that whatever this path does not decide itself goes to the
+-- the call id and its receipts' TTL), so that whatever this path does not decide itself goes to the
 -- driver's `check` on the same KEYS and ARGV, in the same script (atomic): a
 -- block marker present, a take replayed under a call id that left its receipt,
 -- a cost above the limit, a period that is not whole milliseconds, a value that
@@ -68,12 +68,10 @@ local function pttl_of(key, timed)
   return pttl
 end
 
-local function fixed_one(KEYS, ARGV)
+local function fixed_one(KEYS, ARGV, call_id)
   local key = KEYS[1]
-  local call_id = nil
-  if #ARGV == 2 and #KEYS == 3 then
-    call_id = ARGV[2]
-    if not valid_call_id(call_id) or KEYS[3] ~= receipt_key(key, call_id, 1) then
+  if call_id ~= nil then
+    if #KEYS ~= 3 or not valid_call_id(call_id) or KEYS[3] ~= receipt_key(key, call_id, 1) then
       return whole_ms(check(KEYS, ARGV))
     end
   elseif #ARGV ~= 1 or #KEYS ~= 2 then
@@ -154,8 +152,10 @@ end
 -- up, what was taken is undone (DECRBY; a key the call created is deleted) and
 -- the driver answers, on the keys as they were. KEYS and ARGV are the driver's
 -- (keys, markers, receipts with a call id; one argument a limit, then the id).
-local function fixed_many(KEYS, ARGV)
-  local n, call_id = call_shape(ARGV)
+local function fixed_many(KEYS, ARGV, n, call_id)
+  if n < 1 then
+    return whole_ms(check(KEYS, ARGV))
+  end
   if call_id ~= nil then
     if #KEYS ~= 3 * n or not valid_call_id(call_id) then
       return whole_ms(check(KEYS, ARGV))
@@ -261,9 +261,15 @@ local function fixed_many(KEYS, ARGV)
 end
 
 -- The entry point for calls of fixed-window limits only, on distinct keys.
+-- A call of one argument is one limit without a call id (or malformed, which
+-- fixed_one hands to the driver): no receipts, so no call_shape.
 local function fixed_only(KEYS, ARGV)
-  if #ARGV <= 1 or (#ARGV == 2 and call_shape(ARGV) == 1) then
-    return fixed_one(KEYS, ARGV)
+  if #ARGV <= 1 then
+    return fixed_one(KEYS, ARGV, nil)
   end
-  return fixed_many(KEYS, ARGV)
+  local n, call_id = call_shape(ARGV)
+  if n == 1 then
+    return fixed_one(KEYS, ARGV, call_id)
+  end
+  return fixed_many(KEYS, ARGV, n, call_id)
 end

@@ -301,12 +301,46 @@ local function parse_limits(argv, offset, nkeys)
   return limits
 end
 
+-- Receipts, for the Redis Cluster store's refunds (driver.lua writes them,
+-- refund.lua reads them): receipt i of a call is the key
+-- `<KEYS[i]>:r:<id>:<i>`, holding "<at µs>:<reset_after µs>:<first µs>:<cost>"
+-- (the server's time at the take, the limit's reset_after after it, the
+-- decision's `first`, the units the call took), with a TTL of that reset_after,
+-- at most RECEIPT_TTL_US. The name holds the key and the value the units: a
+-- refund or settle gives back only what this call took of this key.
+local RECEIPT_TTL_US = 10000000
+local RECEIPT_TTL_MS_TEXT = '10000'
+
+-- The longest this call's receipts live, µs, and as the text of whole ms:
+-- RECEIPT_TTL_US, or less when the call asks (call_shape), as a take whose
+-- receipts serve only a refund sent when its answer came too late does. Set by
+-- call_shape on every call that can write receipts, before any is written: a
+-- Functions library's upvalues outlive the call.
+local receipt_ttl_us = RECEIPT_TTL_US
+local receipt_ttl_text = RECEIPT_TTL_MS_TEXT
+
 -- The shape of a check's ARGV (the driver's and the fast paths'): one argument a
--- limit, then optionally the call id, told from a limit by having no ':'.
--- Returns the number of limits and the call id (nil: none).
+-- limit, then optionally the call id, then optionally the longest its receipts
+-- live in whole milliseconds (1 to 10000, no leading zero; without it,
+-- RECEIPT_TTL_US), each told from a limit by having no ':'.
+-- Returns the number of limits and the call id (nil: none), and sets the call's
+-- receipt_ttl_us; a malformed receipt TTL reads as no limit at all (0), which
+-- the driver refuses.
 local function call_shape(argv)
   local n = #argv
+  receipt_ttl_us = RECEIPT_TTL_US
+  receipt_ttl_text = RECEIPT_TTL_MS_TEXT
   if n > 0 and not string.find(argv[n], ':', 1, true) then
+    if n > 1 and not string.find(argv[n - 1], ':', 1, true) then
+      local keep = argv[n]
+      local ms = string.match(keep, '^[1-9]%d?%d?%d?%d?$') and tonumber(keep)
+      if not ms or ms * 1000 > RECEIPT_TTL_US then
+        return 0, nil
+      end
+      receipt_ttl_us = ms * 1000
+      receipt_ttl_text = keep
+      return n - 2, argv[n - 1]
+    end
     return n - 1, argv[n]
   end
   return n, nil
@@ -372,16 +406,6 @@ local function block_reply(marker, l, d)
   return state_reply(l, d, d.admitted, d.retry), false
 end
 
--- Receipts, for the Redis Cluster store's refunds (driver.lua writes them,
--- refund.lua reads them): receipt i of a call is the key
--- `<KEYS[i]>:r:<id>:<i>`, holding "<at µs>:<reset_after µs>:<first µs>:<cost>"
--- (the server's time at the take, the limit's reset_after after it, the
--- decision's `first`, the units the call took), with a TTL of that reset_after,
--- at most RECEIPT_TTL_US. The name holds the key and the value the units: a
--- refund or settle gives back only what this call took of this key.
-local RECEIPT_TTL_US = 10000000
-local RECEIPT_TTL_MS_TEXT = '10000'
-
 -- The capacity a settle charges its excess under (algorithm::WAIVED_CAPACITY,
 -- 2^52: the most a double holds exactly), so that evaluate admits the charge.
 local WAIVED_CAPACITY = 4503599627370496
@@ -395,8 +419,9 @@ local function receipt_key(key, call_id, i)
 end
 
 -- Writes the receipt `receipt` (declared in KEYS) of decision `d` of limit `l`.
+-- Its TTL is the limit's reset_after, at most the call's receipt_ttl_us.
 -- Numbers are formatted only where they vary: the time from TIME's digits, a
--- first entry of 0 and a TTL of RECEIPT_TTL_US as constants.
+-- first entry of 0 and the call's longest TTL as constants.
 local function write_receipt(receipt, l, d)
   local reset = clamp(d.after_reset)
   local first = d.first
@@ -404,8 +429,8 @@ local function write_receipt(receipt, l, d)
   if first ~= nil and first ~= 0 then
     first_text = int(first)
   end
-  local ttl = RECEIPT_TTL_MS_TEXT
-  if reset < RECEIPT_TTL_US then
+  local ttl = receipt_ttl_text
+  if reset < receipt_ttl_us then
     ttl = ttl_ms(reset)
   end
   redis.call('SET', receipt,

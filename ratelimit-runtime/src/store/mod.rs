@@ -260,6 +260,44 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         self.check(checks)
     }
 
+    /// [`Store::take`] for a call whose receipts serve only a refund sent right after its
+    /// answer came too late: they are kept at most `keep` (and never more than a receipt of
+    /// [`Store::take`]), so that a flood of such calls cannot fill the store with receipts.
+    ///
+    /// [`RateLimiter`](crate::RateLimiter) sends its checks so under the `deny` and `local`
+    /// failure policies, with `keep` its timeout and a second more: a check the store answers
+    /// too late is answered by the policy, and what the store took for it is given back
+    /// ([`Store::refund`]). The Redis stores keep the receipts `keep` (whole milliseconds,
+    /// at most 10 s).
+    ///
+    /// The default is [`Store::take`]: receipts kept as long as any.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, MemoryStore, Policy, Store, store::Check};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
+    /// let checks = [Check::new("user:7", &policy)];
+    /// let keep = Duration::from_millis(1050);
+    /// assert!(store.take_briefly(&checks, "7a3f", keep).await?.is_admitted());
+    /// // The answer came too late and the call was refused without the store: give it back.
+    /// store.refund(&checks, "7a3f").await?;
+    /// assert!(store.check(&checks).await?.is_admitted());
+    /// # Ok(()) }
+    /// ```
+    fn take_briefly<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        call_id: &'a str,
+        keep: Duration,
+    ) -> StoreFuture<'a> {
+        let _ = keep;
+        self.take(checks, call_id)
+    }
+
     /// Gives back what the admitted call taken under `call_id` still holds of its first
     /// `checks.len()` limits (`checks` is that prefix of the take's checks, in order). At most
     /// what the call took, and once: the receipts, which record each limit's key and units, are
@@ -416,6 +454,15 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
         (**self).take(checks, call_id)
+    }
+
+    fn take_briefly<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        call_id: &'a str,
+        keep: Duration,
+    ) -> StoreFuture<'a> {
+        (**self).take_briefly(checks, call_id, keep)
     }
 
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {

@@ -1004,6 +1004,26 @@ fn limits_that_are_not_whole_numbers_are_refused() {
             let check = lua.run_driver(&checks, &keys, &[b(bad)]);
             refused(&format!("check {bad:?}"), check, says);
         }
+        // How long a take's receipts are kept, after its call id: 1 to 10000 whole ms.
+        for bad in [
+            "0",
+            "10001",
+            "01500",
+            "1.5",
+            "-1",
+            " 1",
+            "1e3",
+            "",
+            "99999999999999999999",
+        ] {
+            let limit = b("1:10:60000000:10:1");
+            let check = lua.run_driver(&checks, &with_receipt, &[limit, b("ab"), b(bad)]);
+            refused(
+                &format!("receipts kept {bad:?}"),
+                check,
+                "expected one argument per key",
+            );
+        }
         // A settle's units used: digits only, at most 2^52.
         for bad in ["1e0", " 1", "-1", "0x10", "1.0", "", "4503599627370497"] {
             let argv = [b("settle"), b("ab"), b("1:10:60000000:10:1"), b(bad)];

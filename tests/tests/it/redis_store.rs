@@ -1340,3 +1340,86 @@ async fn a_fixed_key_holding_a_foreign_value_is_replaced_not_failed_on() {
         assert!(pttl(&mut conn, &key).await > 0, "{foreign:?}");
     }
 }
+
+/// A take whose receipts serve only a timeout's refund (`take_briefly`) keeps them no longer
+/// than it asks, for every algorithm, one limit or two, on the fast path and the driver; a take
+/// keeps them up to 10 s; either is given back by its refund. A limiter under `deny` or `local`
+/// sends every check so: its receipts live its timeout and a second more, so that a flood of
+/// calls holds a second of receipts in Redis, not ten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn receipts_kept_for_a_timeout_s_refund_live_no_longer_than_asked() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.expect("connect");
+    let mut conn = server.connection().await;
+    let keep = Duration::from_millis(1500);
+    for algo in [
+        Algorithm::Fixed,
+        Algorithm::Sliding,
+        Algorithm::Leaky,
+        Algorithm::Token,
+        Algorithm::Gcra,
+        Algorithm::SlidingCounter,
+    ] {
+        let p = policy(algo, 5, MINUTE * 60);
+        for stacked in [false, true] {
+            let name = format!("{algo:?}, stacked {stacked}");
+            let k1 = key::build("brief", &format!("app::{algo:?}{stacked}"), &[], &p);
+            let k2 = key::build("brief", &format!("app::{algo:?}{stacked}2"), &[], &p);
+            let (c1, c2) = (Check::new(&k1, &p), Check::new(&k2, &p));
+            let checks: Vec<Check<'_>> = if stacked { vec![c1, c2] } else { vec![c1] };
+            let brief = store.take_briefly(&checks, "b1", keep).await.expect("take");
+            assert!(brief.is_admitted(), "{name}");
+            let long = store.take(&checks, "b2").await.expect("take");
+            assert!(long.is_admitted(), "{name}");
+            for (i, c) in checks.iter().enumerate() {
+                let short = pttl(&mut conn, &format!("{}:r:b1:{}", c.key, i + 1)).await;
+                assert!(
+                    (1..=1500).contains(&short),
+                    "{name}: brief receipt PTTL {short}"
+                );
+                let usual = pttl(&mut conn, &format!("{}:r:b2:{}", c.key, i + 1)).await;
+                assert!(
+                    (1501..=10_000).contains(&usual),
+                    "{name}: receipt PTTL {usual}"
+                );
+            }
+            store.refund(&checks, "b1").await.expect("refund");
+            store.refund(&checks, "b2").await.expect("refund");
+            // Both given back: the receipts are read and gone, and of the two units taken
+            // at most the fraction of one a bucket drained meanwhile is left counted.
+            assert!(
+                scan(&mut conn, &format!("{k1}:r:*")).await.is_empty(),
+                "{name}"
+            );
+            let after = store.peek(&checks).await.expect("peek");
+            for d in after.decisions() {
+                assert!(d.remaining >= 4, "{name}: both takes given back: {d:?}");
+            }
+        }
+    }
+
+    let p = policy(Algorithm::Fixed, 1_000, MINUTE * 60);
+    for failure in [
+        ratelimit_runtime::FailurePolicy::Deny,
+        ratelimit_runtime::FailurePolicy::Local,
+    ] {
+        let limiter = ratelimit_runtime::RateLimiter::builder()
+            .store(RedisStore::connect(&server.url()).await.expect("connect"))
+            .failure_policy(failure)
+            .timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .expect("limiter");
+        let k = key::build("brief", &format!("app::limiter{failure:?}"), &[], &p);
+        for _ in 0..20 {
+            let v = limiter.check(&[Check::new(&k, &p)]).await.expect("check");
+            assert!(v.is_admitted(), "{failure:?}");
+        }
+        let receipts = scan(&mut conn, &format!("{k}:r:*")).await;
+        assert_eq!(receipts.len(), 20, "{failure:?}: one receipt a check");
+        for r in &receipts {
+            let left = pttl(&mut conn, r).await;
+            assert!((1..=1200).contains(&left), "{failure:?}: {r} PTTL {left}");
+        }
+    }
+}

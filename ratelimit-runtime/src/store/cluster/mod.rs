@@ -210,7 +210,7 @@ impl RedisClusterStore {
     ) -> Result<Verdict, StoreError> {
         one_slot(checks)?;
         let mut conn = self.connection().await?;
-        eval_checks(&mut conn, &self.calls, checks, Some(call_id)).await
+        eval_checks(&mut conn, &self.calls, checks, Some(call_id), None).await
     }
 
     /// Test hook: the refund a rejected cross-slot call sends for a group it took under
@@ -225,6 +225,24 @@ impl RedisClusterStore {
         one_slot(checks)?;
         let mut conn = self.connection().await?;
         compensate(&mut conn, &self.calls, Mode::Refund(call_id), checks).await
+    }
+}
+
+impl RedisClusterStore {
+    /// A take under `call_id`, its receipts (a call in one slot's) kept at most `keep`
+    /// (`None`: the longest).
+    async fn take_keeping(
+        &self,
+        checks: &[Check<'_>],
+        call_id: &str,
+        keep: Option<Duration>,
+    ) -> Result<Verdict, StoreError> {
+        let mut conn = self.connection().await?;
+        let groups = group_by_slot(checks);
+        if groups.len() > 1 {
+            return across_slots(conn, &self.calls, checks, groups, Some(call_id)).await;
+        }
+        eval_checks(&mut conn, &self.calls, checks, Some(call_id), keep).await
     }
 }
 
@@ -262,7 +280,7 @@ impl Store for RedisClusterStore {
             let mut conn = self.connection().await?;
             let groups = group_by_slot(checks);
             if groups.len() <= 1 {
-                return eval_checks(&mut conn, &self.calls, checks, None).await;
+                return eval_checks(&mut conn, &self.calls, checks, None, None).await;
             }
             across_slots(conn, &self.calls, checks, groups, None).await
         })
@@ -273,14 +291,18 @@ impl Store for RedisClusterStore {
     /// and stays counted whatever its outcome. Its concurrency limits' leases are named by
     /// `call_id` all the same, so that [`Store::forget`] releases them.
     fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
-        Box::pin(async move {
-            let mut conn = self.connection().await?;
-            let groups = group_by_slot(checks);
-            if groups.len() > 1 {
-                return across_slots(conn, &self.calls, checks, groups, Some(call_id)).await;
-            }
-            eval_checks(&mut conn, &self.calls, checks, Some(call_id)).await
-        })
+        Box::pin(self.take_keeping(checks, call_id, None))
+    }
+
+    /// As [`Store::take`] (receipts only for a call in one slot), those receipts kept at most
+    /// `keep`.
+    fn take_briefly<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        call_id: &'a str,
+        keep: Duration,
+    ) -> StoreFuture<'a> {
+        Box::pin(self.take_keeping(checks, call_id, Some(keep)))
     }
 
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {

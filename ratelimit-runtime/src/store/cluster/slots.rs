@@ -36,7 +36,7 @@ pub(super) async fn check_across_slots(
         let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
         // The last group is never refunded (when it admits, so did the call): no receipts.
         let receipts = (g + 1 < groups.len() || holds(&sub)).then_some(id.as_str());
-        let verdict = eval_checks(conn, calls, &sub, receipts).await?;
+        let verdict = eval_checks(conn, calls, &sub, receipts, None).await?;
         if verdict.is_admitted() {
             taken.push((g, verdict));
             continue;

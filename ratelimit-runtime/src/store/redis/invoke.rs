@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, Script, ServerErrorKind, Value};
@@ -251,13 +252,14 @@ where
 /// the call to one node (a single server, or a cluster with hash-tagged keys) reuses it.
 ///
 /// With a `call_id` (1 to 32 lower-case hex digits), an admitted call also leaves a receipt per
-/// limit for the Redis Cluster store's refunds (see `scripts/driver.lua` and
-/// `scripts/prelude.lua`).
+/// limit for the refunds (see `scripts/driver.lua` and `scripts/prelude.lua`), kept at most
+/// `keep` (`None`: the scripts' longest, 10 s).
 pub(crate) async fn eval_checks<C>(
     conn: &mut C,
     calls: &Calls,
     checks: &[Check<'_>],
     call_id: Option<&str>,
+    keep: Option<Duration>,
 ) -> Result<Verdict, StoreError>
 where
     C: ScriptConnection,
@@ -280,11 +282,26 @@ where
         limit_args(cmd, checks);
         if let Some(id) = call_id {
             cmd.arg(id);
+            if let Some(keep) = keep {
+                cmd.arg(receipt_keep_ms(keep));
+            }
         }
     };
     let (function, _) = script_sources().for_checks(checks);
     let reply = invoke(conn, calls, function, script, first.key, args).await?;
     parse_reply(&reply, checks)
+}
+
+/// The longest the scripts keep a receipt, ms (their `RECEIPT_TTL_US`).
+const RECEIPT_KEEP_MAX_MS: u64 = 10_000;
+
+/// How long a take's receipts are kept, as the scripts take it after the call id: whole
+/// milliseconds, rounded up, from 1 to [`RECEIPT_KEEP_MAX_MS`].
+fn receipt_keep_ms(keep: Duration) -> u64 {
+    let ms = keep.as_micros().div_ceil(1000);
+    u64::try_from(ms)
+        .unwrap_or(u64::MAX)
+        .clamp(1, RECEIPT_KEEP_MAX_MS)
 }
 
 /// What the companion script does.

@@ -70,6 +70,7 @@ use self::server::{MemoryPolicy, info_memory_cmd};
 use self::wire::{block_cmd, extend_block_cmd, forget_pipe, reset_cmd};
 use super::lazy::LazyConnection;
 use super::{Check, Store, StoreFuture};
+use crate::decision::Verdict;
 use crate::error::{ConfigError, StoreError};
 
 // The store, its URLs and its connection are here; the Redis Cluster store shares the rest.
@@ -276,23 +277,42 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// A take under `call_id` whose receipts are kept at most `keep` (`None`: the longest).
+    async fn take_keeping(
+        &self,
+        checks: &[Check<'_>],
+        call_id: &str,
+        keep: Option<Duration>,
+    ) -> Result<Verdict, StoreError> {
+        let mut conn = self.manager().await?;
+        let result = eval_checks(&mut conn, &self.calls, checks, Some(call_id), keep).await;
+        watch_memory_policy(&conn, &self.memory, &result);
+        result
+    }
+}
+
 impl Store for RedisStore {
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
         Box::pin(async move {
             let mut conn = self.manager().await?;
-            let result = eval_checks(&mut conn, &self.calls, checks, None).await;
+            let result = eval_checks(&mut conn, &self.calls, checks, None, None).await;
             watch_memory_policy(&conn, &self.memory, &result);
             result
         })
     }
 
     fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
-        Box::pin(async move {
-            let mut conn = self.manager().await?;
-            let result = eval_checks(&mut conn, &self.calls, checks, Some(call_id)).await;
-            watch_memory_policy(&conn, &self.memory, &result);
-            result
-        })
+        Box::pin(self.take_keeping(checks, call_id, None))
+    }
+
+    fn take_briefly<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        call_id: &'a str,
+        keep: Duration,
+    ) -> StoreFuture<'a> {
+        Box::pin(self.take_keeping(checks, call_id, Some(keep)))
     }
 
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {

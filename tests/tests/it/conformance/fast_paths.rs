@@ -511,6 +511,80 @@ fn later(reply: &mut Reply, us: i64) {
     }
 }
 
+/// The calls [`planted_states`] makes, (what, KEYS, ARGV) with a period of 10 s and a limit of
+/// 5: one argument per limit (code:limit:period µs:burst:cost), then the call id, then how long
+/// its receipts are kept.
+const CALLS: [(&str, &str, &str); 23] = [
+    ("cost 1", "k k:b", "1:5:10000000:5:1"),
+    ("cost 2", "k k:b", "1:5:10000000:5:2"),
+    ("the whole limit", "k k:b", "1:5:10000000:5:5"),
+    ("a cost above the limit", "k k:b", "1:5:10000000:5:6"),
+    ("another algorithm", "k k:b", "5:5:10000000:5:1"),
+    ("a malformed limit", "k k:b", "1:5:10000000:5"),
+    ("a wrong marker", "k j:b", "1:5:10000000:5:1"),
+    ("a call id", "k k:b k:r:ab:1", "1:5:10000000:5:1 ab"),
+    ("a wrong receipt", "k k:b k:r:ac:1", "1:5:10000000:5:1 ab"),
+    ("a bad call id", "k k:b k:r:AB:1", "1:5:10000000:5:1 AB"),
+    ("a call id alone", "k k:b", "ab"),
+    (
+        "receipts kept 1.5 s",
+        "k k:b k:r:ab:1",
+        "1:5:10000000:5:1 ab 1500",
+    ),
+    (
+        "receipts kept 10 s",
+        "k k:b k:r:ab:1",
+        "1:5:10000000:5:1 ab 10000",
+    ),
+    (
+        "receipts kept 0 ms",
+        "k k:b k:r:ab:1",
+        "1:5:10000000:5:1 ab 0",
+    ),
+    (
+        "receipts kept too long",
+        "k k:b k:r:ab:1",
+        "1:5:10000000:5:1 ab 10001",
+    ),
+    (
+        "receipts kept from a leading zero",
+        "k k:b k:r:ab:1",
+        "1:5:10000000:5:1 ab 01500",
+    ),
+    ("a period of 1.5 ms", "k k:b", "1:5:1500:5:1"),
+    // Two limits, the second on `j` (2 taken of its window, planted in every state).
+    (
+        "two limits",
+        "k j k:b j:b",
+        "1:5:10000000:5:1 1:5:10000000:5:1",
+    ),
+    (
+        "two limits, the second full",
+        "k j k:b j:b",
+        "1:5:10000000:5:1 1:3:10000000:3:2",
+    ),
+    (
+        "two limits, the second another algorithm",
+        "k j k:b j:b",
+        "1:5:10000000:5:1 2:5:10000000:5:1",
+    ),
+    (
+        "a key twice",
+        "k k k:b k:b",
+        "1:5:10000000:5:1 1:5:10000000:5:1",
+    ),
+    (
+        "two limits with a call id",
+        "k j k:b j:b k:r:ab:1 j:r:ab:2",
+        "1:5:10000000:5:1 1:5:10000000:5:1 ab",
+    ),
+    (
+        "two limits with receipts kept 1.5 s",
+        "k j k:b j:b k:r:ab:1 j:r:ab:2",
+        "1:5:10000000:5:1 1:5:10000000:5:1 ab 1500",
+    ),
+];
+
 /// From each planted state, with the usual arguments and with ones the rule does not decide
 /// itself: the fast path's reply and the keys after it are the driver's.
 fn planted_states(sources: &Sources) -> Result<(), String> {
@@ -536,50 +610,8 @@ fn planted_states(sources: &Sources) -> Result<(), String> {
         ("a marker without a TTL", &["SET k:b 1"]),
         ("a receipt already", &["SET k:r:ab:1 1:2:0:1 PX 4000"]),
     ];
-    // (what, KEYS, ARGV) with a period of 10 s and a limit of 5: one argument per limit
-    // (code:limit:period µs:burst:cost), then the call id.
-    let calls: [(&str, &str, &str); 17] = [
-        ("cost 1", "k k:b", "1:5:10000000:5:1"),
-        ("cost 2", "k k:b", "1:5:10000000:5:2"),
-        ("the whole limit", "k k:b", "1:5:10000000:5:5"),
-        ("a cost above the limit", "k k:b", "1:5:10000000:5:6"),
-        ("another algorithm", "k k:b", "5:5:10000000:5:1"),
-        ("a malformed limit", "k k:b", "1:5:10000000:5"),
-        ("a wrong marker", "k j:b", "1:5:10000000:5:1"),
-        ("a call id", "k k:b k:r:ab:1", "1:5:10000000:5:1 ab"),
-        ("a wrong receipt", "k k:b k:r:ac:1", "1:5:10000000:5:1 ab"),
-        ("a bad call id", "k k:b k:r:AB:1", "1:5:10000000:5:1 AB"),
-        ("a call id alone", "k k:b", "ab"),
-        ("a period of 1.5 ms", "k k:b", "1:5:1500:5:1"),
-        // Two limits, the second on `j` (2 taken of its window, planted in every state).
-        (
-            "two limits",
-            "k j k:b j:b",
-            "1:5:10000000:5:1 1:5:10000000:5:1",
-        ),
-        (
-            "two limits, the second full",
-            "k j k:b j:b",
-            "1:5:10000000:5:1 1:3:10000000:3:2",
-        ),
-        (
-            "two limits, the second another algorithm",
-            "k j k:b j:b",
-            "1:5:10000000:5:1 2:5:10000000:5:1",
-        ),
-        (
-            "a key twice",
-            "k k k:b k:b",
-            "1:5:10000000:5:1 1:5:10000000:5:1",
-        ),
-        (
-            "two limits with a call id",
-            "k j k:b j:b k:r:ab:1 j:r:ab:2",
-            "1:5:10000000:5:1 1:5:10000000:5:1 ab",
-        ),
-    ];
     for (state, commands) in states {
-        for (call, keys, argv) in calls {
+        for (call, keys, argv) in CALLS {
             // The one difference, by design: a rejected stack deletes a key it created, and a
             // 0 without a TTL (which is no window) reads as created.
             if state == "an immortal 0" && call == "two limits, the second full" {
