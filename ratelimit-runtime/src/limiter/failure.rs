@@ -156,13 +156,15 @@ fn admit_all(checks: &[Check<'_>]) -> Verdict {
 
 /// What the refund of a timed-out take needs its receipts for beyond the timeout: the store
 /// runs the refund right after the take when both waited in its queue, and about a timeout
-/// after it when the take ran in time and its answer was slow to come back.
-const TIMEOUT_RECEIPT_SPARE: Duration = Duration::from_secs(1);
+/// after it when the take ran in time and its answer was slow to come back; the spare covers
+/// a client slow to send the refund (a starved runtime, a retransmitted packet).
+const TIMEOUT_RECEIPT_SPARE: Duration = Duration::from_secs(2);
 
 /// How long the receipts of a check sent as a take only for its timeout's refund are kept
 /// ([`Store::take_briefly`](crate::store::Store::take_briefly)): the limiter's `timeout` and
-/// a second more. A refund later than that finds nothing and the call stays counted (never
-/// more admitted than the quota).
+/// two seconds more. A refund later than that finds nothing and the call stays counted (never
+/// more admitted than the quota; a refused call counted, which a caller may feel as a limit
+/// reached sooner during an incident).
 pub(super) fn timeout_receipts_keep(timeout: Duration) -> Duration {
     timeout.saturating_add(TIMEOUT_RECEIPT_SPARE)
 }

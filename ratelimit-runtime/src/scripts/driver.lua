@@ -11,8 +11,8 @@
 -- limit (the prelude's write_receipt), whose TTL is reset_after (the longest
 -- the call can hold anything of that limit), at most RECEIPT_TTL_US, or at most
 -- the TTL the call gives after its id (the prelude's call_shape): a refund
--- comes within one cross-slot check, or right after an answer given up on, and a refund that finds no receipt gives
--- back nothing (never too much). The Redis Cluster store takes limits that
+-- comes within one cross-slot check, or right after an answer given up on,
+-- and a refund that finds no receipt gives back nothing (never too much). The Redis Cluster store takes limits that
 -- fall in several slots one slot at a time, and gives back through these
 -- receipts what an earlier slot took when a later one rejects (refund.lua).
 --

@@ -151,7 +151,8 @@ end
 -- answered; when one does not, or anything fixed_one hands to the driver turns
 -- up, what was taken is undone (DECRBY; a key the call created is deleted) and
 -- the driver answers, on the keys as they were. KEYS and ARGV are the driver's
--- (keys, markers, receipts with a call id; one argument a limit, then the id).
+-- (keys, markers, receipts with a call id; one argument a limit, then the id
+-- and its receipts' TTL, as call_shape reads them).
 local function fixed_many(KEYS, ARGV, n, call_id)
   if n < 1 then
     return whole_ms(check(KEYS, ARGV))
@@ -265,6 +266,10 @@ end
 -- fixed_one hands to the driver): no receipts, so no call_shape.
 local function fixed_only(KEYS, ARGV)
   if #ARGV <= 1 then
+    -- No receipts; their TTL reset all the same, as call_shape does, so that no
+    -- call ever sees another's.
+    receipt_ttl_us = RECEIPT_TTL_US
+    receipt_ttl_text = RECEIPT_TTL_MS_TEXT
     return fixed_one(KEYS, ARGV, nil)
   end
   local n, call_id = call_shape(ARGV)

@@ -88,6 +88,9 @@ local MICROS_PAD = { '00000', '0000', '000', '00', '0', '' }
 
 local function now_text()
   local secs, micros = now_digits[1], now_digits[2]
+  if type(micros) ~= 'string' or type(secs) ~= 'string' then
+    return int(now)
+  end
   local pad = MICROS_PAD[#micros]
   if pad == nil or secs == '0' or string.byte(secs, 1) == 45 then
     return int(now)

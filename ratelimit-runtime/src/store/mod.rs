@@ -265,10 +265,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// [`Store::take`]), so that a flood of such calls cannot fill the store with receipts.
     ///
     /// [`RateLimiter`](crate::RateLimiter) sends its checks so under the `deny` and `local`
-    /// failure policies, with `keep` its timeout and a second more: a check the store answers
-    /// too late is answered by the policy, and what the store took for it is given back
-    /// ([`Store::refund`]). The Redis stores keep the receipts `keep` (whole milliseconds,
-    /// at most 10 s).
+    /// failure policies, with `keep` its timeout and two seconds more: a check the store
+    /// answers too late is answered by the policy, and what the store took for it is given
+    /// back ([`Store::refund`]). The Redis stores keep each receipt its limit's `reset_after`,
+    /// at most `keep` rounded up to whole milliseconds, at most 10 s; a Cluster call across
+    /// slots, which leaves no receipts to refund by, takes as [`Store::take`] does.
     ///
     /// The default is [`Store::take`]: receipts kept as long as any.
     ///
@@ -301,9 +302,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Gives back what the admitted call taken under `call_id` still holds of its first
     /// `checks.len()` limits (`checks` is that prefix of the take's checks, in order). At most
     /// what the call took, and once: the receipts, which record each limit's key and units, are
-    /// read and deleted; a check that names another key, or a larger cost, gets no more back. A receipt outlives the
-    /// take by the limit's `reset_after`, at most 10 seconds; a refund after that gives back
-    /// nothing, and the call stays counted.
+    /// read and deleted; a check that names another key, or a larger cost, gets no more back.
+    /// A receipt outlives the take by the limit's `reset_after`, at most 10 seconds (at most
+    /// the `keep` of [`Store::take_briefly`]); a refund after that gives back nothing, and the
+    /// call stays counted.
     ///
     /// The default gives back nothing (see [`Store::take`]).
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {

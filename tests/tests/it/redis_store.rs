@@ -1344,8 +1344,8 @@ async fn a_fixed_key_holding_a_foreign_value_is_replaced_not_failed_on() {
 /// A take whose receipts serve only a timeout's refund (`take_briefly`) keeps them no longer
 /// than it asks, for every algorithm, one limit or two, on the fast path and the driver; a take
 /// keeps them up to 10 s; either is given back by its refund. A limiter under `deny` or `local`
-/// sends every check so: its receipts live its timeout and a second more, so that a flood of
-/// calls holds a second of receipts in Redis, not ten.
+/// sends every check so: its receipts live its timeout and two seconds more, so that a flood of
+/// calls holds two seconds of receipts in Redis, not ten.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn receipts_kept_for_a_timeout_s_refund_live_no_longer_than_asked() {
     let server = RedisServer::start();
@@ -1406,7 +1406,8 @@ async fn receipts_kept_for_a_timeout_s_refund_live_no_longer_than_asked() {
         let limiter = ratelimit_runtime::RateLimiter::builder()
             .store(RedisStore::connect(&server.url()).await.expect("connect"))
             .failure_policy(failure)
-            .timeout(Duration::from_millis(200))
+            // Long enough that no check of this test times out on a loaded machine.
+            .timeout(Duration::from_secs(2))
             .build()
             .await
             .expect("limiter");
@@ -1419,7 +1420,7 @@ async fn receipts_kept_for_a_timeout_s_refund_live_no_longer_than_asked() {
         assert_eq!(receipts.len(), 20, "{failure:?}: one receipt a check");
         for r in &receipts {
             let left = pttl(&mut conn, r).await;
-            assert!((1..=1200).contains(&left), "{failure:?}: {r} PTTL {left}");
+            assert!((1..=4000).contains(&left), "{failure:?}: {r} PTTL {left}");
         }
     }
 }

@@ -298,7 +298,7 @@ const RECEIPT_KEEP_MAX_MS: u64 = 10_000;
 /// How long a take's receipts are kept, as the scripts take it after the call id: whole
 /// milliseconds, rounded up, from 1 to [`RECEIPT_KEEP_MAX_MS`].
 fn receipt_keep_ms(keep: Duration) -> u64 {
-    let ms = keep.as_micros().div_ceil(1000);
+    let ms = keep.as_nanos().div_ceil(1_000_000);
     u64::try_from(ms)
         .unwrap_or(u64::MAX)
         .clamp(1, RECEIPT_KEEP_MAX_MS)
