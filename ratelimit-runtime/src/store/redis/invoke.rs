@@ -204,15 +204,15 @@ async fn invoke<C>(
     function: &str,
     script: &Script,
     first_key: &str,
+    size: (usize, usize),
     args: impl Fn(&mut redis::Cmd),
 ) -> Result<Value, redis::RedisError>
 where
     C: ScriptConnection,
 {
+    let command = |name: &str, target: &str| sized_command(name, target, size, &args);
     if calls.functions() {
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg(function);
-        args(&mut cmd);
+        let cmd = command("FCALL", function);
         match cmd.query_async(conn).await {
             Err(e) if function_missing(&e) => match conn.load_library_for(first_key).await {
                 Ok(()) => match cmd.query_async(conn).await {
@@ -232,9 +232,7 @@ where
             other => return other,
         }
     }
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash());
-    args(&mut cmd);
+    let cmd = command("EVALSHA", script.get_hash());
     match cmd.query_async(conn).await {
         // A restarted or flushed server: load the script and repeat the call once.
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -273,23 +271,67 @@ where
     // again into the command): numkeys keys… args….
     // The working copies only when a key repeats: most calls have no use for them.
     let copies = keys_repeat(checks);
-    let args = |cmd: &mut redis::Cmd| {
-        let keys = declared(checks, copies, call_id);
-        cmd.arg(keys.len());
-        for key in keys {
-            cmd.arg(key);
-        }
-        limit_args(cmd, checks);
-        if let Some(id) = call_id {
-            cmd.arg(id);
-            if let Some(keep) = keep {
-                cmd.arg(receipt_keep_ms(keep));
-            }
-        }
-    };
+    let args = |cmd: &mut redis::Cmd| check_args(cmd, checks, copies, call_id, keep);
     let (function, _) = script_sources().for_checks(checks);
-    let reply = invoke(conn, calls, function, script, first.key, args).await?;
+    let size = command_size(checks, copies, call_id, 2);
+    let reply = invoke(conn, calls, function, script, first.key, size, args).await?;
     parse_reply(&reply, checks)
+}
+
+/// A command `name target`, then what `args` writes, in buffers made to `size` (arguments,
+/// bytes after the name and target) once: a command that grows argument by argument copies
+/// its buffers each time they double, several times a call.
+fn sized_command(
+    name: &str,
+    target: &str,
+    (arg_count, bytes): (usize, usize),
+    args: impl Fn(&mut redis::Cmd),
+) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(arg_count + 2, bytes + name.len() + target.len());
+    cmd.arg(name).arg(target);
+    args(&mut cmd);
+    cmd
+}
+
+/// The driver's arguments for `checks`: numkeys, the declared keys (with the working copies
+/// when `copies`), one argument per limit, then the call id and its receipts' TTL.
+fn check_args(
+    cmd: &mut redis::Cmd,
+    checks: &[Check<'_>],
+    copies: bool,
+    call_id: Option<&str>,
+    keep: Option<Duration>,
+) {
+    let keys = declared(checks, copies, call_id);
+    cmd.arg(keys.len());
+    for key in keys {
+        cmd.arg(key);
+    }
+    limit_args(cmd, checks);
+    if let Some(id) = call_id {
+        cmd.arg(id);
+        if let Some(keep) = keep {
+            cmd.arg(receipt_keep_ms(keep));
+        }
+    }
+}
+
+/// About how many arguments and bytes a call of `checks` writes after the command's name and
+/// target: numkeys, the declared keys, one argument per limit, the call id and `extra` more of
+/// at most 20 bytes. A hint for the command's buffers: an estimate too small only grows them.
+fn command_size(
+    checks: &[Check<'_>],
+    copies: bool,
+    call_id: Option<&str>,
+    extra: usize,
+) -> (usize, usize) {
+    let groups = 2 + usize::from(copies) + usize::from(call_id.is_some());
+    let id = call_id.map_or(0, str::len);
+    // A declared key is the key and at most a suffix (`:b`, `:w`, `:r:<id>:<i>`); a limit's
+    // argument is five numbers and four colons (mostly far under its 104 bytes).
+    let per_check = |c: &Check<'_>| groups * c.key.len() + 8 * groups + id + 24 + 48;
+    let bytes = 24 + checks.iter().map(per_check).sum::<usize>() + id + 20 * extra;
+    (1 + checks.len() * (groups + 1) + extra, bytes)
 }
 
 /// The longest the scripts keep a receipt, ms (their `RECEIPT_TTL_US`).
@@ -337,25 +379,102 @@ where
         Mode::Peek => None,
         Mode::Refund(id) | Mode::Settle(id, _) => Some(id),
     };
-    let args = |cmd: &mut redis::Cmd| {
-        let keys = declared(checks, false, receipts);
-        cmd.arg(keys.len());
-        for key in keys {
-            cmd.arg(key);
+    let args = |cmd: &mut redis::Cmd| companion_args(cmd, checks, &mode);
+    let function = script_sources().compensate_function;
+    let size = command_size(checks, false, receipts, 2 + checks.len());
+    let reply = invoke(conn, calls, function, &COMPANION, first.key, size, args).await?;
+    parse_reply(&reply, checks)
+}
+
+/// The companion's arguments for `checks` in `mode`: numkeys, the declared keys, the mode
+/// (with its call id), one argument per limit, then a settle's units.
+fn companion_args(cmd: &mut redis::Cmd, checks: &[Check<'_>], mode: &Mode<'_>) {
+    let receipts = match mode {
+        Mode::Peek => None,
+        Mode::Refund(id) | Mode::Settle(id, _) => Some(*id),
+    };
+    let keys = declared(checks, false, receipts);
+    cmd.arg(keys.len());
+    for key in keys {
+        cmd.arg(key);
+    }
+    match mode {
+        Mode::Peek => cmd.arg("peek"),
+        Mode::Refund(id) => cmd.arg("refund").arg(*id),
+        Mode::Settle(id, _) => cmd.arg("settle").arg(*id),
+    };
+    limit_args(cmd, checks);
+    if let Mode::Settle(_, actual) = mode {
+        for &units in *actual {
+            cmd.arg(crate::algorithm::settled_units(units));
         }
-        match mode {
-            Mode::Peek => cmd.arg("peek"),
-            Mode::Refund(id) => cmd.arg("refund").arg(id),
-            Mode::Settle(id, _) => cmd.arg("settle").arg(id),
-        };
-        limit_args(cmd, checks);
-        if let Mode::Settle(_, actual) = mode {
-            for &units in actual {
-                cmd.arg(crate::algorithm::settled_units(units));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::policy::Policy;
+
+    /// The arguments and bytes `args` writes after the command's name and target.
+    fn written(args: impl Fn(&mut redis::Cmd)) -> (usize, usize) {
+        let cmd = sized_command("", "", (0, 0), args);
+        let mut count = 0;
+        let mut bytes = 0;
+        for arg in cmd.args_iter() {
+            count += 1;
+            // The stores write no cursor.
+            if let redis::Arg::Simple(arg) = arg {
+                bytes += arg.len();
             }
         }
-    };
-    let function = script_sources().compensate_function;
-    let reply = invoke(conn, calls, function, &COMPANION, first.key, args).await?;
-    parse_reply(&reply, checks)
+        (count - 2, bytes)
+    }
+
+    fn fits((count, bytes): (usize, usize), (hint_count, hint_bytes): (usize, usize)) -> bool {
+        count <= hint_count && bytes <= hint_bytes
+    }
+
+    /// The size a call's command is made to holds every argument it writes: one limit and
+    /// several, a key repeated (the working copies), the longest call id and TTL, long keys
+    /// and the largest numbers, every companion mode.
+    #[test]
+    fn commands_are_made_to_their_size() {
+        let small = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(60)).unwrap();
+        let most = crate::policy::rules::MAX_UNITS;
+        let large = Policy::new(Algorithm::Fixed, most, Duration::from_secs(86_400 * 365))
+            .unwrap()
+            .with_cost(most)
+            .unwrap();
+        let long_key = format!("ratelimit:{{{}:ip=2001:db8::1}}:5fm", "s".repeat(200));
+        let shapes: [Vec<Check<'_>>; 4] = [
+            vec![Check::new("ratelimit:{a:ip=10.0.0.1}:5fm", &small)],
+            vec![Check::new("k", &large), Check::new(&long_key, &small)],
+            vec![Check::new("k", &small), Check::new("k", &large)],
+            (0..12).map(|_| Check::new(&long_key, &large)).collect(),
+        ];
+        let id = "f".repeat(32);
+        for checks in &shapes {
+            let copies = keys_repeat(checks);
+            for call_id in [None, Some("1"), Some(id.as_str())] {
+                for keep in [None, Some(Duration::from_secs(3_600))] {
+                    let args =
+                        |cmd: &mut redis::Cmd| check_args(cmd, checks, copies, call_id, keep);
+                    let size = command_size(checks, copies, call_id, 2);
+                    assert!(fits(written(args), size), "{checks:?} {call_id:?} {keep:?}");
+                }
+            }
+            let units = vec![u64::MAX; checks.len()];
+            for mode in [Mode::Peek, Mode::Refund(&id), Mode::Settle(&id, &units)] {
+                let receipts = match mode {
+                    Mode::Peek => None,
+                    Mode::Refund(id) | Mode::Settle(id, _) => Some(id),
+                };
+                let args = |cmd: &mut redis::Cmd| companion_args(cmd, checks, &mode);
+                let size = command_size(checks, false, receipts, 2 + checks.len());
+                assert!(fits(written(args), size), "{checks:?}");
+            }
+        }
+    }
 }
