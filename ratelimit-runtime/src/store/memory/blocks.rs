@@ -28,7 +28,7 @@ impl MemoryStore {
     pub fn reset_now(&self, keys: &[&str]) {
         for key in keys {
             let hash = self.inner.hash(key);
-            let mut shard = write(&self.inner.shards[Inner::shard_of(hash)]);
+            let mut shard = write(&self.inner.shards[self.inner.shard_of(hash)]);
             shard.map.remove(hash, key);
         }
         let mut blocks = write(&self.inner.blocks);

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use super::blocks::blocked_decision;
 use super::cell::{Cell, Entry, Packed, PackedState};
-use super::map::{Map, SHARDS, Shard, lower};
+use super::map::{Map, Shard, lower};
 use super::receipts::sliding_first;
 use super::{Inner, read, write};
 use crate::algorithm::{self, Evaluation, Params, Receipt, State};
@@ -24,7 +24,7 @@ impl Inner {
                 let p = Params::of(c.policy);
                 let capacity = c.policy.capacity();
                 let hash = self.hash(c.key);
-                let shard = read(&self.shards[Self::shard_of(hash)]);
+                let shard = read(&self.shards[self.shard_of(hash)]);
                 let mut entry = shard.map.get(hash, c.key).map(Cell::snapshot);
                 drop(shard);
                 // Read on a copy: a restamp (a clock that went backwards) is not written.
@@ -49,7 +49,7 @@ impl Inner {
     /// The error of a call whose new key found its shard full of live entries.
     pub(super) fn full(&self) -> StoreError {
         StoreError::Full {
-            max_keys: self.max_per_shard().saturating_mul(SHARDS),
+            max_keys: self.max_per_shard().saturating_mul(self.shards.len()),
         }
     }
 
@@ -61,7 +61,7 @@ impl Inner {
         let algorithm = check.policy.algorithm();
         let capacity = check.policy.capacity();
         let hash = self.hash(check.key);
-        let shard = &self.shards[Self::shard_of(hash)];
+        let shard = &self.shards[self.shard_of(hash)];
         if self.fast.load(Ordering::Relaxed)
             && let Some(form) = Packed::of(algorithm)
         {
@@ -281,7 +281,7 @@ impl Inner {
                 slots.push(Slot {
                     key: c.key,
                     hash,
-                    shard: Self::shard_of(hash),
+                    shard: self.shard_of(hash),
                     pending: None,
                     last: n,
                 });
@@ -611,7 +611,7 @@ mod tests {
     fn stacked_shards_are_locked_in_order_once() {
         let store = MemoryStore::with_clock(ManualClock::new());
         let p = policy(Algorithm::Token, 100, 1000 * MS, 100);
-        // Many keys, several in the same shard (64 shards, 300 keys).
+        // Many keys, several in the same shard (at most 64 shards, 300 keys).
         let keys: Vec<String> = (0..300).map(|i| format!("key{i}")).collect();
         let checks: Vec<Check<'_>> = keys.iter().map(|k| Check::new(k, &p)).collect();
         let v = store.check_now(&checks).unwrap();

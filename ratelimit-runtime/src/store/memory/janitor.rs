@@ -3,7 +3,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, Weak};
 
-use super::map::SHARDS;
 use super::{Inner, MemoryStore, lock, write};
 
 impl Drop for MemoryStore {
@@ -96,7 +95,10 @@ async fn janitor(running: JanitorRunning) {
             return;
         };
         tokio::time::sleep(interval).await;
-        for i in 0..SHARDS {
+        let Some(shards) = store.upgrade().map(|s| s.shards.len()) else {
+            return;
+        };
+        for i in 0..shards {
             let Some(inner) = store.upgrade() else {
                 return;
             };

@@ -12,8 +12,28 @@ use super::Inner;
 use super::cell::{Cell, Entry};
 use crate::algorithm::{Params, State};
 
-/// Number of independently locked shards.
-pub(super) const SHARDS: usize = 64;
+/// The most shards a store has. The key bound is rounded to a multiple of it, which every
+/// shard count divides, so that [`MemoryStore::max_keys`](super::MemoryStore::max_keys) is the
+/// same on every machine.
+pub(super) const MAX_SHARDS: usize = 64;
+
+/// The fewest shards a store has.
+const MIN_SHARDS: usize = 4;
+
+/// How many independently locked shards a store has: four per core the process may use
+/// (dashmap's default), a power of two from 4 to [`MAX_SHARDS`].
+///
+/// Enough that cores rarely wait for one another's write lock (a new key, a stacked check, a
+/// sweep) or pass one shard's lock word back and forth, and no more: each check reads its
+/// shard's lock line, and at 100,000 keys a few lines of locks stay in the L1 cache where 64
+/// lines of them (8 KiB, a quarter of a 32 KiB L1) were often evicted by the entries themselves
+/// (see BENCHMARKS.md, "The memory store's shards sized to the machine").
+pub(super) fn shard_count() -> usize {
+    std::thread::available_parallelism()
+        .map_or(MAX_SHARDS, |cores| cores.get().saturating_mul(4))
+        .next_power_of_two()
+        .clamp(MIN_SHARDS, MAX_SHARDS)
+}
 
 /// A shard sweeps itself on inserts once it has had this many inserts, or as many as it held
 /// after its last sweep, whichever is more (so sweeping costs O(1) per insert, amortised).
@@ -43,9 +63,9 @@ impl Inner {
 
     /// The shard of a key's hash. From bits 32 and up: the map inside the shard indexes by the
     /// low bits and tags by the top seven, which must stay spread within one shard.
-    pub(super) fn shard_of(hash: u64) -> usize {
-        // SHARDS is a power of two far below u32::MAX: the remainder always fits.
-        usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0)
+    pub(super) fn shard_of(&self, hash: u64) -> usize {
+        // The mask is the shard count (a power of two, at most 64) less one: the index fits.
+        usize::try_from((hash >> 32) & self.shard_mask).unwrap_or(0)
     }
 }
 
@@ -273,8 +293,9 @@ mod tests {
     use std::time::Duration;
 
     use super::super::cell::Entry;
-    use super::super::testing::{HOUR, MS, entry, keys_in_shard, one, policy, snapshot, try_one};
-    use super::SHARDS;
+    use super::super::testing::{
+        HOUR, MS, entry, keys_in_shard, keys_per_shard, one, policy, snapshot, try_one,
+    };
     use crate::algorithm::Algorithm;
     use crate::decision::Verdict;
     use crate::error::StoreError;
@@ -454,7 +475,7 @@ mod tests {
         // back to empty: new keys fit again (one per shard here, so that none finds its shard
         // full of the new keys themselves).
         clock.advance(2 * HOUR + MS);
-        for shard in 0..SHARDS {
+        for shard in 0..store.inner.shards.len() {
             for key in keys_in_shard(&store, shard, "fresh:", 1) {
                 assert!(try_one(&store, &key, &minted).unwrap().admitted, "{key}");
             }
@@ -472,8 +493,8 @@ mod tests {
     #[test]
     fn a_stacked_call_whose_new_keys_do_not_fit_writes_nothing() {
         let clock = ManualClock::new();
-        // Two keys per shard.
-        let store = MemoryStore::with_clock(clock.clone()).with_max_keys(128);
+        let store = keys_per_shard(MemoryStore::with_clock(clock.clone()), 2);
+        let bound = 2 * store.inner.shards.len();
         let zero = keys_in_shard(&store, 0, "zero:", 3);
         let (a, b, c) = (&zero[0], &zero[1], &zero[2]);
         let other = &keys_in_shard(&store, 1, "one:", 1)[0];
@@ -482,8 +503,7 @@ mod tests {
             let checks: Vec<Check<'_>> = keys.iter().map(|k| Check::new(k, &quota)).collect();
             store.check_now(&checks)
         };
-        let full =
-            |r: Result<Verdict, StoreError>| matches!(r, Err(StoreError::Full { max_keys: 128 }));
+        let full = |r: Result<Verdict, StoreError>| matches!(r, Err(StoreError::Full { max_keys }) if max_keys == bound);
 
         assert_eq!(try_one(&store, a, &quota).unwrap().remaining, 2);
         // Shard 0 has room for one more key; this call brings two.
@@ -522,8 +542,8 @@ mod tests {
     #[test]
     fn a_full_shard_makes_room_only_from_idle_entries() {
         let clock = ManualClock::new();
-        let store = MemoryStore::with_clock(clock.clone()).with_max_keys(128);
-        let keys = keys_in_shard(&store, 7, "seven:", 3);
+        let store = keys_per_shard(MemoryStore::with_clock(clock.clone()), 2);
+        let keys = keys_in_shard(&store, store.inner.shards.len() - 1, "last:", 3);
         let short = policy(Algorithm::Fixed, 5, 1000 * MS, 5);
         let long = policy(Algorithm::Fixed, 5, HOUR, 5);
         assert!(try_one(&store, &keys[0], &short).unwrap().admitted);

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockWriteGuard};
 use std::time::Duration;
 
-use self::map::{Padded, SHARDS, key_hasher};
+use self::map::{MAX_SHARDS, Padded, key_hasher, shard_count};
 use self::receipts::Receipts;
 use super::{Check, Store, StoreFuture};
 use crate::decision::Verdict;
@@ -51,8 +51,8 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 ///   becomes 100 *per instance*. Instances share limits only through Redis
 ///   ([`crate::RedisStore`]).
 /// * **Exact.** N concurrent calls against a quota of `num` get exactly `num` admissions. The
-///   state is split over 64 shards, each behind its own read-write lock (there is no global
-///   lock); a key lives in the shard its hash picks. A one-limit check on a key already held
+///   state is split over shards (four per core, from 4 to 64), each behind its own read-write
+///   lock (there is no global lock); a key lives in the shard its hash picks. A one-limit check on a key already held
 ///   takes its shard's read lock and updates the key's entry by compare-and-swap, so calls on
 ///   one key never wait on each other's lock (a sliding log, a new key, or a key changing
 ///   algorithm takes the write lock). A check of several limits takes the write locks of its
@@ -126,6 +126,8 @@ struct Inner {
     /// each updating its key's [`Cell`](cell::Cell) by compare-and-swap), everything else the
     /// write lock.
     shards: Box<[Padded]>,
+    /// The shard count less one ([`Inner::shard_of`]).
+    shard_mask: u64,
     /// Whether one-limit checks take the read-lock fast path ([`MemoryStore::with_fast_path`]).
     fast: AtomicBool,
     max_per_shard: AtomicUsize,
@@ -148,7 +150,7 @@ impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("clock", &self.inner.clock)
-            .field("shards", &SHARDS)
+            .field("shards", &self.inner.shards.len())
             .field("max_keys", &self.max_keys())
             .field("sweep_interval", &self.inner.sweep_interval())
             .finish_non_exhaustive()
@@ -170,12 +172,17 @@ impl MemoryStore {
     /// A store on the given clock.
     pub fn with_clock(clock: impl Clock) -> Self {
         let hasher = key_hasher();
-        let shards = (0..SHARDS).map(|_| Padded::new(hasher.clone())).collect();
+        let shards: Box<[Padded]> = (0..shard_count())
+            .map(|_| Padded::new(hasher.clone()))
+            .collect();
+        // The count is a power of two of at most 64.
+        let shard_mask = u64::try_from(shards.len() - 1).unwrap_or(0);
         let store = Self {
             inner: Arc::new(Inner {
                 clock: Box::new(clock),
                 hasher,
                 shards,
+                shard_mask,
                 fast: AtomicBool::new(true),
                 max_per_shard: AtomicUsize::new(0),
                 sweep_interval_ns: AtomicU64::new(0),
@@ -192,9 +199,9 @@ impl MemoryStore {
             .with_sweep_interval(DEFAULT_SWEEP_INTERVAL)
     }
 
-    /// Bounds the number of keys held (at least 64; default [`DEFAULT_MAX_KEYS`]). The bound is
-    /// kept per shard (`max_keys / 64` each, rounded up), so a new key can find its shard full
-    /// a little before the whole store is. A full shard never drops a live entry: a call that
+    /// Bounds the number of keys held (rounded up to a multiple of 64, at least 64; default
+    /// [`DEFAULT_MAX_KEYS`]). The bound is kept per shard (an equal share each), so a new key
+    /// can find its shard full a little before the whole store is. A full shard never drops a live entry: a call that
     /// needs a new key there is answered [`StoreError::Full`] until entries go idle (see the
     /// type's "Memory bounded" rule).
     ///
@@ -218,7 +225,7 @@ impl MemoryStore {
     ///         Err(e) => return Err(e.into()),
     ///     }
     /// }
-    /// assert_eq!(store.held(), 64); // one key per shard, none dropped for another
+    /// assert_eq!(store.held(), 64); // every shard full, no key dropped for another
     /// assert_eq!(full, 2000 - 64);
     ///
     /// clock.advance(Duration::from_millis(60_001)); // every window ended: the entries are idle
@@ -227,7 +234,13 @@ impl MemoryStore {
     /// ```
     #[must_use]
     pub fn with_max_keys(self, max_keys: usize) -> Self {
-        let per_shard = max_keys.div_ceil(SHARDS).max(1);
+        // Rounded up to a multiple of 64, which every shard count divides: the bound is the
+        // same on every machine.
+        let bound = max_keys
+            .div_ceil(MAX_SHARDS)
+            .max(1)
+            .saturating_mul(MAX_SHARDS);
+        let per_shard = bound / self.inner.shards.len();
         self.inner.max_per_shard.store(per_shard, Ordering::Relaxed);
         self
     }
@@ -256,7 +269,7 @@ impl MemoryStore {
     /// The bound on the number of keys ([`MemoryStore::with_max_keys`], rounded up to a
     /// multiple of 64).
     pub fn max_keys(&self) -> usize {
-        self.inner.max_per_shard.load(Ordering::Relaxed) * SHARDS
+        self.inner.max_per_shard.load(Ordering::Relaxed) * self.inner.shards.len()
     }
 
     /// Removes every idle entry now and returns how many were removed. The janitor and the
@@ -447,10 +460,11 @@ impl Inner {
 /// What the rooms' tests share: policies, one-limit calls, and reads of the entries held.
 #[cfg(test)]
 mod testing {
+    use std::sync::atomic::Ordering;
     use std::time::Duration;
 
     use super::cell::{Cell, Entry};
-    use super::{Inner, MemoryStore, read};
+    use super::{MemoryStore, read};
     use crate::algorithm::Algorithm;
     use crate::decision::Decision;
     use crate::error::StoreError;
@@ -472,7 +486,7 @@ mod testing {
 
     pub(super) fn entry(store: &MemoryStore, key: &str) -> Option<Entry> {
         let hash = store.inner.hash(key);
-        let shard = read(&store.inner.shards[Inner::shard_of(hash)]);
+        let shard = read(&store.inner.shards[store.inner.shard_of(hash)]);
         shard.map.get(hash, key).map(Cell::snapshot)
     }
 
@@ -503,6 +517,13 @@ mod testing {
             .map(|v| v.decisions()[0])
     }
 
+    /// `store` bounded to `n` keys per shard, whatever its shard count (the public bound is
+    /// a multiple of 64 keys, split over the shards).
+    pub(super) fn keys_per_shard(store: MemoryStore, n: usize) -> MemoryStore {
+        store.inner.max_per_shard.store(n, Ordering::Relaxed);
+        store
+    }
+
     /// `n` keys `{prefix}{i}` that live in shard `shard`.
     pub(super) fn keys_in_shard(
         store: &MemoryStore,
@@ -512,7 +533,7 @@ mod testing {
     ) -> Vec<String> {
         (0..)
             .map(|i| format!("{prefix}{i}"))
-            .filter(|k| Inner::shard_of(store.inner.hash(k)) == shard)
+            .filter(|k| store.inner.shard_of(store.inner.hash(k)) == shard)
             .take(n)
             .collect()
     }

@@ -215,7 +215,7 @@ impl Inner {
         }
         let algorithm = check.policy.algorithm();
         let hash = self.hash(check.key);
-        let mut guard = write(&self.shards[Self::shard_of(hash)]);
+        let mut guard = write(&self.shards[self.shard_of(hash)]);
         let shard = &mut *guard;
         if let Some(cell) = shard.map.get_mut(hash, check.key) {
             let state = cell.live(now).then(|| cell.state().into_owned());
@@ -248,7 +248,7 @@ impl Inner {
     fn refund_one(&self, check: &Check<'_>, receipt: &Receipt, now: u64) {
         let p = Params::of(check.policy);
         let hash = self.hash(check.key);
-        let mut guard = write(&self.shards[Self::shard_of(hash)]);
+        let mut guard = write(&self.shards[self.shard_of(hash)]);
         let shard = &mut *guard;
         let Some(cell) = shard.map.get_mut(hash, check.key) else {
             return;

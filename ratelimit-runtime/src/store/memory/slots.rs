@@ -38,7 +38,7 @@ impl Inner {
     fn release_one(&self, check: &Check<'_>, call_id: &str) {
         let p = Params::of(check.policy);
         let hash = self.hash(check.key);
-        let mut guard = write(&self.shards[Self::shard_of(hash)]);
+        let mut guard = write(&self.shards[self.shard_of(hash)]);
         let shard = &mut *guard;
         let Some(cell) = shard.map.get_mut(hash, check.key) else {
             return;
