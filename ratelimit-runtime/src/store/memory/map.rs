@@ -17,20 +17,24 @@ use crate::algorithm::{Params, State};
 /// same on every machine.
 pub(super) const MAX_SHARDS: usize = 64;
 
-/// The fewest shards a store has.
-const MIN_SHARDS: usize = 4;
+/// The fewest shards a store has: at the default bound, at most half a million keys a shard.
+const MIN_SHARDS: usize = 8;
 
 /// How many independently locked shards a store has: four per core the process may use
-/// (dashmap's default), a power of two from 4 to [`MAX_SHARDS`].
+/// (dashmap's default), a power of two from 8 to [`MAX_SHARDS`].
 ///
 /// Enough that cores rarely wait for one another's write lock (a new key, a stacked check, a
 /// sweep) or pass one shard's lock word back and forth, and no more: each check reads its
 /// shard's lock line, and at 100,000 keys a few lines of locks stay in the L1 cache where 64
 /// lines of them (8 KiB, a quarter of a 32 KiB L1) were often evicted by the entries themselves
 /// (see BENCHMARKS.md, "The memory store's shards sized to the machine").
+///
+/// The trade: a shard holds more keys, so what runs under its write lock over all of them (a
+/// sweep, the table growing or shrinking) pauses a larger share of callers for longer; at
+/// [`DEFAULT_MAX_KEYS`](super::DEFAULT_MAX_KEYS) and 8 shards a full shard holds 2^19 keys.
 pub(super) fn shard_count() -> usize {
     std::thread::available_parallelism()
-        .map_or(MAX_SHARDS, |cores| cores.get().saturating_mul(4))
+        .map_or(MAX_SHARDS, |cores| cores.get().min(MAX_SHARDS) * 4)
         .next_power_of_two()
         .clamp(MIN_SHARDS, MAX_SHARDS)
 }
@@ -485,6 +489,24 @@ mod tests {
                 try_one(&store, key, p).unwrap().admitted,
                 "{key} after its period"
             );
+        }
+    }
+
+    /// The key bound is the one asked rounded up to a multiple of 64, whatever the machine's
+    /// shard count (which divides 64), and a bound too large to round is the largest multiple.
+    #[test]
+    fn the_key_bound_is_the_same_on_every_machine() {
+        for asked in [0, 1, 63, 64, 65, 1000, 1 << 22, (1 << 40) + 1] {
+            let bound = MemoryStore::new().with_max_keys(asked).max_keys();
+            assert_eq!(bound % 64, 0, "{asked}");
+            assert!(
+                bound >= asked.max(1) && bound - asked.max(1) < 64,
+                "{asked}: {bound}"
+            );
+        }
+        for asked in [usize::MAX - 64, usize::MAX] {
+            let bound = MemoryStore::new().with_max_keys(asked).max_keys();
+            assert_eq!(bound, usize::MAX / 64 * 64, "{asked}");
         }
     }
 

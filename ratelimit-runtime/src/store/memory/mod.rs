@@ -51,7 +51,7 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 ///   becomes 100 *per instance*. Instances share limits only through Redis
 ///   ([`crate::RedisStore`]).
 /// * **Exact.** N concurrent calls against a quota of `num` get exactly `num` admissions. The
-///   state is split over shards (four per core, from 4 to 64), each behind its own read-write
+///   state is split over shards (four per core, from 8 to 64), each behind its own read-write
 ///   lock (there is no global lock); a key lives in the shard its hash picks. A one-limit check on a key already held
 ///   takes its shard's read lock and updates the key's entry by compare-and-swap, so calls on
 ///   one key never wait on each other's lock (a sliding log, a new key, or a key changing
@@ -238,8 +238,8 @@ impl MemoryStore {
         // same on every machine.
         let bound = max_keys
             .div_ceil(MAX_SHARDS)
-            .max(1)
-            .saturating_mul(MAX_SHARDS);
+            .clamp(1, usize::MAX / MAX_SHARDS)
+            * MAX_SHARDS;
         let per_shard = bound / self.inner.shards.len();
         self.inner.max_per_shard.store(per_shard, Ordering::Relaxed);
         self
