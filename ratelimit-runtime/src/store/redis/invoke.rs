@@ -359,6 +359,16 @@ pub(crate) enum Mode<'a> {
     Settle(&'a str, &'a [u64]),
 }
 
+impl<'a> Mode<'a> {
+    /// The call id whose receipts the companion reads (declared in its KEYS), if any.
+    fn call_id(&self) -> Option<&'a str> {
+        match *self {
+            Mode::Peek => None,
+            Mode::Refund(id) | Mode::Settle(id, _) => Some(id),
+        }
+    }
+}
+
 /// Runs the companion script on `checks` (all on one node, in one slot on a cluster; loaded on
 /// `NOSCRIPT`): keys in order, their block markers, then for a refund each key's receipt
 /// `<key>:r:<id>:<i>` (i from 1, the driver's name for it). A receipt is read once and deleted: a second refund gives
@@ -375,10 +385,7 @@ where
     let Some(first) = checks.first() else {
         return Ok(Verdict::new(Vec::new()));
     };
-    let receipts = match mode {
-        Mode::Peek => None,
-        Mode::Refund(id) | Mode::Settle(id, _) => Some(id),
-    };
+    let receipts = mode.call_id();
     let args = |cmd: &mut redis::Cmd| companion_args(cmd, checks, &mode);
     let function = script_sources().compensate_function;
     let size = command_size(checks, false, receipts, 2 + checks.len());
@@ -389,10 +396,7 @@ where
 /// The companion's arguments for `checks` in `mode`: numkeys, the declared keys, the mode
 /// (with its call id), one argument per limit, then a settle's units.
 fn companion_args(cmd: &mut redis::Cmd, checks: &[Check<'_>], mode: &Mode<'_>) {
-    let receipts = match mode {
-        Mode::Peek => None,
-        Mode::Refund(id) | Mode::Settle(id, _) => Some(*id),
-    };
+    let receipts = mode.call_id();
     let keys = declared(checks, false, receipts);
     cmd.arg(keys.len());
     for key in keys {
@@ -467,10 +471,7 @@ mod tests {
             }
             let units = vec![u64::MAX; checks.len()];
             for mode in [Mode::Peek, Mode::Refund(&id), Mode::Settle(&id, &units)] {
-                let receipts = match mode {
-                    Mode::Peek => None,
-                    Mode::Refund(id) | Mode::Settle(id, _) => Some(id),
-                };
+                let receipts = mode.call_id();
                 let args = |cmd: &mut redis::Cmd| companion_args(cmd, checks, &mode);
                 let size = command_size(checks, false, receipts, 2 + checks.len());
                 assert!(fits(written(args), size), "{checks:?}");
