@@ -80,6 +80,17 @@ impl Packed {
         })
     }
 
+    /// Whether the form's state is one word that is also when it becomes idle
+    /// ([`PackedState::ONE_WORD`]): GCRA's arrival time.
+    const fn one_word(self) -> bool {
+        match self {
+            Self::Fixed => Window::ONE_WORD,
+            Self::Bucket => Level::ONE_WORD,
+            Self::Gcra => Tat::ONE_WORD,
+            Self::Counter => Counters::ONE_WORD,
+        }
+    }
+
     /// The form's tag in a cell's `seq` (its top two bits).
     const fn tag(self) -> u64 {
         (self as u64) << TAG_SHIFT
@@ -114,6 +125,11 @@ impl Packed {
 pub(super) trait PackedState: Copy {
     /// How many of the cell's words the state uses (a write stores only these).
     const WORDS: usize;
+    /// Whether the state is its first word alone and that word is also when the state becomes
+    /// idle (GCRA's arrival time: [`PackedState::idle_at`] is the word). A fast write of such
+    /// a state is one compare-and-swap of that word, as governor's is, and leaves the cell's
+    /// `seq` and `idle_at` as they are: the cell reads its idle time from the word.
+    const ONE_WORD: bool = false;
     /// The state of the cell's words.
     fn of_words(w: [u64; 3]) -> Self;
     /// The words of the state (unused ones 0).
@@ -188,6 +204,7 @@ impl PackedState for Level {
 
 impl PackedState for Tat {
     const WORDS: usize = 1;
+    const ONE_WORD: bool = true;
     fn of_words(w: [u64; 3]) -> Self {
         Self(w[0])
     }
@@ -259,6 +276,16 @@ const COUNTER: u64 = (1 << TAG_SHIFT) - 1;
 ///   before it or begun after it. That is how a stacked check stays all or nothing against
 ///   the same entries.
 ///
+/// A state of one word that is its own idle time ([`PackedState::ONE_WORD`]: GCRA's) skips the
+/// sequence: a fast write is a compare-and-swap of the word from the value the rule read to
+/// the value it wrote, retried on the value that won. The word is the whole state, so a read of
+/// it is consistent by itself, and the cell's idle time is read from it ([`Cell::idle_at`]):
+/// the `idle_at` field and `seq`'s count are left as [`Cell::set`] wrote them. A value is
+/// never replaced by an earlier one under the read lock unless the clock went back (an
+/// admitted call moves the arrival time forward; only a restamp moves it back), so a write
+/// that succeeds was computed on the state it replaces, and at a time no earlier than that
+/// state's write.
+///
 /// The cell keeps its form in the top two bits of `seq` (which [`Packed`] the words hold; set
 /// only with exclusive access, so a fast writer's compare-and-swap keeps it), and a state
 /// that does not pack (the sliding log) in `other`, beside the words: a cell is 48 bytes, so
@@ -283,7 +310,12 @@ impl Cell {
         cell
     }
 
+    /// When the entry becomes idle: the `idle_at` field, or for a one-word state the word
+    /// itself, which its fast writes change alone.
     pub(super) fn idle_at(&self) -> u64 {
+        if self.packed().is_some_and(Packed::one_word) {
+            return self.words[0].load(Ordering::Acquire);
+        }
         self.idle_at.load(Ordering::Acquire)
     }
 
@@ -292,9 +324,16 @@ impl Cell {
     }
 
     /// Replaces the entry (exclusive access: no fast writer is running).
+    ///
+    /// A one-word state is its own idle time, so an entry marked idle before its state is
+    /// (a refund or a settle that gave back all a call held: idle now, swept with the others)
+    /// is stored as the state that is idle then: its word lowered to the entry's idle time.
     pub(super) fn set(&mut self, entry: Entry) {
         *self.idle_at.get_mut() = entry.idle_at;
-        if let Some((form, words)) = Packed::pack(&entry.state) {
+        if let Some((form, mut words)) = Packed::pack(&entry.state) {
+            if form.one_word() {
+                words[0] = words[0].min(entry.idle_at);
+            }
             for (w, v) in self.words.iter_mut().zip(words) {
                 *w.get_mut() = v;
             }
@@ -366,9 +405,10 @@ impl Cell {
             };
         }
         let (seq, idle_at, words) = self.read_packed();
+        let form = Packed::of_seq(seq);
         Entry {
-            idle_at,
-            state: Packed::of_seq(seq).unpack(words),
+            idle_at: if form.one_word() { words[0] } else { idle_at },
+            state: form.unpack(words),
         }
     }
 
@@ -384,6 +424,9 @@ impl Cell {
         now: impl Fn() -> u64,
         mut rule: impl FnMut(S, u64, u64) -> (T, Option<(S, u64)>),
     ) -> (T, Option<u64>) {
+        if S::ONE_WORD {
+            return self.measure_and_swap(now, rule);
+        }
         let mut spins = 0;
         loop {
             let seq = self.seq.load(Ordering::Acquire);
@@ -407,6 +450,37 @@ impl Cell {
             }
             self.publish(seq, idle_at, &state.words()[..S::WORDS]);
             return (answer, Some(idle_at));
+        }
+    }
+
+    /// [`Cell::measure_and_replace`] of a one-word state ([`PackedState::ONE_WORD`]): the word
+    /// is read, `rule` runs on it (its idle time is the word) at the time `now` gives after
+    /// the read, and a write is one compare-and-swap from the value read; one that loses the
+    /// race runs `rule` again on the value that won.
+    #[inline]
+    fn measure_and_swap<S: PackedState, T>(
+        &self,
+        now: impl Fn() -> u64,
+        mut rule: impl FnMut(S, u64, u64) -> (T, Option<(S, u64)>),
+    ) -> (T, Option<u64>) {
+        let word = &self.words[0];
+        let mut current = word.load(Ordering::Acquire);
+        loop {
+            // After the read: no earlier than the time of the write that left the value.
+            let now = now();
+            let (answer, write) = rule(S::of_words([current, 0, 0]), current, now);
+            let Some((state, idle_at)) = write else {
+                return (answer, None);
+            };
+            match word.compare_exchange_weak(
+                current,
+                state.words()[0],
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return (answer, Some(idle_at)),
+                Err(seen) => current = seen,
+            }
         }
     }
 
@@ -490,6 +564,52 @@ mod tests {
         Entry { idle_at: 7, state }
     }
 
+    /// A one-word state's fast write changes its word alone: the cell's idle time, its
+    /// liveness and its snapshot all read the word it wrote, where the `idle_at` field keeps
+    /// the value of the cell's last exclusive write.
+    #[test]
+    fn a_one_word_write_moves_the_cell_s_idle_time() {
+        let cell = Cell::new(Entry {
+            idle_at: 5,
+            state: State::Gcra(Tat(5)),
+        });
+        let ((), wrote) = cell.measure_and_replace::<Tat, _>(
+            || 3,
+            |tat, idle_at, now| {
+                assert_eq!((tat, idle_at, now), (Tat(5), 5, 3));
+                ((), Some((Tat(9), 9)))
+            },
+        );
+        assert_eq!(wrote, Some(9));
+        assert_eq!(cell.idle_at(), 9);
+        assert!(cell.live(8) && !cell.live(9));
+        let held = Entry {
+            idle_at: 9,
+            state: State::Gcra(Tat(9)),
+        };
+        assert_eq!(cell.snapshot(), held);
+        assert_eq!(cell.state().into_owned(), held.state);
+        // A rule that writes nothing leaves the word.
+        let (answer, wrote) = cell.measure_and_replace::<Tat, _>(|| 4, |tat, _, _| (tat.0, None));
+        assert_eq!((answer, wrote), (9, None));
+        assert_eq!(cell.snapshot(), held);
+        // An entry marked idle before its state is (a refund that gave back everything) is
+        // stored as the state idle then.
+        let mut cell = cell;
+        cell.set(Entry {
+            idle_at: 4,
+            state: State::Gcra(Tat(9)),
+        });
+        assert!(!cell.live(4));
+        assert_eq!(
+            cell.snapshot(),
+            Entry {
+                idle_at: 4,
+                state: State::Gcra(Tat(4)),
+            }
+        );
+    }
+
     /// A cell answers the form it holds through every change of form, and the fast writes'
     /// count never reaches the form's bits, even where it wraps.
     #[test]
@@ -498,7 +618,9 @@ mod tests {
         let mut cell = Cell::new(entry(Packed::Gcra.unpack([5, 0, 0])));
         for round in 0..3 {
             for form in forms {
-                let state = form.unpack([round + 1, round + 2, round + 3]);
+                // A one-word state's word is its idle time (7, as `entry` writes).
+                let first = if form.one_word() { 7 } else { round + 1 };
+                let state = form.unpack([first, round + 2, round + 3]);
                 cell.set(entry(state.clone()));
                 assert_eq!(cell.packed(), Some(form));
                 assert_eq!(cell.snapshot(), entry(state.clone()));

@@ -378,6 +378,14 @@ mod tests {
                 vec![0],
                 Duration::from_micros(100),
             ),
+            // gcra: the arrival time, moved by the fast path's writes (2 per second: 500 ms a
+            // unit; the second and third calls find the key held)
+            (
+                policy(Algorithm::Gcra, 2, 1000 * MS, 2),
+                1,
+                vec![0, 0, 600],
+                1500 * MS,
+            ),
         ];
         for (p, cost, at_ms, ttl) in cases {
             let p = p.with_cost(cost).unwrap();
