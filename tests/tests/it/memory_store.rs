@@ -575,13 +575,15 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
     ]
 }
 
-const POLICIES: usize = 12;
+const POLICIES: usize = 13;
 
 /// Two policies per algorithm, small enough that traces reach their limits: a key is checked
-/// under several algorithms in one trace (its state changes form), with costs above 1.
+/// under several algorithms in one trace (its state changes form), with costs above 1. And a
+/// fixed window whose count outgrows the one word the store packs a window in (2^24 units)
+/// by its third call, so that the fast path meets windows it cannot hold.
 fn policies() -> Vec<Policy> {
     let s = Duration::from_secs;
-    Algorithm::ALL
+    let mut all: Vec<Policy> = Algorithm::ALL
         .into_iter()
         .flat_map(|a| {
             [
@@ -592,7 +594,13 @@ fn policies() -> Vec<Policy> {
                     .unwrap(),
             ]
         })
-        .collect()
+        .collect();
+    all.push(
+        Policy::new(Algorithm::Fixed, 5 << 23, s(2))
+            .and_then(|p| p.with_cost(1 << 23))
+            .unwrap(),
+    );
+    all
 }
 
 proptest::proptest! {

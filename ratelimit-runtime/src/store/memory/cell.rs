@@ -69,26 +69,28 @@ impl Packed {
         }
     }
 
-    /// `state`'s form and numbers, if it packs.
+    /// `state`'s form and numbers, if it packs (a window whose numbers do not fit its word
+    /// does not: [`PackedState::fits`]).
     fn pack(state: &State) -> Option<(Self, [u64; 3])> {
         Some(match state {
-            State::Fixed(w) => (Self::Fixed, w.words()),
+            State::Fixed(w) if w.fits() => (Self::Fixed, w.words()),
             State::Bucket(b) => (Self::Bucket, b.words()),
             State::Gcra(t) => (Self::Gcra, t.words()),
             State::SlidingCounter(c) => (Self::Counter, c.words()),
-            State::Sliding(_) | State::Concurrency(_) => return None,
+            State::Fixed(_) | State::Sliding(_) | State::Concurrency(_) => return None,
         })
     }
 
-    /// Whether the form's state is one word that is also when it becomes idle
-    /// ([`PackedState::ONE_WORD`]): GCRA's arrival time.
-    const fn one_word(self) -> bool {
-        match self {
-            Self::Fixed => Window::ONE_WORD,
-            Self::Bucket => Level::ONE_WORD,
-            Self::Gcra => Tat::ONE_WORD,
-            Self::Counter => Counters::ONE_WORD,
-        }
+    /// For a form whose state is one word ([`PackedState::IDLE_OF_WORD`]: the fixed window,
+    /// GCRA), when the state in `word` becomes idle, µs; `None` for the other forms.
+    fn idle_of_word(self, word: u64) -> Option<u64> {
+        let idle_of = match self {
+            Self::Fixed => Window::IDLE_OF_WORD,
+            Self::Bucket => Level::IDLE_OF_WORD,
+            Self::Gcra => Tat::IDLE_OF_WORD,
+            Self::Counter => Counters::IDLE_OF_WORD,
+        };
+        idle_of.map(|idle_of| idle_of(word))
     }
 
     /// The form's tag in a cell's `seq` (its top two bits).
@@ -125,11 +127,19 @@ impl Packed {
 pub(super) trait PackedState: Copy {
     /// How many of the cell's words the state uses (a write stores only these).
     const WORDS: usize;
-    /// Whether the state is its first word alone and that word is also when the state becomes
-    /// idle (GCRA's arrival time: [`PackedState::idle_at`] is the word). A fast write of such
-    /// a state is one compare-and-swap of that word, as governor's is, and leaves the cell's
-    /// `seq` and `idle_at` as they are: the cell reads its idle time from the word.
-    const ONE_WORD: bool = false;
+    /// For a state that is its first word alone (GCRA's arrival time; a fixed window whose
+    /// count and end fit one word): when the state in a word becomes idle, µs, read from the
+    /// word alone. A fast write of such a state is one compare-and-swap of that word, as
+    /// governor's is, and leaves the cell's `seq` and `idle_at` as they are: the cell reads
+    /// its idle time from the word. `None` for a state of several words.
+    const IDLE_OF_WORD: Option<fn(u64) -> u64> = None;
+    /// Whether the state fits the cell's words (always, but for a one-word state whose
+    /// numbers do not: then it is kept unpacked, and a fast write that would leave it goes to
+    /// the shard's write lock instead).
+    #[inline]
+    fn fits(self) -> bool {
+        true
+    }
     /// The state of the cell's words.
     fn of_words(w: [u64; 3]) -> Self;
     /// The words of the state (unused ones 0).
@@ -149,16 +159,33 @@ pub(super) trait PackedState: Copy {
     fn evaluate(state: Option<&Self>, p: &Params, now: u64) -> (Evaluation, Option<Self>);
 }
 
+/// The bits of a fixed window's word ([`Window`] packed) that hold its count; the bits above
+/// hold the millisecond its key expires at.
+const WINDOW_COUNT_BITS: u32 = 24;
+/// The most a packed window counts (limits of up to 16,777,215 units pack).
+const WINDOW_MAX_COUNT: u64 = (1 << WINDOW_COUNT_BITS) - 1;
+/// The first expiry millisecond a packed window cannot hold: 2^40 ms, 34 years of the memory
+/// clock (which counts from the store's creation).
+const WINDOW_END_MS: u64 = 1 << (64 - WINDOW_COUNT_BITS);
+
+/// A fixed window is one word, its count and its expiry millisecond, so that a fast write is
+/// one compare-and-swap (when they fit: [`PackedState::fits`]).
 impl PackedState for Window {
-    const WORDS: usize = 2;
+    const WORDS: usize = 1;
+    const IDLE_OF_WORD: Option<fn(u64) -> u64> =
+        Some(|word| Window::idle_at(&Window::of_words([word, 0, 0])));
+    #[inline]
+    fn fits(self) -> bool {
+        self.count <= WINDOW_MAX_COUNT && self.expires_ms < WINDOW_END_MS
+    }
     fn of_words(w: [u64; 3]) -> Self {
         Self {
-            count: w[0],
-            expires_ms: w[1],
+            count: w[0] & WINDOW_MAX_COUNT,
+            expires_ms: w[0] >> WINDOW_COUNT_BITS,
         }
     }
     fn words(self) -> [u64; 3] {
-        [self.count, self.expires_ms, 0]
+        [(self.expires_ms << WINDOW_COUNT_BITS) | self.count, 0, 0]
     }
     fn normalize(&mut self, p: &Params, now: u64) -> bool {
         fixed::normalize(self, p, now)
@@ -202,9 +229,10 @@ impl PackedState for Level {
     }
 }
 
+/// GCRA's arrival time is one word, and when its state becomes idle.
 impl PackedState for Tat {
     const WORDS: usize = 1;
-    const ONE_WORD: bool = true;
+    const IDLE_OF_WORD: Option<fn(u64) -> u64> = Some(|word| word);
     fn of_words(w: [u64; 3]) -> Self {
         Self(w[0])
     }
@@ -276,15 +304,15 @@ const COUNTER: u64 = (1 << TAG_SHIFT) - 1;
 ///   before it or begun after it. That is how a stacked check stays all or nothing against
 ///   the same entries.
 ///
-/// A state of one word that is its own idle time ([`PackedState::ONE_WORD`]: GCRA's) skips the
-/// sequence: a fast write is a compare-and-swap of the word from the value the rule read to
-/// the value it wrote, retried on the value that won. The word is the whole state, so a read of
-/// it is consistent by itself, and the cell's idle time is read from it ([`Cell::idle_at`]):
-/// the `idle_at` field and `seq`'s count are left as [`Cell::set`] wrote them. A value is
-/// never replaced by an earlier one under the read lock unless the clock went back (an
-/// admitted call moves the arrival time forward; only a restamp moves it back), so a write
-/// that succeeds was computed on the state it replaces, and at a time no earlier than that
-/// state's write.
+/// A state of one word ([`PackedState::IDLE_OF_WORD`]: GCRA's arrival time, a fixed window's
+/// count and end) skips the sequence: a fast write is a compare-and-swap of the word from the
+/// value the rule read to the value it wrote, retried on the value that won. The word is the
+/// whole state, so a read of it is consistent by itself, and the cell's idle time is read from
+/// it ([`Cell::idle_at`]): the `idle_at` field and `seq`'s count are left as [`Cell::set`]
+/// wrote them. Under the read lock a word only grows (an admitted call moves the arrival time
+/// or the count forward, a new window ends later), unless the clock went back (a restamp), so
+/// a write that succeeds was computed on the state it replaces, and at a time no earlier than
+/// that state's write.
 ///
 /// The cell keeps its form in the top two bits of `seq` (which [`Packed`] the words hold; set
 /// only with exclusive access, so a fast writer's compare-and-swap keeps it), and a state
@@ -310,11 +338,13 @@ impl Cell {
         cell
     }
 
-    /// When the entry becomes idle: the `idle_at` field, or for a one-word state the word
-    /// itself, which its fast writes change alone.
+    /// When the entry becomes idle: the `idle_at` field, or for a one-word state what its
+    /// word says, which its fast writes change alone.
     pub(super) fn idle_at(&self) -> u64 {
-        if self.packed().is_some_and(Packed::one_word) {
-            return self.words[0].load(Ordering::Acquire);
+        if let Some(form) = self.packed()
+            && let Some(idle_at) = form.idle_of_word(self.words[0].load(Ordering::Acquire))
+        {
+            return idle_at;
         }
         self.idle_at.load(Ordering::Acquire)
     }
@@ -325,15 +355,16 @@ impl Cell {
 
     /// Replaces the entry (exclusive access: no fast writer is running).
     ///
-    /// A one-word state is its own idle time, so an entry marked idle before its state is
-    /// (a refund or a settle that gave back all a call held: idle now, swept with the others)
-    /// is stored as the state that is idle then: its word lowered to the entry's idle time.
+    /// A one-word state's idle time is read from its word, so an entry marked idle before its
+    /// state is (a refund or a settle that gave back all a call held: idle now, swept with the
+    /// others) is kept unpacked, with its idle time; the next write packs it again.
     pub(super) fn set(&mut self, entry: Entry) {
         *self.idle_at.get_mut() = entry.idle_at;
-        if let Some((form, mut words)) = Packed::pack(&entry.state) {
-            if form.one_word() {
-                words[0] = words[0].min(entry.idle_at);
-            }
+        let packed = Packed::pack(&entry.state).filter(|(form, words)| {
+            form.idle_of_word(words[0])
+                .is_none_or(|idle_at| idle_at == entry.idle_at)
+        });
+        if let Some((form, words)) = packed {
             for (w, v) in self.words.iter_mut().zip(words) {
                 *w.get_mut() = v;
             }
@@ -407,7 +438,7 @@ impl Cell {
         let (seq, idle_at, words) = self.read_packed();
         let form = Packed::of_seq(seq);
         Entry {
-            idle_at: if form.one_word() { words[0] } else { idle_at },
+            idle_at: form.idle_of_word(words[0]).unwrap_or(idle_at),
             state: form.unpack(words),
         }
     }
@@ -417,15 +448,17 @@ impl Cell {
     /// the time `now` gives after the read of `seq`, and answers with its result and the state
     /// and idle time to write, if any. The write claims the cell by a compare-and-swap of
     /// `seq`; one that loses the race calls `rule` again, on the state that won, at a fresh
-    /// time. Returns `rule`'s result and, when it wrote, when the written state becomes idle.
+    /// time. Returns `rule`'s result and, when it wrote, when the written state becomes idle;
+    /// `None` when the state `rule` would write does not fit the cell's one-word form
+    /// ([`PackedState::fits`]): nothing is written, the call goes to the shard's write lock.
     #[inline]
     pub(super) fn measure_and_replace<S: PackedState, T>(
         &self,
         now: impl Fn() -> u64,
         mut rule: impl FnMut(S, u64, u64) -> (T, Option<(S, u64)>),
-    ) -> (T, Option<u64>) {
-        if S::ONE_WORD {
-            return self.measure_and_swap(now, rule);
+    ) -> Option<(T, Option<u64>)> {
+        if let Some(idle_of) = S::IDLE_OF_WORD {
+            return self.measure_and_swap(now, idle_of, rule);
         }
         let mut spins = 0;
         loop {
@@ -443,42 +476,46 @@ impl Cell {
             }
             let (answer, write) = rule(S::of_words(words), idle_at, now);
             let Some((state, idle_at)) = write else {
-                return (answer, None);
+                return Some((answer, None));
             };
             if !self.claim(seq) {
                 continue;
             }
             self.publish(seq, idle_at, &state.words()[..S::WORDS]);
-            return (answer, Some(idle_at));
+            return Some((answer, Some(idle_at)));
         }
     }
 
-    /// [`Cell::measure_and_replace`] of a one-word state ([`PackedState::ONE_WORD`]): the word
-    /// is read, `rule` runs on it (its idle time is the word) at the time `now` gives after
-    /// the read, and a write is one compare-and-swap from the value read; one that loses the
-    /// race runs `rule` again on the value that won.
+    /// [`Cell::measure_and_replace`] of a one-word state ([`PackedState::IDLE_OF_WORD`]: its
+    /// idle time `idle_of` the word): the word is read, `rule` runs on it at the time `now`
+    /// gives after the read, and a write is one compare-and-swap from the value read; one that
+    /// loses the race runs `rule` again on the value that won.
     #[inline]
     fn measure_and_swap<S: PackedState, T>(
         &self,
         now: impl Fn() -> u64,
+        idle_of: fn(u64) -> u64,
         mut rule: impl FnMut(S, u64, u64) -> (T, Option<(S, u64)>),
-    ) -> (T, Option<u64>) {
+    ) -> Option<(T, Option<u64>)> {
         let word = &self.words[0];
         let mut current = word.load(Ordering::Acquire);
         loop {
             // After the read: no earlier than the time of the write that left the value.
             let now = now();
-            let (answer, write) = rule(S::of_words([current, 0, 0]), current, now);
+            let (answer, write) = rule(S::of_words([current, 0, 0]), idle_of(current), now);
             let Some((state, idle_at)) = write else {
-                return (answer, None);
+                return Some((answer, None));
             };
+            if !state.fits() {
+                return None;
+            }
             match word.compare_exchange_weak(
                 current,
                 state.words()[0],
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return (answer, Some(idle_at)),
+                Ok(_) => return Some((answer, Some(idle_at))),
                 Err(seen) => current = seen,
             }
         }
@@ -564,22 +601,33 @@ mod tests {
         Entry { idle_at: 7, state }
     }
 
+    /// An entry whose idle time is its state's own, as the rules make them (a one-word
+    /// state's is read from its word), else 7.
+    fn consistent(form: Packed, words: [u64; 3]) -> Entry {
+        Entry {
+            idle_at: form.idle_of_word(words[0]).unwrap_or(7),
+            state: form.unpack(words),
+        }
+    }
+
     /// A one-word state's fast write changes its word alone: the cell's idle time, its
     /// liveness and its snapshot all read the word it wrote, where the `idle_at` field keeps
     /// the value of the cell's last exclusive write.
     #[test]
     fn a_one_word_write_moves_the_cell_s_idle_time() {
-        let cell = Cell::new(Entry {
+        let mut cell = Cell::new(Entry {
             idle_at: 5,
             state: State::Gcra(Tat(5)),
         });
-        let ((), wrote) = cell.measure_and_replace::<Tat, _>(
-            || 3,
-            |tat, idle_at, now| {
-                assert_eq!((tat, idle_at, now), (Tat(5), 5, 3));
-                ((), Some((Tat(9), 9)))
-            },
-        );
+        let ((), wrote) = cell
+            .measure_and_replace::<Tat, _>(
+                || 3,
+                |tat, idle_at, now| {
+                    assert_eq!((tat, idle_at, now), (Tat(5), 5, 3));
+                    ((), Some((Tat(9), 9)))
+                },
+            )
+            .unwrap();
         assert_eq!(wrote, Some(9));
         assert_eq!(cell.idle_at(), 9);
         assert!(cell.live(8) && !cell.live(9));
@@ -590,24 +638,69 @@ mod tests {
         assert_eq!(cell.snapshot(), held);
         assert_eq!(cell.state().into_owned(), held.state);
         // A rule that writes nothing leaves the word.
-        let (answer, wrote) = cell.measure_and_replace::<Tat, _>(|| 4, |tat, _, _| (tat.0, None));
+        let (answer, wrote) = cell
+            .measure_and_replace::<Tat, _>(|| 4, |tat, _, _| (tat.0, None))
+            .unwrap();
         assert_eq!((answer, wrote), (9, None));
         assert_eq!(cell.snapshot(), held);
-        // An entry marked idle before its state is (a refund that gave back everything) is
-        // stored as the state idle then.
-        let mut cell = cell;
-        cell.set(Entry {
-            idle_at: 4,
-            state: State::Gcra(Tat(9)),
-        });
-        assert!(!cell.live(4));
+
+        // A fixed window: its count and end in the word; its idle time the millisecond after.
+        let window = |count, expires_ms| Window { count, expires_ms };
+        cell.set(Entry::new(
+            State::Fixed(window(2, 40)),
+            &crate::algorithm::Params::new(5, 10_000, 5, 1),
+        ));
+        assert_eq!(cell.packed(), Some(Packed::Fixed));
+        let ((), wrote) = cell
+            .measure_and_replace::<Window, _>(
+                || 39_500,
+                |w, idle_at, _| {
+                    assert_eq!((w, idle_at), (window(2, 40), 41_000));
+                    ((), Some((window(3, 40), 41_000)))
+                },
+            )
+            .unwrap();
+        assert_eq!(wrote, Some(41_000));
         assert_eq!(
             cell.snapshot(),
-            Entry {
-                idle_at: 4,
-                state: State::Gcra(Tat(4)),
-            }
+            consistent(Packed::Fixed, window(3, 40).words())
         );
+        // A window the word cannot hold is not written by a fast write: the caller takes the
+        // write lock, which keeps it unpacked.
+        for too_big in [window(WINDOW_MAX_COUNT + 1, 40), window(3, WINDOW_END_MS)] {
+            assert!(!too_big.fits());
+            cell.set(consistent(Packed::Fixed, window(3, 40).words()));
+            let wrote = cell
+                .measure_and_replace::<Window, _>(|| 39_600, |_, _, _| ((), Some((too_big, 1))));
+            assert!(wrote.is_none(), "{too_big:?}");
+            assert_eq!(cell.snapshot().state, State::Fixed(window(3, 40)));
+            let entry = Entry {
+                idle_at: Window::idle_at(&too_big),
+                state: State::Fixed(too_big),
+            };
+            cell.set(entry.clone());
+            assert_eq!(cell.packed(), None);
+            assert_eq!(cell.snapshot(), entry);
+            assert_eq!(cell.idle_at(), entry.idle_at);
+        }
+        for fits in [window(WINDOW_MAX_COUNT, WINDOW_END_MS - 1), window(0, 0)] {
+            assert!(fits.fits());
+            let entry = consistent(Packed::Fixed, fits.words());
+            assert_eq!(entry.state, State::Fixed(fits));
+            cell.set(entry.clone());
+            assert_eq!(cell.packed(), Some(Packed::Fixed));
+            assert_eq!(cell.snapshot(), entry);
+        }
+
+        // An entry marked idle before its state is (a refund that gave back everything) is
+        // kept unpacked, with its own idle time, for both one-word forms.
+        for state in [State::Gcra(Tat(9)), State::Fixed(window(1, 40))] {
+            let early = Entry { idle_at: 4, state };
+            cell.set(early.clone());
+            assert_eq!(cell.packed(), None);
+            assert!(!cell.live(4) && cell.live(3));
+            assert_eq!(cell.snapshot(), early);
+        }
     }
 
     /// A cell answers the form it holds through every change of form, and the fast writes'
@@ -618,13 +711,11 @@ mod tests {
         let mut cell = Cell::new(entry(Packed::Gcra.unpack([5, 0, 0])));
         for round in 0..3 {
             for form in forms {
-                // A one-word state's word is its idle time (7, as `entry` writes).
-                let first = if form.one_word() { 7 } else { round + 1 };
-                let state = form.unpack([first, round + 2, round + 3]);
-                cell.set(entry(state.clone()));
+                let held = consistent(form, [round + 1, round + 2, round + 3]);
+                cell.set(held.clone());
                 assert_eq!(cell.packed(), Some(form));
-                assert_eq!(cell.snapshot(), entry(state.clone()));
-                assert_eq!(cell.state().into_owned(), state);
+                assert_eq!(cell.snapshot(), held);
+                assert_eq!(cell.state().into_owned(), held.state);
             }
             cell.set(entry(State::Sliding(
                 crate::algorithm::sliding::Log::default(),
@@ -641,21 +732,23 @@ mod tests {
         // A fast write keeps the form.
         let mut cell = Cell::new(entry(Packed::Counter.unpack([1, 2, 3])));
         *cell.seq.get_mut() = Packed::Counter.tag() | (COUNTER - 1);
-        let ((), wrote) = cell.measure_and_replace::<Counters, _>(
-            || 8,
-            |c, _, _| {
-                (
-                    (),
-                    Some((
-                        Counters {
-                            cur: c.cur + 1,
-                            ..c
-                        },
-                        9,
-                    )),
-                )
-            },
-        );
+        let ((), wrote) = cell
+            .measure_and_replace::<Counters, _>(
+                || 8,
+                |c, _, _| {
+                    (
+                        (),
+                        Some((
+                            Counters {
+                                cur: c.cur + 1,
+                                ..c
+                            },
+                            9,
+                        )),
+                    )
+                },
+            )
+            .unwrap();
         assert_eq!(wrote, Some(9));
         assert_eq!(cell.packed(), Some(Packed::Counter));
         assert_eq!(cell.snapshot().state, Packed::Counter.unpack([1, 3, 3]));

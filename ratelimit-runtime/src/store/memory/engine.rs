@@ -68,8 +68,9 @@ impl Inner {
             let guard = read(shard);
             if let Some(cell) = guard.map.get(hash, check.key)
                 && cell.packed() == Some(form)
+                && let Some(decision) = self.check_packed(&guard, cell, form, p, capacity)
             {
-                return Ok(self.check_packed(&guard, cell, form, p, capacity));
+                return Ok(decision);
             }
         }
         let mut guard = write(shard);
@@ -123,9 +124,10 @@ impl Inner {
 
     /// The fast path of one limit on a held, packed key, under the shard's read lock: the same
     /// rule ([`algorithm::evaluate`], after [`algorithm::normalize`]) on a consistent read of
-    /// the cell, written back by a compare-and-swap of its sequence
-    /// ([`Cell::measure_and_replace`]); a write that loses the race evaluates again on the state
-    /// that won, at a fresh time.
+    /// the cell, written back by a compare-and-swap of its sequence, or of its one word for a
+    /// fixed window or GCRA ([`Cell::measure_and_replace`]); a write that loses the race evaluates again on the state
+    /// that won, at a fresh time. `None` (nothing written) when the state to write does not fit
+    /// the cell's one-word form: the call goes to the write lock.
     fn check_packed(
         &self,
         shard: &Shard,
@@ -133,7 +135,7 @@ impl Inner {
         form: Packed,
         p: &Params,
         capacity: u64,
-    ) -> Decision {
+    ) -> Option<Decision> {
         match form {
             Packed::Fixed => self.check_packed_as::<fixed::Window>(shard, cell, p, capacity),
             Packed::Bucket => self.check_packed_as::<bucket::Level>(shard, cell, p, capacity),
@@ -153,7 +155,7 @@ impl Inner {
         cell: &Cell,
         p: &Params,
         capacity: u64,
-    ) -> Decision {
+    ) -> Option<Decision> {
         let (decision, written) = cell.measure_and_replace::<S, _>(
             || self.now(),
             |mut state, mut idle_at, now| {
@@ -175,11 +177,11 @@ impl Inner {
                     ),
                 }
             },
-        );
+        )?;
         if let Some(idle_at) = written {
             shard.note_idle(idle_at);
         }
-        decision
+        Some(decision)
     }
 
     /// Several limits as one call: lock their shards in ascending order, apply the limits one
@@ -648,6 +650,44 @@ mod tests {
                     "{algo} at {at} ms"
                 );
                 assert_eq!(entry(&fast, "k"), entry(&locked, "k"), "{algo} at {at} ms");
+            }
+        }
+    }
+
+    /// A fixed window is one word while its count and end fit (2^24 units, 2^40 ms of the
+    /// store's clock); past either, the fast path leaves it to the write lock, which keeps it
+    /// unpacked, and a later window that fits is packed again. Every answer and entry is the
+    /// locked store's.
+    #[test]
+    fn windows_past_the_word_are_decided_as_the_locked_path_decides_them() {
+        let ms = |n: u64| Duration::from_millis(n);
+        let cases = [
+            // A count past 2^24 units: the third call's.
+            (
+                policy(Algorithm::Fixed, 5 << 23, 2000 * MS, 1),
+                1 << 23,
+                ms(100),
+            ),
+            // A window ending past 2^40 ms of the clock.
+            (
+                policy(Algorithm::Fixed, 5, 2000 * MS, 5),
+                1,
+                ms((1 << 40) - 3_000),
+            ),
+        ];
+        for (p, cost, start) in cases {
+            let p = p.with_cost(cost).unwrap();
+            let clock = SettableClock::default();
+            let fast = MemoryStore::with_clock(clock.clone());
+            let locked = MemoryStore::with_clock(clock.clone()).with_fast_path(false);
+            for (i, at) in [0, 10, 20, 30, 40, 2_100, 2_110, 2_120, 4_200, 4_210]
+                .into_iter()
+                .enumerate()
+            {
+                clock.set(start + ms(at));
+                let (a, b) = (one(&fast, "k", &p), one(&locked, "k", &p));
+                assert_eq!(a, b, "{p:?} call {i} at {at} ms");
+                assert_eq!(entry(&fast, "k"), entry(&locked, "k"), "{p:?} call {i}");
             }
         }
     }

@@ -6,7 +6,8 @@
 //!
 //! * `clock` — the [`Clock`] trait and its sources;
 //! * `map` — the key hasher, the shards, sweeping and making room;
-//! * `cell` — one key's entry, its packed forms and the sequence lock over them;
+//! * `cell` — one key's entry, its packed forms (one word for a fixed window or GCRA) and the
+//!   sequence lock over the others;
 //! * `engine` — the checks: one limit, many limits as one call, and peeks;
 //! * `blocks` — the admin block table and resets;
 //! * `receipts` — take/refund receipts;
