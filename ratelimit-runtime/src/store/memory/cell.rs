@@ -165,7 +165,11 @@ const WINDOW_COUNT_BITS: u32 = 24;
 /// The most a packed window counts (limits of up to 16,777,215 units pack).
 const WINDOW_MAX_COUNT: u64 = (1 << WINDOW_COUNT_BITS) - 1;
 /// The first expiry millisecond a packed window cannot hold: 2^40 ms, 34 years of the memory
-/// clock (which counts from the store's creation).
+/// store's clock. The store's own clocks count from their creation; a [`Clock`] whose origin
+/// is further back (the Unix epoch) leaves every window unpacked, checked under the shard's
+/// write lock: the same answers, without the read-lock path.
+///
+/// [`Clock`]: super::Clock
 const WINDOW_END_MS: u64 = 1 << (64 - WINDOW_COUNT_BITS);
 
 /// A fixed window is one word, its count and its expiry millisecond, so that a fast write is
@@ -309,10 +313,13 @@ const COUNTER: u64 = (1 << TAG_SHIFT) - 1;
 /// value the rule read to the value it wrote, retried on the value that won. The word is the
 /// whole state, so a read of it is consistent by itself, and the cell's idle time is read from
 /// it ([`Cell::idle_at`]): the `idle_at` field and `seq`'s count are left as [`Cell::set`]
-/// wrote them. Under the read lock a word only grows (an admitted call moves the arrival time
-/// or the count forward, a new window ends later), unless the clock went back (a restamp), so
-/// a write that succeeds was computed on the state it replaces, and at a time no earlier than
-/// that state's write.
+/// wrote them. A write that succeeds was computed on the value it replaces, which is the whole
+/// state: the rule depends on nothing else but the time and the policy. The value may have
+/// been written and written back since it was read (a restamp moves a word back: a clock that
+/// stepped back, or a key shared by a policy with a shorter period or a smaller burst), so the
+/// write may have been computed at a time earlier than the latest write's: the call then takes
+/// effect as if made at its own reading of the clock, on the same state, which a rule allows
+/// (GCRA is stricter at an earlier time, a window that exists then is the same window).
 ///
 /// The cell keeps its form in the top two bits of `seq` (which [`Packed`] the words hold; set
 /// only with exclusive access, so a fast writer's compare-and-swap keeps it), and a state
@@ -357,7 +364,8 @@ impl Cell {
     ///
     /// A one-word state's idle time is read from its word, so an entry marked idle before its
     /// state is (a refund or a settle that gave back all a call held: idle now, swept with the
-    /// others) is kept unpacked, with its idle time; the next write packs it again.
+    /// others) is kept unpacked, with its idle time, until a write through the shard's write
+    /// lock (an admitted call, a restamp) packs it again.
     pub(super) fn set(&mut self, entry: Entry) {
         *self.idle_at.get_mut() = entry.idle_at;
         let packed = Packed::pack(&entry.state).filter(|(form, words)| {
@@ -448,7 +456,8 @@ impl Cell {
     /// the time `now` gives after the read of `seq`, and answers with its result and the state
     /// and idle time to write, if any. The write claims the cell by a compare-and-swap of
     /// `seq`; one that loses the race calls `rule` again, on the state that won, at a fresh
-    /// time. Returns `rule`'s result and, when it wrote, when the written state becomes idle;
+    /// time. A one-word state is read and written by one compare-and-swap of its word instead
+    /// ([`Cell::measure_and_swap`]). Returns `rule`'s result and, when it wrote, when the written state becomes idle;
     /// `None` when the state `rule` would write does not fit the cell's one-word form
     /// ([`PackedState::fits`]): nothing is written, the call goes to the shard's write lock.
     #[inline]
@@ -509,6 +518,8 @@ impl Cell {
             if !state.fits() {
                 return None;
             }
+            // The sweep mark follows what the cell will read as the entry's idle time.
+            debug_assert_eq!(idle_at, idle_of(state.words()[0]));
             match word.compare_exchange_weak(
                 current,
                 state.words()[0],

@@ -125,9 +125,10 @@ impl Inner {
     /// The fast path of one limit on a held, packed key, under the shard's read lock: the same
     /// rule ([`algorithm::evaluate`], after [`algorithm::normalize`]) on a consistent read of
     /// the cell, written back by a compare-and-swap of its sequence, or of its one word for a
-    /// fixed window or GCRA ([`Cell::measure_and_replace`]); a write that loses the race evaluates again on the state
-    /// that won, at a fresh time. `None` (nothing written) when the state to write does not fit
-    /// the cell's one-word form: the call goes to the write lock.
+    /// fixed window or GCRA ([`Cell::measure_and_replace`]); a write that loses the race
+    /// evaluates again on the state that won, at a fresh time. `None` (nothing written) when
+    /// the state to write does not fit the cell's one-word form: the call goes to the write
+    /// lock.
     fn check_packed(
         &self,
         shard: &Shard,
