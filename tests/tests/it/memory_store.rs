@@ -534,6 +534,77 @@ fn one_hot_key_under_mixed_single_and_stacked_checks_admits_exactly_the_quota() 
     }
 }
 
+/// Many threads race to open each new window (or refill each bucket) of one hot key: rounds in
+/// which the clock stands, each started by moving it three periods on, so the key's state is
+/// idle and every thread's first call finds it so. The one-limit fast path then opens the new
+/// state by compare-and-swap (one word for a fixed window and GCRA, the sequence lock for the
+/// others) while the other threads do the same: exactly the quota is admitted in every round,
+/// for every algorithm.
+#[test]
+fn threads_racing_to_open_a_new_window_admit_exactly_the_quota_each_time() {
+    const THREADS: usize = 4;
+    const CALLS: u64 = 12;
+    const LIMIT: u64 = 20;
+    const ROUNDS: u64 = 150;
+    let period = Duration::from_millis(10);
+    for algo in Algorithm::ALL {
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_secs(1));
+        let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+        let policy = Policy::new(algo, LIMIT, period).unwrap();
+        let key = format!("racing:{algo}");
+        // The key held first, so that each round finds it in the map.
+        assert!(
+            store
+                .check_now(&[Check::new(&key, &policy)])
+                .unwrap()
+                .is_admitted()
+        );
+        let start = Arc::new(std::sync::Barrier::new(THREADS + 1));
+        let done = Arc::new(std::sync::Barrier::new(THREADS + 1));
+        let admitted = Arc::new(AtomicU64::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..THREADS {
+                let (store, key, policy) = (&store, &key, &policy);
+                let (start, done, admitted) = (start.clone(), done.clone(), admitted.clone());
+                s.spawn(move || {
+                    for _ in 0..ROUNDS {
+                        start.wait();
+                        for _ in 0..CALLS {
+                            // An error counts as refused (a panic here would leave the
+                            // other threads at a barrier).
+                            let v = store.check_now(&[Check::new(key, policy)]);
+                            if v.is_ok_and(|v| v.is_admitted()) {
+                                admitted.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        done.wait();
+                    }
+                });
+            }
+            // Asserted after the threads are joined: a failed round must not leave them at a
+            // barrier.
+            let rounds: Vec<u64> = (0..ROUNDS)
+                .map(|_| {
+                    clock.advance(3 * period);
+                    start.wait();
+                    done.wait();
+                    admitted.swap(0, Ordering::Relaxed)
+                })
+                .collect();
+            let wrong: Vec<(usize, u64)> = rounds
+                .into_iter()
+                .enumerate()
+                .filter(|&(_, got)| got != LIMIT)
+                .collect();
+            assert!(
+                wrong.is_empty(),
+                "{algo}: rounds admitting other than {LIMIT}: {wrong:?}"
+            );
+        });
+    }
+}
+
 /// A clock a test sets anywhere, backwards included (a wall clock that jumped).
 #[derive(Debug, Clone, Default)]
 struct SettableClock(Arc<AtomicU64>);
