@@ -5,8 +5,9 @@ use std::sync::RwLockWriteGuard;
 use std::sync::atomic::Ordering;
 
 use super::blocks::blocked_decision;
-use super::cell::{Cell, Entry, Packed, PackedState};
+use super::cell::{Cell, Entry};
 use super::map::{Map, Shard, lower};
+use super::packed::{Packed, PackedState};
 use super::receipts::sliding_first;
 use super::{Inner, read, write};
 use crate::algorithm::{self, Evaluation, Params, Receipt, State};

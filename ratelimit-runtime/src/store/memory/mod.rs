@@ -6,7 +6,8 @@
 //!
 //! * `clock` — the [`Clock`] trait and its sources;
 //! * `map` — the key hasher, the shards, sweeping and making room;
-//! * `cell` — one key's entry, its packed forms (one word for a fixed window or GCRA) and the
+//! * `packed` — the states a cell's words hold, and how (one word for a fixed window or GCRA);
+//! * `cell` — one key's entry in those words: one compare-and-swap for a one-word state, the
 //!   sequence lock over the others;
 //! * `engine` — the checks: one limit, many limits as one call, and peeks;
 //! * `blocks` — the admin block table and resets;
@@ -31,6 +32,7 @@ mod clock;
 mod engine;
 mod janitor;
 mod map;
+mod packed;
 mod receipts;
 mod slots;
 
