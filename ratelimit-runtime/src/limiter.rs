@@ -432,7 +432,7 @@ impl RateLimiter {
     /// `deny` and `local` it was answered without the store, which must not count it. So
     /// under those policies every check is sent as a take (an admitted call leaves
     /// receipts, kept only as long as that refund needs:
-    /// [`Store::take_briefly`](crate::store::Store::take_briefly)), and one
+    /// [`Store::take_briefly`]), and one
     /// that timed out is refunded by receipt in the background. (A local store answers at
     /// once: it is never asked for receipts.)
     async fn ask_remote(

@@ -161,7 +161,7 @@ fn admit_all(checks: &[Check<'_>]) -> Verdict {
 const TIMEOUT_RECEIPT_SPARE: Duration = Duration::from_secs(2);
 
 /// How long the receipts of a check sent as a take only for its timeout's refund are kept
-/// ([`Store::take_briefly`](crate::store::Store::take_briefly)): the limiter's `timeout` and
+/// ([`Store::take_briefly`]): the limiter's `timeout` and
 /// two seconds more. A refund later than that finds nothing and the call stays counted (never
 /// more admitted than the quota; a refused call counted, which a caller may feel as a limit
 /// reached sooner during an incident).

@@ -333,8 +333,8 @@ impl RateLimiter {
     }
 
     /// [`RateLimiter::forget`] before returning, where the store answers at once (a store in
-    /// this process, [`Store::is_local`]): whether it was done. A remote store's release is a
-    /// round trip, left to the caller's task.
+    /// this process, [`Store::is_local`](crate::store::Store::is_local)): whether it was done.
+    /// A remote store's release is a round trip, left to the caller's task.
     pub(crate) fn forget_at_once(&self, checks: &[Check<'_>], call_id: &str) -> bool {
         if checks.is_empty() || !self.inner.store.is_local() {
             return false;
