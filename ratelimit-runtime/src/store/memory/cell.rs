@@ -403,7 +403,7 @@ mod tests {
     /// the value of the cell's last exclusive write.
     #[test]
     fn a_one_word_write_moves_the_cell_s_idle_time() {
-        let mut cell = Cell::new(Entry {
+        let cell = Cell::new(Entry {
             idle_at: 5,
             state: State::Gcra(Tat(5)),
         });
@@ -431,9 +431,18 @@ mod tests {
             .unwrap();
         assert_eq!((answer, wrote), (9, None));
         assert_eq!(cell.snapshot(), held);
+    }
 
-        // A fixed window: its count and end in the word; its idle time the millisecond after.
+    /// A fixed window is one word while its count and end fit it: its idle time is read from
+    /// the word; a window the word cannot hold is not written by a fast write and is kept
+    /// unpacked; an entry marked idle before its state is stays unpacked, with its idle time.
+    #[test]
+    fn a_window_is_one_word_while_it_fits() {
         let window = |count, expires_ms| Window { count, expires_ms };
+        let mut cell = Cell::new(Entry::new(
+            State::Gcra(Tat(5)),
+            &crate::algorithm::Params::new(5, 10_000, 5, 1),
+        ));
         cell.set(Entry::new(
             State::Fixed(window(2, 40)),
             &crate::algorithm::Params::new(5, 10_000, 5, 1),
