@@ -230,9 +230,10 @@ impl Cell {
     /// and idle time to write, if any. The write claims the cell by a compare-and-swap of
     /// `seq`; one that loses the race calls `rule` again, on the state that won, at a fresh
     /// time. A one-word state is read and written by one compare-and-swap of its word instead
-    /// ([`Cell::measure_and_swap`]). Returns `rule`'s result and, when it wrote, when the written state becomes idle;
-    /// `None` when the state `rule` would write does not fit the cell's one-word form
-    /// ([`PackedState::fits`]): nothing is written, the call goes to the shard's write lock.
+    /// ([`Cell::measure_and_swap`]). Returns `rule`'s result and, when it wrote, when the
+    /// written state becomes idle; `None` when the state `rule` would write does not fit the
+    /// cell's one-word form ([`PackedState::fits`]): nothing is written, the call goes to the
+    /// shard's write lock.
     #[inline]
     pub(super) fn measure_and_replace<S: PackedState, T>(
         &self,
