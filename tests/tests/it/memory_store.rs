@@ -115,6 +115,74 @@ async fn sliding_counter_weighs_the_previous_window() {
     suite::sliding_counter_weighs_the_previous_window(&Memory::new()).await;
 }
 
+/// A store whose `stall_at`-th check stalls, as a loaded machine does: real time and the store's
+/// clock both move on by `stall` before it answers.
+#[derive(Debug)]
+struct StallingStore {
+    inner: Arc<MemoryStore>,
+    clock: ManualClock,
+    checks: AtomicU64,
+    stall_at: u64,
+    stall: Duration,
+}
+
+impl Store for StallingStore {
+    fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> ratelimit_runtime::store::StoreFuture<'a> {
+        Box::pin(async move {
+            if self.checks.fetch_add(1, Ordering::Relaxed) + 1 == self.stall_at {
+                tokio::time::sleep(self.stall).await;
+                self.clock.advance(self.stall);
+            }
+            self.inner.check(checks).await
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "stalling memory"
+    }
+}
+
+struct Stalling {
+    memory: Memory,
+    store: Arc<StallingStore>,
+}
+
+impl Harness for Stalling {
+    fn store(&self, _conn: usize) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    fn pass(&self, d: Duration) -> impl Future<Output = ()> + Send {
+        self.memory.pass(d)
+    }
+
+    fn unique(&self, name: &str) -> String {
+        self.memory.unique(name)
+    }
+}
+
+/// The second check of the scenario stalls for longer than a unit takes to refill (333 ms at
+/// 3 per second), so the first try's counts are not exact: the scenario must see that from the
+/// time it measured and run again on fresh keys, where it checks every number.
+#[tokio::test]
+async fn a_try_stalled_past_a_refill_is_run_again_on_fresh_keys() {
+    let memory = Memory::new();
+    let store = Arc::new(StallingStore {
+        inner: memory.store.clone(),
+        clock: memory.clock.clone(),
+        checks: AtomicU64::new(0),
+        stall_at: 2,
+        stall: Duration::from_millis(400),
+    });
+    let h = Stalling {
+        memory,
+        store: store.clone(),
+    };
+    suite::decision_numbers(&h, Algorithm::Gcra).await;
+    // The stalled try stops after its four calls; the next one makes them and two more.
+    assert_eq!(store.checks.load(Ordering::Relaxed), 4 + 6);
+}
+
 #[tokio::test]
 async fn stacked_rejection_consumes_nothing() {
     suite::stacked_rejection_consumes_nothing(&Memory::new()).await;
