@@ -8,6 +8,7 @@
     reason = "Duration::from_mins is newer than the workspace's rust-version"
 )]
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,7 @@ use ratelimit_runtime::{
 };
 use ratelimit_tests::env::Env;
 use ratelimit_tests::redis_server::free_port;
+use ratelimit_tests::suite::{Try, until_in_time};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -115,22 +117,59 @@ async fn token(user: &str) -> Result<(), RateLimitError> {
     Ok(())
 }
 
-async fn algorithms_scenario(env: &Env) {
-    // sliding: no boundary burst: 1 call, then 2 calls 0.6 s later; at 1 s only the first
-    // has left the trailing second, so exactly one more fits.
-    sliding("s").await.unwrap();
+/// Whether the calls since `since` may have outlasted `within`, which the scenario's exact
+/// answers need them not to: on Redis (real time) a stalled machine can make them; then the try
+/// says nothing and [`until_in_time`] runs it again for a fresh caller. Never on the memory
+/// store's manual clock.
+fn too_slow(env: &Env, since: Instant, within: Duration) -> bool {
+    !env.exact() && since.elapsed() + MS >= within
+}
+
+/// One call admitted and the next limited, both within `within` (else too slow to tell).
+async fn one_more_then_limited<F, Fut>(env: &Env, within: Duration, call: F) -> Try
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), RateLimitError>>,
+{
+    let start = Instant::now();
+    call().await.unwrap();
+    let next = call().await;
+    if too_slow(env, start, within) {
+        return Try::TooSlow;
+    }
+    limited(next);
+    Try::Checked
+}
+
+/// sliding: no boundary burst: 1 call, then 2 calls 0.6 s later; at 1 s only the first has
+/// left the trailing second, so exactly one more fits.
+async fn sliding_try(env: &Env, attempt: u32) -> Try {
+    let user = format!("s{attempt}");
+    let start = Instant::now();
+    sliding(&user).await.unwrap();
     env.wait(Duration::from_millis(600)).await;
-    sliding("s").await.unwrap();
+    let before_second = Instant::now();
+    sliding(&user).await.unwrap();
     // On Redis the store stamped the second call before this instant.
     let second_admitted = Instant::now();
-    sliding("s").await.unwrap();
-    let (retry, limit, remaining) = limited(sliding("s").await);
+    sliding(&user).await.unwrap();
+    let fourth = sliding(&user).await;
+    // The first call must still be in the trailing second.
+    if too_slow(env, start, Duration::from_secs(1)) {
+        return Try::TooSlow;
+    }
+    let (retry, limit, remaining) = limited(fourth);
     assert_eq!((limit, remaining), (3, 0));
     assert_wait(env, retry, Duration::from_millis(400));
     env.wait(retry).await;
-    sliding("s").await.unwrap();
+    sliding(&user).await.unwrap();
     let asked = Instant::now();
-    let (retry, ..) = limited(sliding("s").await);
+    let sixth = sliding(&user).await;
+    // The second call must still be in the trailing second.
+    if too_slow(env, before_second, Duration::from_secs(1)) {
+        return Try::TooSlow;
+    }
+    let (retry, ..) = limited(sixth);
     // The next to leave is the second call, made 0.6 s in. On Redis "0.6 s" is however long
     // the first wait really slept (a loaded machine oversleeps it), so the bound is the
     // second call's stamp plus the interval, counted from when this call was sent.
@@ -140,39 +179,80 @@ async fn algorithms_scenario(env: &Env) {
         (second_admitted + Duration::from_secs(1)).saturating_duration_since(asked)
     };
     assert_wait(env, retry, expected);
+    Try::Checked
+}
 
-    // fixed: the window starts at the first admitted call, not at a clock boundary.
-    env.wait(Duration::from_millis(300)).await;
-    fixed("f").await.unwrap();
-    fixed("f").await.unwrap();
-    let (retry, limit, remaining) = limited(fixed("f").await);
+/// Two calls admitted and a third limited, in one fixed window of 1 s: the third's wait, or
+/// `None` when the calls were too slow to tell.
+async fn fixed_window_of_two(env: &Env, user: &str) -> Option<Duration> {
+    let start = Instant::now();
+    let calls = [fixed(user).await, fixed(user).await, fixed(user).await];
+    if too_slow(env, start, Duration::from_secs(1)) {
+        return None;
+    }
+    let [first, second, third] = calls;
+    first.unwrap();
+    second.unwrap();
+    let (retry, limit, remaining) = limited(third);
     assert_eq!((limit, remaining), (2, 0));
     assert_wait(env, retry, Duration::from_secs(1));
-    env.wait(retry).await;
-    fixed("f").await.unwrap();
-    fixed("f").await.unwrap();
-    limited(fixed("f").await);
+    Some(retry)
+}
 
-    // leaky: capacity 3, draining 2 per second: a full bucket takes one more call 0.5 s later.
-    for _ in 0..3 {
-        leaky("l").await.unwrap();
+/// fixed: the window starts at the first admitted call, not at a clock boundary.
+async fn fixed_try(env: &Env, attempt: u32) -> Try {
+    let user = format!("f{attempt}");
+    env.wait(Duration::from_millis(300)).await;
+    let Some(retry) = fixed_window_of_two(env, &user).await else {
+        return Try::TooSlow;
+    };
+    env.wait(retry).await;
+    match fixed_window_of_two(env, &user).await {
+        Some(_) => Try::Checked,
+        None => Try::TooSlow,
     }
-    let (retry, limit, _) = limited(leaky("l").await);
+}
+
+/// leaky: capacity 3, draining 2 per second: a full bucket takes one more call 0.5 s later.
+async fn leaky_try(env: &Env, attempt: u32) -> Try {
+    let user = format!("l{attempt}");
+    let start = Instant::now();
+    for _ in 0..3 {
+        leaky(&user).await.unwrap();
+    }
+    let fourth = leaky(&user).await;
+    if too_slow(env, start, Duration::from_millis(500)) {
+        return Try::TooSlow;
+    }
+    let (retry, limit, _) = limited(fourth);
     assert_eq!(limit, 3);
     assert_wait(env, retry, Duration::from_millis(500));
     env.wait(retry).await;
-    leaky("l").await.unwrap();
-    limited(leaky("l").await);
+    one_more_then_limited(env, Duration::from_millis(500), || leaky(&user)).await
+}
 
-    // token: capacity 4, 2 tokens per second, 2 tokens a call: two calls, then one a second.
-    token("t").await.unwrap();
-    token("t").await.unwrap();
-    let (retry, limit, _) = limited(token("t").await);
+/// token: capacity 4, 2 tokens per second, 2 tokens a call: two calls, then one a second.
+async fn token_try(env: &Env, attempt: u32) -> Try {
+    let user = format!("t{attempt}");
+    let start = Instant::now();
+    token(&user).await.unwrap();
+    token(&user).await.unwrap();
+    let third = token(&user).await;
+    if too_slow(env, start, Duration::from_secs(1)) {
+        return Try::TooSlow;
+    }
+    let (retry, limit, _) = limited(third);
     assert_eq!(limit, 4);
     assert_wait(env, retry, Duration::from_secs(1));
     env.wait(retry).await;
-    token("t").await.unwrap();
-    limited(token("t").await);
+    one_more_then_limited(env, Duration::from_secs(1), || token(&user)).await
+}
+
+async fn algorithms_scenario(env: &Env) {
+    until_in_time("sliding", |attempt| sliding_try(env, attempt)).await;
+    until_in_time("fixed", |attempt| fixed_try(env, attempt)).await;
+    until_in_time("leaky", |attempt| leaky_try(env, attempt)).await;
+    until_in_time("token", |attempt| token_try(env, attempt)).await;
 
     // Keys: another caller has its own quota in every algorithm.
     sliding("other").await.unwrap();

@@ -179,8 +179,9 @@ async fn a_try_stalled_past_a_refill_is_run_again_on_fresh_keys() {
         store: store.clone(),
     };
     suite::decision_numbers(&h, Algorithm::Gcra).await;
-    // The stalled try stops after its four calls; the next one makes them and two more.
-    assert_eq!(store.checks.load(Ordering::Relaxed), 4 + 6);
+    // The stalled try stops after its four calls; a try checked whole makes them and two
+    // more (a machine that stalls again makes more tries).
+    assert!(store.checks.load(Ordering::Relaxed) >= 4 + 6);
 }
 
 #[tokio::test]

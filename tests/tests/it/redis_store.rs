@@ -497,7 +497,7 @@ async fn rejected_calls_leave_every_key_unchanged() {
 
 /// The token + fixed keys of one caller, and the limits of a stacked check on them.
 fn stacked_limits() -> (Policy, Policy, String, String) {
-    let token = policy(Algorithm::Token, 5, Duration::from_secs(1));
+    let token = policy(Algorithm::Token, 5, suite::HOUR);
     let fixed = policy(Algorithm::Fixed, 100, suite::HOUR);
     let part = [key::Part::new(key::Source::Key, b"u1")];
     let tk = key::build("rt", "app::rt", &part, &token);
