@@ -52,8 +52,6 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::algorithm::Algorithm;
-
 use crate::policy::Policy;
 
 /// The longest caller value written as itself; longer ones are hashed.
@@ -107,23 +105,23 @@ pub enum Source<'a> {
 }
 
 impl Source<'_> {
-    fn write_tag(self, out: &mut String) {
+    fn write_tag(self, out: &mut Vec<u8>) {
         match self {
-            Self::Key => out.push('k'),
-            Self::Ip => out.push_str("ip"),
-            Self::Url => out.push_str("url"),
-            Self::User => out.push_str("user"),
-            Self::AppId => out.push_str("app_id"),
+            Self::Key => out.push(b'k'),
+            Self::Ip => out.extend_from_slice(b"ip"),
+            Self::Url => out.extend_from_slice(b"url"),
+            Self::User => out.extend_from_slice(b"user"),
+            Self::AppId => out.extend_from_slice(b"app_id"),
             Self::Header(name)
                 if name
                     .bytes()
                     .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-')) =>
             {
-                out.push_str("h.");
-                out.push_str(name);
+                out.extend_from_slice(b"h.");
+                out.extend_from_slice(name.as_bytes());
             }
             Self::Header(name) => {
-                out.push_str("hx.");
+                out.extend_from_slice(b"hx.");
                 push_hex(out, name.as_bytes());
             }
         }
@@ -148,25 +146,24 @@ impl<'a> Part<'a> {
 
 /// Appends one caller-supplied part: its source, then its value as itself or as its hash (see
 /// the module docs).
-fn push_part(out: &mut String, part: Part<'_>) {
+fn push_part(out: &mut Vec<u8>, part: Part<'_>) {
     part.source.write_tag(out);
     let value = part.value;
     if value.len() <= MAX_PLAIN_LEN && value.iter().all(|&b| is_plain_byte(b)) {
-        out.push('=');
-        // All plain bytes are ASCII.
-        out.extend(value.iter().map(|&b| char::from(b)));
+        out.push(b'=');
+        out.extend_from_slice(value);
     } else {
-        out.push('#');
+        out.push(b'#');
         push_hex(out, &Sha256::digest(value)[..16]);
     }
 }
 
 /// Appends `bytes` as lower-case hex digits.
-fn push_hex(out: &mut String, bytes: &[u8]) {
+fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for &b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 15)]));
+        out.push(DIGITS[usize::from(b >> 4)]);
+        out.push(DIGITS[usize::from(b & 15)]);
     }
 }
 
@@ -174,49 +171,6 @@ fn push_hex(out: &mut String, bytes: &[u8]) {
 /// and header values are built per request).
 pub(crate) fn push_decimal(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
-}
-
-/// The letter of an algorithm in the suffix (see the module docs).
-const fn algorithm_letter(algorithm: Algorithm) -> char {
-    match algorithm {
-        Algorithm::Fixed => 'f',
-        Algorithm::Sliding => 's',
-        Algorithm::Leaky => 'l',
-        Algorithm::Token => 't',
-        Algorithm::Gcra => 'g',
-        Algorithm::SlidingCounter => 'c',
-        Algorithm::Concurrency => 'n',
-    }
-}
-
-/// The units a period is written in, largest first, with their length in milliseconds.
-const PERIOD_UNITS: [(&str, u64); 5] = [
-    ("d", 86_400_000),
-    ("h", 3_600_000),
-    ("m", 60_000),
-    ("s", 1_000),
-    ("ms", 1),
-];
-
-/// Appends the suffix of `policy`: `<num><algorithm letter>[<count>]<unit>[b<burst>]` (see the
-/// module docs, which also say why it is injective).
-fn push_suffix(out: &mut String, policy: &Policy) {
-    push_decimal(out, policy.limit());
-    out.push(algorithm_letter(policy.algorithm()));
-    let period = policy.period_ms();
-    let (unit, ms) = PERIOD_UNITS
-        .iter()
-        .copied()
-        .find(|&(_, ms)| period.is_multiple_of(ms))
-        .unwrap_or(("ms", 1));
-    if period / ms != 1 {
-        push_decimal(out, period / ms);
-    }
-    out.push_str(unit);
-    if policy.burst() != policy.limit() {
-        out.push('b');
-        push_decimal(out, policy.burst());
-    }
 }
 
 /// Builds the key of one limit for one caller.
@@ -245,22 +199,28 @@ fn push_suffix(out: &mut String, policy: &Policy) {
 /// # Ok::<(), ratelimit_runtime::PolicyError>(())
 /// ```
 pub fn build(prefix: &str, scope: &str, parts: &[Part<'_>], policy: &Policy) -> String {
-    let mut key = String::with_capacity(prefix.len() + scope.len() + 24 + parts.len() * 40);
-    key.push_str(prefix);
-    key.push_str(":{");
-    key.push_str(scope);
+    let suffix = policy.key_suffix();
+    let mut key =
+        Vec::with_capacity(prefix.len() + scope.len() + 4 + suffix.len() + parts.len() * 40);
+    key.extend_from_slice(prefix.as_bytes());
+    key.extend_from_slice(b":{");
+    key.extend_from_slice(scope.as_bytes());
     for (i, part) in parts.iter().enumerate() {
-        key.push(if i == 0 { ':' } else { '|' });
+        key.push(if i == 0 { b':' } else { b'|' });
         push_part(&mut key, *part);
     }
-    key.push_str("}:");
-    push_suffix(&mut key, policy);
-    key
+    key.extend_from_slice(b"}:");
+    key.extend_from_slice(suffix);
+    // Text by construction: the prefix, the scope and a header's name are text, and the rest
+    // is ASCII (plain values, hex digits, the suffix). Checked once, for the whole key.
+    String::from_utf8(key).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::policy::key_suffix::{KeySuffix, PERIOD_UNITS};
     use proptest::prelude::*;
     use std::time::Duration;
 
@@ -369,9 +329,9 @@ mod tests {
     }
 
     fn tag(source: Source<'_>) -> String {
-        let mut out = String::new();
+        let mut out = Vec::new();
         source.write_tag(&mut out);
-        out
+        String::from_utf8(out).unwrap()
     }
 
     fn expected(part: &Part<'_>) -> Written {
@@ -526,6 +486,35 @@ mod tests {
                 build("ratelimit", "s", &[], &policy),
                 format!("ratelimit:{{s}}:{suffix}")
             );
+        }
+    }
+
+    /// The suffix is written once, by a `const fn` into a buffer of its own: numbers of every
+    /// width, and the longest that `u64`s can make, which no policy's bounds allow, read back
+    /// whole, never cut at the buffer's end.
+    #[test]
+    fn a_suffix_of_any_width_reads_back_whole() {
+        let mut widths = vec![1, u64::MAX];
+        widths.extend(
+            (0..20)
+                .map(|e| 10u64.pow(e))
+                .flat_map(|n| [n, n - 1 + u64::from(n == 1)]),
+        );
+        for &n in &widths {
+            for (algorithm, period_ms) in [
+                (Algorithm::Fixed, n),
+                (Algorithm::Token, n.saturating_mul(1000)),
+                (Algorithm::Gcra, 86_400_000),
+            ] {
+                let burst = if n == 1 { 2 } else { n - 1 };
+                let suffix = KeySuffix::of(algorithm, n, period_ms, burst);
+                assert_eq!(
+                    read_suffix(std::str::from_utf8(suffix.as_bytes()).unwrap()),
+                    (algorithm, n, period_ms, burst),
+                    "{:?}",
+                    suffix.as_bytes()
+                );
+            }
         }
     }
 

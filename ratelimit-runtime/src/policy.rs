@@ -62,8 +62,11 @@ impl fmt::Display for PolicyError {
 
 impl std::error::Error for PolicyError {}
 
+pub(crate) mod key_suffix;
 #[allow(unreachable_pub)] // some rules are the macro's only
 pub(crate) mod rules;
+
+use self::key_suffix::KeySuffix;
 
 pub(crate) use self::rules::MAX_BUCKET_SCALE;
 use self::rules::Violation;
@@ -154,6 +157,9 @@ pub struct Policy {
     /// The rules' parameters, derived from the fields above once, when the policy is built
     /// (the memory store reads them on every check).
     params: Params,
+    /// The policy's part of its keys, written once, when the policy is built (a key is put
+    /// together on every call).
+    key_suffix: KeySuffix,
 }
 
 // The derived parameters are left out: they follow from the fields shown.
@@ -215,6 +221,7 @@ impl Policy {
             burst,
             cost,
             params: Params::new(limit, period_ms.saturating_mul(1000), burst, cost),
+            key_suffix: KeySuffix::of(algorithm, limit, period_ms, burst),
         })
     }
 
@@ -222,6 +229,11 @@ impl Policy {
     /// check; [`Params::of`] copies them).
     pub(crate) const fn params(&self) -> &Params {
         &self.params
+    }
+
+    /// The policy's part of its keys (see [`crate::key`]).
+    pub(crate) fn key_suffix(&self) -> &[u8] {
+        self.key_suffix.as_bytes()
     }
 
     /// The algorithm.
