@@ -12,3 +12,14 @@ pub mod suite;
 /// that long runs twice and a cross-slot refund gives back one of the two units. They never
 /// run at once.
 pub static SATURATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits until `settled` answers `true`, polling every 10 ms, for at most `within`; the test's
+/// own assertions follow and say what is wrong if it never does. For background work whose end
+/// a test cannot await (a lease's units given back): a fixed sleep alone bets on the machine's
+/// speed.
+pub async fn settle(within: std::time::Duration, mut settled: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !settled() && start.elapsed() < within {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

@@ -281,6 +281,7 @@ async fn layer_routes_a_leased_global_limit_admits_at_most_its_quota_redis() {
     // (a fixed window: the one key under the scope that is not a receipt or a block marker)
     // reads exactly the admitted requests.
     tokio::time::sleep(Duration::from_millis(400)).await;
+    ratelimit_tests::settle(Duration::from_secs(5), || limiter.lease_units_held() == 0).await;
     assert_eq!(limiter.lease_units_held(), 0, "a lease outlived its life");
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("*{scope}*"))

@@ -466,6 +466,10 @@ async fn a_lease_that_cannot_be_taken_follows_the_failure_policy() {
             server.kill();
             // Let the leases end (their unused units cannot go back: they stay counted).
             tokio::time::sleep(Duration::from_millis(300)).await;
+            ratelimit_tests::settle(Duration::from_secs(5), || {
+                RateLimiter::current().lease_units_held() == 0
+            })
+            .await;
             let (mut refused, mut admitted) = (0, 0);
             for _ in 0..200 {
                 match deny().await {
@@ -660,6 +664,7 @@ async fn callers_that_hang_up_never_waste_a_lease() {
     }
     while tasks.join_next().await.is_some() {}
     tokio::time::sleep(Duration::from_millis(500)).await;
+    ratelimit_tests::settle(Duration::from_secs(5), || limiter.lease_units_held() == 0).await;
     assert_eq!(limiter.lease_units_held(), 0);
     let peeked = limiter.peek(CUT, &Target::global()).await.expect("peek");
     let counted = CUT_QUOTA - peeked.decisions()[0].remaining;

@@ -1051,6 +1051,10 @@ async fn metrics_report_the_units_held_in_leases() {
             let unused_units = f64::from(u32::try_from(unused).expect("at most a lease"));
             assert!(held >= unused_units, "gauge {held}, unused {unused}");
             tokio::time::sleep(Duration::from_millis(400)).await;
+            ratelimit_tests::settle(Duration::from_secs(5), || {
+                RateLimiter::current().lease_units_held() == 0
+            })
+            .await;
             assert_eq!(RateLimiter::current().lease_units_held(), 0);
             assert!(gauge(LEASE_UNITS_HELD, "ops_metrics_lease").abs() < f64::EPSILON);
             assert!(counter(LEASE_UNITS_RETURNED, "ops_metrics_lease") >= unused);

@@ -252,7 +252,8 @@ fn three_processes_sharing_ten_a_second_all_complete_never_above_ten_in_any_seco
         p99 as f64 / 1000.0,
         max_wait as f64 / 1000.0,
     );
-    assert!(most <= 10, "{most} admissions in one second");
+    // `most` counts each admission at its round trip's midpoint, an estimate: a reply delayed
+    // on a loaded machine moves it, so only `surely_within` above is asserted.
 }
 
 // ---------------------------------------------------------------- in one process
