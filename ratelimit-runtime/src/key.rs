@@ -16,7 +16,8 @@
 //! and a scope (checked by [`valid_scope`]) holds none of them, so a key reads back in one way
 //! only: no input can make one caller's key equal another's — in particular a header value
 //! equal to an IP never lands in the per-IP bucket — braces cannot break the hash tag, and a
-//! key is never longer than the prefix, scope and suffix plus the sources and 33 bytes a part.
+//! key is never longer than the prefix, scope and suffix plus the sources and 65 bytes a part
+//! (a plain value of [`MAX_PLAIN_LEN`] bytes after its `=`).
 //!
 //! # The suffix
 //!
@@ -38,8 +39,8 @@
 //! | leaky, 5 per 1,500 ms | `5l1500ms` |
 //!
 //! **Why it is injective.** The suffix reads back to exactly one policy: the digits before the
-//! first letter are `num` (never empty: `num ≥ 1`); that letter is the algorithm (six letters,
-//! six algorithms); the digits after it are the count (1 when there are none), and the letters
+//! first letter are `num` (never empty: `num ≥ 1`); that letter is the algorithm (seven letters,
+//! seven algorithms); the digits after it are the count (1 when there are none), and the letters
 //! after them, up to a `b` or the end, the unit (`d h m s ms`, none of which is or holds `b`); the
 //! digits after a `b` are the burst, and without one the burst is `num`. The period is the count
 //! times the unit. Reading back gives the policy it was built from, so two policies that differ
@@ -167,8 +168,8 @@ fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
-/// Appends `n` in decimal, without `core::fmt` and without validating digits as UTF-8 (keys
-/// and header values are built per request).
+/// Appends `n` in decimal, without `core::fmt` and without validating digits as UTF-8 (header
+/// values are built per request).
 pub(crate) fn push_decimal(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
 }
@@ -212,8 +213,10 @@ pub fn build(prefix: &str, scope: &str, parts: &[Part<'_>], policy: &Policy) -> 
     key.extend_from_slice(b"}:");
     key.extend_from_slice(suffix);
     // Text by construction: the prefix, the scope and a header's name are text, and the rest
-    // is ASCII (plain values, hex digits, the suffix). Checked once, for the whole key.
-    String::from_utf8(key).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    // is ASCII (plain values, hex digits, the suffix). Checked once, for the whole key; were it
+    // not text, each byte would be read as its own character (Latin-1), which keeps distinct
+    // keys distinct where a lossy reading would merge them.
+    String::from_utf8(key).unwrap_or_else(|e| e.into_bytes().into_iter().map(char::from).collect())
 }
 
 #[cfg(test)]

@@ -199,7 +199,15 @@ impl Policy {
 
     /// Sets the units one call takes.
     pub const fn with_cost(self, cost: u64) -> Result<Self, PolicyError> {
-        Self::from_parts(self.algorithm, self.limit, self.period_ms, self.burst, cost)
+        // The cost is not in the key (a call's cost may vary): the suffix stays.
+        Self::checked(
+            self.algorithm,
+            self.limit,
+            self.period_ms,
+            self.burst,
+            cost,
+            self.key_suffix,
+        )
     }
 
     /// Builds and checks a policy from its raw parts (the period in milliseconds). The one place
@@ -211,6 +219,19 @@ impl Policy {
         burst: u64,
         cost: u64,
     ) -> Result<Self, PolicyError> {
+        let key_suffix = KeySuffix::of(algorithm, limit, period_ms, burst);
+        Self::checked(algorithm, limit, period_ms, burst, cost, key_suffix)
+    }
+
+    /// [`Policy::from_parts`] with its key suffix already written.
+    const fn checked(
+        algorithm: Algorithm,
+        limit: u64,
+        period_ms: u64,
+        burst: u64,
+        cost: u64,
+        key_suffix: KeySuffix,
+    ) -> Result<Self, PolicyError> {
         if let Err(v) = rules::check(algorithm.kind(), limit, period_ms, burst, cost) {
             return Err(PolicyError::from_violation(v));
         }
@@ -221,7 +242,7 @@ impl Policy {
             burst,
             cost,
             params: Params::new(limit, period_ms.saturating_mul(1000), burst, cost),
-            key_suffix: KeySuffix::of(algorithm, limit, period_ms, burst),
+            key_suffix,
         })
     }
 

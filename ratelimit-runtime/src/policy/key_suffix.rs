@@ -105,3 +105,8 @@ impl KeySuffix {
         &self.bytes[..usize::from(self.len)]
     }
 }
+
+// The longest suffix `u64`s can make, 64 bytes (20 digits, a letter, 20 digits and `ms`, `b`
+// and 20 digits), is kept whole: none is ever cut short, which could give two policies one key.
+// Checked when the crate compiles.
+const _: () = assert!(KeySuffix::of(Algorithm::Fixed, u64::MAX, u64::MAX, u64::MAX - 1).len == 64);
