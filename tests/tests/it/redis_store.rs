@@ -1018,6 +1018,7 @@ async fn numbers_at_the_bounds_stay_exact_and_match_memory() {
     ];
     for (name, steps) in &cases {
         let key = format!("bounds:{{{name}}}");
+        let started = std::time::Instant::now();
         for (p, left) in steps {
             let checks = [Check::new(&key, p)];
             let r = redis.check(&checks).await.expect("redis").decisions()[0];
@@ -1027,18 +1028,21 @@ async fn numbers_at_the_bounds_stay_exact_and_match_memory() {
             assert_eq!(m.remaining, *left, "{name}: memory {m:?}");
             assert_eq!(r.limit, p.capacity(), "{name}");
         }
-        // One more unit is rejected on both, with the same wait (to the µs Redis counts in,
-        // plus the real time between the two checks).
+        // One more unit is rejected on both, with the same wait: the same to the millisecond
+        // Redis answers in, but for the real time between the stores' checks. Each store's
+        // wait counts from its own times of the takes and of the rejection, each within the
+        // time all the checks took, so the two differ by at most twice that.
         let (p, _) = steps.last().expect("a step");
         let checks = [Check::new(&key, p)];
         if steps.iter().map(|(_, left)| *left).min() == Some(0) {
             let r = redis.check(&checks).await.expect("redis").decisions()[0];
             let m = memory.check(&checks).await.expect("memory").decisions()[0];
+            let most = 2 * started.elapsed() + Duration::from_millis(1);
             assert!(!r.admitted && !m.admitted, "{name}: {r:?} {m:?}");
             let (rr, mr) = (r.retry_after.expect("wait"), m.retry_after.expect("wait"));
             assert!(
-                rr.abs_diff(mr) < Duration::from_millis(50),
-                "{name}: {rr:?} vs {mr:?}"
+                rr.abs_diff(mr) <= most,
+                "{name}: {rr:?} vs {mr:?}, more apart than {most:?}"
             );
         }
     }
@@ -1351,7 +1355,9 @@ async fn receipts_kept_for_a_timeout_s_refund_live_no_longer_than_asked() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.expect("connect");
     let mut conn = server.connection().await;
-    let keep = Duration::from_millis(1500);
+    // Long enough that a test thread stalled between a take and its reads (a loaded machine)
+    // still finds the brief receipts, and as far from the usual 10 s as it can be.
+    let keep = Duration::from_millis(4000);
     for algo in [
         Algorithm::Fixed,
         Algorithm::Sliding,
@@ -1374,12 +1380,12 @@ async fn receipts_kept_for_a_timeout_s_refund_live_no_longer_than_asked() {
             for (i, c) in checks.iter().enumerate() {
                 let short = pttl(&mut conn, &format!("{}:r:b1:{}", c.key, i + 1)).await;
                 assert!(
-                    (1..=1500).contains(&short),
+                    (1..=4000).contains(&short),
                     "{name}: brief receipt PTTL {short}"
                 );
                 let usual = pttl(&mut conn, &format!("{}:r:b2:{}", c.key, i + 1)).await;
                 assert!(
-                    (1501..=10_000).contains(&usual),
+                    (4001..=10_000).contains(&usual),
                     "{name}: receipt PTTL {usual}"
                 );
             }
