@@ -448,7 +448,7 @@ async fn a_lease_that_cannot_be_taken_follows_the_failure_policy() {
     let mut server = RedisServer::start();
     let limiter = RateLimiter::builder()
         .redis_url(server.url())
-        .timeout(Duration::from_millis(300))
+        .timeout(Duration::from_secs(2))
         .build()
         .await
         .expect("connect");
