@@ -1028,10 +1028,10 @@ async fn numbers_at_the_bounds_stay_exact_and_match_memory() {
             assert_eq!(m.remaining, *left, "{name}: memory {m:?}");
             assert_eq!(r.limit, p.capacity(), "{name}");
         }
-        // One more unit is rejected on both, with the same wait: the same to the millisecond
-        // Redis answers in, but for the real time between the stores' checks. Each store's
-        // wait counts from its own times of the takes and of the rejection, each within the
-        // time all the checks took, so the two differ by at most twice that.
+        // One more unit is rejected on both, with the same wait but for the real time between
+        // the stores' checks: each store's wait counts from its own times of the takes and of
+        // the rejection, each within the time all the checks took, so the two differ by at
+        // most twice that (and a millisecond, for rounding).
         let (p, _) = steps.last().expect("a step");
         let checks = [Check::new(&key, p)];
         if steps.iter().map(|(_, left)| *left).min() == Some(0) {
