@@ -1357,7 +1357,7 @@ async fn receipts_kept_for_a_timeout_s_refund_live_no_longer_than_asked() {
     let mut conn = server.connection().await;
     // Long enough that a test thread stalled between a take and its reads (a loaded machine)
     // still finds the brief receipts, and as far from the usual 10 s as it can be.
-    let keep = Duration::from_millis(4000);
+    let keep = Duration::from_secs(4);
     for algo in [
         Algorithm::Fixed,
         Algorithm::Sliding,
