@@ -8,8 +8,8 @@ use std::time::Duration;
 /// A monotonic time source for the memory store: the time elapsed since an arbitrary origin.
 ///
 /// Counting from when the clock was made, as the store's own clocks do, keeps the store on its
-/// fastest path: it packs a fixed window into one word while the clock reads under 2^40 ms (34
-/// years). A clock counting from further back (the Unix epoch) gets the same answers, with
+/// fastest path: it packs a fixed window into one word while the clock reads under 2^36 ms
+/// (795 days). A clock counting from further back (the Unix epoch) gets the same answers, with
 /// each fixed-window check taking its shard's write lock.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// Time since the clock's origin; never goes backwards.

@@ -376,6 +376,7 @@ mod tests {
     use std::time::Duration;
 
     use super::super::cell::Entry;
+    use super::super::packed::{WINDOW_END_MS, WINDOW_MAX_COUNT};
     use super::super::testing::{HOUR, MS, entry, one, policy, snapshot};
     use crate::algorithm::Algorithm;
     use crate::algorithm::State;
@@ -656,25 +657,27 @@ mod tests {
         }
     }
 
-    /// A fixed window is one word while its count and end fit (2^24 units, 2^40 ms of the
-    /// store's clock); past either, the fast path leaves it to the write lock, which keeps it
-    /// unpacked, and a later window that fits is packed again. Every answer and entry is the
-    /// locked store's.
+    /// A fixed window is one word while its count and end fit ([`WINDOW_MAX_COUNT`] units,
+    /// [`WINDOW_END_MS`] of the store's clock); past either, the fast path leaves it to the
+    /// write lock, which keeps it unpacked, and a later window that fits is packed again. Every
+    /// answer and entry is the locked store's.
     #[test]
     fn windows_past_the_word_are_decided_as_the_locked_path_decides_them() {
         let ms = |n: u64| Duration::from_millis(n);
+        // Half the most a word counts, rounded up: the second call's count is past it.
+        let half = WINDOW_MAX_COUNT / 2 + 1;
         let cases = [
-            // A count past 2^24 units: the third call's.
+            // A count past the word's: the second call's.
             (
-                policy(Algorithm::Fixed, 5 << 23, 2000 * MS, 1),
-                1 << 23,
+                policy(Algorithm::Fixed, 5 * half, 2000 * MS, 1),
+                half,
                 ms(100),
             ),
-            // A window ending past 2^40 ms of the clock.
+            // A window ending past the word's last millisecond.
             (
                 policy(Algorithm::Fixed, 5, 2000 * MS, 5),
                 1,
-                ms((1 << 40) - 3_000),
+                ms(WINDOW_END_MS - 3_000),
             ),
         ];
         for (p, cost, start) in cases {

@@ -113,10 +113,17 @@ pub(super) trait PackedState: Copy {
 
 /// The bits of a fixed window's word ([`Window`] packed) that hold its count; the bits above
 /// hold the millisecond its key expires at.
-const WINDOW_COUNT_BITS: u32 = 24;
-/// The most a packed window counts (limits of up to 16,777,215 units pack).
+///
+/// The split is a trade between the two ways a window can outgrow the word, each of which
+/// sends its checks to the shard's write lock (the same answers, one writer at a time):
+/// a count past 2^28 − 1 in one window (a hot key under a large limit: at 24 bits, a key
+/// checked ten million times a second crossed it within two seconds, and its checks ran at
+/// half the speed), or a window ending past 2^36 ms of the store's clock (two years and two
+/// months of a process's life).
+const WINDOW_COUNT_BITS: u32 = 28;
+/// The most a packed window counts (limits of up to 268,435,455 units a window pack).
 pub(super) const WINDOW_MAX_COUNT: u64 = (1 << WINDOW_COUNT_BITS) - 1;
-/// The first expiry millisecond a packed window cannot hold: 2^40 ms, 34 years of the memory
+/// The first expiry millisecond a packed window cannot hold: 2^36 ms, 795 days of the memory
 /// store's clock. The store's own clocks count from their creation; a [`Clock`] whose origin
 /// is further back (the Unix epoch) leaves every window unpacked, checked under the shard's
 /// write lock: the same answers, without the read-lock path.
