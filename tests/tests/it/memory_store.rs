@@ -719,8 +719,9 @@ const POLICIES: usize = 13;
 
 /// Two policies per algorithm, small enough that traces reach their limits: a key is checked
 /// under several algorithms in one trace (its state changes form), with costs above 1. And a
-/// fixed window whose count outgrows the one word the store packs a window in (2^24 units)
-/// by its third call, so that the fast path meets windows it cannot hold.
+/// fixed window whose count outgrows the one word the store packs a window in (2^28 − 1
+/// units: the store's `WINDOW_MAX_COUNT`) by its second call, so that the fast path meets
+/// windows it cannot hold.
 fn policies() -> Vec<Policy> {
     let s = Duration::from_secs;
     let mut all: Vec<Policy> = Algorithm::ALL
@@ -736,8 +737,8 @@ fn policies() -> Vec<Policy> {
         })
         .collect();
     all.push(
-        Policy::new(Algorithm::Fixed, 5 << 23, s(2))
-            .and_then(|p| p.with_cost(1 << 23))
+        Policy::new(Algorithm::Fixed, 5 << 27, s(2))
+            .and_then(|p| p.with_cost(1 << 27))
             .unwrap(),
     );
     all
