@@ -169,6 +169,29 @@ impl std::fmt::Debug for RateLimiter {
 
 static GLOBAL: OnceLock<RateLimiter> = OnceLock::new();
 
+/// The limiter of one limited call. The installed limiter is borrowed, not cloned: a clone
+/// and its drop write the limiter's reference count, one cache line that every core
+/// serving requests would then pass between them on every call.
+#[derive(Debug, Clone)]
+pub(crate) enum Current {
+    /// The installed limiter (or the one built from the environment), which lives as long as
+    /// the process.
+    Installed(&'static RateLimiter),
+    /// A limiter the request or the task names ([`RateLimiter::scope`]).
+    Held(RateLimiter),
+}
+
+impl std::ops::Deref for Current {
+    type Target = RateLimiter;
+
+    fn deref(&self) -> &RateLimiter {
+        match self {
+            Self::Installed(limiter) => limiter,
+            Self::Held(limiter) => limiter,
+        }
+    }
+}
+
 tokio::task_local! {
     static CURRENT: RateLimiter;
 }
@@ -244,9 +267,18 @@ impl RateLimiter {
     /// or a value that is not UTF-8, is logged as an error naming its variable and the memory
     /// store used). A clone: it shares the store and settings of the one it names.
     pub fn current() -> RateLimiter {
+        match Self::current_for_call() {
+            Current::Installed(limiter) => limiter.clone(),
+            Current::Held(limiter) => limiter,
+        }
+    }
+
+    /// [`RateLimiter::current`] as a limited call holds it: the installed limiter borrowed, a
+    /// scoped one cloned.
+    pub(crate) fn current_for_call() -> Current {
         CURRENT
-            .try_with(Clone::clone)
-            .unwrap_or_else(|_| Self::global().clone())
+            .try_with(|limiter| Current::Held(limiter.clone()))
+            .unwrap_or_else(|_| Current::Installed(Self::global()))
     }
 
     /// Runs `fut` with this limiter as the one `#[rate_limit]` uses inside it (instead of the
@@ -604,6 +636,33 @@ fn log_rejection(checks: &[Check<'_>], verdict: &Verdict, source: &str) {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    /// A limited call borrows the installed limiter (no write to its reference count) and
+    /// holds the one a task names; both are the limiter `current` names.
+    #[tokio::test]
+    async fn a_call_borrows_the_installed_limiter_and_holds_a_scoped_one() {
+        let installed = RateLimiter::global();
+        match RateLimiter::current_for_call() {
+            Current::Installed(limiter) => assert!(std::ptr::eq(limiter, installed)),
+            Current::Held(_) => panic!("the installed limiter was cloned"),
+        }
+        assert!(Arc::ptr_eq(&RateLimiter::current().inner, &installed.inner));
+        let scoped = RateLimiter::builder()
+            .prefix("scoped")
+            .build_lazy()
+            .unwrap();
+        let seen = scoped
+            .clone()
+            .scope(async { (RateLimiter::current_for_call(), RateLimiter::current()) })
+            .await;
+        match seen {
+            (Current::Held(held), current) => {
+                assert!(Arc::ptr_eq(&held.inner, &scoped.inner));
+                assert!(Arc::ptr_eq(&current.inner, &scoped.inner));
+            }
+            (Current::Installed(_), _) => panic!("the scoped limiter was not the call's"),
+        }
+    }
+
     #[test]
     fn the_environment_timeout_is_whole_milliseconds_in_range() {
         assert_eq!(parse_timeout_ms("2000"), Some(Duration::from_secs(2)));

@@ -443,7 +443,7 @@ pub(crate) async fn plain<'l>(
     call: Call<'l, '_>,
     wait: Option<Duration>,
 ) -> Result<Admitted<'l>, RateLimitError> {
-    let limiter = RateLimiter::current();
+    let limiter = RateLimiter::current_for_call();
     let answer = match wait {
         None => match prepare(&limiter, call, &Caller::PLAIN) {
             Ok(prepared) => prepared.run_soon(&limiter).await,

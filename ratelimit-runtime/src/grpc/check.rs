@@ -16,14 +16,14 @@ use crate::caller::settings::HttpSettings;
 use crate::caller::{Caller, Transport, UserId};
 use crate::error::RateLimitError;
 use crate::limit::Limit;
-use crate::limiter::RateLimiter;
+use crate::limiter::{Current, RateLimiter};
 use crate::quota::Quota;
 
 /// A call's limiter and what its request gave the pipeline (keys, quotas, costs), read by
 /// [`prepare`] so that the check's future holds no reference to the request (whose message may
 /// be neither `Sync` nor `Send`, as a `Streaming` is not).
 pub struct GrpcCall {
-    limiter: RateLimiter,
+    limiter: Current,
     prepared: Result<Prepared<'static>, Refused>,
 }
 
@@ -84,7 +84,7 @@ pub fn prepare<T>(
         .extensions()
         .get::<RateLimiter>()
         .cloned()
-        .unwrap_or_else(RateLimiter::current);
+        .map_or_else(RateLimiter::current_for_call, Current::Held);
     let call = Call {
         limits,
         dynamics,

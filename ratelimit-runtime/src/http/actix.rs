@@ -11,17 +11,21 @@ use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, Responder, 
 use super::adapter::{Framework, Head, HttpCaller, Limited, Outcome};
 use crate::caller::UserId;
 use crate::caller::answer::{FieldSet, Fields, Refusal};
-use crate::limiter::RateLimiter;
+use crate::limiter::{Current, RateLimiter};
 
 impl<const H: bool> FromRequest for HttpCaller<H> {
     type Error = actix_web::Error;
     type Future = Ready<Result<Self, Self::Error>>;
 
     fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
-        let mut limiter = req.app_data::<RateLimiter>().cloned().or_else(|| {
-            req.app_data::<web::Data<RateLimiter>>()
-                .map(|data| RateLimiter::clone(data))
-        });
+        let mut limiter = req
+            .app_data::<RateLimiter>()
+            .cloned()
+            .or_else(|| {
+                req.app_data::<web::Data<RateLimiter>>()
+                    .map(|data| RateLimiter::clone(data))
+            })
+            .map(Current::Held);
         let headers = if H {
             req.headers().clone()
         } else {
@@ -43,10 +47,10 @@ impl<const H: bool> FromRequest for HttpCaller<H> {
 
 /// `caller::forwarding_only` for Actix-web's header map: the forwarding headers only, or all
 /// of them when the limiter has an exemption predicate.
-fn forwarding_only(headers: &HeaderMap, limiter: &mut Option<RateLimiter>) -> HeaderMap {
+fn forwarding_only(headers: &HeaderMap, limiter: &mut Option<Current>) -> HeaderMap {
     static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
     static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-    let limiter = limiter.get_or_insert_with(RateLimiter::current);
+    let limiter = limiter.get_or_insert_with(RateLimiter::current_for_call);
     if limiter.settings().exemptions.predicate.is_some() {
         return headers.clone();
     }

@@ -10,7 +10,7 @@ use crate::caller::answer::{FieldSet, PolicyField, Refusal};
 use crate::caller::settings::ForwardedHeader;
 use crate::caller::{Caller, Headers, Transport, UserId, ip};
 use crate::limit::Limit;
-use crate::limiter::RateLimiter;
+use crate::limiter::{Current, RateLimiter};
 
 /// The path and headers of a request, as its framework holds them: cloning them is cheap
 /// (reference-counted bytes), converting them would not be.
@@ -92,9 +92,9 @@ impl ip::ForwardingHeaders for Head {
 #[cfg(feature = "axum")]
 pub(crate) fn forwarding_only(
     headers: &http::HeaderMap,
-    limiter: &mut Option<RateLimiter>,
+    limiter: &mut Option<Current>,
 ) -> http::HeaderMap {
-    let limiter = limiter.get_or_insert_with(RateLimiter::current);
+    let limiter = limiter.get_or_insert_with(RateLimiter::current_for_call);
     if limiter.settings().exemptions.predicate.is_some() {
         return headers.clone();
     }
@@ -134,7 +134,7 @@ pub struct HttpCaller<const HEADERS: bool = true> {
     pub(crate) peer: Option<IpAddr>,
     pub(crate) head: Head,
     pub(crate) user: Option<UserId>,
-    pub(crate) limiter: Option<RateLimiter>,
+    pub(crate) limiter: Option<Current>,
     pub(crate) framework: Framework,
     /// The caller's [`crate::Quota`] from the request extensions (for `quota = "request"`).
     pub(crate) quota: Option<crate::quota::Quota>,
@@ -268,7 +268,10 @@ where
     let decided = if limits.is_empty() {
         Decided::Admitted(FieldSet::Empty)
     } else {
-        let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
+        let limiter = caller
+            .limiter
+            .take()
+            .unwrap_or_else(RateLimiter::current_for_call);
         let settings = limiter.settings();
         match call::prepare(&limiter, Call::fixed(limits, templates), &caller.view()) {
             Err(refused) => Decided::Refused(refused.refusal(&settings.http)),
@@ -305,13 +308,13 @@ enum Decided {
     /// To be decided by waiting: a store over the network (with its leases), shadow mode, or
     /// a planned call (run-time overrides, a concurrency limit), which settles after the
     /// handler.
-    Later(RateLimiter, call::Prepared<'static>),
+    Later(Current, call::Prepared<'static>),
 }
 
 /// The rest of [`check_http`] for a call decided by waiting: the decision, then the handler
 /// with the call admitted (what it settles is settled after the handler).
 async fn decide_then_handle<F, Fut>(
-    limiter: RateLimiter,
+    limiter: Current,
     prepared: call::Prepared<'static>,
     policy: &'static PolicyField,
     handler: F,
@@ -347,7 +350,10 @@ pub(crate) async fn check_counted<Fut, R>(
 where
     Fut: Future,
 {
-    let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
+    let limiter = caller
+        .limiter
+        .take()
+        .unwrap_or_else(RateLimiter::current_for_call);
     let call = Call {
         limits,
         dynamics,
@@ -379,7 +385,10 @@ where
     F: FnOnce() -> Fut,
     Fut: Future,
 {
-    let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
+    let limiter = caller
+        .limiter
+        .take()
+        .unwrap_or_else(RateLimiter::current_for_call);
     let call = Call {
         limits,
         dynamics,
@@ -417,7 +426,10 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = (T, Option<crate::cost::Units>)>,
 {
-    let limiter = caller.limiter.take().unwrap_or_else(RateLimiter::current);
+    let limiter = caller
+        .limiter
+        .take()
+        .unwrap_or_else(RateLimiter::current_for_call);
     let call = Call {
         limits,
         dynamics,
@@ -522,7 +534,7 @@ mod tests {
         drop(decision);
         assert!(size <= 800, "the decision's future is {size} bytes");
         let mut with_limiter = caller(&[]);
-        with_limiter.limiter = Some(limiter);
+        with_limiter.limiter = Some(Current::Held(limiter));
         let handler = check_http(
             &*ONE_A_SECOND,
             &POLICY,
@@ -625,7 +637,7 @@ mod tests {
             map.append(name, value.parse().unwrap());
         }
         let plain = RateLimiter::builder().build_lazy().unwrap();
-        let kept = forwarding_only(&map, &mut Some(plain));
+        let kept = forwarding_only(&map, &mut Some(Current::Held(plain)));
         let lines: Vec<(&str, &str)> = kept
             .iter()
             .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
@@ -644,7 +656,10 @@ mod tests {
             .exempt_when(|_| false)
             .build_lazy()
             .unwrap();
-        assert_eq!(forwarding_only(&map, &mut Some(predicate)), map);
+        assert_eq!(
+            forwarding_only(&map, &mut Some(Current::Held(predicate))),
+            map
+        );
         // No limiter in the request: the current one is resolved once, here.
         let mut none = None;
         let _ = forwarding_only(&map, &mut none);

@@ -11,14 +11,18 @@ use axum::response::{IntoResponse, Response};
 use super::adapter::{Framework, Head, HttpCaller, Limited, Outcome};
 use crate::caller::UserId;
 use crate::caller::answer::{FieldSet, Fields, Refusal};
-use crate::limiter::RateLimiter;
+use crate::limiter::{Current, RateLimiter};
 
 impl<S: Send + Sync, const H: bool> FromRequestParts<S> for HttpCaller<H> {
     /// Never used: the extractor does not fail; `check_http` answers for missing parts.
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let mut limiter = parts.extensions.get::<RateLimiter>().cloned();
+        let mut limiter = parts
+            .extensions
+            .get::<RateLimiter>()
+            .cloned()
+            .map(Current::Held);
         let headers = if H {
             parts.headers.clone()
         } else {

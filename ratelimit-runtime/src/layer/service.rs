@@ -18,7 +18,7 @@ use crate::call::{self, Admitted, Call};
 use crate::caller::path::RouteForms;
 use crate::caller::{Caller, Transport, UserId};
 use crate::limit::Limit;
-use crate::limiter::{RateLimiter, Settings};
+use crate::limiter::{Current, RateLimiter, Settings};
 use crate::quota::Quota;
 
 use super::answer::{add_admitted_fields, answer};
@@ -262,12 +262,12 @@ impl Shared {
 
     /// The limiter of this request: the layer's own, else one the request carries in its
     /// extensions, else the current one.
-    fn limiter_for<B>(&self, request: &Request<B>) -> RateLimiter {
+    fn limiter_for<B>(&self, request: &Request<B>) -> Current {
         match &self.limiter {
-            Some(l) => l.clone(),
+            Some(l) => Current::Held(l.clone()),
             None => match request.extensions().get::<RateLimiter>() {
-                Some(l) => l.clone(),
-                None => RateLimiter::current(),
+                Some(l) => Current::Held(l.clone()),
+                None => RateLimiter::current_for_call(),
             },
         }
     }
