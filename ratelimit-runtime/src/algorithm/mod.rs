@@ -159,6 +159,9 @@ pub struct Params {
     pub(crate) unit: u64,
     /// GCRA's emission interval `T`, µs.
     pub(crate) interval: u64,
+    /// The sliding counter's window in whole milliseconds (at least 1), the unit it weighs
+    /// the previous window in.
+    pub(crate) window_ms: u64,
     /// The most a bucket may hold (two capacities: a full bucket and a settled debt), in its
     /// units (`u64::MAX` where it does not fit): a level at most that, written at or before
     /// now, needs no [`bucket::normalize`].
@@ -179,6 +182,7 @@ impl Params {
             rate: limit / g,
             unit: period_us / g,
             interval: gcra::interval_of(limit, period_us),
+            window_ms: sliding_counter::window_ms(period_us),
             bucket_most: bucket::most_units(burst, period_us / g),
         }
     }

@@ -87,6 +87,13 @@ fn window_of(c: Option<&Counters>, period: u64, now: u64) -> u64 {
     now / period
 }
 
+/// The window of a policy of `period_us` in whole milliseconds, as the rule weighs it: at
+/// least one ([`Params::window_ms`], computed once per policy).
+pub(crate) const fn window_ms(period_us: u64) -> u64 {
+    let period = if period_us < 1000 { 1000 } else { period_us };
+    period / 1000
+}
+
 /// Evaluates one call; the counters it leaves when admitted.
 #[inline(always)]
 #[allow(
@@ -98,7 +105,7 @@ pub fn evaluate(c: Option<&Counters>, p: &Params, now: u64) -> (Evaluation, Opti
     let index = window_of(c, period, now);
     let start = index * period;
     let (cur, prev) = c.map_or((0, 0), |c| c.at(index));
-    let (pms, e) = (period / 1000, (now - start) / 1000);
+    let (pms, e) = (p.window_ms, (now - start) / 1000);
     let (admitted, now_remaining, after_remaining) =
         weigh(cur, prev, pms, e, p).unwrap_or_else(|| weigh_wide(cur, prev, pms, e, p));
     let window_end = start + period;
@@ -174,7 +181,7 @@ fn weigh_wide(cur: u64, prev: u64, pms: u64, e: u64, p: &Params) -> (bool, u64, 
 #[inline(never)]
 fn retry(p: &Params, now: u64, start: u64, cur: u64, prev: u64) -> u64 {
     let period = p.period_us.max(1000);
-    let pms = u128::from(period / 1000);
+    let pms = u128::from(p.window_ms);
     let (num, cost) = (u128::from(p.limit), u128::from(p.cost));
     // The first elapsed millisecond `e` at which `weight · (pms - e) ≤ room · pms`.
     // Nothing to decay (weight 0): at once.
