@@ -52,6 +52,13 @@ mutations=(
   "refund.lua|local text = ARGV[offset + nkeys + i]|local text = ARGV[offset + i]"
   "refund.lua|local actual = string.match(text, '^%d+$') and tonumber(text)|local actual = tonumber(text)"
   "refund.lua|if value ~= 'settled' then|if true then"
+  # Receipts in the take's reply (RedisStore::take_briefly) and their return, once.
+  "refund.lua|and redis.call('SET', KEYS[receipts + i], 'settled', 'NX', 'PX', RECEIPT_TTL_MS_TEXT) then|then"
+  "refund.lua|ceil_div(math.min(r.reset, RECEIPT_TTL_US), 1000)|ceil_div(r.reset, 1000)"
+  "refund.lua|local r = read_receipt(ARGV[offset + nkeys + i])|local r = read_receipt(ARGV[offset + nkeys + 1])"
+  "prelude.lua|return { 1, clamp(d.after_remaining, l.capacity), reset, 0, now, reset, clamp(d.first or 0) }|return { 1, clamp(d.after_remaining, l.capacity), reset, 0, now, reset + 1000, clamp(d.first or 0) }"
+  "prelude.lua|return { 1, clamp(d.after_remaining, l.capacity), reset, 0, now, reset, clamp(d.first or 0) }|return { 1, clamp(d.after_remaining, l.capacity), reset, 0, now, reset, 0 }"
+  "prelude.lua|    if argv[n] == '~' then|    if false then"
   # Keys built in Lua instead of read from KEYS (the declared-keys check, static and in the
   # stand-in).
   "driver.lua|redis.call('EXISTS', KEYS[receipts + 1])|redis.call('EXISTS', receipt_key(KEYS[1], call_id, 1))"

@@ -482,11 +482,13 @@ impl RateLimiter {
         let call = async {
             let verdict = match (sent_id, &own_id) {
                 // Receipts for the refund of a timeout only: kept no longer than that needs.
-                (Some(id), Some(_)) => {
+                // (A call a replica acknowledges is refunded after an answer that came in
+                // time, by receipts a brief take may keep in its reply: it takes as `take`.)
+                (Some(id), Some(_)) if !replica_ack => {
                     let keep = failure::timeout_receipts_keep(timeout);
                     inner.store.take_briefly(checks, id, keep).await
                 }
-                (Some(id), None) => inner.store.take(checks, id).await,
+                (Some(id), _) => inner.store.take(checks, id).await,
                 (None, _) => inner.store.check(checks).await,
             }?;
             // Admitted only once a replica has the count (when asked): the policy answers a

@@ -5,12 +5,13 @@
 --
 -- KEYS and ARGV are the driver's for one limit (the key, its block marker, with
 -- a call id its receipt; one argument "code:limit:period:burst:cost", optionally
--- the call id and its receipts' TTL), so that whatever this path does not decide itself goes to the
--- driver's `check` on the same KEYS and ARGV, in the same script (atomic): a
--- block marker present, a take replayed under a call id that left its receipt,
--- a cost above the limit, a period that is not whole milliseconds, a value that
--- is not a counter with a TTL of at most a period, and any argument or key the
--- driver would refuse.
+-- the call id and its receipts' TTL, or `~` for the receipts in the reply), so
+-- that whatever this path does not decide itself goes to the driver's `check`
+-- on the same KEYS and ARGV, in the same script (atomic): a block marker
+-- present, a take replayed under a call id that left its receipt, a cost above
+-- the limit, a period that is not whole milliseconds, a value that is not a
+-- counter with a TTL of at most a period, and any argument or key the driver
+-- would refuse.
 --
 -- INCRBY takes the cost and answers the count; the key's expiry tells a live
 -- window from a new key, which is then given the window's end (a period from
@@ -25,10 +26,10 @@
 -- answers (reset_after, retry_after) is counted from the start of the server's
 -- current millisecond: the rule's figure plus the part of that millisecond
 -- already gone (algorithm::fixed::whole_ms), whole milliseconds, never early,
--- less than 1 ms late. With a call id the server's time is read, for the
--- receipt (which records the exact figures the driver's does), and the waits
--- answered are the same whole milliseconds; so are those of the calls handed
--- to the driver.
+-- less than 1 ms late. With a call id, or the receipts in the reply, the
+-- server's time is read, for the receipt (which records the exact figures the
+-- driver's does), and the waits answered are the same whole milliseconds; so
+-- are those of the calls handed to the driver.
 
 -- A reply of the driver's `check` (one limit, or an error) with its waits as
 -- this path answers them, once `check` read the clock (`now`).
@@ -74,9 +75,11 @@ local function fixed_one(KEYS, ARGV, call_id)
     if #KEYS ~= 3 or not valid_call_id(call_id) or KEYS[3] ~= receipt_key(key, call_id, 1) then
       return whole_ms(check(KEYS, ARGV))
     end
-  elseif #ARGV ~= 1 or #KEYS ~= 2 then
+  elseif #KEYS ~= 2 or #ARGV ~= (receipts_in_reply and 2 or 1) then
     return whole_ms(check(KEYS, ARGV))
   end
+  -- The server's time, for a receipt in a key or in the reply.
+  local timed = call_id ~= nil or receipts_in_reply
   if KEYS[2] ~= key .. ':b' then
     return whole_ms(check(KEYS, ARGV))
   end
@@ -101,7 +104,7 @@ local function fixed_one(KEYS, ARGV, call_id)
   if found > 0 then
     return whole_ms(check(KEYS, ARGV))
   end
-  if call_id ~= nil then
+  if timed then
     read_clock()
   end
   -- Not a counter INCRBY can raise (another type, not an integer, an overflow,
@@ -111,7 +114,7 @@ local function fixed_one(KEYS, ARGV, call_id)
     return whole_ms(check(KEYS, ARGV))
   end
   local count = n - p.cost
-  local pttl = pttl_of(key, call_id ~= nil)
+  local pttl = pttl_of(key, timed)
   if pttl == nil then
     if count ~= 0 then
       -- A counter without a TTL (written by someone else): the driver's rule
@@ -121,7 +124,7 @@ local function fixed_one(KEYS, ARGV, call_id)
     end
     -- A new window (the key was absent, or an immortal 0): it ends a period
     -- from now's millisecond, and is gone the one after.
-    if call_id ~= nil then
+    if timed then
       redis.call('PEXPIREAT', key, int(floor_div(now, 1000) + period_ms))
     else
       redis.call('PEXPIRE', key, l.period_ms_text)
@@ -141,6 +144,8 @@ local function fixed_one(KEYS, ARGV, call_id)
   end
   if call_id ~= nil then
     write_receipt(KEYS[3], l, { after_reset = left - math.fmod(now, 1000) })
+  elseif receipts_in_reply then
+    return { 1, p.limit - n, left, 0, now, left - math.fmod(now, 1000), 0 }
   end
   return { 1, p.limit - n, left, 0 }
 end
@@ -152,7 +157,7 @@ end
 -- up, what was taken is undone (DECRBY; a key the call created is deleted) and
 -- the driver answers, on the keys as they were. KEYS and ARGV are the driver's
 -- (keys, markers, receipts with a call id; one argument a limit, then the id
--- and its receipts' TTL, as call_shape reads them).
+-- and its receipts' TTL or `~`, as call_shape reads them).
 local function fixed_many(KEYS, ARGV, n, call_id)
   if n < 1 then
     return whole_ms(check(KEYS, ARGV))
@@ -195,7 +200,8 @@ local function fixed_many(KEYS, ARGV, n, call_id)
   if redis.call('EXISTS', unpack(KEYS, n + 1, asked)) > 0 then
     return whole_ms(check(KEYS, ARGV))
   end
-  if call_id ~= nil then
+  local timed = call_id ~= nil or receipts_in_reply
+  if timed then
     read_clock()
   end
   -- Per limit: the count after the take, the ms left of its window (nil for a
@@ -216,7 +222,7 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     undo = i
     counts[i] = got
     local count = got - p.cost
-    local pttl = pttl_of(key, call_id ~= nil)
+    local pttl = pttl_of(key, timed)
     left[i] = pttl
     fresh[i] = pttl == nil and count == 0
     if pttl == nil then
@@ -245,7 +251,7 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     local l = limits[i]
     local pttl = left[i]
     if pttl == nil then
-      if call_id ~= nil then
+      if timed then
         redis.call('PEXPIREAT', KEYS[i], int(floor_div(now, 1000) + l.p.period / 1000))
       else
         redis.call('PEXPIRE', KEYS[i], l.period_ms_text)
@@ -255,8 +261,12 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     local wait = pttl * 1000 + 1000
     if call_id ~= nil then
       write_receipt(KEYS[2 * n + i], l, { after_reset = wait - math.fmod(now, 1000) })
+      reply[i] = { 1, l.p.limit - counts[i], wait, 0 }
+    elseif receipts_in_reply then
+      reply[i] = { 1, l.p.limit - counts[i], wait, 0, now, wait - math.fmod(now, 1000), 0 }
+    else
+      reply[i] = { 1, l.p.limit - counts[i], wait, 0 }
     end
-    reply[i] = { 1, l.p.limit - counts[i], wait, 0 }
   end
   return reply
 end
@@ -270,6 +280,7 @@ local function fixed_only(KEYS, ARGV)
     -- call ever sees another's.
     receipt_ttl_us = RECEIPT_TTL_US
     receipt_ttl_text = RECEIPT_TTL_MS_TEXT
+    receipts_in_reply = false
     return fixed_one(KEYS, ARGV, nil)
   end
   local n, call_id = call_shape(ARGV)

@@ -322,18 +322,34 @@ local RECEIPT_TTL_MS_TEXT = '10000'
 local receipt_ttl_us = RECEIPT_TTL_US
 local receipt_ttl_text = RECEIPT_TTL_MS_TEXT
 
+-- Whether this call's receipts go in its reply instead of keys: its last
+-- argument is `~` (call_shape), as RedisStore::take_briefly sends a take whose
+-- receipts serve only the refund of an answer that came too late. The row of
+-- each limit of an admitted call then ends with its receipt's figures, the
+-- server's time of the take, the reset_after the receipt records and the
+-- decision's `first` (µs), which the refund hands back as arguments
+-- (refund.lua's `return`): no receipt is written and none is looked for. Reset
+-- by call_shape on every call, as the receipts' TTL is.
+local receipts_in_reply = false
+
 -- The shape of a check's ARGV (the driver's and the fast paths'): one argument a
 -- limit, then optionally the call id, then optionally the longest its receipts
 -- live in whole milliseconds (1 to 10000, no leading zero; without it,
--- RECEIPT_TTL_US), each told from a limit by having no ':'.
+-- RECEIPT_TTL_US), each told from a limit by having no ':'; or, instead of
+-- those two, `~`: the receipts in the reply (receipts_in_reply).
 -- Returns the number of limits and the call id (nil: none), and sets the call's
--- receipt_ttl_us; a malformed receipt TTL reads as no limit at all (0), which
+-- receipt_ttl_us and receipts_in_reply; a malformed receipt TTL reads as no limit at all (0), which
 -- the driver refuses.
 local function call_shape(argv)
   local n = #argv
   receipt_ttl_us = RECEIPT_TTL_US
   receipt_ttl_text = RECEIPT_TTL_MS_TEXT
+  receipts_in_reply = false
   if n > 0 and not string.find(argv[n], ':', 1, true) then
+    if argv[n] == '~' then
+      receipts_in_reply = true
+      return n - 1, nil
+    end
     if n > 1 and not string.find(argv[n - 1], ':', 1, true) then
       local keep = argv[n]
       local ms = string.match(keep, '^[1-9]%d?%d?%d?%d?$') and tonumber(keep)
@@ -370,9 +386,16 @@ local function clamp(n, max)
 end
 
 -- The reply of one limit, {admitted (0/1), remaining, reset_after µs,
--- retry_after µs}: of a call that was taken (every limit admitted it) ...
+-- retry_after µs}: of a call that was taken (every limit admitted it), with
+-- its receipt's figures when they go in the reply (receipts_in_reply: the
+-- time of the take, the receipt's reset_after, `first`, as write_receipt
+-- records them) ...
 local function taken_reply(l, d)
-  return { 1, clamp(d.after_remaining, l.capacity), clamp(d.after_reset), 0 }
+  local reset = clamp(d.after_reset)
+  if receipts_in_reply then
+    return { 1, clamp(d.after_remaining, l.capacity), reset, 0, now, reset, clamp(d.first or 0) }
+  end
+  return { 1, clamp(d.after_remaining, l.capacity), reset, 0 }
 end
 
 -- ... or of a call that was not (the state as it is).

@@ -27,6 +27,15 @@
 --           settle sent twice (a cluster client's retry) settles once; a settle
 --           whose receipt expired still charges its excess (never admitting more
 --           than was used, failing closed).
+--   return  KEYS as refund. ARGV: 'return', the call id, the argument of each key
+--           of the take, then each key's receipt as the take's reply gave it
+--           ("<at µs>:<reset_after µs>:<first µs>:<cost>", the value refund reads
+--           from a receipt key; RedisStore::take_briefly, whose take put its
+--           receipts in the reply: the prelude's receipts_in_reply). Gives back
+--           what refund would give back had the take written those receipts:
+--           nothing once such a receipt would have expired, and once only, the
+--           receipt's name then holding the marker "settled" as settle leaves
+--           it (a return or refund under the id after it gives back nothing).
 --
 -- The reply is the driver's rejected-call reply: per key {admitted (0/1),
 -- remaining, reset_after µs, retry_after µs}.
@@ -96,16 +105,16 @@ local mode = ARGV[1]
 local call_id = nil
 local offset = 1
 local per_key = 1
-if mode == 'refund' or mode == 'settle' then
+if mode == 'refund' or mode == 'settle' or mode == 'return' then
   call_id = ARGV[2]
   offset = 2
 end
-if mode == 'settle' then
+if mode == 'settle' or mode == 'return' then
   per_key = 2
 end
 local nkeys = (#ARGV - offset) / per_key
-if (mode ~= 'peek' and mode ~= 'refund' and mode ~= 'settle') or nkeys < 1 or nkeys ~= math.floor(nkeys) then
-  return redis.error_reply('ERR ratelimit: expected peek with n keys and 1 + n arguments, or refund with n keys, n receipts and 2 + n arguments, or settle with n keys, n receipts and 2 + 2n arguments; got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+if (mode ~= 'peek' and mode ~= 'refund' and mode ~= 'settle' and mode ~= 'return') or nkeys < 1 or nkeys ~= math.floor(nkeys) then
+  return redis.error_reply('ERR ratelimit: expected peek with n keys and 1 + n arguments, or refund with n keys, n receipts and 2 + n arguments, or settle or return with n keys, n receipts and 2 + 2n arguments; got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
 if call_id ~= nil and not valid_call_id(call_id) then
   return redis.error_reply(BAD_CALL_ID)
@@ -141,6 +150,17 @@ if mode == 'settle' then
       local r = value and read_receipt(value)
       settle_one(KEYS[i], limits[i], r, actuals[i])
       redis.call('SET', receipt, 'settled', 'PX', ttl_ms(RECEIPT_TTL_US))
+    end
+  end
+-- The receipts the take's reply carried: each gives back as a receipt key
+-- would, while that key would still exist (its TTL the receipt's reset_after,
+-- at most RECEIPT_TTL_US, from the take's millisecond), and once.
+elseif mode == 'return' then
+  for i = 1, nkeys do
+    local r = read_receipt(ARGV[offset + nkeys + i])
+    if r and floor_div(now, 1000) <= floor_div(r.at, 1000) + math.max(ceil_div(math.min(r.reset, RECEIPT_TTL_US), 1000), 1)
+      and redis.call('SET', KEYS[receipts + i], 'settled', 'NX', 'PX', RECEIPT_TTL_MS_TEXT) then
+      give_back(KEYS[i], limits[i], r, limits[i].p.cost)
     end
   end
 -- Every refund first, then every reading: a key named twice in the group is

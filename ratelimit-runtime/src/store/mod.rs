@@ -284,9 +284,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// [`RateLimiter`](crate::RateLimiter) sends its checks so under the `deny` and `local`
     /// failure policies, with `keep` its timeout and two seconds more: a check the store
     /// answers too late is answered by the policy, and what the store took for it is given
-    /// back ([`Store::refund`]). The Redis stores keep each receipt its limit's `reset_after`,
-    /// at most `keep` rounded up to whole milliseconds, at most 10 s; a Cluster call across
-    /// slots, which leaves no receipts to refund by, takes as [`Store::take`] does.
+    /// back ([`Store::refund`]), or by the store itself. The Redis store writes no receipt: it
+    /// takes with the receipts in its reply, and a take whose future is dropped before it
+    /// answers is given back by the store when its reply comes (a reply lost with its
+    /// connection leaves the call counted). The Redis Cluster store keeps each receipt its
+    /// limit's `reset_after`, at most `keep` rounded up to whole milliseconds, at most 10 s; a
+    /// Cluster call across slots, which leaves no receipts to refund by, takes as
+    /// [`Store::take`] does.
     ///
     /// The default is [`Store::take`]: receipts kept as long as any.
     ///

@@ -119,6 +119,29 @@ fn contenders(
             }),
         ));
     }
+    {
+        let policy = throughput_policy(Algorithm::Fixed);
+        let keys = table_keys(&policy, "benchbrief");
+        let store = store.clone();
+        let ids = Rc::new(std::cell::Cell::new(0_u64));
+        // What `RateLimiter` sends under the failure policies `local` (the default) and `deny`:
+        // a take whose receipts serve only the refund of a timeout (`Store::take_briefly`).
+        out.push((
+            "ratelimit `RedisStore::take_briefly` (`RateLimiter`'s default), fixed".to_owned(),
+            Rc::new(move |i| {
+                let (store, keys) = (store.clone(), keys.clone());
+                ids.set(ids.get() + 1);
+                let id = format!("{:x}", ids.get());
+                Box::pin(async move {
+                    store
+                        .take_briefly(&[Check::new(&keys[i], &policy)], &id, Duration::from_secs(2))
+                        .await
+                        .map(|v| v.is_admitted())
+                        .map_err(|e| e.to_string())
+                })
+            }),
+        ));
+    }
     let aerl = {
         let client = redis026::Client::open(url.as_str()).map_err(|e| e.to_string())?;
         let manager = rt

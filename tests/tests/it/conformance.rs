@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use ratelimit_runtime::algorithm::fixed;
 use ratelimit_runtime::store::Clock;
+use ratelimit_runtime::store::redis::ReplyReceipt;
 use ratelimit_runtime::{
     Algorithm, Decision, MemoryStore, Policy, Store, StoreError, Verdict, store::Check,
 };
@@ -475,6 +476,7 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
     let mut counts = Counts::default();
     let mut refunds = 0;
     let mut settles = 0;
+    let mut returns = 0;
     for t in 0..60_u64 {
         let seed = 0xC1_0000 + t;
         let mut rng = Rng::new(seed ^ 0x5EED);
@@ -491,6 +493,8 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
         model.now = START_US;
         let lua = LuaStore::new(EPOCH_US + START_US);
         let mut taken: Vec<(String, Vec<Policy>)> = Vec::new();
+        // Takes with their receipts in the reply: the id, the policies, the receipts.
+        let mut in_reply: Vec<(String, Vec<Policy>, Vec<ReplyReceipt>)> = Vec::new();
         let mut retry = 0;
         let mut history: Vec<String> = Vec::new();
         for step in 0..200 {
@@ -513,8 +517,22 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
                     })
                     .collect();
                 let id = format!("{seed:x}{step:x}");
-                taken.push((id.clone(), policies.clone()));
-                (Op::Take(Some(id)), policies)
+                if rng.chance(40) {
+                    (Op::TakeInReply(id), policies)
+                } else {
+                    taken.push((id.clone(), policies.clone()));
+                    (Op::Take(Some(id)), policies)
+                }
+            } else if op < 65 && !in_reply.is_empty() && rng.chance(30) {
+                returns += 1;
+                let i = usize::try_from(rng.below(in_reply.len() as u64)).unwrap_or(0);
+                let (id, policies, receipts) = in_reply[i].clone();
+                // Sometimes returned again: the first return's marker keeps it from giving
+                // back twice.
+                if rng.chance(70) {
+                    in_reply.remove(i);
+                }
+                (Op::Return(id, receipts), policies)
             } else if op < 65 && rng.chance(40) {
                 settles += 1;
                 let i = usize::try_from(rng.below(taken.len() as u64)).unwrap_or(0);
@@ -574,6 +592,26 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
                     Ok(model.take(&checks, id.as_deref())),
                     lua.take(&checks, id.as_deref()),
                 ),
+                Op::TakeInReply(id) => {
+                    let rust = model.take(&checks, Some(id));
+                    let script = lua.take_in_reply(&checks).map(|(verdict, receipts)| {
+                        assert_eq!(
+                            receipts.len(),
+                            if verdict.is_admitted() { checks.len() } else { 0 },
+                            "trace seed {seed:#x} step {step}: a receipt per limit of an admitted take"
+                        );
+                        // A rejected take took nothing: the store returns nothing of it.
+                        if !receipts.is_empty() {
+                            in_reply.push((id.clone(), policies.clone(), receipts));
+                        }
+                        verdict
+                    });
+                    (Ok(rust), script)
+                }
+                Op::Return(id, receipts) => (
+                    Ok(model.compensate(&checks, Some(id))),
+                    lua.give_back(&checks, id, receipts),
+                ),
                 Op::Refund(id) => (
                     Ok(model.compensate(&checks, Some(id))),
                     lua.compensate(&checks, Some(id)),
@@ -610,8 +648,9 @@ fn cluster_takes_with_receipts_and_refunds_decide_alike() {
     }
     assert!(refunds > 1000, "only {refunds} refunds");
     assert!(settles > 1000, "only {settles} settles");
+    assert!(returns > 500, "only {returns} returns");
     println!(
-        "steps compared: {:?}, refunds: {refunds}, settles: {settles}",
+        "steps compared: {:?}, refunds: {refunds}, settles: {settles}, returns: {returns}",
         counts.0
     );
 }
@@ -773,6 +812,11 @@ fn a_limit_read_while_the_server_paused_decides_alike() {
 #[derive(Debug)]
 enum Op {
     Take(Option<String>),
+    /// A take whose receipts come back in its reply (`RedisStore::take_briefly`); the model
+    /// takes under the call id, as with receipt keys.
+    TakeInReply(String),
+    /// The return of such a take by its reply's receipts; the model refunds by its receipts.
+    Return(String, Vec<ReplyReceipt>),
     Refund(String),
     Settle(String, Vec<u64>),
     Peek,

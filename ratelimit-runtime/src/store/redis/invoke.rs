@@ -10,7 +10,9 @@ use redis::{ErrorKind, Script, ServerErrorKind, Value};
 
 use super::script::{COMPANION, SCRIPTS, script_sources};
 use super::server::{MemoryPolicy, info_memory_cmd, log_engine};
-use super::wire::{declared, keys_repeat, limit_args, parse_reply};
+use super::wire::{
+    ReplyReceipt, declared, keys_repeat, limit_args, parse_reply, parse_reply_with_receipts,
+};
 use crate::decision::Verdict;
 use crate::error::{StoreError, out_of_memory};
 use crate::store::Check;
@@ -262,20 +264,75 @@ pub(crate) async fn eval_checks<C>(
 where
     C: ScriptConnection,
 {
-    let Some(first) = checks.first() else {
+    if checks.is_empty() {
         return Ok(Verdict::new(Vec::new()));
-    };
+    }
+    let receipts = call_id.map_or(Receipts::None, |id| Receipts::Keys(id, keep));
+    let reply = run_checks(conn, calls, checks, receipts).await?;
+    parse_reply(&reply, checks)
+}
+
+/// [`eval_checks`] of a take whose receipts come back in its reply instead of being written
+/// (the scripts' `~`): the verdict, and when the call was admitted the receipt of each limit,
+/// which [`Mode::Return`] hands back to give back what the take took.
+pub(crate) async fn take_in_reply<C>(
+    conn: &mut C,
+    calls: &Calls,
+    checks: &[Check<'_>],
+) -> Result<(Verdict, Vec<ReplyReceipt>), StoreError>
+where
+    C: ScriptConnection,
+{
+    if checks.is_empty() {
+        return Ok((Verdict::new(Vec::new()), Vec::new()));
+    }
+    let reply = run_checks(conn, calls, checks, Receipts::InReply).await?;
+    parse_reply_with_receipts(&reply, checks)
+}
+
+/// Where an admitted take's receipts go.
+#[derive(Debug, Clone, Copy)]
+enum Receipts<'a> {
+    /// Nowhere: a check.
+    None,
+    /// A key per limit under this call id, kept at most this long (`None`: 10 s).
+    Keys(&'a str, Option<Duration>),
+    /// Into the reply (the scripts' `~`).
+    InReply,
+}
+
+impl<'a> Receipts<'a> {
+    /// The call id whose receipt keys the call declares.
+    fn call_id(self) -> Option<&'a str> {
+        match self {
+            Receipts::Keys(id, _) => Some(id),
+            Receipts::None | Receipts::InReply => None,
+        }
+    }
+}
+
+/// The driver (or the fixed windows' function) on `checks`, which hold at least one check;
+/// the reply as it came.
+async fn run_checks<C>(
+    conn: &mut C,
+    calls: &Calls,
+    checks: &[Check<'_>],
+    receipts: Receipts<'_>,
+) -> Result<Value, StoreError>
+where
+    C: ScriptConnection,
+{
+    let first = checks.first().map_or("", |c| c.key);
     let script = SCRIPTS.for_checks(checks);
     // The command is built directly, each argument written once into the command's buffer (a
     // `ScriptInvocation` would first copy every key and argument into vectors of its own, then
     // again into the command): numkeys keys… args….
     // The working copies only when a key repeats: most calls have no use for them.
     let copies = keys_repeat(checks);
-    let args = |cmd: &mut redis::Cmd| check_args(cmd, checks, copies, call_id, keep);
+    let args = |cmd: &mut redis::Cmd| check_args(cmd, checks, copies, receipts);
     let (function, _) = script_sources().for_checks(checks);
-    let size = command_size(checks, copies, call_id, 2);
-    let reply = invoke(conn, calls, function, script, first.key, size, args).await?;
-    parse_reply(&reply, checks)
+    let size = command_size(checks, copies, receipts.call_id(), 2);
+    Ok(invoke(conn, calls, function, script, first, size, args).await?)
 }
 
 /// A command `name target`, then what `args` writes, in buffers made to `size` (arguments,
@@ -294,27 +351,31 @@ fn sized_command(
 }
 
 /// The driver's arguments for `checks`: numkeys, the declared keys (with the working copies
-/// when `copies`), one argument per limit, then the call id and its receipts' TTL.
-fn check_args(
-    cmd: &mut redis::Cmd,
-    checks: &[Check<'_>],
-    copies: bool,
-    call_id: Option<&str>,
-    keep: Option<Duration>,
-) {
-    let keys = declared(checks, copies, call_id);
+/// when `copies`), one argument per limit, then the call id and its receipts' TTL, or `~` for
+/// the receipts in the reply.
+fn check_args(cmd: &mut redis::Cmd, checks: &[Check<'_>], copies: bool, receipts: Receipts<'_>) {
+    let keys = declared(checks, copies, receipts.call_id());
     cmd.arg(keys.len());
     for key in keys {
         cmd.arg(key);
     }
     limit_args(cmd, checks);
-    if let Some(id) = call_id {
-        cmd.arg(id);
-        if let Some(keep) = keep {
-            cmd.arg(receipt_keep_ms(keep));
+    match receipts {
+        Receipts::None => {}
+        Receipts::Keys(id, keep) => {
+            cmd.arg(id);
+            if let Some(keep) = keep {
+                cmd.arg(receipt_keep_ms(keep));
+            }
+        }
+        Receipts::InReply => {
+            cmd.arg(RECEIPTS_IN_REPLY);
         }
     }
 }
+
+/// The last argument of a take whose receipts go in its reply (the prelude's `call_shape`).
+const RECEIPTS_IN_REPLY: &str = "~";
 
 /// About how many arguments and bytes a call of `checks` writes after the command's name and
 /// target: numkeys, the declared keys, one argument per limit, the call id and `extra` more of
@@ -357,6 +418,9 @@ pub(crate) enum Mode<'a> {
     /// Settle the take under this call id to the units it used, one per limit
     /// ([`Store::settle`](crate::store::Store::settle)), then read.
     Settle(&'a str, &'a [u64]),
+    /// Give back, once, what the take under this call id took, by the receipts its reply
+    /// carried (one per limit: [`take_in_reply`]), then read.
+    Return(&'a str, &'a [ReplyReceipt]),
 }
 
 impl<'a> Mode<'a> {
@@ -364,7 +428,7 @@ impl<'a> Mode<'a> {
     fn call_id(&self) -> Option<&'a str> {
         match *self {
             Mode::Peek => None,
-            Mode::Refund(id) | Mode::Settle(id, _) => Some(id),
+            Mode::Refund(id) | Mode::Settle(id, _) | Mode::Return(id, _) => Some(id),
         }
     }
 }
@@ -388,9 +452,20 @@ where
     let receipts = mode.call_id();
     let args = |cmd: &mut redis::Cmd| companion_args(cmd, checks, &mode);
     let function = script_sources().compensate_function;
-    let size = command_size(checks, false, receipts, 2 + checks.len());
+    let size = command_size(checks, false, receipts, companion_extra(checks, &mode));
     let reply = invoke(conn, calls, function, &COMPANION, first.key, size, args).await?;
     parse_reply(&reply, checks)
+}
+
+/// The arguments of at most 20 bytes the companion writes beyond those [`command_size`]
+/// counts: the mode, its call id and a number per limit, or a receipt (four numbers) per limit.
+fn companion_extra(checks: &[Check<'_>], mode: &Mode<'_>) -> usize {
+    let per_limit = if matches!(mode, Mode::Return(..)) {
+        4
+    } else {
+        1
+    };
+    2 + per_limit * checks.len()
 }
 
 /// The companion's arguments for `checks` in `mode`: numkeys, the declared keys, the mode
@@ -406,12 +481,21 @@ fn companion_args(cmd: &mut redis::Cmd, checks: &[Check<'_>], mode: &Mode<'_>) {
         Mode::Peek => cmd.arg("peek"),
         Mode::Refund(id) => cmd.arg("refund").arg(*id),
         Mode::Settle(id, _) => cmd.arg("settle").arg(*id),
+        Mode::Return(id, _) => cmd.arg("return").arg(*id),
     };
     limit_args(cmd, checks);
-    if let Mode::Settle(_, actual) = mode {
-        for &units in *actual {
-            cmd.arg(crate::algorithm::settled_units(units));
+    match mode {
+        Mode::Settle(_, actual) => {
+            for &units in *actual {
+                cmd.arg(crate::algorithm::settled_units(units));
+            }
         }
+        Mode::Return(_, receipts) => {
+            for (receipt, check) in receipts.iter().zip(checks) {
+                cmd.arg(receipt.value(check.policy.cost()));
+            }
+        }
+        Mode::Peek | Mode::Refund(_) => {}
     }
 }
 
@@ -461,19 +545,37 @@ mod tests {
         let id = "f".repeat(32);
         for checks in &shapes {
             let copies = keys_repeat(checks);
-            for call_id in [None, Some("1"), Some(id.as_str())] {
+            let mut shapes = vec![Receipts::None, Receipts::InReply];
+            for call_id in ["1", id.as_str()] {
                 for keep in [None, Some(Duration::from_secs(3_600))] {
-                    let args =
-                        |cmd: &mut redis::Cmd| check_args(cmd, checks, copies, call_id, keep);
-                    let size = command_size(checks, copies, call_id, 2);
-                    assert!(fits(written(args), size), "{checks:?} {call_id:?} {keep:?}");
+                    shapes.push(Receipts::Keys(call_id, keep));
                 }
             }
+            for receipts in shapes {
+                let args = |cmd: &mut redis::Cmd| check_args(cmd, checks, copies, receipts);
+                let size = command_size(checks, copies, receipts.call_id(), 2);
+                assert!(fits(written(args), size), "{checks:?} {receipts:?}");
+            }
             let units = vec![u64::MAX; checks.len()];
-            for mode in [Mode::Peek, Mode::Refund(&id), Mode::Settle(&id, &units)] {
-                let receipts = mode.call_id();
+            let most = ReplyReceipt {
+                at_us: u64::MAX,
+                reset_us: u64::MAX,
+                first_us: u64::MAX,
+            };
+            let receipts = vec![most; checks.len()];
+            for mode in [
+                Mode::Peek,
+                Mode::Refund(&id),
+                Mode::Settle(&id, &units),
+                Mode::Return(&id, &receipts),
+            ] {
                 let args = |cmd: &mut redis::Cmd| companion_args(cmd, checks, &mode);
-                let size = command_size(checks, false, receipts, 2 + checks.len());
+                let size = command_size(
+                    checks,
+                    false,
+                    mode.call_id(),
+                    companion_extra(checks, &mode),
+                );
                 assert!(fits(written(args), size), "{checks:?}");
             }
         }

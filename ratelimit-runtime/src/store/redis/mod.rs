@@ -74,13 +74,16 @@ use crate::decision::Verdict;
 use crate::error::{ConfigError, StoreError};
 
 // The store, its URLs and its connection are here; the Redis Cluster store shares the rest.
+mod give_back;
 pub(crate) mod invoke;
 mod script;
 pub(crate) mod server;
 pub(crate) mod wire;
 
 pub use self::script::{ScriptSources, script_sources};
-pub use self::wire::{check_keys, compensate_keys, parse_reply};
+pub use self::wire::{
+    ReplyReceipt, check_keys, compensate_keys, parse_reply, parse_reply_with_receipts,
+};
 
 /// Parses a Redis URL into a client, with errors that never repeat the URL (it may hold a
 /// password).
@@ -306,13 +309,37 @@ impl Store for RedisStore {
         Box::pin(self.take_keeping(checks, call_id, None))
     }
 
+    /// The receipts come back in the take's reply: none is written (a concurrency limit's
+    /// slot, held under the call id, is taken as [`Store::take`] takes it, its receipts kept at
+    /// most `keep`). A take whose future is dropped before it answers is finished in a task of
+    /// its own, and what it took given back when its reply comes: exactly what a refund by
+    /// receipts would give back, once. A take whose reply is lost with its connection stays
+    /// counted.
     fn take_briefly<'a>(
         &'a self,
         checks: &'a [Check<'a>],
         call_id: &'a str,
         keep: Duration,
     ) -> StoreFuture<'a> {
-        Box::pin(self.take_keeping(checks, call_id, Some(keep)))
+        if checks.is_empty()
+            || checks
+                .iter()
+                .any(|c| c.policy.algorithm() == crate::algorithm::Algorithm::Concurrency)
+        {
+            return Box::pin(self.take_keeping(checks, call_id, Some(keep)));
+        }
+        Box::pin(async move {
+            let conn = self.manager().await?;
+            let take = give_back::take_or_give_back(
+                conn.clone(),
+                Arc::clone(&self.calls),
+                checks,
+                call_id,
+            );
+            let result = take.await;
+            watch_memory_policy(&conn, &self.memory, &result);
+            result
+        })
     }
 
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {

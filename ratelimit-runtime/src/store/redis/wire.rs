@@ -229,6 +229,54 @@ pub(crate) fn extend_block_cmd(key: &str, duration: Duration) -> redis::Cmd {
 /// error for this call only.
 #[doc(hidden)] // public for the conformance test, which reads the embedded Lua's replies with it
 pub fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
+    parse_rows(reply, checks, None)
+}
+
+/// The figures of a receipt that a take's reply carries instead of writing it (the prelude's
+/// `receipts_in_reply`): what a receipt key would hold, but for the units, which are the
+/// limit's cost.
+#[doc(hidden)] // public for the conformance test
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyReceipt {
+    /// The server's time of the take, µs.
+    pub at_us: u64,
+    /// The `reset_after` the receipt records, µs.
+    pub reset_us: u64,
+    /// The decision's `first` (the sliding log's first entry of the call), µs.
+    pub first_us: u64,
+}
+
+impl ReplyReceipt {
+    /// The receipt's value as a receipt key holds it (`<at>:<reset>:<first>:<cost>`, the
+    /// prelude's `read_receipt`), for the companion's `return`.
+    #[must_use]
+    pub fn value(&self, cost: u64) -> String {
+        format!("{}:{}:{}:{cost}", self.at_us, self.reset_us, self.first_us)
+    }
+}
+
+/// [`parse_reply`] of a take whose receipts are in its reply: each row of an admitted call
+/// ends with its receipt's three figures; a rejected call's rows have none, and neither has
+/// its list of receipts (empty: nothing to give back).
+#[doc(hidden)] // public for the conformance test
+pub fn parse_reply_with_receipts(
+    reply: &Value,
+    checks: &[Check<'_>],
+) -> Result<(Verdict, Vec<ReplyReceipt>), StoreError> {
+    let mut receipts = Vec::new();
+    let verdict = parse_rows(reply, checks, Some(&mut receipts))?;
+    if !verdict.is_admitted() {
+        receipts.clear();
+    }
+    Ok((verdict, receipts))
+}
+
+/// [`parse_reply`], and with `receipts` the receipts of rows that carry them (seven numbers).
+fn parse_rows(
+    reply: &Value,
+    checks: &[Check<'_>],
+    mut receipts: Option<&mut Vec<ReplyReceipt>>,
+) -> Result<Verdict, StoreError> {
     let bad = |what: String| StoreError::BadReply(what);
     let Value::Array(rows) = reply else {
         return Err(bad(format!("expected an array, got {reply:?}")));
@@ -258,12 +306,26 @@ pub fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict, Store
             let Value::Array(fields) = row else {
                 return Err(bad(format!("expected a decision array, got {row:?}")));
             };
-            let [admitted, remaining, reset_us, retry_us] = fields.as_slice() else {
-                return Err(bad(format!(
-                    "expected 4 numbers per decision, got {}",
-                    fields.len()
-                )));
+            let (decision, receipt) = match (fields.as_slice(), &mut receipts) {
+                ([a, b, c, d], _) => ([a, b, c, d], None),
+                ([a, b, c, d, at, reset, first], Some(_)) => {
+                    ([a, b, c, d], Some([at, reset, first]))
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "expected 4 numbers per decision, got {}",
+                        fields.len()
+                    )));
+                }
             };
+            let [admitted, remaining, reset_us, retry_us] = decision;
+            if let (Some([at, reset, first]), Some(list)) = (receipt, receipts.as_deref_mut()) {
+                list.push(ReplyReceipt {
+                    at_us: int(at)?,
+                    reset_us: int(reset)?,
+                    first_us: int(first)?,
+                });
+            }
             let admitted = match admitted {
                 Value::Int(0) => false,
                 Value::Int(1) => true,
@@ -279,6 +341,12 @@ pub fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict, Store
             ))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // Every limit's receipt, or none: a call with a receipt missing gives back nothing.
+    if let Some(list) = receipts
+        && list.len() != checks.len()
+    {
+        list.clear();
+    }
     Ok(Verdict::new(decisions))
 }
 

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ratelimit_runtime::store::redis::ReplyReceipt;
 use ratelimit_runtime::{Algorithm, Policy, Store, StoreError, Verdict, store::Check};
 
 use super::lua_store::{LuaStore, Mode};
@@ -134,6 +135,21 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "",
     ),
     (
+        "a receipt in the reply records the wait in whole milliseconds",
+        "return { 1, p.limit - n, left, 0, now, left - math.fmod(now, 1000), 0 }",
+        "return { 1, p.limit - n, left, 0, now, left, 0 }",
+    ),
+    (
+        "a receipt in the reply (stacked) records the wait in whole milliseconds",
+        "reply[i] = { 1, l.p.limit - counts[i], wait, 0, now, wait - math.fmod(now, 1000), 0 }",
+        "reply[i] = { 1, l.p.limit - counts[i], wait, 0, now, wait, 0 }",
+    ),
+    (
+        "a new window (receipts in the reply) ends at the live clock's",
+        "    if timed then\n      redis.call('PEXPIREAT', key,",
+        "    if false then\n      redis.call('PEXPIREAT', key,",
+    ),
+    (
         "takes with a wrong block marker",
         "if KEYS[2] ~= key .. ':b' then",
         "if false then",
@@ -223,7 +239,11 @@ fn differs(sources: &Sources) -> Result<(), String> {
         block_trace(sources, 0xB10C_FA57 + t)?;
     }
     replayed_take(sources)?;
-    paused_take(sources)?;
+    for paused in [0, 1] {
+        paused_take(sources, paused, false)?;
+        paused_take(sources, paused, true)?;
+    }
+    receipts_in_reply_are_the_keys_receipts(sources)?;
     planted_states(sources)
 }
 
@@ -275,6 +295,8 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
         .max()
         .unwrap_or(1000);
     let mut taken: Vec<(String, Vec<(usize, Policy)>)> = Vec::new();
+    // The receipts of the takes that had them in their reply, by call id.
+    let mut in_reply: BTreeMap<String, Vec<ReplyReceipt>> = BTreeMap::new();
     let mut whole_at = BTreeMap::new();
     let mut retry = 0;
     for step in 0..150_u64 {
@@ -322,6 +344,17 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
                 model.take(&checks, None),
                 lua.take(&checks, None),
             )
+        } else if (op < 80 || taken.is_empty()) && step % 3 == 2 {
+            // The receipts in the reply: the model takes under the id as with receipt keys.
+            // (Chosen by the step, not drawn: the traces' other draws stay as they were.)
+            let id = format!("{seed:x}{step:x}");
+            taken.push((id.clone(), chosen.clone()));
+            let r = model.take(&checks, Some(&id));
+            let l = lua.take_in_reply(&checks).map(|(verdict, receipts)| {
+                in_reply.insert(id.clone(), receipts);
+                verdict
+            });
+            (format!("take~ {id}"), r, l)
         } else if op < 80 || taken.is_empty() {
             let id = format!("{seed:x}{step:x}");
             taken.push((id.clone(), chosen.clone()));
@@ -330,18 +363,33 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
         } else {
             let id = taken
                 .iter()
-                .find(|(_, c)| *c == chosen)
+                .rfind(|(_, c)| *c == chosen)
                 .map(|(id, _)| id.clone())
                 .unwrap_or_default();
-            match op {
-                80..=91 => {
+            match (op, in_reply.get(&id)) {
+                // A take whose receipts came in its reply is only ever returned by them (a
+                // rejected one, which has none, is peeked at instead: the last arm).
+                (80..=96, Some(receipts)) if !receipts.is_empty() => {
+                    if op >= 92 {
+                        // A settle's draws, as for any other call id.
+                        for c in &checks {
+                            rng.between(0, 2 * c.policy.cost());
+                        }
+                    }
+                    let (r, l) = (
+                        model.compensate(&checks, Some(&id)),
+                        lua.give_back(&checks, &id, receipts),
+                    );
+                    (format!("return {id}"), r, l)
+                }
+                (80..=91, None) => {
                     let (r, l) = (
                         model.compensate(&checks, Some(&id)),
                         lua.compensate(&checks, Some(&id)),
                     );
                     (format!("refund {id}"), r, l)
                 }
-                92..=96 => {
+                (92..=96, None) => {
                     let actual: Vec<u64> = checks
                         .iter()
                         .map(|c| rng.between(0, 2 * c.policy.cost()))
@@ -452,38 +500,99 @@ fn replayed_take(sources: &Sources) -> Result<(), String> {
     Ok(())
 }
 
-/// A take under a call id into a window an earlier call opened, on a server paused mid-script
-/// (its live clock 5 ms past the script's): the reply and the receipt are the rule's, read
-/// from the window's stored end, not from the live clock.
-fn paused_take(sources: &Sources) -> Result<(), String> {
+/// A take under a call id (or with its receipts in the reply, `in_reply`), the `paused`th of
+/// three, on a server paused mid-script (its live clock 5 ms past the script's), opening a
+/// window (0) or in one an earlier call opened (1), then refunded: the replies, the receipt and
+/// the refund are the rule's, read from the window's stored end, not from the live clock.
+fn paused_take(sources: &Sources, paused: usize, in_reply: bool) -> Result<(), String> {
     let lua = lua_store(sources);
     let mut model = Model::default();
     let p = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(10)).expect("valid");
     let checks = [Check::new("paused", &p)];
     let mut answers = Vec::new();
-    for (step, (id, lag)) in [("a1", 0), ("a2", 5000), ("a3", 0)].into_iter().enumerate() {
+    let mut paused_receipts = Vec::new();
+    let ids = ["a1", "a2", "a3"];
+    for (step, id) in ids.into_iter().enumerate() {
+        let lag = if step == paused { 5000 } else { 0 };
         let now = START_US + 1_000_250 * step as u64;
         model.now = now;
         lua.lua().set_time_us(EPOCH_US + now);
         lua.lua().set_lag_us(lag);
         let rust = model.take(&checks, Some(id));
-        let script = lua.take(&checks, Some(id)).map_err(|e| e.to_string())?;
+        let script = if in_reply {
+            let (verdict, receipts) = lua.take_in_reply(&checks).map_err(|e| e.to_string())?;
+            if step == paused {
+                paused_receipts = receipts;
+            }
+            verdict
+        } else {
+            lua.take(&checks, Some(id)).map_err(|e| e.to_string())?
+        };
         answers.push(format!("{id}: {rust:?} / {script:?}"));
         if rust != script {
             return Err(format!("a paused take differs: {answers:?}"));
         }
     }
     lua.lua().set_lag_us(0);
-    let rust = model.compensate(&checks, Some("a2"));
-    let script = lua
-        .compensate(&checks, Some("a2"))
-        .map_err(|e| e.to_string())?;
+    let rust = model.compensate(&checks, Some(ids[paused]));
+    let script = if in_reply {
+        lua.give_back(&checks, ids[paused], &paused_receipts)
+    } else {
+        lua.compensate(&checks, Some(ids[paused]))
+    }
+    .map_err(|e| e.to_string())?;
     if rust != script {
         return Err(format!(
             "the refund of a paused take differs: {rust:?} / {script:?}"
         ));
     }
     Ok(())
+}
+
+/// A take's receipts in its reply are the receipts a take under a call id writes: the same
+/// text, for one limit and a stack of two, in a new window and in an open one, at an instant
+/// inside a millisecond.
+fn receipts_in_reply_are_the_keys_receipts(sources: &Sources) -> Result<(), String> {
+    let lua = lua_store(sources);
+    let p = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(10)).expect("valid");
+    let q = Policy::new(Algorithm::Fixed, 7, Duration::from_secs(3)).expect("valid");
+    for (step, stacked) in [false, false, true, true].into_iter().enumerate() {
+        let now = START_US + 250_377 * step as u64;
+        lua.lua().set_time_us(EPOCH_US + now);
+        let pick = |a: &'static str, b: &'static str| {
+            let mut checks = vec![Check::new(a, &p)];
+            if stacked {
+                checks.push(Check::new(b, &q));
+            }
+            checks
+        };
+        let (written, replied) = (pick("kw", "kw2"), pick("kr", "kr2"));
+        let id = format!("{step}a");
+        lua.take(&written, Some(&id)).map_err(|e| e.to_string())?;
+        let (_, receipts) = lua.take_in_reply(&replied).map_err(|e| e.to_string())?;
+        for (i, c) in written.iter().enumerate() {
+            let name = format!("{}:r:{id}:{}", c.key, i + 1);
+            let stored = lua
+                .lua()
+                .db()
+                .command(&[b"GET".to_vec(), name.into_bytes()]);
+            let replied = receipts.get(i).map(|r| r.value(c.policy.cost()));
+            if replied.as_deref().map(str::as_bytes) != Some(stored_bytes(&stored)) {
+                return Err(format!(
+                    "step {step}, limit {i}: the receipt in the reply {replied:?}, the key's {stored:?}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The bytes of a bulk reply (none for anything else).
+fn stored_bytes(reply: &Reply) -> &[u8] {
+    match reply {
+        Reply::Bulk(b) => b,
+        _ => &[],
+    }
 }
 
 /// Every wait (`reset_after`, `retry_after`) above 0 of a driver's reply (one row, or an array of

@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use ratelimit_runtime::store::StoreFuture;
-use ratelimit_runtime::store::redis::{check_keys, compensate_keys};
+use ratelimit_runtime::store::redis::{ReplyReceipt, check_keys, compensate_keys};
 use ratelimit_runtime::{Store, StoreError, Verdict, store::Check};
 
 use super::scripts::{Sources, sources};
@@ -79,6 +79,36 @@ pub(crate) fn compensate_call(
         Some(id) => vec![b"refund".to_vec(), id.as_bytes().to_vec()],
     };
     argv.extend(checks.iter().map(limit_args));
+    (keys, argv)
+}
+
+/// The driver's KEYS and ARGV for a take whose receipts come back in its reply (`~`), as
+/// `take_in_reply` builds them.
+pub(crate) fn in_reply_call(checks: &[Check<'_>]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let (keys, mut argv) = driver_call(checks, None);
+    argv.push(b"~".to_vec());
+    (keys, argv)
+}
+
+/// The companion script's KEYS and ARGV for the return, under `call_id`, of a take by the
+/// receipts its reply carried, as `compensate` builds them.
+pub(crate) fn return_call(
+    checks: &[Check<'_>],
+    call_id: &str,
+    receipts: &[ReplyReceipt],
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let keys = compensate_keys(checks, Some(call_id))
+        .into_iter()
+        .map(String::into_bytes)
+        .collect();
+    let mut argv = vec![b"return".to_vec(), call_id.as_bytes().to_vec()];
+    argv.extend(checks.iter().map(limit_args));
+    argv.extend(
+        receipts
+            .iter()
+            .zip(checks)
+            .map(|(r, c)| r.value(c.policy.cost()).into_bytes()),
+    );
     (keys, argv)
 }
 
@@ -187,6 +217,31 @@ impl LuaStore {
     ) -> Result<Verdict, StoreError> {
         let (keys, argv) = driver_call(checks, call_id);
         let reply = self.run_driver(checks, &keys, &argv);
+        parse(&reply, checks)
+    }
+
+    /// The driver on `checks`, its receipts in the reply (`RedisStore::take_briefly`).
+    pub(crate) fn take_in_reply(
+        &self,
+        checks: &[Check<'_>],
+    ) -> Result<(Verdict, Vec<ReplyReceipt>), StoreError> {
+        let (keys, argv) = in_reply_call(checks);
+        let reply = self.run_driver(checks, &keys, &argv);
+        if let Reply::Error(e) = &reply {
+            return Err(StoreError::backend(e.clone()));
+        }
+        ratelimit_runtime::store::redis::parse_reply_with_receipts(&value(&reply), checks)
+    }
+
+    /// The companion script's return, under `call_id`, of a take by its reply's receipts.
+    pub(crate) fn give_back(
+        &self,
+        checks: &[Check<'_>],
+        call_id: &str,
+        receipts: &[ReplyReceipt],
+    ) -> Result<Verdict, StoreError> {
+        let (keys, argv) = return_call(checks, call_id, receipts);
+        let reply = self.run_companion(&keys, &argv);
         parse(&reply, checks)
     }
 

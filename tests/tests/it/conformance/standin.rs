@@ -355,8 +355,14 @@ impl Db {
             },
             "SET" if args.len() >= 2 => {
                 let mut expires_ms = None;
+                let mut only_new = false;
                 let mut rest = &args[2..];
                 while let Some((opt, tail)) = rest.split_first() {
+                    if opt.eq_ignore_ascii_case(b"NX") && !only_new {
+                        only_new = true;
+                        rest = tail;
+                        continue;
+                    }
                     let absolute = opt.eq_ignore_ascii_case(b"PXAT");
                     if !(absolute || opt.eq_ignore_ascii_case(b"PX"))
                         || tail.is_empty()
@@ -375,6 +381,10 @@ impl Db {
                         None => return Reply::error(NOT_INT),
                     }
                     rest = &tail[1..];
+                }
+                // NX: nothing written over a live key, answered nil.
+                if only_new && self.live(&args[0]).is_some() {
+                    return Reply::Nil;
                 }
                 // An absolute expiry not after now: Redis sets nothing (and drops the key).
                 if expires_ms.is_some_and(|at| at <= self.now_ms()) {
