@@ -165,6 +165,12 @@ pub(crate) fn new_call_id() -> String {
     call_id(*PROCESS, COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
+/// Whether `id` is a call id the scripts take: 1 to 32 lower-case hex digits (the prelude's
+/// `valid_call_id`).
+pub(crate) fn is_call_id(id: &str) -> bool {
+    (1..=32).contains(&id.len()) && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// `process` as 16 hex digits, then `count` in hex without leading zeros (`{:016x}{:x}`),
 /// written out rather than formatted: every check under the `deny` and `local` policies makes
 /// one.
@@ -284,10 +290,12 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// [`RateLimiter`](crate::RateLimiter) sends its checks so under the `deny` and `local`
     /// failure policies, with `keep` its timeout and two seconds more: a check the store
     /// answers too late is answered by the policy, and what the store took for it is given
-    /// back ([`Store::refund`]), or by the store itself. The Redis store writes no receipt: it
-    /// takes with the receipts in its reply, and a take whose future is dropped before it
-    /// answers is given back by the store when its reply comes (a reply lost with its
-    /// connection leaves the call counted). The Redis Cluster store keeps each receipt its
+    /// back ([`Store::refund`]), or by the store itself. The Redis store writes no receipt key
+    /// (but for a concurrency limit's): it takes with the receipts in its reply, and a take
+    /// whose future is dropped before it answers, for whatever reason, is given back by the
+    /// store when its reply comes, once (a `settled` marker per limit, kept 10 s); a refund
+    /// under its call id waits for that. A reply lost with its connection, or later than
+    /// 10 s, leaves the call counted. The Redis Cluster store keeps each receipt its
     /// limit's `reset_after`, at most `keep` rounded up to whole milliseconds, at most 10 s; a
     /// Cluster call across slots, which leaves no receipts to refund by, takes as
     /// [`Store::take`] does.
@@ -528,7 +536,7 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
 #[cfg(test)]
 mod tests {
-    use super::{call_id, new_call_id};
+    use super::{call_id, is_call_id, new_call_id};
 
     #[test]
     fn a_call_id_is_its_process_and_count_in_hex() {
@@ -566,10 +574,17 @@ mod tests {
         assert_ne!(a, b);
         for id in [a, b] {
             assert!((17..=32).contains(&id.len()), "{id}");
-            assert!(
-                id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
-                "{id}"
-            );
+            assert!(is_call_id(&id), "{id}");
+        }
+    }
+
+    #[test]
+    fn a_call_id_is_one_to_32_lower_case_hex_digits() {
+        for good in ["0", "7a3f", &"f".repeat(32)] {
+            assert!(is_call_id(good), "{good}");
+        }
+        for bad in ["", "7A3F", "7a3g", "7a 3f", "7a3f\n", &"f".repeat(33), "é"] {
+            assert!(!is_call_id(bad), "{bad:?}");
         }
     }
 }

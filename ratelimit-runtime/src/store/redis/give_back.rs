@@ -11,14 +11,20 @@
 //! the call was admitted, sends those receipts back (refund.lua's `return`), which gives back
 //! exactly what a refund by receipt keys would have, once. The price: a take whose reply is
 //! lost with its connection stays counted (never more admitted than the quota).
+//!
+//! A refund under the call id of such a take (the limiter's refund of a timed-out check,
+//! which its shutdown waits for) waits for that give-back instead of sending a refund of its
+//! own, which would find no receipt key: [`GivingBack`].
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
+use tokio::sync::oneshot;
 
 use super::invoke::{Calls, Mode, compensate, take_in_reply};
 use super::wire::ReplyReceipt;
@@ -32,12 +38,37 @@ use crate::store::Check;
 /// that has nothing left to return.
 const RETURN_WAIT: Duration = Duration::from_secs(10);
 
+/// The takes given up on whose give-back is in flight, by call id, each with the receiving
+/// end of a channel its task closes when done. Entries live as long as their task (at most
+/// [`RETURN_WAIT`]).
+#[derive(Debug, Default)]
+pub(crate) struct GivingBack(Mutex<HashMap<Box<str>, oneshot::Receiver<()>>>);
+
+impl GivingBack {
+    /// Waits until the give-back of the take under `call_id` is done, if one is in flight;
+    /// whether one was.
+    pub(super) async fn wait_for(&self, call_id: &str) -> bool {
+        let pending = self.entries().remove(call_id);
+        match pending {
+            Some(done) => {
+                // Closed, never sent on: the task ended, whatever it did.
+                let _ = done.await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, oneshot::Receiver<()>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// A call's limits and connection, owned: what its take needs once its caller is gone.
 struct OwnedCall {
     conn: ConnectionManager,
     calls: Arc<Calls>,
     limits: Vec<(Box<str>, Policy)>,
-    call_id: Box<str>,
 }
 
 /// What a take answered, with the receipts of an admitted call.
@@ -63,13 +94,13 @@ impl OwnedCall {
         (self, taken)
     }
 
-    /// Gives back, by the receipts its reply carried, what the take took.
-    async fn give_back(mut self, receipts: &[ReplyReceipt]) {
+    /// Gives back, by the receipts its reply carried, what the take under `call_id` took.
+    async fn give_back(mut self, call_id: &str, receipts: &[ReplyReceipt]) {
         let checks = checks_of(&self.limits);
         let given = compensate(
             &mut self.conn,
             &self.calls,
-            Mode::Return(&self.call_id, receipts),
+            Mode::Return(call_id, receipts),
             &checks,
         )
         .await;
@@ -92,51 +123,66 @@ pub(super) fn take_or_give_back(
 ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
     let call = OwnedCall {
         conn,
-        calls,
+        calls: Arc::clone(&calls),
         limits: checks
             .iter()
             .map(|c| (Box::from(c.key), *c.policy))
             .collect(),
-        call_id: Box::from(call_id),
     };
-    GiveBackIfDropped(Some(Box::pin(call.take())))
+    GiveBackIfDropped {
+        take: Some(Box::pin(call.take())),
+        call_id: Box::from(call_id),
+        calls,
+    }
 }
 
 /// A take that, dropped before its answer, is finished in a task of its own and given back.
-struct GiveBackIfDropped(Option<TakeInFlight>);
+struct GiveBackIfDropped {
+    take: Option<TakeInFlight>,
+    call_id: Box<str>,
+    /// The store's, for its registry of give-backs in flight ([`GivingBack`]).
+    calls: Arc<Calls>,
+}
 
 impl Future for GiveBackIfDropped {
     type Output = Result<Verdict, StoreError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Some(take) = self.0.as_mut() else {
+        let Some(take) = self.take.as_mut() else {
             return Poll::Ready(Err(StoreError::BadReply(
                 "a take polled after it answered".to_owned(),
             )));
         };
         let (_, taken) = ready!(take.as_mut().poll(cx));
-        self.0 = None;
+        self.take = None;
         Poll::Ready(taken.map(|(verdict, _)| verdict))
     }
 }
 
 impl Drop for GiveBackIfDropped {
     fn drop(&mut self) {
-        let Some(take) = self.0.take() else {
+        let Some(take) = self.take.take() else {
             return;
         };
         // Outside a runtime nothing can wait for the reply: the call stays counted.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        let call_id = std::mem::take(&mut self.call_id);
+        let (done, waited) = oneshot::channel::<()>();
+        let registry = Arc::clone(&self.calls);
+        registry
+            .giving_back
+            .entries()
+            .insert(call_id.clone(), waited);
         runtime.spawn(async move {
-            let returned = tokio::time::timeout(RETURN_WAIT, async move {
+            let returned = tokio::time::timeout(RETURN_WAIT, async {
                 let (call, taken) = take.await;
                 if let Ok((verdict, receipts)) = taken
                     && verdict.is_admitted()
                     && !receipts.is_empty()
                 {
-                    call.give_back(&receipts).await;
+                    call.give_back(&call_id, &receipts).await;
                 }
             })
             .await;
@@ -145,6 +191,8 @@ impl Drop for GiveBackIfDropped {
                     "redis: a take given up on did not answer in time; it may stay counted"
                 );
             }
+            registry.giving_back.entries().remove(&call_id);
+            drop(done);
         });
     }
 }

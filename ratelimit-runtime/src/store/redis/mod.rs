@@ -322,6 +322,7 @@ impl Store for RedisStore {
         keep: Duration,
     ) -> StoreFuture<'a> {
         if checks.is_empty()
+            || !crate::store::is_call_id(call_id)
             || checks
                 .iter()
                 .any(|c| c.policy.algorithm() == crate::algorithm::Algorithm::Concurrency)
@@ -342,8 +343,13 @@ impl Store for RedisStore {
         })
     }
 
+    /// A take under `call_id` given up on ([`Store::take_briefly`]) is being given back by the
+    /// store: the refund waits for that, and sends nothing (the take left no receipt key).
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         Box::pin(async move {
+            if self.calls.giving_back.wait_for(call_id).await {
+                return Ok(());
+            }
             let mut conn = self.manager().await?;
             compensate(&mut conn, &self.calls, Mode::Refund(call_id), checks)
                 .await
