@@ -76,8 +76,8 @@ fn contenders(
         ));
     }
     // Two limits of one algorithm stacked in one call (distinct keys), and the fixed window
-    // taken under a call id (`Store::take`, as `RateLimiter` sends every check under the
-    // default failure policy `local`: the call leaves a receipt).
+    // taken under a call id (`Store::take`, as the attribute's `count = …` filters send it: the
+    // call leaves a receipt).
     for algorithm in [Algorithm::Fixed, Algorithm::Gcra] {
         let policy = throughput_policy(algorithm);
         let keys = table_keys(&policy, "bench2");
