@@ -462,11 +462,10 @@ impl RateLimiter {
     /// A call the store does not answer in time is still queued there and runs when the
     /// store wakes. Under `allow` it was admitted, so the store counting it is right; under
     /// `deny` and `local` it was answered without the store, which must not count it. So
-    /// under those policies every check is sent as a take (an admitted call leaves
-    /// receipts, kept only as long as that refund needs:
-    /// [`Store::take_briefly`]), and one
-    /// that timed out is refunded by receipt in the background. (A local store answers at
-    /// once: it is never asked for receipts.)
+    /// under those policies every check is sent as a take whose receipts serve that refund
+    /// only ([`Store::take_briefly`]: kept only as long as it needs, or carried in the reply
+    /// and given back by the store itself), and one that timed out is given back in the
+    /// background. (A local store answers at once: it is never asked for receipts.)
     async fn ask_remote(
         &self,
         checks: &[Check<'_>],
