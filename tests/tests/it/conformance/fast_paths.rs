@@ -344,9 +344,8 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
                 model.take(&checks, None),
                 lua.take(&checks, None),
             )
-        } else if (op < 80 || taken.is_empty()) && step % 3 == 2 {
+        } else if (op < 80 || taken.is_empty()) && rng.chance(40) {
             // The receipts in the reply: the model takes under the id as with receipt keys.
-            // (Chosen by the step, not drawn: the traces' other draws stay as they were.)
             let id = format!("{seed:x}{step:x}");
             taken.push((id.clone(), chosen.clone()));
             let r = model.take(&checks, Some(&id));
@@ -370,12 +369,6 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
                 // A take whose receipts came in its reply is only ever returned by them (a
                 // rejected one, which has none, is peeked at instead: the last arm).
                 (80..=96, Some(receipts)) if !receipts.is_empty() => {
-                    if op >= 92 {
-                        // A settle's draws, as for any other call id.
-                        for c in &checks {
-                            rng.between(0, 2 * c.policy.cost());
-                        }
-                    }
                     let (r, l) = (
                         model.compensate(&checks, Some(&id)),
                         lua.give_back(&checks, &id, receipts),
@@ -416,7 +409,10 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
                 ));
             }
         }
+        // Reading every key drops the expired ones, as Redis's active expiry does: the model
+        // drops its own alike.
         let immortal = lua.lua().db().immortal_keys();
+        model.sweep();
         if !immortal.is_empty() {
             return Err(format!(
                 "seed {seed:#x} step {step}: keys without a TTL: {immortal:?}"

@@ -47,6 +47,30 @@ fn ttl_ms(us: u64) -> u64 {
 }
 
 impl Model {
+    /// Drops what has expired by now: the stand-in's sweep of its keys (Redis's active expiry),
+    /// so that a clock set back later does not bring back a key, a receipt or a settled marker
+    /// the server no longer holds.
+    pub(crate) fn sweep(&mut self) {
+        let (now, now_ms) = (self.now, self.now / 1000);
+        self.keys.retain(|_, e| e.live(now));
+        self.receipts.retain(|_, (_, last_ms)| now_ms <= *last_ms);
+        self.settled.retain(|_, last_ms| now_ms <= *last_ms);
+    }
+
+    /// Whether the settled marker `name` is there now. Read as Redis reads a key: an expired
+    /// one is dropped (lazy expiry), so that a clock set back later does not bring it back.
+    fn settled_marker(&mut self, name: &str) -> bool {
+        let now_ms = self.now / 1000;
+        match self.settled.get(name) {
+            Some(&end) if now_ms > end => {
+                self.settled.remove(name);
+                false
+            }
+            Some(_) => true,
+            None => false,
+        }
+    }
+
     fn live(&self, key: &str) -> Option<&State> {
         self.keys
             .get(key)
@@ -136,11 +160,7 @@ impl Model {
         let now = self.now;
         for (i, (c, &actual)) in checks.iter().zip(actual).enumerate() {
             let name = format!("{}:r:{id}:{}", c.key, i + 1);
-            if self
-                .settled
-                .get(&name)
-                .is_some_and(|end| now / 1000 <= *end)
-            {
+            if self.settled_marker(&name) {
                 continue;
             }
             let receipt = self
@@ -180,6 +200,8 @@ impl Model {
         if let Some(id) = refund {
             for (i, c) in checks.iter().enumerate() {
                 let name = format!("{}:r:{id}:{}", c.key, i + 1);
+                // Read as the script reads it (`GET`), which drops an expired marker.
+                self.settled_marker(&name);
                 let Some((receipt, expires)) = self.receipts.remove(&name) else {
                     continue;
                 };
