@@ -97,47 +97,36 @@ fn contenders(
             }),
         ));
     }
-    {
+    // A fixed window taken under a call id, a new id per call as the limiter draws one: as
+    // `Store::take` (the attribute's `count = …` filters), and as `RateLimiter` sends every
+    // check under the failure policies `local` (the default) and `deny`, a take whose receipts
+    // serve only the refund of a timeout (`Store::take_briefly`, `keep` given).
+    for (name, scope, keep) in [
+        ("ratelimit `RedisStore::take` (a call id: a receipt), fixed", "benchid", None),
+        (
+            "ratelimit `RedisStore::take_briefly` (`RateLimiter`'s default), fixed",
+            "benchbrief",
+            Some(Duration::from_secs(2)),
+        ),
+    ] {
         let policy = throughput_policy(Algorithm::Fixed);
-        let keys = table_keys(&policy, "benchid");
+        let keys = table_keys(&policy, scope);
         let store = store.clone();
-        // A new id per call, as the limiter draws one.
         let ids = Rc::new(std::cell::Cell::new(0_u64));
         out.push((
-            "ratelimit `RedisStore::take` (a call id: a receipt), fixed".to_owned(),
+            name.to_owned(),
             Rc::new(move |i| {
                 let (store, keys) = (store.clone(), keys.clone());
                 ids.set(ids.get() + 1);
                 let id = format!("{:x}", ids.get());
                 Box::pin(async move {
-                    store
-                        .take(&[Check::new(&keys[i], &policy)], &id)
-                        .await
-                        .map(|v| v.is_admitted())
-                        .map_err(|e| e.to_string())
-                })
-            }),
-        ));
-    }
-    {
-        let policy = throughput_policy(Algorithm::Fixed);
-        let keys = table_keys(&policy, "benchbrief");
-        let store = store.clone();
-        let ids = Rc::new(std::cell::Cell::new(0_u64));
-        // What `RateLimiter` sends under the failure policies `local` (the default) and `deny`:
-        // a take whose receipts serve only the refund of a timeout (`Store::take_briefly`).
-        out.push((
-            "ratelimit `RedisStore::take_briefly` (`RateLimiter`'s default), fixed".to_owned(),
-            Rc::new(move |i| {
-                let (store, keys) = (store.clone(), keys.clone());
-                ids.set(ids.get() + 1);
-                let id = format!("{:x}", ids.get());
-                Box::pin(async move {
-                    store
-                        .take_briefly(&[Check::new(&keys[i], &policy)], &id, Duration::from_secs(2))
-                        .await
-                        .map(|v| v.is_admitted())
-                        .map_err(|e| e.to_string())
+                    let checks = [Check::new(&keys[i], &policy)];
+                    match keep {
+                        None => store.take(&checks, &id).await,
+                        Some(keep) => store.take_briefly(&checks, &id, keep).await,
+                    }
+                    .map(|v| v.is_admitted())
+                    .map_err(|e| e.to_string())
                 })
             }),
         ));

@@ -90,43 +90,47 @@ pub(crate) fn in_reply_call(checks: &[Check<'_>]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>
     (keys, argv)
 }
 
+/// The companion script's KEYS and ARGV for `mode` (`settle` or `return`) under `call_id`,
+/// with one more argument per limit after the limits' own, as `compensate` builds them.
+fn companion_call_per_limit(
+    checks: &[Check<'_>],
+    mode: &str,
+    call_id: &str,
+    per_limit: impl Iterator<Item = Vec<u8>>,
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let keys = compensate_keys(checks, Some(call_id))
+        .into_iter()
+        .map(String::into_bytes)
+        .collect();
+    let mut argv = vec![mode.as_bytes().to_vec(), call_id.as_bytes().to_vec()];
+    argv.extend(checks.iter().map(limit_args));
+    argv.extend(per_limit);
+    (keys, argv)
+}
+
 /// The companion script's KEYS and ARGV for the return, under `call_id`, of a take by the
-/// receipts its reply carried, as `compensate` builds them.
+/// receipts its reply carried.
 pub(crate) fn return_call(
     checks: &[Check<'_>],
     call_id: &str,
     receipts: &[ReplyReceipt],
 ) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-    let keys = compensate_keys(checks, Some(call_id))
-        .into_iter()
-        .map(String::into_bytes)
-        .collect();
-    let mut argv = vec![b"return".to_vec(), call_id.as_bytes().to_vec()];
-    argv.extend(checks.iter().map(limit_args));
-    argv.extend(
-        receipts
-            .iter()
-            .zip(checks)
-            .map(|(r, c)| r.value(c.policy.cost()).into_bytes()),
-    );
-    (keys, argv)
+    let values = receipts
+        .iter()
+        .zip(checks)
+        .map(|(r, c)| r.value(c.policy.cost()).into_bytes());
+    companion_call_per_limit(checks, "return", call_id, values)
 }
 
 /// The companion script's KEYS and ARGV for a settle under `call_id` to `actual` units per
-/// limit, as `compensate` builds them.
+/// limit.
 pub(crate) fn settle_call(
     checks: &[Check<'_>],
     call_id: &str,
     actual: &[u64],
 ) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-    let keys = compensate_keys(checks, Some(call_id))
-        .into_iter()
-        .map(String::into_bytes)
-        .collect();
-    let mut argv = vec![b"settle".to_vec(), call_id.as_bytes().to_vec()];
-    argv.extend(checks.iter().map(limit_args));
-    argv.extend(actual.iter().map(|a| a.to_string().into_bytes()));
-    (keys, argv)
+    let units = actual.iter().map(|a| a.to_string().into_bytes());
+    companion_call_per_limit(checks, "settle", call_id, units)
 }
 
 /// The reply as the Redis client hands it over (`redis::Value`).
