@@ -114,6 +114,37 @@ pub fn whole_ms(wait_us: u64, now: u64) -> u64 {
     }
 }
 
+/// A fixed window's receipt as a take's reply carries it (the Redis store's `take_briefly`,
+/// whose receipts are not written to keys): the start of the take's millisecond, and the whole
+/// milliseconds from there to the window's end ([`whole_ms`]).
+///
+/// It ends where the receipt `r` ends (`at + reset`), so [`refund`] gives back by it what it
+/// gives back by `r`; the script reads it off the window's stored end (`PEXPIRETIME`, less the
+/// key's `PTTL`) without reading the server's clock. Only the companion script reads its time:
+/// its guard against a clock behind the take's and the receipt's life (10 s at most), for
+/// which it is up to 999 µs earlier than `r`'s (later by as much as a server paused
+/// mid-script, whose `PTTL` counts from its live clock).
+///
+/// ```
+/// use ratelimit_runtime::algorithm::{Receipt, fixed::receipt_in_reply};
+/// let taken = Receipt { at_us: 5_000_250, reset_us: 999_750, first: 0, cost: 1 };
+/// let replied = receipt_in_reply(&taken);
+/// assert_eq!((replied.at_us, replied.reset_us), (5_000_000, 1_000_000));
+/// assert_eq!(replied.at_us + replied.reset_us, taken.at_us + taken.reset_us);
+/// ```
+#[must_use]
+pub fn receipt_in_reply(r: &Receipt) -> Receipt {
+    if r.reset_us == 0 {
+        return *r;
+    }
+    let gone = r.at_us % 1000;
+    Receipt {
+        at_us: r.at_us - gone,
+        reset_us: whole_ms(r.reset_us, r.at_us),
+        ..*r
+    }
+}
+
 /// Gives back `cost` while the call's window is still the key's: more than 2 ms before that
 /// window's end (`at + reset`), and the key's window ends no later than 2 ms after it (a newer
 /// window ends later). A window left empty is deleted (`None`).

@@ -20,16 +20,27 @@
 -- before the script returns, so a rejected call leaves the key's value and
 -- expiry as they were, as the driver does.
 --
--- Time: without a call id this path reads no clock (TIME costs more than the
--- rest of its Lua): the key's PTTL, from the server's own millisecond, is all
--- the rule needs, and PEXPIRE gives a new window its end. So every wait it
+-- Time: without a call id or receipts in the reply this path reads no clock
+-- (TIME costs more than the rest of its Lua): the key's PTTL, from the server's
+-- own millisecond, is all the rule needs, and PEXPIRE gives a new window its
+-- end. So every wait it
 -- answers (reset_after, retry_after) is counted from the start of the server's
 -- current millisecond: the rule's figure plus the part of that millisecond
 -- already gone (algorithm::fixed::whole_ms), whole milliseconds, never early,
--- less than 1 ms late. With a call id, or the receipts in the reply, the
--- server's time is read, for the receipt (which records the exact figures the
--- driver's does), and the waits answered are the same whole milliseconds; so
--- are those of the calls handed to the driver.
+-- less than 1 ms late. With a call id the server's time is read, for the
+-- receipt (which records the exact figures the driver's does), and the waits
+-- answered are the same whole milliseconds; so are those of the calls handed
+-- to the driver.
+--
+-- The receipts in the reply (RedisStore::take_briefly) need no clock in a
+-- window that is open: a fixed window's refund reads only the window's end
+-- (algorithm::fixed::refund), which is the key's stored expiry (PEXPIRETIME)
+-- and 1 ms, so the receipt is the start of the millisecond the key's PTTL was
+-- counted from (that expiry less the PTTL) and the whole milliseconds from
+-- there to the window's end (algorithm::fixed::receipt_in_reply). A window the
+-- take opens is given its end from the server's time (PEXPIREAT), as with a
+-- call id, so that a server paused mid-script opens it where the rule does; a
+-- server without PEXPIRETIME (Redis 6.2) reads its time for every such take.
 
 -- A reply of the driver's `check` (one limit, or an error) with its waits as
 -- this path answers them, once `check` read the clock (`now`).
@@ -69,6 +80,26 @@ local function pttl_of(key, timed)
   return pttl
 end
 
+-- The time of the receipt in the reply of a take of one fixed window whose key
+-- has `pttl` ms left (the receipt's reset_after is the wait to the window's end
+-- from the start of that millisecond: algorithm::fixed::receipt_in_reply).
+-- Without the server's time (`timed` false): the start of the millisecond that
+-- PTTL counted from, the key's stored expiry less its PTTL. With it: the start
+-- of now's millisecond, which the expiry was read against (the prelude's
+-- expiry_ms). A server that refuses PEXPIRETIME (a renamed command) is asked
+-- its time after the PTTL: a receipt then ends as much late as a millisecond
+-- passed between the two, never early.
+local function receipt_at(key, pttl, timed)
+  if not timed then
+    local at = redis.pcall('PEXPIRETIME', key)
+    if type(at) == 'number' then
+      return (at - pttl) * 1000
+    end
+    read_clock()
+  end
+  return now - math.fmod(now, 1000)
+end
+
 local function fixed_one(KEYS, ARGV, call_id)
   local key = KEYS[1]
   if call_id ~= nil then
@@ -78,8 +109,10 @@ local function fixed_one(KEYS, ARGV, call_id)
   elseif #KEYS ~= 2 or #ARGV ~= (receipts_in_reply and 2 or 1) then
     return whole_ms(check(KEYS, ARGV))
   end
-  -- The server's time, for a receipt in a key or in the reply.
-  local timed = call_id ~= nil or receipts_in_reply
+  -- The server's time, for a receipt in a key, and for one in the reply on a
+  -- server without PEXPIRETIME (before Redis 7.0, which tells its version),
+  -- which reads the window's end from it.
+  local timed = call_id ~= nil or (receipts_in_reply and redis.REDIS_VERSION_NUM == nil)
   if KEYS[2] ~= key .. ':b' then
     return whole_ms(check(KEYS, ARGV))
   end
@@ -124,7 +157,12 @@ local function fixed_one(KEYS, ARGV, call_id)
     end
     -- A new window (the key was absent, or an immortal 0): it ends a period
     -- from now's millisecond, and is gone the one after.
-    if timed then
+    if timed or receipts_in_reply then
+      if not timed then
+        -- Redis 7.0 or later (else `timed`): a clock read after a write is allowed.
+        read_clock()
+        timed = true
+      end
       redis.call('PEXPIREAT', key, int(floor_div(now, 1000) + period_ms))
     else
       redis.call('PEXPIRE', key, l.period_ms_text)
@@ -145,7 +183,7 @@ local function fixed_one(KEYS, ARGV, call_id)
   if call_id ~= nil then
     write_receipt(KEYS[3], l, { after_reset = left - math.fmod(now, 1000) })
   elseif receipts_in_reply then
-    return { 1, p.limit - n, left, 0, now, left - math.fmod(now, 1000), 0 }
+    return { 1, p.limit - n, left, 0, receipt_at(key, pttl, timed), left, 0 }
   end
   return { 1, p.limit - n, left, 0 }
 end
@@ -263,7 +301,8 @@ local function fixed_many(KEYS, ARGV, n, call_id)
       write_receipt(KEYS[2 * n + i], l, { after_reset = wait - math.fmod(now, 1000) })
       reply[i] = { 1, l.p.limit - counts[i], wait, 0 }
     elseif receipts_in_reply then
-      reply[i] = { 1, l.p.limit - counts[i], wait, 0, now, wait - math.fmod(now, 1000), 0 }
+      -- As receipt_at, from the server's time this path read.
+      reply[i] = { 1, l.p.limit - counts[i], wait, 0, now - math.fmod(now, 1000), wait, 0 }
     else
       reply[i] = { 1, l.p.limit - counts[i], wait, 0 }
     end

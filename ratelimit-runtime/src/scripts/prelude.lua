@@ -389,11 +389,18 @@ end
 -- retry_after µs}: of a call that was taken (every limit admitted it), with
 -- its receipt's figures when they go in the reply (receipts_in_reply: the
 -- time of the take, the receipt's reset_after, `first`, as write_receipt
--- records them) ...
+-- records them; a fixed window's from the start of the take's millisecond, as
+-- fixed_only.lua reads them off the window's end without a clock:
+-- algorithm::fixed::receipt_in_reply) ...
 local function taken_reply(l, d)
   local reset = clamp(d.after_reset)
   if receipts_in_reply then
-    return { 1, clamp(d.after_remaining, l.capacity), reset, 0, now, reset, clamp(d.first or 0) }
+    local at, receipt_reset = now, reset
+    if l.code == 1 and reset > 0 then
+      local gone = math.fmod(now, 1000)
+      at, receipt_reset = now - gone, reset + gone
+    end
+    return { 1, clamp(d.after_remaining, l.capacity), reset, 0, at, receipt_reset, clamp(d.first or 0) }
   end
   return { 1, clamp(d.after_remaining, l.capacity), reset, 0 }
 end

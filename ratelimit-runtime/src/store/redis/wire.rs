@@ -238,7 +238,8 @@ pub fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict, Store
 #[doc(hidden)] // public for the conformance test
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplyReceipt {
-    /// The server's time of the take, µs.
+    /// The server's time of the take, µs; for a fixed window, the start of the millisecond
+    /// its window's end was read against (`algorithm::fixed::receipt_in_reply`).
     pub at_us: u64,
     /// The `reset_after` the receipt records, µs.
     pub reset_us: u64,

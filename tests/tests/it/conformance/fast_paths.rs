@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ratelimit_runtime::algorithm::{Receipt, fixed};
 use ratelimit_runtime::store::redis::ReplyReceipt;
 use ratelimit_runtime::{Algorithm, Policy, Store, StoreError, Verdict, store::Check};
 
@@ -135,19 +136,29 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "",
     ),
     (
-        "a receipt in the reply records the wait in whole milliseconds",
-        "return { 1, p.limit - n, left, 0, now, left - math.fmod(now, 1000), 0 }",
-        "return { 1, p.limit - n, left, 0, now, left, 0 }",
+        "a receipt in the reply starts a millisecond late",
+        "return (at - pttl) * 1000",
+        "return (at - pttl + 1) * 1000",
     ),
     (
-        "a receipt in the reply (stacked) records the wait in whole milliseconds",
-        "reply[i] = { 1, l.p.limit - counts[i], wait, 0, now, wait - math.fmod(now, 1000), 0 }",
+        "a receipt in the reply ends a millisecond early",
+        "left, 0, receipt_at(key, pttl, timed), left, 0 }",
+        "left, 0, receipt_at(key, pttl, timed), left - 1000, 0 }",
+    ),
+    (
+        "a receipt in the reply, without PEXPIRETIME, at the take's microsecond",
+        "  return now - math.fmod(now, 1000)\nend",
+        "  return now\nend",
+    ),
+    (
+        "a receipt in the reply (stacked) at the take's microsecond",
+        "reply[i] = { 1, l.p.limit - counts[i], wait, 0, now - math.fmod(now, 1000), wait, 0 }",
         "reply[i] = { 1, l.p.limit - counts[i], wait, 0, now, wait, 0 }",
     ),
     (
         "a new window (receipts in the reply) ends at the live clock's",
-        "    if timed then\n      redis.call('PEXPIREAT', key,",
-        "    if false then\n      redis.call('PEXPIREAT', key,",
+        "    if timed or receipts_in_reply then\n",
+        "    if timed then\n",
     ),
     (
         "takes with a wrong block marker",
@@ -243,7 +254,13 @@ fn differs(sources: &Sources) -> Result<(), String> {
         paused_take(sources, paused, false)?;
         paused_take(sources, paused, true)?;
     }
-    receipts_in_reply_are_the_keys_receipts(sources)?;
+    receipts_in_reply_are_the_keys_receipts(sources, false)?;
+    // On a server without PEXPIRETIME (Redis 6.2), which the scripts read expiries from the
+    // clock and PTTL on.
+    for t in 0..4 {
+        model_trace_on(sources, 0xFA57_6200 + t, true)?;
+    }
+    receipts_in_reply_are_the_keys_receipts(sources, true)?;
     planted_states(sources)
 }
 
@@ -275,11 +292,16 @@ fn fixed_limit(rng: &mut Rng, i: usize) -> (String, Policy) {
 /// Takes (with and without a call id), refunds, settles and peeks on fixed-window limits, one
 /// or a stack of two or three (so that a call of fewer limits follows one of more), against
 /// [`Model`].
+fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
+    model_trace_on(sources, seed, false)
+}
+
+/// [`model_trace`] on a server with or without `PEXPIRETIME` (Redis 7.0 and later, 6.2).
 #[allow(
     clippy::too_many_lines,
     reason = "one trace loop: the operations side by side"
 )]
-fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
+fn model_trace_on(sources: &Sources, seed: u64, without_expiretime: bool) -> Result<(), String> {
     let mut rng = Rng::new(seed);
     let limits = [
         fixed_limit(&mut rng, 0),
@@ -287,6 +309,7 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
         fixed_limit(&mut rng, 2),
     ];
     let lua = lua_store(sources);
+    lua.lua().set_without_expiretime(without_expiretime);
     let mut model = Model::default();
     model.now = START_US;
     let period = limits
@@ -309,6 +332,7 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
         model.now = now;
         lua.lua().set_time_us(EPOCH_US + now);
         let op = rng.below(100);
+        let mut mismatch: Option<String> = None;
         let fresh = |rng: &mut Rng| -> Vec<(usize, Policy)> {
             let which: Vec<usize> = if rng.chance(30) {
                 if rng.chance(50) {
@@ -348,8 +372,16 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
             // The receipts in the reply: the model takes under the id as with receipt keys.
             let id = format!("{seed:x}{step:x}");
             taken.push((id.clone(), chosen.clone()));
-            let r = model.take(&checks, Some(&id));
+            let r = model.take_in_reply(&checks, &id);
+            let expected = if r.is_admitted() {
+                model.replied(&checks, &id, EPOCH_US)
+            } else {
+                Vec::new()
+            };
             let l = lua.take_in_reply(&checks).map(|(verdict, receipts)| {
+                if receipts != expected {
+                    mismatch = Some(format!("receipts {receipts:?}, the rule's {expected:?}"));
+                }
                 in_reply.insert(id.clone(), receipts);
                 verdict
             });
@@ -401,11 +433,12 @@ fn model_trace(sources: &Sources, seed: u64) -> Result<(), String> {
             }
         };
         match &script {
-            Ok(v) if *v == rust => {}
+            Ok(v) if *v == rust && mismatch.is_none() => {}
             _ => {
                 return Err(format!(
-                    "seed {seed:#x} step {step} at {now} µs: {what} {}\n  rust: {rust:?}\n  lua:  {script:?}",
-                    describe(&checks)
+                    "seed {seed:#x} step {step} at {now} µs: {what} {}\n  rust: {rust:?}\n  lua:  {script:?}{}",
+                    describe(&checks),
+                    mismatch.map(|m| format!("\n  {m}")).unwrap_or_default()
                 ));
             }
         }
@@ -514,15 +547,53 @@ fn paused_take(sources: &Sources, paused: usize, in_reply: bool) -> Result<(), S
         model.now = now;
         lua.lua().set_time_us(EPOCH_US + now);
         lua.lua().set_lag_us(lag);
-        let rust = model.take(&checks, Some(id));
-        let script = if in_reply {
+        let (rust, script) = if in_reply {
+            let rust = model.take_in_reply(&checks, id);
             let (verdict, receipts) = lua.take_in_reply(&checks).map_err(|e| e.to_string())?;
+            let rule = model.replied(&checks, id, EPOCH_US);
+            // In a window an earlier call opened, the receipts in the reply are read off the
+            // window's stored end less its PTTL, which a paused server counts from its live
+            // clock, as it does a check's: the reported times are `lag` short, the receipt's
+            // time `lag` late, and it ends where the rule's does, so it gives back alike.
+            let ends = |r: &[ReplyReceipt]| -> Vec<u64> {
+                r.iter().map(|r| r.at_us + r.reset_us).collect()
+            };
+            let exact = step != paused || paused == 0;
+            let late =
+                |r: &[ReplyReceipt]| -> Vec<u64> { r.iter().map(|r| r.at_us + lag).collect() };
+            let starts: Vec<u64> = receipts.iter().map(|r| r.at_us).collect();
+            if (exact && receipts != rule)
+                || (!exact && starts != late(&rule))
+                || ends(&receipts) != ends(&rule)
+            {
+                return Err(format!(
+                    "step {step}: the receipts in the reply {receipts:?}, the rule's {rule:?}"
+                ));
+            }
             if step == paused {
                 paused_receipts = receipts;
             }
-            verdict
+            let rust = if exact {
+                rust
+            } else {
+                Verdict::new(
+                    rust.decisions()
+                        .iter()
+                        .map(|d| {
+                            let mut d = *d;
+                            d.reset_after -= Duration::from_micros(lag);
+                            d
+                        })
+                        .collect(),
+                )
+            };
+            (rust, verdict)
         } else {
-            lua.take(&checks, Some(id)).map_err(|e| e.to_string())?
+            let rust = model.take(&checks, Some(id));
+            (
+                rust,
+                lua.take(&checks, Some(id)).map_err(|e| e.to_string())?,
+            )
         };
         answers.push(format!("{id}: {rust:?} / {script:?}"));
         if rust != script {
@@ -545,11 +616,16 @@ fn paused_take(sources: &Sources, paused: usize, in_reply: bool) -> Result<(), S
     Ok(())
 }
 
-/// A take's receipts in its reply are the receipts a take under a call id writes: the same
-/// text, for one limit and a stack of two, in a new window and in an open one, at an instant
-/// inside a millisecond.
-fn receipts_in_reply_are_the_keys_receipts(sources: &Sources) -> Result<(), String> {
+/// A take's receipts in its reply are the receipts a take under a call id writes, as the
+/// reply carries them (`algorithm::fixed::receipt_in_reply`: from the start of the take's
+/// millisecond, ending where the written one ends), for one limit and a stack of two, in a new
+/// window and in an open one, at an instant inside a millisecond.
+fn receipts_in_reply_are_the_keys_receipts(
+    sources: &Sources,
+    without_expiretime: bool,
+) -> Result<(), String> {
     let lua = lua_store(sources);
+    lua.lua().set_without_expiretime(without_expiretime);
     let p = Policy::new(Algorithm::Fixed, 5, Duration::from_secs(10)).expect("valid");
     let q = Policy::new(Algorithm::Fixed, 7, Duration::from_secs(3)).expect("valid");
     for (step, stacked) in [false, false, true, true].into_iter().enumerate() {
@@ -572,15 +648,36 @@ fn receipts_in_reply_are_the_keys_receipts(sources: &Sources) -> Result<(), Stri
                 .lua()
                 .db()
                 .command(&[b"GET".to_vec(), name.into_bytes()]);
-            let replied = receipts.get(i).map(|r| r.value(c.policy.cost()));
-            if replied.as_deref().map(str::as_bytes) != Some(stored_bytes(&stored)) {
+            let key_receipt = read_receipt(stored_bytes(&stored))
+                .ok_or_else(|| format!("step {step}, limit {i}: no receipt in {stored:?}"))?;
+            let rule = fixed::receipt_in_reply(&key_receipt);
+            let expected = ReplyReceipt {
+                at_us: rule.at_us,
+                reset_us: rule.reset_us,
+                first_us: rule.first,
+            };
+            if receipts.get(i) != Some(&expected) || rule.cost != c.policy.cost() {
                 return Err(format!(
-                    "step {step}, limit {i}: the receipt in the reply {replied:?}, the key's {stored:?}"
+                    "step {step}, limit {i}: the receipt in the reply {:?}, the key's {key_receipt:?} as replied {expected:?}",
+                    receipts.get(i)
                 ));
             }
         }
     }
     Ok(())
+}
+
+/// A receipt key's value (`<at>:<reset>:<first>:<cost>`, the prelude's `read_receipt`).
+fn read_receipt(value: &[u8]) -> Option<Receipt> {
+    let text = std::str::from_utf8(value).ok()?;
+    let mut figures = text.split(':').map(|f| f.parse::<u64>().ok());
+    let receipt = Receipt {
+        at_us: figures.next()??,
+        reset_us: figures.next()??,
+        first: figures.next()??,
+        cost: figures.next()??,
+    };
+    figures.next().is_none().then_some(receipt)
 }
 
 /// The bytes of a bulk reply (none for anything else).

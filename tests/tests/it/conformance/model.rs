@@ -6,7 +6,8 @@
 use std::collections::HashMap;
 
 use ratelimit_runtime::algorithm::{self, Evaluation, Params, Receipt, State};
-use ratelimit_runtime::{Decision, Verdict, store::Check};
+use ratelimit_runtime::store::redis::ReplyReceipt;
+use ratelimit_runtime::{Algorithm, Decision, Verdict, store::Check};
 
 /// The driver's longest receipt life, µs (`RECEIPT_TTL_US` in driver.lua).
 const RECEIPT_TTL_US: u64 = 10_000_000;
@@ -150,6 +151,45 @@ impl Model {
             })
             .collect();
         super::as_sent(checks, Verdict::new(decisions), now)
+    }
+
+    /// A take whose receipts come back in its reply (`RedisStore::take_briefly`): [`Model::take`]
+    /// under `id`, each fixed window's receipt as the reply carries it
+    /// (`algorithm::fixed::receipt_in_reply`), so that a return by the reply's receipts is a
+    /// refund by these.
+    pub(crate) fn take_in_reply(&mut self, checks: &[Check<'_>], id: &str) -> Verdict {
+        let verdict = self.take(checks, Some(id));
+        for (i, c) in checks.iter().enumerate() {
+            if c.policy.algorithm() == Algorithm::Fixed
+                && let Some((r, _)) = self
+                    .receipts
+                    .get_mut(&format!("{}:r:{id}:{}", c.key, i + 1))
+            {
+                *r = algorithm::fixed::receipt_in_reply(r);
+            }
+        }
+        verdict
+    }
+
+    /// The receipts the reply of [`Model::take_in_reply`] under `id` carries: one per limit
+    /// while they last (none once a refund, a return or their life took them), on a server
+    /// whose clock reads `epoch_us` more than the model's.
+    pub(crate) fn replied(
+        &self,
+        checks: &[Check<'_>],
+        id: &str,
+        epoch_us: u64,
+    ) -> Vec<ReplyReceipt> {
+        checks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| self.receipts.get(&format!("{}:r:{id}:{}", c.key, i + 1)))
+            .map(|(r, _)| ReplyReceipt {
+                at_us: r.at_us + epoch_us,
+                reset_us: r.reset_us,
+                first_us: if r.first == 0 { 0 } else { r.first + epoch_us },
+            })
+            .collect()
     }
 
     /// The companion script's settle (`settle` in refund.lua): each limit settled to

@@ -253,6 +253,10 @@ const NOT_INT: &str = "ERR value is not an integer or out of range";
 const SYNTAX: &str = "ERR syntax error";
 const NOT_FLOAT: &str = "ERR min or max is not a float";
 
+/// `redis.REDIS_VERSION_NUM` of the server the stand-in plays (Redis 7.0.15): a server before
+/// 7.0 has none.
+const REDIS_VERSION_NUM: i64 = 0x07_00_0f;
+
 /// The keyspace and the clock.
 #[derive(Debug, Default)]
 pub(crate) struct Db {
@@ -260,6 +264,9 @@ pub(crate) struct Db {
     now_us: u64,
     /// How far the server's live clock runs ahead of the script's `TIME`, µs.
     lag_us: u64,
+    /// Whether the server knows `PEXPIRETIME` (Redis 7.0 and later), else it answers it as an
+    /// unknown command, as Redis 6.2 does.
+    without_expiretime: bool,
 }
 
 /// What a key holds, for comparing two keyspaces: its type, its TTL class, and for strings the
@@ -401,7 +408,7 @@ impl Db {
                 Reply::Status("OK".to_owned())
             }
             // The stored expiry, absolute (Redis 7.0): no clock involved.
-            "PEXPIRETIME" if arity(1) => match self.live(&args[0]) {
+            "PEXPIRETIME" if arity(1) && !self.without_expiretime => match self.live(&args[0]) {
                 None => Reply::Int(-2),
                 Some(Entry {
                     expires_ms: None, ..
@@ -958,6 +965,9 @@ impl LuaRedis {
             .create_function(|_, ()| Ok(true))
             .expect("redis.replicate_commands");
         redis.raw_set("replicate_commands", replicate).expect("set");
+        redis
+            .raw_set("REDIS_VERSION_NUM", REDIS_VERSION_NUM)
+            .expect("set");
         lua.globals().raw_set("redis", redis).expect("set");
         lua.globals().raw_set("KEYS", Value::Nil).expect("set");
         lua.load(GLOBALS_PROTECTION)
@@ -1063,6 +1073,23 @@ impl LuaRedis {
     /// (a server paused mid-script; see the module's docs).
     pub(crate) fn set_lag_us(&self, lag_us: u64) {
         lock(&self.db).lag_us = lag_us;
+    }
+
+    /// Makes the server a Redis 6.2: `PEXPIRETIME` an unknown command (the scripts then read
+    /// an expiry from `PTTL` and the clock), and no `redis.REDIS_VERSION_NUM`.
+    pub(crate) fn set_without_expiretime(&self, without: bool) {
+        lock(&self.db).without_expiretime = without;
+        let redis: Table = self
+            .lua
+            .globals()
+            .raw_get("redis")
+            .expect("the redis table");
+        let version = if without {
+            Value::Nil
+        } else {
+            Value::Integer(REDIS_VERSION_NUM)
+        };
+        redis.raw_set("REDIS_VERSION_NUM", version).expect("set");
     }
 
     /// The keyspace (to inspect or run commands directly).
