@@ -100,6 +100,27 @@ local function receipt_at(key, pttl, timed)
   return now - math.fmod(now, 1000)
 end
 
+-- The reply of an admitted call of one limit as one string of its numbers
+-- joined by `:` (wire.rs's row_numbers reads it): Redis answers a string for
+-- less than a table of numbers, and the client decodes it for less
+-- (BENCHMARKS.md, "A fixed window's admitted reply as one string"). The
+-- formats are made once per chunk, from the prelude's INT_FORMAT (parse_limit
+-- chose it before any call gets here).
+local ROW_FORMAT = nil
+local ROW_WITH_RECEIPT_FORMAT = nil
+
+local function admitted_row(remaining, left, at)
+  if ROW_FORMAT == nil then
+    local f = INT_FORMAT
+    ROW_FORMAT = '1:' .. f .. ':' .. f .. ':0'
+    ROW_WITH_RECEIPT_FORMAT = ROW_FORMAT .. ':' .. f .. ':' .. f .. ':0'
+  end
+  if at == nil then
+    return string.format(ROW_FORMAT, remaining, left)
+  end
+  return string.format(ROW_WITH_RECEIPT_FORMAT, remaining, left, at, left)
+end
+
 local function fixed_one(KEYS, ARGV, call_id)
   local key = KEYS[1]
   if call_id ~= nil then
@@ -183,9 +204,9 @@ local function fixed_one(KEYS, ARGV, call_id)
   if call_id ~= nil then
     write_receipt(KEYS[3], l, { after_reset = left - math.fmod(now, 1000) })
   elseif receipts_in_reply then
-    return { 1, p.limit - n, left, 0, receipt_at(key, pttl, timed), left, 0 }
+    return admitted_row(p.limit - n, left, receipt_at(key, pttl, timed))
   end
-  return { 1, p.limit - n, left, 0 }
+  return admitted_row(p.limit - n, left, nil)
 end
 
 -- A call of two or more fixed-window limits on distinct keys: as fixed_one,

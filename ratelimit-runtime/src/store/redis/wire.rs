@@ -279,13 +279,15 @@ fn parse_rows(
     mut receipts: Option<&mut Vec<ReplyReceipt>>,
 ) -> Result<Verdict, StoreError> {
     let bad = |what: String| StoreError::BadReply(what);
-    let Value::Array(rows) = reply else {
-        return Err(bad(format!("expected an array, got {reply:?}")));
-    };
-    // One check answered with its own four numbers: the reply is its one row.
-    let rows = match rows.first() {
-        Some(Value::Int(_)) if checks.len() == 1 => std::slice::from_ref(reply),
-        _ => rows.as_slice(),
+    // One check answered with its own numbers (an array, or their text): the reply is its
+    // one row.
+    let rows = match reply {
+        Value::BulkString(_) if checks.len() == 1 => std::slice::from_ref(reply),
+        Value::Array(rows) => match rows.first() {
+            Some(Value::Int(_)) if checks.len() == 1 => std::slice::from_ref(reply),
+            _ => rows.as_slice(),
+        },
+        _ => return Err(bad(format!("expected an array, got {reply:?}"))),
     };
     if rows.len() != checks.len() {
         return Err(bad(format!(
@@ -294,54 +296,29 @@ fn parse_rows(
             rows.len()
         )));
     }
-    let int = |v: &Value| -> Result<u64, StoreError> {
-        match v {
-            Value::Int(n) => Ok(u64::try_from(*n).unwrap_or(0)),
-            other => Err(bad(format!("expected an integer, got {other:?}"))),
-        }
-    };
     let decisions = rows
         .iter()
         .zip(checks)
         .map(|(row, check)| {
-            let Value::Array(fields) = row else {
-                return Err(bad(format!("expected a decision array, got {row:?}")));
-            };
-            let (decision, receipt) = match (fields.as_slice(), &mut receipts) {
-                ([a, b, c, d], _) => ([a, b, c, d], None),
-                ([a, b, c, d, at, reset, first], Some(_)) => {
-                    ([a, b, c, d], Some([at, reset, first]))
-                }
-                _ => {
-                    return Err(bad(format!(
-                        "expected 4 numbers per decision, got {}",
-                        fields.len()
-                    )));
-                }
-            };
-            let [admitted, remaining, reset_us, retry_us] = decision;
+            let (admitted, [remaining, reset_us, retry_us], receipt) =
+                row_numbers(row, receipts.is_some())?;
             if let (Some([at, reset, first]), Some(list)) = (receipt, receipts.as_deref_mut()) {
                 list.push(ReplyReceipt {
-                    at_us: int(at)?,
-                    reset_us: int(reset)?,
-                    first_us: int(first)?,
+                    at_us: at,
+                    reset_us: reset,
+                    first_us: first,
                 });
             }
-            let admitted = match admitted {
-                Value::Int(0) => false,
-                Value::Int(1) => true,
-                other => return Err(bad(format!("admitted must be 0 or 1, got {other:?}"))),
-            };
             let limit = check.policy.capacity();
             Ok(Decision::new(
                 admitted,
                 limit,
-                int(remaining)?.min(limit),
-                Duration::from_micros(int(reset_us)?),
-                Duration::from_micros(int(retry_us)?),
+                remaining.min(limit),
+                Duration::from_micros(reset_us),
+                Duration::from_micros(retry_us),
             ))
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, StoreError>>()?;
     // Every limit's receipt, or none: a call with a receipt missing gives back nothing.
     if let Some(list) = receipts
         && list.len() != checks.len()
@@ -349,6 +326,69 @@ fn parse_rows(
         list.clear();
     }
     Ok(Verdict::new(decisions))
+}
+
+/// A decision row's numbers: whether admitted, then remaining, `reset_after` and
+/// `retry_after` (µs), and with `with_receipt` the receipt's three figures when the row has
+/// them. A row is an array of four (or seven) integers, or (the fixed windows' own function,
+/// `fixed_only.lua`, for one limit) the same numbers as one string joined by `:`, which the
+/// redis crate decodes for much less than an array of numbers. A negative integer reads as 0.
+#[allow(
+    clippy::type_complexity,
+    reason = "the row's parts, named where they are used"
+)]
+fn row_numbers(
+    row: &Value,
+    with_receipt: bool,
+) -> Result<(bool, [u64; 3], Option<[u64; 3]>), StoreError> {
+    let bad = |what: String| StoreError::BadReply(what);
+    let mut numbers = [0_u64; 7];
+    let len = match row {
+        Value::Array(fields) if fields.len() <= numbers.len() => {
+            for (slot, field) in numbers.iter_mut().zip(fields) {
+                *slot = match field {
+                    Value::Int(n) => u64::try_from(*n).unwrap_or(0),
+                    other => return Err(bad(format!("expected an integer, got {other:?}"))),
+                };
+            }
+            if !matches!(fields.first(), Some(Value::Int(0 | 1))) {
+                return Err(bad(format!(
+                    "admitted must be 0 or 1, got {:?}",
+                    fields.first()
+                )));
+            }
+            fields.len()
+        }
+        Value::BulkString(text) => text_numbers(text, &mut numbers)
+            .ok_or_else(|| bad(format!("expected a decision's numbers, got {row:?}")))?,
+        other => return Err(bad(format!("expected a decision array, got {other:?}"))),
+    };
+    let receipt = match (len, with_receipt) {
+        (4, _) => None,
+        (7, true) => Some([numbers[4], numbers[5], numbers[6]]),
+        _ => return Err(bad(format!("expected 4 numbers per decision, got {len}"))),
+    };
+    Ok((
+        numbers[0] == 1,
+        [numbers[1], numbers[2], numbers[3]],
+        receipt,
+    ))
+}
+
+/// The numbers of a row written as text (`1:5:60000:0`) into `numbers`, and how many: `None`
+/// unless every field is decimal digits that fit a `u64`, there are at most as many as
+/// `numbers` holds, and the first is `0` or `1`.
+fn text_numbers(text: &[u8], numbers: &mut [u64]) -> Option<usize> {
+    let mut len = 0;
+    for field in text.split(|b| *b == b':') {
+        if field.is_empty() || !field.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let slot = numbers.get_mut(len)?;
+        *slot = std::str::from_utf8(field).ok()?.parse().ok()?;
+        len += 1;
+    }
+    (numbers.first().is_some_and(|&a| a <= 1)).then_some(len)
 }
 
 #[cfg(test)]
@@ -463,5 +503,89 @@ mod tests {
             parse_reply(&four, &two),
             Err(StoreError::BadReply(_))
         ));
+    }
+
+    #[test]
+    fn a_row_as_text_reads_as_its_numbers() {
+        let p = policy(Algorithm::Fixed);
+        let checks = [Check::new("k", &p)];
+        let text = |t: &str| Value::BulkString(t.as_bytes().to_vec());
+        let as_ints = parse_reply(&Value::Array(ints(&[1, 3, 10_001_000, 0])), &checks).unwrap();
+        assert_eq!(
+            parse_reply(&text("1:3:10001000:0"), &checks).unwrap(),
+            as_ints
+        );
+        let (verdict, receipts) =
+            parse_reply_with_receipts(&text("1:3:10001000:0:1700000000000:10001000:0"), &checks)
+                .unwrap();
+        assert_eq!(verdict, as_ints);
+        assert_eq!(
+            receipts,
+            [ReplyReceipt {
+                at_us: 1_700_000_000_000,
+                reset_us: 10_001_000,
+                first_us: 0,
+            }]
+        );
+        for bad in [
+            "",
+            "1",
+            "1:3:10001000",
+            "2:3:10001000:0",
+            "1:-3:10001000:0",
+            "1:3:1e3:0",
+            "1: 3:10001000:0",
+            "1:3:10001000:0:",
+            "1:3:10001000:0:1:2:3:4",
+            "1:3:99999999999999999999:0",
+        ] {
+            assert!(
+                matches!(
+                    parse_reply(&text(bad), &checks),
+                    Err(StoreError::BadReply(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        // Seven numbers only where receipts were asked for; a text row only for one check.
+        let seven = text("1:3:10001000:0:1:2:0");
+        assert!(parse_reply(&seven, &checks).is_err());
+        let two = [Check::new("k", &p), Check::new("j", &p)];
+        assert!(parse_reply(&text("1:3:10001000:0"), &two).is_err());
+    }
+
+    proptest::proptest! {
+        /// Whatever bytes a reply's text holds, reading it answers a decision or an error.
+        #[test]
+        fn any_text_row_reads_without_a_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            let p = policy(Algorithm::Fixed);
+            let checks = [Check::new("k", &p)];
+            let reply = Value::BulkString(bytes);
+            let _ = parse_reply(&reply, &checks);
+            let _ = parse_reply_with_receipts(&reply, &checks);
+        }
+
+        /// Any numbers joined by `:` read as those numbers, or as an error when they are not a
+        /// row.
+        #[test]
+        fn numbers_as_text_read_as_numbers(numbers in proptest::collection::vec(0_u64..u64::MAX, 0..9)) {
+            let p = policy(Algorithm::Fixed);
+            let checks = [Check::new("k", &p)];
+            let text: Vec<String> = numbers.iter().map(u64::to_string).collect();
+            let reply = Value::BulkString(text.join(":").into_bytes());
+            let row = (numbers.len() == 4 || numbers.len() == 7) && numbers[0] <= 1;
+            match parse_reply_with_receipts(&reply, &checks) {
+                Ok((verdict, receipts)) => {
+                    proptest::prop_assert!(row);
+                    let d = verdict.decisions()[0];
+                    proptest::prop_assert_eq!(d.admitted, numbers[0] == 1);
+                    proptest::prop_assert_eq!(d.remaining, numbers[1].min(d.limit));
+                    proptest::prop_assert_eq!(d.reset_after, Duration::from_micros(numbers[2]));
+                    proptest::prop_assert_eq!(receipts.len(), usize::from(numbers.len() == 7 && d.admitted));
+                }
+                Err(StoreError::BadReply(_)) => proptest::prop_assert!(!row),
+                Err(other) => proptest::prop_assert!(false, "{other:?}"),
+            }
+        }
     }
 }
