@@ -56,8 +56,18 @@ mutations=(
   "refund.lua|and redis.call('SET', KEYS[receipts + i], 'settled', 'NX', 'PX', RECEIPT_TTL_MS_TEXT) then|then"
   "refund.lua|ceil_div(math.min(r.reset, RECEIPT_TTL_US), 1000)|ceil_div(r.reset, 1000)"
   "refund.lua|local r = read_receipt(ARGV[offset + nkeys + i])|local r = read_receipt(ARGV[offset + nkeys + 1])"
-  "prelude.lua|reset, 0, at, receipt_reset, clamp(d.first or 0) }|reset, 0, at, receipt_reset + 1000, clamp(d.first or 0) }"
-  "prelude.lua|reset, 0, at, receipt_reset, clamp(d.first or 0) }|reset, 0, at, receipt_reset, 0 }"
+  "prelude.lua|wait_as_answered(reset), at, receipt_reset, clamp(d.first or 0))|wait_as_answered(reset), at, receipt_reset + 1000, clamp(d.first or 0))"
+  "prelude.lua|wait_as_answered(reset), at, receipt_reset, clamp(d.first or 0))|wait_as_answered(reset), at, receipt_reset, 0)"
+  # Admitted rows as text (the prelude's taken_text) and the waits of calls fixed_only.lua
+  # hands to the driver, answered from the start of the millisecond.
+  "prelude.lua|      TAKEN_TEXT = '1:%d:%d:0'|      TAKEN_TEXT = '0:%d:%d:0'"
+  "prelude.lua|      TAKEN_RECEIPT_TEXT = '1:%d:%d:0:%d:%d:%d'|      TAKEN_RECEIPT_TEXT = '1:%d:%d:0:%d:%d:0'"
+  "prelude.lua|      TAKEN_RECEIPT_NO_FIRST_TEXT = '1:%d:%d:0:%d:%d:0'|      TAKEN_RECEIPT_NO_FIRST_TEXT = '1:%d:%d:0:%d:%d:1'"
+  "prelude.lua|  if first == 0 then|  if first ~= 0 then"
+  "prelude.lua|    return us + math.fmod(now, 1000)|    return us"
+  "prelude.lua|  return taken_text(remaining, wait_as_answered(reset))|  return taken_text(remaining, reset)"
+  "driver.lua|  waits_from_ms_start = from_ms_start == true|  waits_from_ms_start = true"
+  "refund.lua|waits_from_ms_start = false|waits_from_ms_start = true"
   "prelude.lua|if l.code == 1 and reset > 0 then|if false then"
   # The PTTL fallback of expiry_ms, which servers without PEXPIRETIME take (Redis 6.2; the
   # stand-in's Redis 6.2 mode in the fast path's traces).

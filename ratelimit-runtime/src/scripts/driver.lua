@@ -1,9 +1,10 @@
 -- ratelimit: the driver. Checks every limit of ONE call, writes only when all
 -- admit (a rejected call leaves every key as it was), and returns, per limit,
--- {admitted (0/1), remaining, reset_after µs, retry_after µs}: a call of one
--- limit is answered with those four numbers themselves, not in an array of one
--- (building and sending that array costs ~5% of a one-limit check's server
--- time); a call of several, with an array of them.
+-- {admitted (0/1), remaining, reset_after µs, retry_after µs}, as the text of
+-- those numbers when the call was taken (the prelude's taken_text): a call of
+-- one limit is answered with its row itself, not in an array of one (building
+-- and sending that array costs ~5% of a one-limit check's server time); a call
+-- of several, with an array of them.
 --
 -- ARGV holds one argument per key (see the prelude), then optionally a call id
 -- ([0-9a-f], at most 32; a take under an id that already left receipts is not
@@ -19,14 +20,15 @@
 -- The driver only composes: the rules are the algorithms' (fixed.lua,
 -- sliding.lua, bucket.lua), the parsing, receipts and replies the prelude's.
 --
--- It is one function, `check(KEYS, ARGV)`, defined once the prelude and the
--- algorithms are: an `EVAL` script ends by calling it on the script's KEYS and
--- ARGV, a Functions library registers it (see store/redis.rs). Its body is
--- the same either way; only what is built per call differs (all of the chunk
--- under `EVAL`, the call's own tables under `FCALL`).
+-- It is one function, `check(KEYS, ARGV[, from_ms_start])`, defined once the
+-- prelude and the algorithms are: an `EVAL` script ends by calling it on the
+-- script's KEYS and ARGV, a Functions library registers it (see
+-- store/redis.rs). Its body is the same either way; only what is built per
+-- call differs (all of the chunk under `EVAL`, the call's own tables under
+-- `FCALL`).
 
--- The reply of a call of `nkeys` limits whose replies are `reply`: a one-limit
--- call's own four numbers (see the top of this file).
+-- The reply of a call of `nkeys` limits whose rows are `reply`: a one-limit
+-- call's own row (see the top of this file).
 local function answer(reply, nkeys)
   if nkeys == 1 then
     return reply[1]
@@ -41,8 +43,11 @@ local function write_receipts(KEYS, receipts, limits, nkeys, decisions)
   end
 end
 
-local function check(KEYS, ARGV)
+-- `from_ms_start`: the waits answered from the start of the server's
+-- millisecond (fixed_only.lua's hand-offs; nil from FCALL and EVAL).
+local function check(KEYS, ARGV, from_ms_start)
   read_clock()
+  waits_from_ms_start = from_ms_start == true
   -- KEYS as the prelude's declared_keys says: the n keys, their block markers,
   -- their working copies when a key repeats, their receipts with a call id.
   local nkeys, call_id = call_shape(ARGV)

@@ -30,7 +30,7 @@
 -- less than 1 ms late. With a call id the server's time is read, for the
 -- receipt (which records the exact figures the driver's does), and the waits
 -- answered are the same whole milliseconds; so are those of the calls handed
--- to the driver.
+-- to the driver (`check(KEYS, ARGV, true)`: the prelude's waits_from_ms_start).
 --
 -- The receipts in the reply (RedisStore::take_briefly) need no clock in a
 -- window that is open: a fixed window's refund reads only the window's end
@@ -41,29 +41,6 @@
 -- take opens is given its end from the server's time (PEXPIREAT), as with a
 -- call id, so that a server paused mid-script opens it where the rule does; a
 -- server without PEXPIRETIME (Redis 6.2) reads its time for every such take.
-
--- A reply of the driver's `check` (one limit, or an error) with its waits as
--- this path answers them, once `check` read the clock (`now`).
-local function whole_ms_row(row, gone)
-  for i = 3, 4 do
-    if row[i] > 0 then
-      row[i] = row[i] + gone
-    end
-  end
-end
-
-local function whole_ms(reply)
-  local first = reply[1]
-  if type(first) == 'number' then
-    whole_ms_row(reply, math.fmod(now, 1000))
-  elseif type(first) == 'table' then
-    local gone = math.fmod(now, 1000)
-    for _, row in ipairs(reply) do
-      whole_ms_row(row, gone)
-    end
-  end
-  return reply
-end
 
 -- Milliseconds from now's to `key`'s expiry millisecond (nil: no expiry): as
 -- stored (the prelude's expiry_ms, after read_clock) when `timed`, for a receipt
@@ -100,51 +77,30 @@ local function receipt_at(key, pttl, timed)
   return now - math.fmod(now, 1000)
 end
 
--- The reply of an admitted call of one limit as one string of its numbers
--- joined by `:` (wire.rs's row_numbers reads it): Redis answers a string for
--- less than a table of numbers, and the client decodes it for less
--- (BENCHMARKS.md, "A fixed window's admitted reply as one string"). The
--- formats are made once per chunk, from the prelude's INT_FORMAT (parse_limit
--- chose it before any call gets here).
-local ROW_FORMAT = nil
-local ROW_WITH_RECEIPT_FORMAT = nil
-
-local function admitted_row(remaining, left, at)
-  if ROW_FORMAT == nil then
-    local f = INT_FORMAT
-    ROW_FORMAT = '1:' .. f .. ':' .. f .. ':0'
-    ROW_WITH_RECEIPT_FORMAT = ROW_FORMAT .. ':' .. f .. ':' .. f .. ':0'
-  end
-  if at == nil then
-    return string.format(ROW_FORMAT, remaining, left)
-  end
-  return string.format(ROW_WITH_RECEIPT_FORMAT, remaining, left, at, left)
-end
-
 local function fixed_one(KEYS, ARGV, call_id)
   local key = KEYS[1]
   if call_id ~= nil then
     if #KEYS ~= 3 or not valid_call_id(call_id) or KEYS[3] ~= receipt_key(key, call_id, 1) then
-      return whole_ms(check(KEYS, ARGV))
+      return check(KEYS, ARGV, true)
     end
   elseif #KEYS ~= 2 or #ARGV ~= (receipts_in_reply and 2 or 1) then
-    return whole_ms(check(KEYS, ARGV))
+    return check(KEYS, ARGV, true)
   end
   -- The server's time, for a receipt in a key, and for one in the reply on a
   -- server without PEXPIRETIME (before Redis 7.0, which tells its version),
   -- which reads the window's end from it.
   local timed = call_id ~= nil or (receipts_in_reply and redis.REDIS_VERSION_NUM == nil)
   if KEYS[2] ~= key .. ':b' then
-    return whole_ms(check(KEYS, ARGV))
+    return check(KEYS, ARGV, true)
   end
   local l = parse_limit(ARGV[1], 1)
   if l == nil or l.code ~= 1 then
-    return whole_ms(check(KEYS, ARGV))
+    return check(KEYS, ARGV, true)
   end
   local p = l.p
   local period_ms = p.period / 1000
   if p.cost > p.limit or period_ms ~= math.floor(period_ms) then
-    return whole_ms(check(KEYS, ARGV))
+    return check(KEYS, ARGV, true)
   end
   -- A block (the driver tells a marker with a TTL from one without), and a take
   -- that ran before under this call id (its receipt is there): the driver
@@ -156,7 +112,7 @@ local function fixed_one(KEYS, ARGV, call_id)
     found = redis.call('EXISTS', KEYS[2], KEYS[3])
   end
   if found > 0 then
-    return whole_ms(check(KEYS, ARGV))
+    return check(KEYS, ARGV, true)
   end
   if timed then
     read_clock()
@@ -165,7 +121,7 @@ local function fixed_one(KEYS, ARGV, call_id)
   -- or a write refused for memory): nothing was written, the driver answers.
   local n = redis.pcall('INCRBY', key, p.cost_text)
   if type(n) ~= 'number' then
-    return whole_ms(check(KEYS, ARGV))
+    return check(KEYS, ARGV, true)
   end
   local count = n - p.cost
   local pttl = pttl_of(key, timed)
@@ -174,7 +130,7 @@ local function fixed_one(KEYS, ARGV, call_id)
       -- A counter without a TTL (written by someone else): the driver's rule
       -- replaces it; undone first.
       redis.call('DECRBY', key, p.cost_text)
-      return whole_ms(check(KEYS, ARGV))
+      return check(KEYS, ARGV, true)
     end
     -- A new window (the key was absent, or an immortal 0): it ends a period
     -- from now's millisecond, and is gone the one after.
@@ -193,7 +149,7 @@ local function fixed_one(KEYS, ARGV, call_id)
     -- A negative count, or more than a period left (a clock ahead of this
     -- one): the driver's rule puts it right; undone first.
     redis.call('DECRBY', key, p.cost_text)
-    return whole_ms(check(KEYS, ARGV))
+    return check(KEYS, ARGV, true)
   end
   -- The wait until the key is gone, from the start of now's millisecond.
   local left = pttl * 1000 + 1000
@@ -204,9 +160,9 @@ local function fixed_one(KEYS, ARGV, call_id)
   if call_id ~= nil then
     write_receipt(KEYS[3], l, { after_reset = left - math.fmod(now, 1000) })
   elseif receipts_in_reply then
-    return admitted_row(p.limit - n, left, receipt_at(key, pttl, timed))
+    return taken_text(p.limit - n, left, receipt_at(key, pttl, timed), left, 0)
   end
-  return admitted_row(p.limit - n, left, nil)
+  return taken_text(p.limit - n, left)
 end
 
 -- A call of two or more fixed-window limits on distinct keys: as fixed_one,
@@ -219,14 +175,14 @@ end
 -- and its receipts' TTL or `~`, as call_shape reads them).
 local function fixed_many(KEYS, ARGV, n, call_id)
   if n < 1 then
-    return whole_ms(check(KEYS, ARGV))
+    return check(KEYS, ARGV, true)
   end
   if call_id ~= nil then
     if #KEYS ~= 3 * n or not valid_call_id(call_id) then
-      return whole_ms(check(KEYS, ARGV))
+      return check(KEYS, ARGV, true)
     end
   elseif #KEYS ~= 2 * n then
-    return whole_ms(check(KEYS, ARGV))
+    return check(KEYS, ARGV, true)
   end
   -- The per-limit tables are made for two limits (the usual stack): a table
   -- grown one entry at a time is resized at every power of two, which cost a
@@ -237,16 +193,16 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     local key = KEYS[i]
     if KEYS[n + i] ~= key .. ':b'
       or (call_id ~= nil and KEYS[2 * n + i] ~= receipt_key(key, call_id, i)) then
-      return whole_ms(check(KEYS, ARGV))
+      return check(KEYS, ARGV, true)
     end
     for j = 1, i - 1 do
       if KEYS[j] == key then
-        return whole_ms(check(KEYS, ARGV))
+        return check(KEYS, ARGV, true)
       end
     end
     local l = parse_limit(ARGV[i], i)
     if l == nil or l.code ~= 1 or l.p.cost > l.p.limit or l.period_ms_text == nil then
-      return whole_ms(check(KEYS, ARGV))
+      return check(KEYS, ARGV, true)
     end
     limits[i] = l
   end
@@ -257,7 +213,7 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     asked = asked + 1
   end
   if redis.call('EXISTS', unpack(KEYS, n + 1, asked)) > 0 then
-    return whole_ms(check(KEYS, ARGV))
+    return check(KEYS, ARGV, true)
   end
   local timed = call_id ~= nil or receipts_in_reply
   if timed then
@@ -303,7 +259,7 @@ local function fixed_many(KEYS, ARGV, n, call_id)
         redis.call('DECRBY', KEYS[i], limits[i].p.cost_text)
       end
     end
-    return whole_ms(check(KEYS, ARGV))
+    return check(KEYS, ARGV, true)
   end
   local reply = { false, false }
   for i = 1, n do
@@ -320,12 +276,12 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     local wait = pttl * 1000 + 1000
     if call_id ~= nil then
       write_receipt(KEYS[2 * n + i], l, { after_reset = wait - math.fmod(now, 1000) })
-      reply[i] = { 1, l.p.limit - counts[i], wait, 0 }
+      reply[i] = taken_text(l.p.limit - counts[i], wait)
     elseif receipts_in_reply then
       -- As receipt_at, from the server's time this path read.
-      reply[i] = { 1, l.p.limit - counts[i], wait, 0, now - math.fmod(now, 1000), wait, 0 }
+      reply[i] = taken_text(l.p.limit - counts[i], wait, now - math.fmod(now, 1000), wait, 0)
     else
-      reply[i] = { 1, l.p.limit - counts[i], wait, 0 }
+      reply[i] = taken_text(l.p.limit - counts[i], wait)
     end
   end
   return reply

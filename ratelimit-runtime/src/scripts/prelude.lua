@@ -372,12 +372,18 @@ end
 
 local BAD_CALL_ID = 'ERR ratelimit: the call id must be 1 to 32 hex digits'
 
--- Every number returned is a whole, non-negative integer, and remaining is at
--- most the capacity, whatever the state under the key (written by an older
--- version, by hand, or by a clock that jumped).
+-- Every number returned is a whole, non-negative integer of at most 2^53 - 1
+-- (a wait then gains at most 999 µs: wait_as_answered), which a row's text
+-- writes as digits alone, and remaining is at most the capacity, whatever the
+-- state under the key (written by an older version, by hand, or by a clock that
+-- jumped). `not (n > 0)` is NaN, a negative and -0 (which '%.0f' writes with
+-- its sign).
 local function clamp(n, max)
-  if n ~= n or n < 0 then
+  if not (n > 0) then
     return 0
+  end
+  if n > 9007199254740991 then
+    n = 9007199254740991
   end
   if max ~= nil and n > max then
     return max
@@ -385,14 +391,70 @@ local function clamp(n, max)
   return n
 end
 
+-- Whether this call's waits are answered from the start of the server's
+-- millisecond, as fixed_only.lua answers its own (the calls it hands to the
+-- driver: see there). Set by every entry point whose rows read it (the
+-- driver's `check`, refund.lua's `compensate`; fixed_only.lua's own rows count
+-- their waits so themselves): a Functions library's upvalues outlive the call.
+local waits_from_ms_start = false
+
+-- A wait (µs) as this call answers it (waits_from_ms_start): a wait above 0
+-- counted from the start of now's millisecond, so never early.
+local function wait_as_answered(us)
+  if waits_from_ms_start and us > 0 then
+    return us + math.fmod(now, 1000)
+  end
+  return us
+end
+
+-- An admitted call's row as one string of its numbers joined by `:`
+-- (`1:<remaining>:<reset_after>:0`, then with its receipt
+-- `:<at>:<receipt's reset_after>:<first>`), which wire.rs's row_numbers reads
+-- as it reads a table of them: Redis answers a string for less than a table of
+-- numbers, and the client decodes it for much less (BENCHMARKS.md, "Admitted
+-- rows as text"). The figures every such row has (admitted 1, retry_after 0)
+-- are in the format, chosen once per chunk by INT_FORMAT (parse_limit chose it
+-- before any row is made). The rows of a call not taken (state_reply,
+-- block_reply: a rejection, a block, a peek, a replayed take) stay tables: they
+-- are the rarer replies, and formatting all four numbers costs the server more
+-- than the table.
+local TAKEN_TEXT = nil
+local TAKEN_RECEIPT_TEXT = nil
+-- With a receipt whose `first` is 0 (every algorithm's but the sliding log's).
+local TAKEN_RECEIPT_NO_FIRST_TEXT = nil
+
+local function taken_text(remaining, reset, at, receipt_reset, first)
+  if TAKEN_TEXT == nil then
+    -- Literals, not joined from INT_FORMAT: under EVALSHA (Redis 6.2) the chunk
+    -- runs on every call, and joining strings costs more than choosing one.
+    if INT_FORMAT == '%d' then
+      TAKEN_TEXT = '1:%d:%d:0'
+      TAKEN_RECEIPT_NO_FIRST_TEXT = '1:%d:%d:0:%d:%d:0'
+      TAKEN_RECEIPT_TEXT = '1:%d:%d:0:%d:%d:%d'
+    else
+      TAKEN_TEXT = '1:%.0f:%.0f:0'
+      TAKEN_RECEIPT_NO_FIRST_TEXT = '1:%.0f:%.0f:0:%.0f:%.0f:0'
+      TAKEN_RECEIPT_TEXT = '1:%.0f:%.0f:0:%.0f:%.0f:%.0f'
+    end
+  end
+  if at == nil then
+    return string.format(TAKEN_TEXT, remaining, reset)
+  end
+  if first == 0 then
+    return string.format(TAKEN_RECEIPT_NO_FIRST_TEXT, remaining, reset, at, receipt_reset)
+  end
+  return string.format(TAKEN_RECEIPT_TEXT, remaining, reset, at, receipt_reset, first)
+end
+
 -- The reply of one limit, {admitted (0/1), remaining, reset_after µs,
--- retry_after µs}: of a call that was taken (every limit admitted it), with
--- its receipt's figures when they go in the reply (receipts_in_reply: the
--- time of the take, the receipt's reset_after, `first`, as write_receipt
--- records them; a fixed window's from the start of the take's millisecond, as
--- fixed_only.lua reads them off the window's end without a clock:
--- algorithm::fixed::receipt_in_reply) ...
+-- retry_after µs}: of a call that was taken (every limit admitted it), as
+-- taken_text, with its receipt's figures when they go in the reply
+-- (receipts_in_reply: the time of the take, the receipt's reset_after,
+-- `first`, as write_receipt records them; a fixed window's from the start of
+-- the take's millisecond, as fixed_only.lua reads them off the window's end
+-- without a clock: algorithm::fixed::receipt_in_reply) ...
 local function taken_reply(l, d)
+  local remaining = clamp(d.after_remaining, l.capacity)
   local reset = clamp(d.after_reset)
   if receipts_in_reply then
     local at, receipt_reset = now, reset
@@ -400,14 +462,15 @@ local function taken_reply(l, d)
       local gone = math.fmod(now, 1000)
       at, receipt_reset = now - gone, reset + gone
     end
-    return { 1, clamp(d.after_remaining, l.capacity), reset, 0, at, receipt_reset, clamp(d.first or 0) }
+    return taken_text(remaining, wait_as_answered(reset), at, receipt_reset, clamp(d.first or 0))
   end
-  return { 1, clamp(d.after_remaining, l.capacity), reset, 0 }
+  return taken_text(remaining, wait_as_answered(reset))
 end
 
 -- ... or of a call that was not (the state as it is).
 local function state_reply(l, d, admitted, retry)
-  return { admitted and 1 or 0, clamp(d.now_remaining, l.capacity), clamp(d.now_reset), clamp(retry) }
+  return { admitted and 1 or 0, clamp(d.now_remaining, l.capacity),
+    wait_as_answered(clamp(d.now_reset)), wait_as_answered(clamp(retry)) }
 end
 
 -- µs until a key whose PTTL reads `pttl` ms is gone: it goes once the clock
@@ -434,7 +497,7 @@ local function block_reply(marker, l, d)
   local pttl = redis.call('PTTL', marker)
   if pttl >= 0 then
     local left = expiry_left(pttl)
-    return { 0, 0, math.max(clamp(d.now_reset), left), left }, true
+    return { 0, 0, wait_as_answered(math.max(clamp(d.now_reset), left)), wait_as_answered(left) }, true
   end
   return state_reply(l, d, d.admitted, d.retry), false
 end

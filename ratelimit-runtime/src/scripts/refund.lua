@@ -101,6 +101,7 @@ end
 
 local function compensate(KEYS, ARGV)
 read_clock()
+waits_from_ms_start = false
 local mode = ARGV[1]
 local call_id = nil
 local offset = 1

@@ -1086,7 +1086,7 @@ fn limits_that_are_not_whole_numbers_are_refused() {
             lua.lua().db().shapes().is_empty(),
             "{mode:?}: a refused call wrote something"
         );
-        // Admitted: a row of numbers, or (the fixed windows' own function) their text.
+        // Admitted: a row of numbers, or their text.
         let reply = lua.run_driver(&checks, &keys, &[b("01:010:60000000:10:1")]);
         let admitted = match &reply {
             Reply::Array(row) => row.first() == Some(&Reply::Int(1)),

@@ -222,8 +222,8 @@ pub(crate) fn extend_block_cmd(key: &str, duration: Duration) -> redis::Cmd {
 }
 
 /// Reads the script's reply: one `[admitted, remaining, reset_after_us, retry_after_us]` per
-/// check, in an array; for one check, the driver answers those four numbers themselves (the
-/// companion script an array of one, read alike). Numbers are clamped into range (a negative
+/// check (an admitted call's as their text, `1:4:10001000:0`), in an array; for one check, the
+/// driver answers that row itself (the companion script an array of one, read alike). Numbers are clamped into range (a negative
 /// count is 0, `remaining` is at most the capacity), so no state under a key can turn into a
 /// reply that fails the call; anything that is not that shape is [`StoreError::BadReply`], an
 /// error for this call only.
@@ -330,9 +330,9 @@ fn parse_rows(
 
 /// A decision row's numbers: whether admitted, then remaining, `reset_after` and
 /// `retry_after` (µs), and with `with_receipt` the receipt's three figures when the row has
-/// them. A row is an array of four (or seven) integers, or (the fixed windows' own function,
-/// `fixed_only.lua`, for one limit) the same numbers as one string joined by `:`, which the
-/// redis crate decodes for much less than an array of numbers. A negative integer reads as 0.
+/// them. A row is an array of four (or seven) integers, or (an admitted call's, the prelude's
+/// `taken_text`) the same numbers as one string joined by `:`, which the redis crate decodes
+/// for much less than an array of numbers. A negative integer reads as 0.
 #[allow(
     clippy::type_complexity,
     reason = "the row's parts, named where they are used"
@@ -377,18 +377,35 @@ fn row_numbers(
 
 /// The numbers of a row written as text (`1:5:60000:0`) into `numbers`, and how many: `None`
 /// unless every field is decimal digits that fit a `u64`, there are at most as many as
-/// `numbers` holds, and the first is `0` or `1`.
+/// `numbers` holds, and the first is `0` or `1`. One pass over the bytes: this runs on every
+/// check's reply.
 fn text_numbers(text: &[u8], numbers: &mut [u64]) -> Option<usize> {
     let mut len = 0;
-    for field in text.split(|b| *b == b':') {
-        if field.is_empty() || !field.iter().all(u8::is_ascii_digit) {
-            return None;
+    let mut n: u64 = 0;
+    let mut digits = false;
+    for &b in text {
+        if b == b':' {
+            if !digits {
+                return None;
+            }
+            *numbers.get_mut(len)? = n;
+            len += 1;
+            n = 0;
+            digits = false;
+        } else {
+            let digit = b.wrapping_sub(b'0');
+            if digit > 9 {
+                return None;
+            }
+            n = n.checked_mul(10)?.checked_add(u64::from(digit))?;
+            digits = true;
         }
-        let slot = numbers.get_mut(len)?;
-        *slot = std::str::from_utf8(field).ok()?.parse().ok()?;
-        len += 1;
     }
-    (numbers.first().is_some_and(|&a| a <= 1)).then_some(len)
+    if !digits {
+        return None;
+    }
+    *numbers.get_mut(len)? = n;
+    (numbers[0] <= 1).then_some(len + 1)
 }
 
 #[cfg(test)]
@@ -554,7 +571,38 @@ mod tests {
         assert!(parse_reply(&text("1:3:10001000:0"), &two).is_err());
     }
 
+    /// [`text_numbers`] by its definition: split at `:`, each field parsed as a `u64`.
+    fn text_numbers_by_definition(text: &[u8], numbers: &mut [u64]) -> Option<usize> {
+        let mut len = 0;
+        for field in text.split(|b| *b == b':') {
+            if field.is_empty() || !field.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            *numbers.get_mut(len)? = std::str::from_utf8(field).ok()?.parse().ok()?;
+            len += 1;
+        }
+        (numbers.first().is_some_and(|&a| a <= 1)).then_some(len)
+    }
+
     proptest::proptest! {
+        /// The one-pass reading of a row's text answers as its definition does, on any bytes
+        /// and on rows of digits and colons (numbers past `u64` and empty fields included).
+        #[test]
+        fn text_numbers_reads_as_its_definition(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..48),
+            row in "[0-9:]{0,48}",
+            room in 0_usize..9,
+        ) {
+            for text in [bytes.as_slice(), row.as_bytes()] {
+                let (mut fast, mut slow) = ([7_u64; 8], [7_u64; 8]);
+                let got = text_numbers(text, &mut fast[..room]);
+                proptest::prop_assert_eq!(got, text_numbers_by_definition(text, &mut slow[..room]));
+                if let Some(len) = got {
+                    proptest::prop_assert_eq!(&fast[..len], &slow[..len]);
+                }
+            }
+        }
+
         /// Whatever bytes a reply's text holds, reading it answers a decision or an error.
         #[test]
         fn any_text_row_reads_without_a_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
