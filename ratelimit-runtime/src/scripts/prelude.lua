@@ -409,7 +409,7 @@ end
 
 -- An admitted call's row as one string of its numbers joined by `:`
 -- (`1:<remaining>:<reset_after>:0`, then with its receipt
--- `:<at>:<receipt's reset_after>:<first>`), which wire.rs's row_numbers reads
+-- `:<at>:<receipt's reset_after>:<first>`), which wire.rs's Row::read reads
 -- as it reads a table of them: Redis answers a string for less than a table of
 -- numbers, and the client decodes it for much less (BENCHMARKS.md, "Admitted
 -- rows as text"). The figures every such row has (admitted 1, retry_after 0)

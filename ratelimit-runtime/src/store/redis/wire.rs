@@ -300,22 +300,17 @@ fn parse_rows(
         .iter()
         .zip(checks)
         .map(|(row, check)| {
-            let (admitted, [remaining, reset_us, retry_us], receipt) =
-                row_numbers(row, receipts.is_some())?;
-            if let (Some([at, reset, first]), Some(list)) = (receipt, receipts.as_deref_mut()) {
-                list.push(ReplyReceipt {
-                    at_us: at,
-                    reset_us: reset,
-                    first_us: first,
-                });
+            let row = Row::read(row, receipts.is_some())?;
+            if let (Some(receipt), Some(list)) = (row.receipt, receipts.as_deref_mut()) {
+                list.push(receipt);
             }
             let limit = check.policy.capacity();
             Ok(Decision::new(
-                admitted,
+                row.admitted,
                 limit,
-                remaining.min(limit),
-                Duration::from_micros(reset_us),
-                Duration::from_micros(retry_us),
+                row.remaining.min(limit),
+                Duration::from_micros(row.reset_us),
+                Duration::from_micros(row.retry_us),
             ))
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
@@ -328,51 +323,61 @@ fn parse_rows(
     Ok(Verdict::new(decisions))
 }
 
-/// A decision row's numbers: whether admitted, then remaining, `reset_after` and
-/// `retry_after` (µs), and with `with_receipt` the receipt's three figures when the row has
-/// them. A row is an array of four (or seven) integers, or (an admitted call's, the prelude's
-/// `taken_text`) the same numbers as one string joined by `:`, which the redis crate decodes
-/// for much less than an array of numbers. A negative integer reads as 0.
-#[allow(
-    clippy::type_complexity,
-    reason = "the row's parts, named where they are used"
-)]
-fn row_numbers(
-    row: &Value,
-    with_receipt: bool,
-) -> Result<(bool, [u64; 3], Option<[u64; 3]>), StoreError> {
-    let bad = |what: String| StoreError::BadReply(what);
-    let mut numbers = [0_u64; 7];
-    let len = match row {
-        Value::Array(fields) if fields.len() <= numbers.len() => {
-            for (slot, field) in numbers.iter_mut().zip(fields) {
-                *slot = match field {
-                    Value::Int(n) => u64::try_from(*n).unwrap_or(0),
-                    other => return Err(bad(format!("expected an integer, got {other:?}"))),
-                };
+/// One limit's row of a reply: whether admitted, then remaining, `reset_after` and
+/// `retry_after` (µs), and the receipt's three figures when the row has them.
+struct Row {
+    admitted: bool,
+    remaining: u64,
+    reset_us: u64,
+    retry_us: u64,
+    receipt: Option<ReplyReceipt>,
+}
+
+impl Row {
+    /// Reads a row, with its receipt when `with_receipt` and the row has one. A row is an
+    /// array of four (or seven) integers, or (an admitted call's, the prelude's `taken_text`)
+    /// the same numbers as one string joined by `:`, which the redis crate decodes for much
+    /// less than an array of numbers. A negative integer reads as 0.
+    fn read(row: &Value, with_receipt: bool) -> Result<Self, StoreError> {
+        let bad = |what: String| StoreError::BadReply(what);
+        let mut numbers = [0_u64; 7];
+        let len = match row {
+            Value::Array(fields) if fields.len() <= numbers.len() => {
+                for (slot, field) in numbers.iter_mut().zip(fields) {
+                    *slot = match field {
+                        Value::Int(n) => u64::try_from(*n).unwrap_or(0),
+                        other => return Err(bad(format!("expected an integer, got {other:?}"))),
+                    };
+                }
+                if !matches!(fields.first(), Some(Value::Int(0 | 1))) {
+                    return Err(bad(format!(
+                        "admitted must be 0 or 1, got {:?}",
+                        fields.first()
+                    )));
+                }
+                fields.len()
             }
-            if !matches!(fields.first(), Some(Value::Int(0 | 1))) {
-                return Err(bad(format!(
-                    "admitted must be 0 or 1, got {:?}",
-                    fields.first()
-                )));
-            }
-            fields.len()
-        }
-        Value::BulkString(text) => text_numbers(text, &mut numbers)
-            .ok_or_else(|| bad(format!("expected a decision's numbers, got {row:?}")))?,
-        other => return Err(bad(format!("expected a decision array, got {other:?}"))),
-    };
-    let receipt = match (len, with_receipt) {
-        (4, _) => None,
-        (7, true) => Some([numbers[4], numbers[5], numbers[6]]),
-        _ => return Err(bad(format!("expected 4 numbers per decision, got {len}"))),
-    };
-    Ok((
-        numbers[0] == 1,
-        [numbers[1], numbers[2], numbers[3]],
-        receipt,
-    ))
+            Value::BulkString(text) => text_numbers(text, &mut numbers)
+                .ok_or_else(|| bad(format!("expected a decision's numbers, got {row:?}")))?,
+            other => return Err(bad(format!("expected a decision array, got {other:?}"))),
+        };
+        let receipt = match (len, with_receipt) {
+            (4, _) => None,
+            (7, true) => Some(ReplyReceipt {
+                at_us: numbers[4],
+                reset_us: numbers[5],
+                first_us: numbers[6],
+            }),
+            _ => return Err(bad(format!("expected 4 numbers per decision, got {len}"))),
+        };
+        Ok(Self {
+            admitted: numbers[0] == 1,
+            remaining: numbers[1],
+            reset_us: numbers[2],
+            retry_us: numbers[3],
+            receipt,
+        })
+    }
 }
 
 /// The numbers of a row written as text (`1:5:60000:0`) into `numbers`, and how many: `None`

@@ -699,7 +699,7 @@ fn stored_bytes(reply: &Reply) -> &[u8] {
 }
 
 /// A reply with each row the scripts answer as text (`1:4:10001000:0`, read by wire.rs's
-/// `row_numbers`) as the array of integers it stands for, so that two replies compare by their
+/// `Row::read`) as the array of integers it stands for, so that two replies compare by their
 /// numbers whichever form each row took; any other reply as it is.
 fn as_arrays(reply: Reply) -> Reply {
     match reply {
