@@ -223,10 +223,10 @@ pub(crate) fn extend_block_cmd(key: &str, duration: Duration) -> redis::Cmd {
 
 /// Reads the script's reply: one `[admitted, remaining, reset_after_us, retry_after_us]` per
 /// check (an admitted call's as their text, `1:4:10001000:0`), in an array; for one check, the
-/// driver answers that row itself (the companion script an array of one, read alike). Numbers are clamped into range (a negative
-/// count is 0, `remaining` is at most the capacity), so no state under a key can turn into a
-/// reply that fails the call; anything that is not that shape is [`StoreError::BadReply`], an
-/// error for this call only.
+/// driver answers that row itself (the companion script an array of one, read alike). Numbers
+/// are clamped into range (a negative count is 0, `remaining` is at most the capacity), so no
+/// state under a key can turn into a reply that fails the call; anything that is not that shape
+/// is [`StoreError::BadReply`], an error for this call only.
 #[doc(hidden)] // public for the conformance test, which reads the embedded Lua's replies with it
 pub fn parse_reply(reply: &Value, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
     parse_rows(reply, checks, None)
