@@ -1,10 +1,11 @@
 -- ratelimit: the driver. Checks every limit of ONE call, writes only when all
 -- admit (a rejected call leaves every key as it was), and returns, per limit,
--- {admitted (0/1), remaining, reset_after µs, retry_after µs}, as the text of
--- those numbers when the call was taken (the prelude's taken_text): a call of
--- one limit is answered with its row itself, not in an array of one (building
--- and sending that array costs ~5% of a one-limit check's server time); a call
--- of several, with an array of them.
+-- {admitted (0/1), remaining, reset_after µs, retry_after µs}: a call of one
+-- limit is answered with its row itself, not in an array of one (building and
+-- sending that array costs ~5% of a one-limit check's server time); a call of
+-- several, with an array of them. A call that was taken is answered with its
+-- rows' numbers packed in one string instead (the prelude's taken_row and
+-- packed_rows).
 --
 -- ARGV holds one argument per key (see the prelude), then optionally a call id
 -- ([0-9a-f], at most 32; a take under an id that already left receipts is not
@@ -120,7 +121,7 @@ local function check(KEYS, ARGV, from_ms_start)
     if call_id ~= nil then
       write_receipt(KEYS[receipts + 1], l, d)
     end
-    return taken_reply(l, d)
+    return taken_row(taken_figures(l, d))
   end
 
   -- Keys are few: comparing each with those before it is cheaper than a set.
@@ -134,10 +135,10 @@ local function check(KEYS, ARGV, from_ms_start)
     end
   end
 
-  -- Made for two limits (the usual stack), not grown one entry at a time
-  -- (fixed_only.lua's fixed_many says why).
+  -- Made for two limits (the usual stack), not grown one entry at a time: a
+  -- table grown so is resized at every power of two (BENCHMARKS.md, "Stacked
+  -- limits, tables made to size").
   local decisions = { false, false }
-  local reply = { false, false }
 
   if not repeated then
     -- The usual case: distinct keys. Evaluate all, then write all or nothing.
@@ -148,19 +149,24 @@ local function check(KEYS, ARGV, from_ms_start)
         all = false
       end
     end
-    for i = 1, nkeys do
-      local d = decisions[i]
-      if all then
-        limits[i].algo.commit(KEYS[i], limits[i].p, d)
-        reply[i] = taken_reply(limits[i], d)
-      else
+    if not all then
+      local reply = { false, false }
+      for i = 1, nkeys do
+        local d = decisions[i]
         reply[i] = state_reply(limits[i], d, d.admitted, d.retry)
       end
+      return reply
     end
-    if all and call_id ~= nil then
+    local count = 1
+    for i = 1, nkeys do
+      local d = decisions[i]
+      limits[i].algo.commit(KEYS[i], limits[i].p, d)
+      count = add_taken(count, taken_figures(limits[i], d))
+    end
+    if call_id ~= nil then
       write_receipts(KEYS, receipts, limits, nkeys, decisions)
     end
-    return reply
+    return packed_rows(count)
   end
 
   -- One key named more than once: its limits apply one after the other, each
@@ -206,17 +212,19 @@ local function check(KEYS, ARGV, from_ms_start)
         redis.call('RENAME', work[key], key)
       end
     end
+    local count = 1
     for i = 1, nkeys do
-      reply[i] = taken_reply(limits[i], decisions[i])
+      count = add_taken(count, taken_figures(limits[i], decisions[i]))
     end
     if call_id ~= nil then
       write_receipts(KEYS, receipts, limits, nkeys, decisions)
     end
-    return reply
+    return packed_rows(count)
   end
   for _, key in ipairs(copied) do
     redis.call('DEL', work[key])
   end
+  local reply = { false, false }
   for i = 1, nkeys do
     local d = limits[i].algo.evaluate(KEYS[i], limits[i].p)
     reply[i] = state_reply(limits[i], d, outcome[i].admitted, outcome[i].retry)

@@ -160,10 +160,19 @@ local function fixed_one(KEYS, ARGV, call_id)
   if call_id ~= nil then
     write_receipt(KEYS[3], l, { after_reset = left - math.fmod(now, 1000) })
   elseif receipts_in_reply then
-    return taken_text(p.limit - n, left, receipt_at(key, pttl, timed), left, 0)
+    return taken_row(p.limit - n, left, receipt_at(key, pttl, timed), left, 0)
   end
-  return taken_text(p.limit - n, left)
+  return taken_row(p.limit - n, left)
 end
+
+-- fixed_many's working tables, per limit: its parsed limit, the count after the
+-- take, the ms left of its window (nil for a window the call opens) and whether
+-- the call created the key. Made by the first stacked call and reused by every
+-- call after it, as the prelude's TAKEN is (see there why). Each call writes
+-- entry i before it reads it (a limit's entries in the take loop, before any
+-- break), so nothing of an earlier call is read; the tables never leave the
+-- function.
+local MANY = nil
 
 -- A call of two or more fixed-window limits on distinct keys: as fixed_one,
 -- limit by limit (INCRBY, then the key's expiry), all in the one script. When
@@ -184,11 +193,17 @@ local function fixed_many(KEYS, ARGV, n, call_id)
   elseif #KEYS ~= 2 * n then
     return check(KEYS, ARGV, true)
   end
-  -- The per-limit tables are made for two limits (the usual stack): a table
-  -- grown one entry at a time is resized at every power of two, which cost a
-  -- stacked call more than its arithmetic (BENCHMARKS.md, "Stacked limits,
-  -- tables made to size").
-  local limits = { false, false }
+  local many = MANY
+  if many == nil then
+    many = {
+      limits = { false, false },
+      counts = { false, false },
+      left = { false, false },
+      fresh = { false, false },
+    }
+    MANY = many
+  end
+  local limits = many.limits
   for i = 1, n do
     local key = KEYS[i]
     if KEYS[n + i] ~= key .. ':b'
@@ -219,11 +234,7 @@ local function fixed_many(KEYS, ARGV, n, call_id)
   if timed then
     read_clock()
   end
-  -- Per limit: the count after the take, the ms left of its window (nil for a
-  -- window this call opens), and whether the call created the key.
-  local counts = { false, false }
-  local left = { false, false }
-  local fresh = { false, false }
+  local counts, left, fresh = many.counts, many.left, many.fresh
   local admitted = true
   local undo = 0
   for i = 1, n do
@@ -261,7 +272,7 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     end
     return check(KEYS, ARGV, true)
   end
-  local reply = { false, false }
+  local count = 1
   for i = 1, n do
     local l = limits[i]
     local pttl = left[i]
@@ -276,15 +287,16 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     local wait = pttl * 1000 + 1000
     if call_id ~= nil then
       write_receipt(KEYS[2 * n + i], l, { after_reset = wait - math.fmod(now, 1000) })
-      reply[i] = taken_text(l.p.limit - counts[i], wait)
+      count = add_taken(count, l.p.limit - counts[i], wait)
     elseif receipts_in_reply then
       -- As receipt_at, from the server's time this path read.
-      reply[i] = taken_text(l.p.limit - counts[i], wait, now - math.fmod(now, 1000), wait, 0)
+      count = add_taken(count, l.p.limit - counts[i], wait,
+        now - math.fmod(now, 1000), wait, 0)
     else
-      reply[i] = taken_text(l.p.limit - counts[i], wait)
+      count = add_taken(count, l.p.limit - counts[i], wait)
     end
   end
-  return reply
+  return packed_rows(count)
 end
 
 -- The entry point for calls of fixed-window limits only, on distinct keys.

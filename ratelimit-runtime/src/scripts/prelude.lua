@@ -11,7 +11,8 @@
 -- Numbers: Lua numbers are doubles, exact for integers up to 2^53 (µs since the
 -- epoch fit with centuries to spare). Every number handed to Redis goes through
 -- `int()` because Lua turns numbers into strings with 14 significant digits,
--- which would round a µs timestamp. Every number returned is an integer.
+-- which would round a µs timestamp. Every number returned is a whole number
+-- (clamp), in a table of integers or packed as doubles (taken_row).
 
 -- A whole number as a decimal string, exact up to 2^53. '%d' formats through
 -- a C long, several times cheaper than '%.0f' (no floating-point printing):
@@ -250,6 +251,12 @@ local function parse_limit(spec, i)
   local limit = PARSED[spec]
   if limit == nil then
     choose_int_format()
+    -- Admitted rows are packed (taken_row): a server whose scripts lack the
+    -- struct library refuses every call here, before anything is written,
+    -- rather than after a take.
+    if struct == nil or struct.pack == nil then
+      return nil, redis.error_reply('ERR ratelimit: the scripts of this server have no struct.pack')
+    end
     local code, lim, period, burst, cost =
       string.match(spec, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
     if code == nil then
@@ -373,15 +380,16 @@ end
 local BAD_CALL_ID = 'ERR ratelimit: the call id must be 1 to 32 hex digits'
 
 -- Every number returned is a whole, non-negative integer of at most 2^53 - 1
--- (a wait then gains at most 999 µs: wait_as_answered), which a row's text
--- writes as digits alone, and remaining is at most the capacity, whatever the
--- state under the key (written by an older version, by hand, or by a clock that
--- jumped). `not (n > 0)` is NaN, a negative and -0 (which '%.0f' writes with
--- its sign).
+-- (a wait then gains at most 999 µs: wait_as_answered), and remaining is at
+-- most the capacity, whatever the state under the key (written by an older
+-- version, by hand, or by a clock that jumped; a fraction there, rounded
+-- down). `not (n > 0)` is NaN, a negative and -0 (which a packed row would
+-- carry with its sign).
 local function clamp(n, max)
   if not (n > 0) then
     return 0
   end
+  n = n - n % 1
   if n > 9007199254740991 then
     n = 9007199254740991
   end
@@ -407,53 +415,109 @@ local function wait_as_answered(us)
   return us
 end
 
--- An admitted call's row as one string of its numbers joined by `:`
--- (`1:<remaining>:<reset_after>:0`, then with its receipt
--- `:<at>:<receipt's reset_after>:<first>`), which wire.rs's Row::read reads
--- as it reads a table of them: Redis answers a string for less than a table of
--- numbers, and the client decodes it for much less (BENCHMARKS.md, "Admitted
--- rows as text"). The figures every such row has (admitted 1, retry_after 0)
--- are in the format, chosen once per chunk by INT_FORMAT (parse_limit chose it
--- before any row is made). The rows of a call not taken (state_reply,
--- block_reply: a rejection, a block, a peek, a replayed take) stay tables: they
--- are the rarer replies, and formatting all four numbers costs the server more
--- than the table.
-local TAKEN_TEXT = nil
-local TAKEN_RECEIPT_TEXT = nil
--- With a receipt whose `first` is 0 (every algorithm's but the sliding log's).
-local TAKEN_RECEIPT_NO_FIRST_TEXT = nil
-
-local function taken_text(remaining, reset, at, receipt_reset, first)
-  if TAKEN_TEXT == nil then
-    -- Literals, not joined from INT_FORMAT: under EVALSHA (Redis 6.2) the chunk
-    -- runs on every call, and joining strings costs more than choosing one.
-    if INT_FORMAT == '%d' then
-      TAKEN_TEXT = '1:%d:%d:0'
-      TAKEN_RECEIPT_NO_FIRST_TEXT = '1:%d:%d:0:%d:%d:0'
-      TAKEN_RECEIPT_TEXT = '1:%d:%d:0:%d:%d:%d'
-    else
-      TAKEN_TEXT = '1:%.0f:%.0f:0'
-      TAKEN_RECEIPT_NO_FIRST_TEXT = '1:%.0f:%.0f:0:%.0f:%.0f:0'
-      TAKEN_RECEIPT_TEXT = '1:%.0f:%.0f:0:%.0f:%.0f:%.0f'
-    end
-  end
+-- An admitted call's row as one string (`struct.pack`, which every Redis and
+-- Valkey has in its scripts and Functions): the byte 1 (admitted), then its
+-- numbers, each a little-endian IEEE 754 double: remaining and reset_after,
+-- then with its receipt the time of the take, the receipt's reset_after and
+-- `first`; 17 or 41 bytes. wire.rs reads it as a row of four (admitted 1,
+-- retry_after 0) or seven numbers, and refuses a string that does not start
+-- with the byte 1. Every figure is a whole number below 2^53 + 1000 (clamp,
+-- wait_as_answered), which a double holds exactly below 2^53. Packing copies
+-- each number's eight bytes, where formatting it as decimal text runs the C
+-- library's printf, and a string is cheaper for Redis to answer and for the
+-- client to read than a table of numbers (BENCHMARKS.md, "Admitted rows packed
+-- as doubles"). The rows of a call not taken (state_reply, block_reply: a
+-- rejection, a block, a peek, a replayed take) stay tables.
+local function taken_row(remaining, reset, at, receipt_reset, first)
   if at == nil then
-    return string.format(TAKEN_TEXT, remaining, reset)
+    return struct.pack('<Bdd', 1, remaining, reset)
   end
-  if first == 0 then
-    return string.format(TAKEN_RECEIPT_NO_FIRST_TEXT, remaining, reset, at, receipt_reset)
-  end
-  return string.format(TAKEN_RECEIPT_TEXT, remaining, reset, at, receipt_reset, first)
+  return struct.pack('<Bddddd', 1, remaining, reset, at, receipt_reset, first)
 end
 
--- The reply of one limit, {admitted (0/1), remaining, reset_after µs,
--- retry_after µs}: of a call that was taken (every limit admitted it), as
--- taken_text, with its receipt's figures when they go in the reply
--- (receipts_in_reply: the time of the take, the receipt's reset_after,
--- `first`, as write_receipt records them; a fixed window's from the start of
--- the take's millisecond, as fixed_only.lua reads them off the window's end
--- without a clock: algorithm::fixed::receipt_in_reply) ...
-local function taken_reply(l, d)
+-- The rows of an admitted call of several limits as ONE string: the byte 1,
+-- then each limit's numbers as taken_row packs them, one limit after the other
+-- (wire.rs cuts them into the call's number of rows), packed by one call
+-- instead of a string a row in a table: a string and a table a row cost a
+-- stacked call more than its commands' arithmetic. add_taken puts each limit's
+-- numbers in TAKEN after the first `count` (TAKEN[1] is the leading 1: a call
+-- starts at count 1), and packed_rows packs the first `count`.
+--
+-- TAKEN and PACK_FORMATS (the formats of n numbers by n, the first chunk's by
+-- -n) are made by the first call that needs them and reused by every call after
+-- it, where a Functions library keeps them: a table made per call costs more to
+-- allocate and collect than a stacked call's own arithmetic, and a table made
+-- by the chunk would be made on every EVAL call (BENCHMARKS.md, "Admitted rows
+-- packed as doubles"). Each call writes the numbers it packs before packing
+-- them, and packs no more. At most PACK_CHUNK numbers go to one struct.pack:
+-- `unpack` and `struct.pack` take their arguments on Lua's stack, which holds a
+-- few thousand.
+local TAKEN = nil
+local PACK_FORMATS = nil
+local PACK_CHUNK = 400
+
+local function add_taken(count, remaining, reset, at, receipt_reset, first)
+  local numbers = TAKEN
+  if numbers == nil then
+    numbers = {}
+    TAKEN = numbers
+  end
+  numbers[count + 1] = remaining
+  numbers[count + 2] = reset
+  if at == nil then
+    return count + 2
+  end
+  numbers[count + 3] = at
+  numbers[count + 4] = receipt_reset
+  numbers[count + 5] = first
+  return count + 5
+end
+
+local function packed_rows(count)
+  local numbers = TAKEN
+  numbers[1] = 1
+  local formats = PACK_FORMATS
+  if formats == nil then
+    formats = {}
+    PACK_FORMATS = formats
+  end
+  local parts = nil
+  for from = 1, count, PACK_CHUNK do
+    local last = math.min(from + PACK_CHUNK - 1, count)
+    local n = last - from + 1
+    -- By n, and the first chunk's (the leading byte, then doubles) by -n; not
+    -- named `key`, which the conformance test's check of declared keys reads.
+    local which = n
+    if from == 1 then
+      which = -n
+    end
+    local format = formats[which]
+    if format == nil then
+      if from == 1 then
+        format = '<B' .. string.rep('d', n - 1)
+      else
+        format = '<' .. string.rep('d', n)
+      end
+      formats[which] = format
+    end
+    local packed = struct.pack(format, unpack(numbers, from, last))
+    if last == count and parts == nil then
+      return packed
+    end
+    parts = parts or {}
+    parts[#parts + 1] = packed
+  end
+  return table.concat(parts)
+end
+
+-- The figures of limit `l`'s row in a call that was taken (every limit
+-- admitted it; decision `d`), as taken_row takes them: remaining and
+-- reset_after, then, when its receipt goes in the reply (receipts_in_reply),
+-- the time of the take, the receipt's reset_after and `first`, as
+-- write_receipt records them; a fixed window's from the start of the take's
+-- millisecond, as fixed_only.lua reads them off the window's end without a
+-- clock (algorithm::fixed::receipt_in_reply).
+local function taken_figures(l, d)
   local remaining = clamp(d.after_remaining, l.capacity)
   local reset = clamp(d.after_reset)
   if receipts_in_reply then
@@ -462,12 +526,14 @@ local function taken_reply(l, d)
       local gone = math.fmod(now, 1000)
       at, receipt_reset = now - gone, reset + gone
     end
-    return taken_text(remaining, wait_as_answered(reset), at, receipt_reset, clamp(d.first or 0))
+    return remaining, wait_as_answered(reset), at, receipt_reset, clamp(d.first or 0)
   end
-  return taken_text(remaining, wait_as_answered(reset))
+  return remaining, wait_as_answered(reset)
 end
 
--- ... or of a call that was not (the state as it is).
+-- The reply of one limit, {admitted (0/1), remaining, reset_after µs,
+-- retry_after µs}, of a call that was not taken (the state as it is); a call
+-- that was is answered with its rows packed (taken_row, packed_rows).
 local function state_reply(l, d, admitted, retry)
   return { admitted and 1 or 0, clamp(d.now_remaining, l.capacity),
     wait_as_answered(clamp(d.now_reset)), wait_as_answered(clamp(retry)) }

@@ -445,6 +445,89 @@ fn sliding_calls_of_many_units_decide_alike() {
     }
 }
 
+/// A call of more limits than the scripts pack in one `struct.pack` (the prelude's
+/// `PACK_CHUNK`, 400 numbers: 200 rows without receipts, 80 with them) is answered limit by
+/// limit all the same, every row in its limit's place: on the fixed windows' own function and
+/// on the driver, as functions and as scripts, with the receipts in the reply and without.
+#[test]
+fn a_stack_of_more_limits_than_one_pack_is_answered_limit_by_limit() {
+    const LIMITS: u64 = 210;
+    let keys: Vec<String> = (0..LIMITS).map(|i| format!("many{i}")).collect();
+    for algorithm in [Algorithm::Fixed, Algorithm::Gcra] {
+        // Limit i admits i + 2 in 30 s: each row tells which limit it is.
+        let policies: Vec<Policy> = (0..LIMITS)
+            .map(|i| Policy::new(algorithm, i + 2, Duration::from_secs(30)).expect("valid"))
+            .collect();
+        let checks: Vec<Check<'_>> = keys
+            .iter()
+            .zip(&policies)
+            .map(|(key, policy)| Check::new(key, policy))
+            .collect();
+        for mode in [Mode::Functions, Mode::Scripts] {
+            let lua = LuaStore::with_mode(EPOCH_US + START_US, mode);
+            let first = lua.take(&checks, None).expect("a verdict");
+            let (second, receipts) = lua.take_in_reply(&checks).expect("a verdict");
+            for (taken, v) in [(1, first), (2, second)] {
+                assert!(v.is_admitted(), "{algorithm}, {mode:?}");
+                let rows: Vec<(u64, u64)> = v
+                    .decisions()
+                    .iter()
+                    .map(|d| (d.limit, d.remaining))
+                    .collect();
+                let expected: Vec<(u64, u64)> =
+                    (0..LIMITS).map(|i| (i + 2, i + 2 - taken)).collect();
+                assert_eq!(rows, expected, "{algorithm}, {mode:?}, take {taken}");
+            }
+            assert_eq!(receipts.len(), keys.len(), "{algorithm}, {mode:?}");
+            assert!(
+                receipts
+                    .iter()
+                    .all(|r| r.at_us > EPOCH_US && r.reset_us > 0),
+                "{algorithm}, {mode:?}: {receipts:?}"
+            );
+        }
+    }
+}
+
+/// State with a fraction in it (written by hand or by another program: a GCRA key's value
+/// `0.5`, a sliding log's score ending in `.5`) gives an admitted take a reply of whole
+/// numbers, which the store reads, never one it refuses (which would fail a call the server
+/// counted): the scripts round the figures down.
+#[test]
+fn a_fraction_in_a_keys_state_gives_a_reply_the_store_reads() {
+    let now_us = EPOCH_US + START_US;
+    let words =
+        |text: String| -> Vec<Vec<u8>> { text.split(' ').map(|w| w.as_bytes().to_vec()).collect() };
+    let gcra = Policy::new(Algorithm::Gcra, 10, Duration::from_secs(1)).expect("valid");
+    let sliding = Policy::new(Algorithm::Sliding, 10, Duration::from_secs(30)).expect("valid");
+    for mode in [Mode::Functions, Mode::Scripts] {
+        let lua = LuaStore::with_mode(now_us, mode);
+        for command in [
+            format!("SET g 0.5 PXAT {}", now_us / 1000 + 50),
+            format!("ZADD s {}.5 a", now_us + 3),
+            "PEXPIRE s 60000".to_owned(),
+        ] {
+            let reply = lua.lua().db().command(&words(command));
+            assert!(!matches!(reply, Reply::Error(_)), "{reply:?}");
+        }
+        for (key, policy) in [("g", &gcra), ("s", &sliding)] {
+            let checks = [Check::new(key, policy)];
+            let taken = lua.take(&checks, None);
+            assert!(
+                taken.as_ref().is_ok_and(Verdict::is_admitted),
+                "{mode:?}, {key}: {taken:?}"
+            );
+            let taken = lua.take_in_reply(&checks);
+            assert!(
+                taken
+                    .as_ref()
+                    .is_ok_and(|(v, receipts)| v.is_admitted() && receipts.len() == 1),
+                "{mode:?}, {key}: {taken:?}"
+            );
+        }
+    }
+}
+
 /// The checks a refund or settle of a call taken at `taken` hands in: mostly the take's, and
 /// one time in four other costs (a caller's claim, which the receipt's units bound).
 fn claimed(rng: &mut Rng, limits: &[Limit], taken: Vec<Policy>) -> Vec<Policy> {
@@ -1086,13 +1169,9 @@ fn limits_that_are_not_whole_numbers_are_refused() {
             lua.lua().db().shapes().is_empty(),
             "{mode:?}: a refused call wrote something"
         );
-        // Admitted: a row of numbers, or their text.
+        // Admitted, as the store reads the reply.
         let reply = lua.run_driver(&checks, &keys, &[b("01:010:60000000:10:1")]);
-        let admitted = match &reply {
-            Reply::Array(row) => row.first() == Some(&Reply::Int(1)),
-            Reply::Bulk(text) => text.starts_with(b"1:"),
-            _ => false,
-        };
+        let admitted = lua_store::parse(&reply, &checks).is_ok_and(|v| v.is_admitted());
         assert!(admitted, "{mode:?}, leading zeros: admitted, got {reply:?}");
     }
 }

@@ -1345,6 +1345,44 @@ async fn a_fixed_key_holding_a_foreign_value_is_replaced_not_failed_on() {
     }
 }
 
+/// A call of more limits than the scripts pack in one `struct.pack` (the prelude's
+/// `PACK_CHUNK`) is answered limit by limit on a real server, every row in its limit's place:
+/// the fixed windows' own function and the driver, a check and a take with its receipts in
+/// the reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stack_of_more_limits_than_one_pack_is_answered_limit_by_limit() {
+    const LIMITS: u64 = 210;
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.expect("connect");
+    for algo in [Algorithm::Fixed, Algorithm::Gcra] {
+        // Limit i admits i + 2 an hour: each row tells which limit it is.
+        let policies: Vec<Policy> = (0..LIMITS)
+            .map(|i| policy(algo, i + 2, MINUTE * 60))
+            .collect();
+        let keys: Vec<String> = (0..LIMITS).map(|i| format!("many:{algo:?}:{i}")).collect();
+        let checks: Vec<Check<'_>> = keys
+            .iter()
+            .zip(&policies)
+            .map(|(key, policy)| Check::new(key, policy))
+            .collect();
+        let first = store.check(&checks).await.expect("check");
+        let second = store
+            .take_briefly(&checks, "ab", Duration::from_secs(2))
+            .await
+            .expect("take");
+        for (taken, v) in [(1, first), (2, second)] {
+            assert!(v.is_admitted(), "{algo:?}");
+            let rows: Vec<(u64, u64)> = v
+                .decisions()
+                .iter()
+                .map(|d| (d.limit, d.remaining))
+                .collect();
+            let expected: Vec<(u64, u64)> = (0..LIMITS).map(|i| (i + 2, i + 2 - taken)).collect();
+            assert_eq!(rows, expected, "{algo:?}, take {taken}");
+        }
+    }
+}
+
 /// A take whose receipts serve only a timeout's refund (`take_briefly`) writes none on one
 /// Redis server, for every algorithm, one limit or two, on the fast path and the driver: they
 /// come back in its reply, and a refund under its call id gives back nothing. A take under a

@@ -222,7 +222,7 @@ pub(crate) fn extend_block_cmd(key: &str, duration: Duration) -> redis::Cmd {
 }
 
 /// Reads the script's reply: one `[admitted, remaining, reset_after_us, retry_after_us]` per
-/// check (an admitted call's as their text, `1:4:10001000:0`), in an array; for one check, the
+/// check, in an array (an admitted call's packed in one string instead: [`Row::packed`]); for one check, the
 /// driver answers that row itself (the companion script an array of one, read alike). Numbers
 /// are clamped into range (a negative count is 0, `remaining` is at most the capacity), so no
 /// state under a key can turn into a reply that fails the call; anything that is not that shape
@@ -279,41 +279,61 @@ fn parse_rows(
     mut receipts: Option<&mut Vec<ReplyReceipt>>,
 ) -> Result<Verdict, StoreError> {
     let bad = |what: String| StoreError::BadReply(what);
-    // One check answered with its own numbers (an array, or their text): the reply is its
-    // one row.
-    let rows = match reply {
-        Value::BulkString(_) if checks.len() == 1 => std::slice::from_ref(reply),
-        Value::Array(rows) => match rows.first() {
-            Some(Value::Int(_)) if checks.len() == 1 => std::slice::from_ref(reply),
-            _ => rows.as_slice(),
-        },
-        _ => return Err(bad(format!("expected an array, got {reply:?}"))),
+    let with_receipts = receipts.is_some();
+    let mut decisions = Vec::with_capacity(checks.len());
+    let mut take = |row: Row, check: &Check<'_>| {
+        if let (Some(receipt), Some(list)) = (row.receipt, receipts.as_deref_mut()) {
+            list.push(receipt);
+        }
+        let limit = check.policy.capacity();
+        decisions.push(Decision::new(
+            row.admitted,
+            limit,
+            row.remaining.min(limit),
+            Duration::from_micros(row.reset_us),
+            Duration::from_micros(row.retry_us),
+        ));
     };
-    if rows.len() != checks.len() {
-        return Err(bad(format!(
-            "expected {} decisions, got {}",
-            checks.len(),
-            rows.len()
-        )));
-    }
-    let decisions = rows
-        .iter()
-        .zip(checks)
-        .map(|(row, check)| {
-            let row = Row::read(row, receipts.is_some())?;
-            if let (Some(receipt), Some(list)) = (row.receipt, receipts.as_deref_mut()) {
-                list.push(receipt);
+    match reply {
+        // An admitted call's rows, packed in one string after the byte 1 (for one check,
+        // its one row).
+        Value::BulkString(bytes) => {
+            // Each row 16 or 40 bytes (Row::packed); never 0, which chunks_exact refuses.
+            let rows = match bytes.split_first() {
+                Some((1, rows)) => rows,
+                _ => &[][..],
+            };
+            let size = rows.len() / checks.len().max(1);
+            if !matches!(size, 16 | 40) || size * checks.len() != rows.len() {
+                return Err(bad(format!(
+                    "expected {} packed decisions, got {bytes:?}",
+                    checks.len()
+                )));
             }
-            let limit = check.policy.capacity();
-            Ok(Decision::new(
-                row.admitted,
-                limit,
-                row.remaining.min(limit),
-                Duration::from_micros(row.reset_us),
-                Duration::from_micros(row.retry_us),
-            ))
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
+            for (packed, check) in rows.chunks_exact(size).zip(checks) {
+                take(Row::packed(packed, with_receipts)?, check);
+            }
+        }
+        // One check answered with its own numbers: the reply is its one row.
+        Value::Array(fields)
+            if checks.len() == 1 && matches!(fields.first(), Some(Value::Int(_))) =>
+        {
+            take(Row::read(reply, with_receipts)?, &checks[0]);
+        }
+        Value::Array(rows) if rows.len() == checks.len() => {
+            for (row, check) in rows.iter().zip(checks) {
+                take(Row::read(row, with_receipts)?, check);
+            }
+        }
+        Value::Array(rows) => {
+            return Err(bad(format!(
+                "expected {} decisions, got {}",
+                checks.len(),
+                rows.len()
+            )));
+        }
+        _ => return Err(bad(format!("expected an array, got {reply:?}"))),
+    }
     // Every limit's receipt, or none: a call with a receipt missing gives back nothing.
     if let Some(list) = receipts
         && list.len() != checks.len()
@@ -334,83 +354,78 @@ struct Row {
 }
 
 impl Row {
-    /// Reads a row, with its receipt when `with_receipt` and the row has one. A row is an
-    /// array of four (or seven) integers, or (an admitted call's, the prelude's `taken_text`)
-    /// the same numbers as one string joined by `:`, which the redis crate decodes for much
-    /// less than an array of numbers. A negative integer reads as 0.
+    /// Reads a row, with its receipt when `with_receipt` and the row has one: an array of
+    /// four (or seven) integers. A negative integer reads as 0.
     fn read(row: &Value, with_receipt: bool) -> Result<Self, StoreError> {
         let bad = |what: String| StoreError::BadReply(what);
-        let mut numbers = [0_u64; 7];
-        let len = match row {
-            Value::Array(fields) if fields.len() <= numbers.len() => {
-                for (slot, field) in numbers.iter_mut().zip(fields) {
-                    *slot = match field {
-                        Value::Int(n) => u64::try_from(*n).unwrap_or(0),
-                        other => return Err(bad(format!("expected an integer, got {other:?}"))),
-                    };
-                }
-                if !matches!(fields.first(), Some(Value::Int(0 | 1))) {
-                    return Err(bad(format!(
-                        "admitted must be 0 or 1, got {:?}",
-                        fields.first()
-                    )));
-                }
-                fields.len()
+        let fields = match row {
+            Value::Array(fields) if fields.len() == 4 || (with_receipt && fields.len() == 7) => {
+                fields
             }
-            Value::BulkString(text) => text_numbers(text, &mut numbers)
-                .ok_or_else(|| bad(format!("expected a decision's numbers, got {row:?}")))?,
-            other => return Err(bad(format!("expected a decision array, got {other:?}"))),
+            other => return Err(bad(format!("expected a decision's numbers, got {other:?}"))),
         };
-        let receipt = match (len, with_receipt) {
-            (4, _) => None,
-            (7, true) => Some(ReplyReceipt {
-                at_us: numbers[4],
-                reset_us: numbers[5],
-                first_us: numbers[6],
-            }),
-            _ => return Err(bad(format!("expected 4 numbers per decision, got {len}"))),
-        };
+        let mut numbers = [0_u64; 7];
+        for (slot, field) in numbers.iter_mut().zip(fields) {
+            *slot = match field {
+                Value::Int(n) => u64::try_from(*n).unwrap_or(0),
+                other => return Err(bad(format!("expected an integer, got {other:?}"))),
+            };
+        }
+        if !matches!(fields.first(), Some(Value::Int(0 | 1))) {
+            return Err(bad(format!(
+                "admitted must be 0 or 1, got {:?}",
+                fields.first()
+            )));
+        }
         Ok(Self {
             admitted: numbers[0] == 1,
             remaining: numbers[1],
             reset_us: numbers[2],
             retry_us: numbers[3],
-            receipt,
+            receipt: (fields.len() == 7).then_some(ReplyReceipt {
+                at_us: numbers[4],
+                reset_us: numbers[5],
+                first_us: numbers[6],
+            }),
         })
     }
-}
 
-/// The numbers of a row written as text (`1:5:60000:0`) into `numbers`, and how many: `None`
-/// unless every field is decimal digits that fit a `u64`, there are at most as many as
-/// `numbers` holds, and the first is `0` or `1`. One pass over the bytes: this runs on every
-/// check's reply.
-fn text_numbers(text: &[u8], numbers: &mut [u64]) -> Option<usize> {
-    let mut len = 0;
-    let mut n: u64 = 0;
-    let mut digits = false;
-    for &b in text {
-        if b == b':' {
-            if !digits {
-                return None;
-            }
-            *numbers.get_mut(len)? = n;
-            len += 1;
-            n = 0;
-            digits = false;
-        } else {
-            let digit = b.wrapping_sub(b'0');
-            if digit > 9 {
-                return None;
-            }
-            n = n.checked_mul(10)?.checked_add(u64::from(digit))?;
-            digits = true;
+    /// An admitted call's row as the scripts pack it after the reply's leading byte 1 (the
+    /// prelude's `taken_row` and `packed_rows`): 16 bytes, or 40 with its receipt (only where
+    /// `with_receipt`), each eight a little-endian IEEE 754 double holding a whole number
+    /// from 0: remaining and `reset_after`, then the receipt's time, `reset_after` and
+    /// `first`. `retry_after` (0) is every such row's, so it is not sent.
+    fn packed(bytes: &[u8], with_receipt: bool) -> Result<Self, StoreError> {
+        let bad = || StoreError::BadReply(format!("expected a packed decision, got {bytes:?}"));
+        if !(bytes.len() == 16 || (with_receipt && bytes.len() == 40)) {
+            return Err(bad());
         }
+        let mut numbers = [0_u64; 5];
+        for (slot, chunk) in numbers.iter_mut().zip(bytes.chunks_exact(8)) {
+            let n = f64::from_le_bytes(chunk.try_into().map_err(|_| bad())?);
+            // Whole and not negative (NaN and the infinities fail this); -0 reads as 0.
+            if !(n >= 0.0 && n.fract() == 0.0) {
+                return Err(bad());
+            }
+            // Exact below 2^64; beyond, only a corrupt reply, saturated (a wait of 584,000
+            // years).
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let whole = n as u64;
+            *slot = whole;
+        }
+        let [remaining, reset_us, at_us, receipt_reset_us, first_us] = numbers;
+        Ok(Self {
+            admitted: true,
+            remaining,
+            reset_us,
+            retry_us: 0,
+            receipt: (bytes.len() == 40).then_some(ReplyReceipt {
+                at_us,
+                reset_us: receipt_reset_us,
+                first_us,
+            }),
+        })
     }
-    if !digits {
-        return None;
-    }
-    *numbers.get_mut(len)? = n;
-    (numbers[0] <= 1).then_some(len + 1)
 }
 
 #[cfg(test)]
@@ -527,116 +542,160 @@ mod tests {
         ));
     }
 
+    /// An admitted call's rows as the scripts pack them (`struct.pack('<Bdd…', 1, …)`).
+    fn packed(numbers: &[f64]) -> Value {
+        let rows = numbers.iter().flat_map(|n| n.to_le_bytes());
+        Value::BulkString(std::iter::once(1).chain(rows).collect())
+    }
+
     #[test]
-    fn a_row_as_text_reads_as_its_numbers() {
+    fn a_packed_row_reads_as_its_numbers() {
         let p = policy(Algorithm::Fixed);
         let checks = [Check::new("k", &p)];
-        let text = |t: &str| Value::BulkString(t.as_bytes().to_vec());
         let as_ints = parse_reply(&Value::Array(ints(&[1, 3, 10_001_000, 0])), &checks).unwrap();
         assert_eq!(
-            parse_reply(&text("1:3:10001000:0"), &checks).unwrap(),
+            parse_reply(&packed(&[3.0, 10_001_000.0]), &checks).unwrap(),
             as_ints
         );
+        let with_receipt = [3.0, 10_001_000.0, 1_700_000_000_000.0, 10_001_000.0, 42.0];
         let (verdict, receipts) =
-            parse_reply_with_receipts(&text("1:3:10001000:0:1700000000000:10001000:0"), &checks)
-                .unwrap();
+            parse_reply_with_receipts(&packed(&with_receipt), &checks).unwrap();
         assert_eq!(verdict, as_ints);
+        let receipt = ReplyReceipt {
+            at_us: 1_700_000_000_000,
+            reset_us: 10_001_000,
+            first_us: 42,
+        };
+        assert_eq!(receipts, [receipt]);
+        // The largest whole double a row holds reads exactly; -0 reads as 0.
+        let v = parse_reply(&packed(&[-0.0, 9_007_199_254_740_991.0]), &checks).unwrap();
         assert_eq!(
-            receipts,
-            [ReplyReceipt {
-                at_us: 1_700_000_000_000,
-                reset_us: 10_001_000,
-                first_us: 0,
-            }]
+            v.decisions()[0].reset_after,
+            Duration::from_micros(9_007_199_254_740_991)
         );
+        assert_eq!(v.decisions()[0].remaining, 0);
+        // Any other first byte is no admitted row: not an error's text that happens to have
+        // the length of one (eight ASCII letters can read as a whole double).
+        let Value::BulkString(mut tagged) = packed(&[3.0, 10_001_000.0]) else {
+            unreachable!()
+        };
+        for tag in [0, 2, b'E'] {
+            tagged[0] = tag;
+            assert!(parse_reply(&Value::BulkString(tagged.clone()), &checks).is_err());
+        }
+        assert!(parse_reply(&Value::BulkString(b"ERR ERR ERR ERR ".to_vec()), &checks).is_err());
         for bad in [
-            "",
-            "1",
-            "1:3:10001000",
-            "2:3:10001000:0",
-            "1:-3:10001000:0",
-            "1:3:1e3:0",
-            "1: 3:10001000:0",
-            "1:3:10001000:0:",
-            "1:3:10001000:0:1:2:3:4",
-            "1:3:99999999999999999999:0",
+            Value::BulkString(Vec::new()),
+            Value::BulkString(b"1:3:10001000:0".to_vec()),
+            Value::BulkString(vec![1]),
+            Value::BulkString(vec![1; 16]),
+            Value::BulkString([&[1][..], &[0; 16]].concat()[1..].to_vec()),
+            Value::BulkString(vec![1; 18]),
+            Value::BulkString(vec![0; 33]),
+            Value::BulkString([&[1][..], &[0; 32]].concat()),
+            Value::BulkString([&[1][..], &[0; 48]].concat()),
+            packed(&[-1.0, 3.0]),
+            packed(&[1.5, 3.0]),
+            packed(&[3.0, f64::NAN]),
+            packed(&[3.0, f64::INFINITY]),
+            packed(&[3.0, 1.0, f64::NEG_INFINITY, 0.0, 0.0]),
         ] {
             assert!(
                 matches!(
-                    parse_reply(&text(bad), &checks),
+                    parse_reply_with_receipts(&bad, &checks),
                     Err(StoreError::BadReply(_))
                 ),
                 "{bad:?}"
             );
         }
-        // Seven numbers only where receipts were asked for; a text row only for one check.
-        let seven = text("1:3:10001000:0:1:2:0");
-        assert!(parse_reply(&seven, &checks).is_err());
-        let two = [Check::new("k", &p), Check::new("j", &p)];
-        assert!(parse_reply(&text("1:3:10001000:0"), &two).is_err());
+        // A receipt only where receipts were asked for.
+        assert!(parse_reply(&packed(&with_receipt), &checks).is_err());
     }
 
-    /// [`text_numbers`] by its definition: split at `:`, each field parsed as a `u64`.
-    fn text_numbers_by_definition(text: &[u8], numbers: &mut [u64]) -> Option<usize> {
-        let mut len = 0;
-        for field in text.split(|b| *b == b':') {
-            if field.is_empty() || !field.iter().all(u8::is_ascii_digit) {
-                return None;
-            }
-            *numbers.get_mut(len)? = std::str::from_utf8(field).ok()?.parse().ok()?;
-            len += 1;
-        }
-        (numbers.first().is_some_and(|&a| a <= 1)).then_some(len)
+    #[test]
+    fn the_packed_rows_of_a_stack_read_as_one_row_per_limit() {
+        let p = policy(Algorithm::Fixed);
+        let q = policy(Algorithm::Gcra);
+        let two = [Check::new("k", &p), Check::new("j", &q)];
+        let v = parse_reply(&packed(&[3.0, 1_000.0, 2.0, 5_000.0]), &two).unwrap();
+        let rows: Vec<_> = v
+            .decisions()
+            .iter()
+            .map(|d| (d.admitted, d.remaining, d.reset_after.as_micros()))
+            .collect();
+        assert_eq!(rows, [(true, 3, 1_000), (true, 2, 5_000)]);
+        let rows = [
+            3.0, 1_000.0, 7.0, 1_000.0, 0.0, 2.0, 5_000.0, 8.0, 5_000.0, 9.0,
+        ];
+        let (v, receipts) = parse_reply_with_receipts(&packed(&rows), &two).unwrap();
+        assert!(v.is_admitted());
+        assert_eq!(
+            receipts
+                .iter()
+                .map(|r| (r.at_us, r.first_us))
+                .collect::<Vec<_>>(),
+            [(7, 0), (8, 9)]
+        );
+        // Without receipts asked for, 80 bytes are not two rows; a row alone is not two; nor
+        // is a string of a length the limits do not divide.
+        assert!(parse_reply(&packed(&rows), &two).is_err());
+        assert!(parse_reply(&packed(&[3.0, 1.0]), &two).is_err());
+        assert!(parse_reply(&Value::BulkString(vec![1; 34]), &two).is_err());
+        assert!(parse_reply(&packed(&[3.0, 1.0]), &[]).is_err());
+        // A rejected call's rows are arrays of integers; a packed row in an array is none.
+        let rows = Value::Array(vec![
+            Value::Array(ints(&[1, 2, 3, 0])),
+            Value::Array(ints(&[0, 0, 9, 9])),
+        ]);
+        assert!(!parse_reply(&rows, &two).unwrap().is_admitted());
+        let rows = Value::Array(vec![packed(&[3.0, 1.0]), Value::Array(ints(&[0, 0, 9, 9]))]);
+        assert!(parse_reply(&rows, &two).is_err());
     }
 
     proptest::proptest! {
-        /// The one-pass reading of a row's text answers as its definition does, on any bytes
-        /// and on rows of digits and colons (numbers past `u64` and empty fields included).
+        /// Whatever bytes a row's string holds, reading it answers a decision or an error.
         #[test]
-        fn text_numbers_reads_as_its_definition(
-            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..48),
-            row in "[0-9:]{0,48}",
-            room in 0_usize..9,
-        ) {
-            for text in [bytes.as_slice(), row.as_bytes()] {
-                let (mut fast, mut slow) = ([7_u64; 8], [7_u64; 8]);
-                let got = text_numbers(text, &mut fast[..room]);
-                proptest::prop_assert_eq!(got, text_numbers_by_definition(text, &mut slow[..room]));
-                if let Some(len) = got {
-                    proptest::prop_assert_eq!(&fast[..len], &slow[..len]);
-                }
+        fn any_string_row_reads_without_a_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            let p = policy(Algorithm::Fixed);
+            let reply = Value::BulkString(bytes);
+            for n in 0..4 {
+                let checks = vec![Check::new("k", &p); n];
+                let _ = parse_reply(&reply, &checks);
+                let _ = parse_reply_with_receipts(&reply, &checks);
             }
         }
 
-        /// Whatever bytes a reply's text holds, reading it answers a decision or an error.
+        /// Any whole numbers packed as the scripts pack them read as those numbers, as the
+        /// rows of four (two packed a limit) or seven (five packed) they stand for, for one
+        /// limit or two; any other count is an error.
         #[test]
-        fn any_text_row_reads_without_a_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+        fn packed_numbers_read_as_their_rows(
+            numbers in proptest::collection::vec(0_u64..(1 << 53), 0..11),
+            limits in 1_usize..3,
+        ) {
             let p = policy(Algorithm::Fixed);
-            let checks = [Check::new("k", &p)];
-            let reply = Value::BulkString(bytes);
-            let _ = parse_reply(&reply, &checks);
-            let _ = parse_reply_with_receipts(&reply, &checks);
-        }
-
-        /// Any numbers joined by `:` read as those numbers, or as an error when they are not a
-        /// row.
-        #[test]
-        fn numbers_as_text_read_as_numbers(numbers in proptest::collection::vec(0_u64..u64::MAX, 0..9)) {
-            let p = policy(Algorithm::Fixed);
-            let checks = [Check::new("k", &p)];
-            let text: Vec<String> = numbers.iter().map(u64::to_string).collect();
-            let reply = Value::BulkString(text.join(":").into_bytes());
-            let row = (numbers.len() == 4 || numbers.len() == 7) && numbers[0] <= 1;
-            match parse_reply_with_receipts(&reply, &checks) {
+            let checks = vec![Check::new("k", &p); limits];
+            #[allow(clippy::cast_precision_loss)] // below 2^53: exact
+            let doubles: Vec<f64> = numbers.iter().map(|&n| n as f64).collect();
+            let per_limit = numbers.len() / limits;
+            let rows = per_limit * limits == numbers.len() && matches!(per_limit, 2 | 5);
+            match parse_reply_with_receipts(&packed(&doubles), &checks) {
                 Ok((verdict, receipts)) => {
-                    proptest::prop_assert!(row);
-                    let d = verdict.decisions()[0];
-                    proptest::prop_assert_eq!(d.admitted, numbers[0] == 1);
-                    proptest::prop_assert_eq!(d.remaining, numbers[1].min(d.limit));
-                    proptest::prop_assert_eq!(d.reset_after, Duration::from_micros(numbers[2]));
-                    proptest::prop_assert_eq!(receipts.len(), usize::from(numbers.len() == 7 && d.admitted));
+                    proptest::prop_assert!(rows);
+                    for (i, d) in verdict.decisions().iter().enumerate() {
+                        let row = &numbers[i * per_limit..(i + 1) * per_limit];
+                        proptest::prop_assert!(d.admitted);
+                        proptest::prop_assert_eq!(d.remaining, row[0].min(d.limit));
+                        proptest::prop_assert_eq!(d.reset_after, Duration::from_micros(row[1]));
+                        proptest::prop_assert_eq!(d.retry_after, None);
+                        if per_limit == 5 {
+                            let expected = ReplyReceipt { at_us: row[2], reset_us: row[3], first_us: row[4] };
+                            proptest::prop_assert_eq!(receipts[i], expected);
+                        }
+                    }
+                    proptest::prop_assert_eq!(receipts.len(), if per_limit == 5 { limits } else { 0 });
                 }
-                Err(StoreError::BadReply(_)) => proptest::prop_assert!(!row),
+                Err(StoreError::BadReply(_)) => proptest::prop_assert!(!rows),
                 Err(other) => proptest::prop_assert!(false, "{other:?}"),
             }
         }

@@ -763,6 +763,38 @@ setmetatable(env, {
 return env
 "#;
 
+/// The part of Redis's `struct` library the scripts use: `struct.pack` of little-endian
+/// unsigned bytes and doubles (`'<Bdd…'`, the prelude's `taken_row`); any other format is an
+/// error, so a script that starts using more of it fails here until the stand-in plays that
+/// too. A byte out of 0..=255 is an error too (Redis's wraps it).
+fn struct_library(lua: &Lua) -> Table {
+    let pack = lua
+        .create_function(|lua, (format, numbers): (mlua::String, Variadic<f64>)| {
+            let format = format.to_str()?.to_owned();
+            let refuse = || mlua::Error::runtime(format!("stand-in: struct.pack {format:?}"));
+            let Some(items) = format.strip_prefix('<') else {
+                return Err(refuse());
+            };
+            if items.len() != numbers.len() {
+                return Err(refuse());
+            }
+            let mut bytes = Vec::new();
+            for (item, &n) in items.bytes().zip(numbers.iter()) {
+                match item {
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    b'B' if (0.0..=255.0).contains(&n) && n.fract() == 0.0 => bytes.push(n as u8),
+                    b'd' => bytes.extend_from_slice(&n.to_le_bytes()),
+                    _ => return Err(refuse()),
+                }
+            }
+            lua.create_string(&bytes)
+        })
+        .expect("struct.pack");
+    let table = lua.create_table().expect("struct");
+    table.raw_set("pack", pack).expect("set");
+    table
+}
+
 /// A Lua 5.1 running scripts against a [`Db`], as Redis runs `EVAL`, and Functions libraries
 /// as Redis runs `FUNCTION LOAD` and `FCALL`.
 pub(crate) struct LuaRedis {
@@ -969,6 +1001,9 @@ impl LuaRedis {
             .raw_set("REDIS_VERSION_NUM", REDIS_VERSION_NUM)
             .expect("set");
         lua.globals().raw_set("redis", redis).expect("set");
+        lua.globals()
+            .raw_set("struct", struct_library(&lua))
+            .expect("set");
         lua.globals().raw_set("KEYS", Value::Nil).expect("set");
         lua.load(GLOBALS_PROTECTION)
             .exec()
