@@ -299,7 +299,9 @@ end
 
 -- The limits of argv[offset + 1 .. offset + nkeys].
 local function parse_limits(argv, offset, nkeys)
-  -- Made for one limit, the usual call (fixed_only.lua's fixed_many says why).
+  -- Made for one limit, the usual call, not grown one entry at a time: a table
+  -- grown so is resized at every power of two (BENCHMARKS.md, "Stacked limits,
+  -- tables made to size").
   local limits = { false }
   for i = 1, nkeys do
     local limit, refused = parse_limit(argv[offset + i], i)
