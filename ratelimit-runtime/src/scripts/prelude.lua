@@ -445,8 +445,8 @@ end
 -- numbers in TAKEN after the first `count` (TAKEN[1] is the leading 1: a call
 -- starts at count 1), and packed_rows packs the first `count`.
 --
--- TAKEN and PACK_FORMATS (the formats of n numbers by n, the first chunk's by
--- -n) are made by the first call that needs them and reused by every call after
+-- TAKEN and PACK_FORMATS (the format of a call's `count` numbers, by count)
+-- are made by the first call that needs them and reused by every call after
 -- it, where a Functions library keeps them: a table made per call costs more to
 -- allocate and collect than a stacked call's own arithmetic, and a table made
 -- by the chunk would be made on every EVAL call (BENCHMARKS.md, "Admitted rows
@@ -478,36 +478,29 @@ end
 local function packed_rows(count)
   local numbers = TAKEN
   numbers[1] = 1
-  local formats = PACK_FORMATS
-  if formats == nil then
-    formats = {}
-    PACK_FORMATS = formats
+  if count <= PACK_CHUNK then
+    local formats = PACK_FORMATS
+    if formats == nil then
+      formats = {}
+      PACK_FORMATS = formats
+    end
+    local format = formats[count]
+    if format == nil then
+      format = '<B' .. string.rep('d', count - 1)
+      formats[count] = format
+    end
+    return struct.pack(format, unpack(numbers, 1, count))
   end
-  local parts = nil
+  -- More numbers than one pack takes (a stack of hundreds of limits): in
+  -- chunks, the first with the leading byte.
+  local parts = {}
   for from = 1, count, PACK_CHUNK do
     local last = math.min(from + PACK_CHUNK - 1, count)
-    local n = last - from + 1
-    -- By n, and the first chunk's (the leading byte, then doubles) by -n; not
-    -- named `key`, which the conformance test's check of declared keys reads.
-    local which = n
+    local format = string.rep('d', last - from + 1)
     if from == 1 then
-      which = -n
+      format = 'B' .. string.sub(format, 2)
     end
-    local format = formats[which]
-    if format == nil then
-      if from == 1 then
-        format = '<B' .. string.rep('d', n - 1)
-      else
-        format = '<' .. string.rep('d', n)
-      end
-      formats[which] = format
-    end
-    local packed = struct.pack(format, unpack(numbers, from, last))
-    if last == count and parts == nil then
-      return packed
-    end
-    parts = parts or {}
-    parts[#parts + 1] = packed
+    parts[#parts + 1] = struct.pack('<' .. format, unpack(numbers, from, last))
   end
   return table.concat(parts)
 end
