@@ -80,7 +80,7 @@ mutations=(
   "prelude.lua|    if argv[n] == '~' then|    if false then"
   # Keys built in Lua instead of read from KEYS (the declared-keys check, static and in the
   # stand-in).
-  "driver.lua|redis.call('EXISTS', KEYS[receipts + 1])|redis.call('EXISTS', receipt_key(KEYS[1], call_id, 1))"
+  "driver.lua|redis.call('PTTL', KEYS[receipts + 1])|redis.call('PTTL', receipt_key(KEYS[1], call_id, 1))"
   "driver.lua|local copy = KEYS[copies + i]|local copy = key .. ':w'"
   "prelude.lua|local pttl = redis.call('PTTL', marker)|local pttl = redis.call('PTTL', KEYS[1] .. ':b')"
 )

@@ -49,6 +49,7 @@ pub use self::builder::Builder;
 use self::env::{TIMEOUT_ENV, env_store, parse_timeout_ms};
 use self::failure::refund_when_answered;
 use self::log_throttle::{LOG_INTERVAL, LogThrottle};
+use self::replica::ReplicaAck;
 pub use self::shutdown::ShutdownTimedOut;
 use crate::limit::FailurePolicy;
 
@@ -410,7 +411,8 @@ impl RateLimiter {
         call_id: Option<&str>,
         call: StoreCall<'_>,
     ) -> Asked {
-        let result = self.ask_remote(checks, call_id, call.policy).await;
+        let result = self.ask_remote(checks, call_id, call.policy, ReplicaAck::AsAsked);
+        let result = result.await.map(|(verdict, _)| verdict);
         self.answered(checks, call_id, call, result)
     }
 
@@ -466,36 +468,37 @@ impl RateLimiter {
     /// only ([`Store::take_briefly`]: kept only as long as it needs, or carried in the reply
     /// and given back by the store itself), and one that timed out is given back in the
     /// background. (A local store answers at once: it is never asked for receipts.)
+    ///
+    /// With `ack`, a take waits for a replica to acknowledge its writes
+    /// ([`Store::take_replicated`]); the verdict comes with whether one did (`true` when the
+    /// call did not wait).
     async fn ask_remote(
         &self,
         checks: &[Check<'_>],
         call_id: Option<&str>,
         policy: FailurePolicy,
-    ) -> Result<Verdict, StoreError> {
+        ack: ReplicaAck,
+    ) -> Result<(Verdict, bool), StoreError> {
         let inner = &*self.inner;
         let timeout = inner.settings.timeout;
         let refunds_timeouts = policy != FailurePolicy::Allow && !inner.store.is_local();
-        let own_id = (call_id.is_none() && refunds_timeouts).then(crate::store::new_call_id);
+        // Under `allow` an admission no replica acknowledged would be admitted all the same.
+        let waits = ack == ReplicaAck::Told
+            || (policy != FailurePolicy::Allow && self.wants_replica_ack(checks));
+        let own_id =
+            (call_id.is_none() && (refunds_timeouts || waits)).then(crate::store::new_call_id);
         let sent_id = call_id.or(own_id.as_deref());
-        let replica_ack = self.wants_replica_ack(checks);
         let call = async {
-            let verdict = match (sent_id, &own_id) {
+            match (sent_id, &own_id) {
+                (Some(id), _) if waits => self.take_acknowledged(checks, id, ack).await,
                 // Receipts for the refund of a timeout only: kept no longer than that needs.
-                // (A call a replica acknowledges is refunded after an answer that came in
-                // time, by receipts a brief take may keep in its reply: it takes as `take`.)
-                (Some(id), Some(_)) if !replica_ack => {
+                (Some(id), Some(_)) => {
                     let keep = failure::timeout_receipts_keep(timeout);
-                    inner.store.take_briefly(checks, id, keep).await
+                    Ok((inner.store.take_briefly(checks, id, keep).await?, true))
                 }
-                (Some(id), _) => inner.store.take(checks, id).await,
-                (None, _) => inner.store.check(checks).await,
-            }?;
-            // Admitted only once a replica has the count (when asked): the policy answers a
-            // write no replica acknowledged, as it answers a timeout.
-            if replica_ack && verdict.is_admitted() {
-                self.acknowledged(checks).await?;
+                (Some(id), _) => Ok((inner.store.take(checks, id).await?, true)),
+                (None, _) => Ok((inner.store.check(checks).await?, true)),
             }
-            Ok(verdict)
         };
         let result = tokio::time::timeout(timeout, call)
             .await

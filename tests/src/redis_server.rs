@@ -171,6 +171,22 @@ pub fn say(line: &str) {
 /// that a dead one fails the test.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Closes every client connection of the server `conn` is connected to but `conn` itself
+/// (`CLIENT KILL TYPE normal SKIPME yes`), as a network fault would: how many it closed.
+///
+/// # Errors
+/// The server's refusal or a transport error.
+pub async fn kill_other_clients(conn: &mut MultiplexedConnection) -> redis::RedisResult<u64> {
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(conn)
+        .await
+}
+
 /// A private standalone Redis server for one test (or a few sharing it).
 ///
 /// Behaviour: started on a free loopback port with persistence off and its files in a fresh

@@ -294,7 +294,9 @@ impl Builder {
     /// acknowledged it. A write no replica acknowledged in time is a store failure for that
     /// call ([`StoreError::Unreplicated`](crate::StoreError::Unreplicated)): the failure policy
     /// answers it, and the count is given back when the policy does not admit the call. Costs
-    /// one more round trip per admitted call (measured in BENCHMARKS.md).
+    /// one more round trip per admitted call (measured in BENCHMARKS.md); a rejected call
+    /// waits for nothing. Under the `allow` failure policy, which would admit such a call all
+    /// the same, checks do not wait.
     ///
     /// It applies to `RedisClusterStore`, whose masters have replicas. A master without a
     /// replica never acknowledges: every admitted call would be answered by the failure

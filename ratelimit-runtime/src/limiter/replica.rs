@@ -5,24 +5,26 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-/// The longest a write waits for a replica to acknowledge it ([`Store::replicate`]; at most
-/// the limiter's timeout). On loopback a healthy replica answers in well under 1 ms.
+/// The longest a take waits for a replica to acknowledge it ([`Store::take_replicated`]; at
+/// most the limiter's timeout). On loopback a healthy replica answers in well under 1 ms.
 const REPLICA_WAIT: Duration = Duration::from_millis(10);
 
+/// What a call does with a replica's acknowledgement of its take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReplicaAck {
+    /// Waits when its checks ask ([`RateLimiter::wants_replica_ack`]) and its failure policy
+    /// would not admit it anyway (`allow`); an admission no replica acknowledged is
+    /// [`StoreError::Unreplicated`], which the failure policy answers as it answers a timeout.
+    AsAsked,
+    /// Always waits; an admission no replica acknowledged is kept, and told to the caller: a
+    /// lease's take that did not ask, which serves its call as a check would.
+    Told,
+}
+
 impl RateLimiter {
-    /// How long a write waits for a replica: [`REPLICA_WAIT`], or the timeout when shorter.
+    /// How long a take waits for a replica: [`REPLICA_WAIT`], or the timeout when shorter.
     fn replica_wait(&self) -> Duration {
         self.inner.settings.timeout.min(REPLICA_WAIT)
-    }
-
-    /// Whether a replica acknowledged, within [`RateLimiter::replica_wait`], every write this
-    /// store sent the server that holds `key` (Redis `WAIT 1`). An error, or no answer within
-    /// twice the wait, is `false`.
-    pub(super) async fn replicated(&self, key: &str) -> bool {
-        let wait = self.replica_wait();
-        tokio::time::timeout(wait * 2, self.inner.store.replicate(key, wait))
-            .await
-            .is_ok_and(|r| r.is_ok_and(|acknowledged| acknowledged))
     }
 
     /// Whether a call of `checks` waits for a replica's acknowledgement once admitted.
@@ -30,19 +32,57 @@ impl RateLimiter {
         self.inner.settings.replica_ack || checks.iter().any(|c| c.replica_ack)
     }
 
-    /// `Ok` once a replica acknowledged the write of every check that asks for it (every
-    /// check, when the limiter does), each key once; [`StoreError::Unreplicated`] when one
-    /// was not acknowledged in time: the master counted the call, a failover could forget it.
-    pub(super) async fn acknowledged(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
-        let all = self.inner.settings.replica_ack;
-        for (i, check) in checks.iter().enumerate() {
-            let asks = all || check.replica_ack;
-            let seen = checks[..i].iter().any(|c| c.key == check.key);
-            if asks && !seen && !self.replicated(check.key).await {
-                return Err(StoreError::Unreplicated(self.replica_wait()));
+    /// A take of `checks` under `call_id` whose writes a replica acknowledged within
+    /// [`RateLimiter::replica_wait`], on each server it wrote: the verdict, and whether one
+    /// did. Under [`ReplicaAck::AsAsked`] an admission no replica acknowledged is
+    /// [`StoreError::Unreplicated`]: the master counted the call, a failover could forget it.
+    pub(super) async fn take_acknowledged(
+        &self,
+        checks: &[Check<'_>],
+        call_id: &str,
+        ack: ReplicaAck,
+    ) -> Result<(Verdict, bool), StoreError> {
+        let wait = self.replica_wait();
+        let (verdict, replicated) = self
+            .inner
+            .store
+            .take_replicated(checks, call_id, wait)
+            .await?;
+        if ack == ReplicaAck::AsAsked && verdict.is_admitted() && !replicated {
+            return Err(StoreError::Unreplicated(wait));
+        }
+        Ok((verdict, replicated))
+    }
+
+    /// [`RateLimiter::ask`] of a lease's take under `call_id`, which always waits for a
+    /// replica: the answer, and whether the store admitted the take and no replica
+    /// acknowledged it. A take whose checks ask for replica acknowledgement (under a policy
+    /// other than `allow`) is then answered as any such check is ([`ReplicaAck::AsAsked`]);
+    /// one that does not ask keeps its admission ([`ReplicaAck::Told`]).
+    pub(super) async fn ask_told(&self, checks: &[Check<'_>], call_id: &str) -> (Asked, bool) {
+        match self.ask_now(checks, Some(call_id)) {
+            Ok(asked) => (asked, false),
+            Err(call) => {
+                let asks = call.policy != FailurePolicy::Allow && self.wants_replica_ack(checks);
+                let ack = if asks {
+                    ReplicaAck::AsAsked
+                } else {
+                    ReplicaAck::Told
+                };
+                let result = self
+                    .ask_remote(checks, Some(call_id), call.policy, ack)
+                    .await;
+                let unacknowledged = match &result {
+                    Ok((verdict, replicated)) => verdict.is_admitted() && !replicated,
+                    Err(e) => e.is_unreplicated(),
+                };
+                let result = result.map(|(verdict, _)| verdict);
+                (
+                    self.answered(checks, Some(call_id), call, result),
+                    unacknowledged,
+                )
             }
         }
-        Ok(())
     }
 }
 
@@ -61,6 +101,8 @@ mod tests {
     struct NoReplicaStore {
         memory: MemoryStore,
         refunds: Mutex<Vec<String>>,
+        /// Takes that waited for a replica.
+        waits: std::sync::atomic::AtomicUsize,
     }
 
     impl Store for NoReplicaStore {
@@ -74,8 +116,15 @@ mod tests {
             self.refunds.lock().unwrap().push(call_id.to_owned());
             self.memory.refund(checks, call_id)
         }
-        fn replicate<'a>(&'a self, _: &'a str, _: Duration) -> StoreFuture<'a, bool> {
-            Box::pin(async { Ok(false) })
+        fn take_replicated<'a>(
+            &'a self,
+            checks: &'a [Check<'a>],
+            call_id: &'a str,
+            _: Duration,
+        ) -> StoreFuture<'a, (Verdict, bool)> {
+            self.waits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Box::pin(async move { Ok((self.take(checks, call_id).await?, false)) })
         }
         fn name(&self) -> &'static str {
             "no-replica"
@@ -131,14 +180,24 @@ mod tests {
         assert!(per_limit.check(&[plain]).await.unwrap().is_admitted());
 
         let local = limiter(&store, FailurePolicy::Local, true);
-        let answers: Vec<bool> = futures_admitted(&local, &policy).await;
+        let answers: Vec<bool> = futures_admitted(&local, "l", &policy).await;
         assert_eq!(answers, [true, true, true, false, false]);
+
+        // Under `allow`, which admits an unacknowledged call all the same, nothing waits.
+        let waits = store.waits.load(std::sync::atomic::Ordering::Relaxed);
+        let allow = limiter(&store, FailurePolicy::Allow, true);
+        let answers: Vec<bool> = futures_admitted(&allow, "a", &policy).await;
+        assert_eq!(answers, [true, true, true, false, false]);
+        assert_eq!(
+            store.waits.load(std::sync::atomic::Ordering::Relaxed),
+            waits
+        );
     }
 
-    async fn futures_admitted(limiter: &RateLimiter, policy: &Policy) -> Vec<bool> {
+    async fn futures_admitted(limiter: &RateLimiter, key: &str, policy: &Policy) -> Vec<bool> {
         let mut answers = Vec::new();
         for _ in 0..5 {
-            let v = limiter.check(&[Check::new("l", policy)]).await.unwrap();
+            let v = limiter.check(&[Check::new(key, policy)]).await.unwrap();
             answers.push(v.is_admitted());
         }
         answers

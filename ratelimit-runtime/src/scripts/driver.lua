@@ -72,8 +72,18 @@ local function check(KEYS, ARGV, from_ms_start)
 
   -- A take under a call id that already left its receipts ran before: the
   -- cluster client sent it again after a timeout. It is not taken twice; the
-  -- reply reads the limits as that first take left them.
-  if call_id ~= nil and redis.call('EXISTS', KEYS[receipts + 1]) == 1 then
+  -- reply reads the limits as that first take left them. It writes one thing:
+  -- the receipt's own TTL again (at least 1 ms; a receipt without one, written
+  -- by someone else, the longest a receipt lives), so that a `WAIT` sent after
+  -- it on a connection of its own (a client's retry after a dropped
+  -- connection) waits for the first take's writes too, which came before on
+  -- this server.
+  local kept = call_id ~= nil and redis.call('PTTL', KEYS[receipts + 1]) or -2
+  if kept ~= -2 then
+    if kept == -1 then
+      kept = RECEIPT_TTL_US / 1000
+    end
+    redis.call('PEXPIRE', KEYS[receipts + 1], math.max(kept, 1))
     local again = {}
     for i = 1, nkeys do
       local d = limits[i].algo.evaluate(KEYS[i], limits[i].p)

@@ -126,8 +126,8 @@ impl<'a> Check<'a> {
 }
 
 /// The future every [`Store`] method returns: a [`Verdict`] for the checks, `()` for the
-/// refunds and the operator's calls, whether a write reached the replicas for
-/// [`Store::replicate`].
+/// refunds and the operator's calls, a verdict and whether its writes reached the replicas
+/// for [`Store::take_replicated`].
 pub type StoreFuture<'a, T = Verdict> =
     Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
@@ -379,19 +379,44 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         unsupported("settle")
     }
 
-    /// Waits, at most `timeout`, until the writes this store made to `key` reached a replica
-    /// of its server (Redis `WAIT 1`): `Ok(true)` once one acknowledged them, `Ok(false)` when
-    /// none did in time (a master without replicas, a replica behind). A process keeps a lease
-    /// ([`crate::lease`]) only once its take is replicated, so that a failover to the replica
-    /// cannot forget the units it took and grant them again.
+    /// [`Store::take`], then waits at most `wait` until a replica of each server the take
+    /// wrote acknowledged its writes (Redis `WAIT 1`): the verdict, and `true` once one did on
+    /// each, `false` when one did not in time (a master without replicas, a replica behind).
+    /// A process keeps a lease ([`crate::lease`]) only once its take is replicated, and a
+    /// check asking for replica acknowledgement ([`Check::replica_ack`]) is admitted only
+    /// then, so that a failover to the replica cannot forget what the call took.
     ///
-    /// The default answers `Ok(true)` at once: a store with no replicas to wait for. So do the
-    /// memory store and [`RedisStore`] (one server: a failover to one of its replicas, by
-    /// Sentinel, may find it behind by the last writes, leases or not); `RedisClusterStore`
-    /// waits, on the master of `key`'s slot.
-    fn replicate<'a>(&'a self, key: &'a str, timeout: Duration) -> StoreFuture<'a, bool> {
-        let _ = (key, timeout);
-        Box::pin(async { Ok(true) })
+    /// The acknowledgement must be of this take's writes: Redis's `WAIT` counts the writes of
+    /// the connection it is sent on, so it must run on the connection the take ran on. For a
+    /// rejected take, which wrote nothing, the answer is `true` without waiting.
+    ///
+    /// The default takes ([`Store::take`]) and answers `true`: a store with no replicas to
+    /// wait for. So do the memory store and [`RedisStore`] (one server: a failover to one of
+    /// its replicas, by Sentinel, may find it behind by the last writes, leases or not);
+    /// `RedisClusterStore` waits, on the master of each slot the take wrote.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{Algorithm, MemoryStore, Policy, store::{Check, Store}};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(60))?;
+    /// let checks = [Check::new("login:203.0.113.9", &policy)];
+    /// let wait = Duration::from_millis(10);
+    /// let (verdict, replicated) = store.take_replicated(&checks, "7a3f", wait).await?;
+    /// assert!(verdict.is_admitted() && replicated);
+    /// # Ok(()) }
+    /// ```
+    fn take_replicated<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        call_id: &'a str,
+        wait: Duration,
+    ) -> StoreFuture<'a, (Verdict, bool)> {
+        let _ = wait;
+        Box::pin(async move { Ok((self.take(checks, call_id).await?, true)) })
     }
 
     // The operations below are for operators (the admin calls of
@@ -513,8 +538,13 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).settle(checks, call_id, actual)
     }
 
-    fn replicate<'a>(&'a self, key: &'a str, timeout: Duration) -> StoreFuture<'a, bool> {
-        (**self).replicate(key, timeout)
+    fn take_replicated<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        call_id: &'a str,
+        wait: Duration,
+    ) -> StoreFuture<'a, (Verdict, bool)> {
+        (**self).take_replicated(checks, call_id, wait)
     }
 
     fn peek<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {

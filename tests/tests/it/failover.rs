@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use ratelimit_runtime::{
     Algorithm, FailurePolicy, Policy, RateLimitError, RateLimiter, RedisClusterStore, rate_limit,
-    store::Check,
+    store::{Check, Store},
 };
 use ratelimit_tests::redis_cluster::RedisCluster;
-use ratelimit_tests::redis_server::say;
+use ratelimit_tests::redis_server::{kill_other_clients, say};
 use tokio::task::JoinSet;
 
 /// The limiters, each on its own cluster connection.
@@ -318,6 +318,245 @@ async fn deny_with_replica_ack_loses_no_admitted_count_through_a_failover() {
     assert!(
         counted >= admitted,
         "the promoted master counts {counted}, fewer than the {admitted} admitted: a count was lost"
+    );
+}
+
+/// Kills the replica of the master serving `key`, and waits until that master counts no
+/// replica (it then acknowledges no write): its port.
+async fn master_without_replica(cluster: &mut RedisCluster, key: &str) -> u16 {
+    let master = cluster
+        .master_of_slot(cluster.keyslot(key).await)
+        .await
+        .port;
+    let replica = cluster.replica_of(master).await;
+    cluster.kill(replica);
+    let none = || async {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut cluster.node(master).await)
+            .await
+            .unwrap_or_default();
+        info.contains("connected_slaves:0")
+    };
+    let gone = Instant::now();
+    while !none().await && gone.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(none().await, "master {master} still counts its replica");
+    master
+}
+
+/// What calls on a master without a replica were answered: admitted, or refused for want of
+/// a replica's acknowledgement.
+#[derive(Debug, Default)]
+struct Unacked {
+    admitted: AtomicU64,
+    unreplicated: AtomicU64,
+}
+
+impl Unacked {
+    /// Counts one answer.
+    fn count(&self, admitted: bool, unreplicated: bool) {
+        if admitted {
+            self.admitted.fetch_add(1, Ordering::Relaxed);
+        }
+        if unreplicated {
+            self.unreplicated.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn unreplicated(&self) -> u64 {
+        self.unreplicated.load(Ordering::Relaxed)
+    }
+
+    /// Says what `run` saw, and asserts that calls reached the acknowledgement and none was
+    /// admitted: a master without a replica acknowledges no write.
+    fn assert_none_admitted(&self, run: &str) {
+        let admitted = self.admitted.load(Ordering::Relaxed);
+        let unreplicated = self.unreplicated();
+        say(&format!(
+            "{run}: {admitted} admitted, {unreplicated} unacknowledged"
+        ));
+        assert!(
+            unreplicated > 0,
+            "{run}: no call reached the acknowledgement"
+        );
+        assert_eq!(
+            admitted, 0,
+            "{run}: admitted by a master without a replica, counts a failover would lose"
+        );
+    }
+}
+
+/// A leased limit asking for replica acknowledgement, for
+/// [`a_lease_asking_for_replica_ack_admits_nothing_while_the_master_has_no_replica`].
+#[rate_limit(
+    num = 1_000_000,
+    time = 3600,
+    scope = "unreplicated-lease",
+    lease = "100ms",
+    on_store_error = "deny",
+    replica_ack = true
+)]
+async fn leased_and_acked() -> Result<(), RateLimitError> {
+    Ok(())
+}
+
+/// A lease's take under replica acknowledgement is one more such check: on a master without a
+/// replica, calls at full speed (which take leases where a replica acknowledges) admit nothing
+/// and no lease is held, where a take kept unacknowledged would serve its call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_asking_for_replica_ack_admits_nothing_while_the_master_has_no_replica() {
+    const CALLS: u64 = 60;
+    let _saturating = ratelimit_tests::SATURATING.lock().await;
+    let mut cluster = RedisCluster::start().await;
+    master_without_replica(&mut cluster, "ratelimit:{unreplicated-lease}").await;
+    let limiter = process(&cluster, None, false).await;
+    let seen = Arc::new(Unacked::default());
+    let mut tasks = JoinSet::new();
+    for _ in 0..TASKS {
+        let seen = seen.clone();
+        tasks.spawn(limiter.clone().scope(async move {
+            for _ in 0..CALLS {
+                let answer = leased_and_acked().await;
+                let unreplicated = matches!(&answer, Err(RateLimitError::StoreUnavailable(e)) if e.is_unreplicated());
+                seen.count(answer.is_ok(), unreplicated);
+                assert_eq!(RateLimiter::current().lease_units_held(), 0, "a lease held");
+            }
+        }));
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap_or_else(|e| panic!("a caller panicked: {e}"));
+    }
+    seen.assert_none_admitted("leased, no replica");
+}
+
+/// How long the limiter's connections to a master are cut again and again in
+/// [`an_admission_is_acknowledged_only_by_the_master_that_counted_it`].
+const CUTTING: Duration = Duration::from_secs(2);
+
+/// `deny` with replica acknowledgement on a master that has lost its replica, while its
+/// clients' connections are cut every 10 ms (`CLIENT KILL`), then not: no call is admitted,
+/// since no replica can hold its count. A `WAIT` routed by slot reaches whichever node the
+/// cluster client falls back to while the master's connection is down, whose replica
+/// acknowledges at once a connection that wrote nothing: an admission nothing replicated,
+/// lost by a failover. The take and its `WAIT` name the connection they ran on, and a `WAIT`
+/// elsewhere acknowledges nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_is_acknowledged_only_by_the_master_that_counted_it() {
+    let _saturating = ratelimit_tests::SATURATING.lock().await;
+    let mut cluster = RedisCluster::start().await;
+    let key = "ratelimit:{unreplicated}:fixed".to_owned();
+    let master = master_without_replica(&mut cluster, &key).await;
+    let mut admin = cluster.node(master).await;
+    let limiters = processes(&cluster, Some(FailurePolicy::Deny), true).await;
+    let policy = Policy::new(Algorithm::Fixed, 1_000_000, Duration::from_hours(1))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Unacked::default());
+    let mut tasks = JoinSet::new();
+    for limiter in &limiters {
+        for _ in 0..TASKS {
+            let (limiter, stop, key, seen) =
+                (limiter.clone(), stop.clone(), key.clone(), seen.clone());
+            tasks.spawn(async move {
+                for _ in 0..MAX_CALLS {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let answer = limiter.check(&[Check::new(&key, &policy)]).await;
+                    let unreplicated = matches!(&answer, Err(e) if e.is_unreplicated());
+                    seen.count(answer.is_ok_and(|v| v.is_admitted()), unreplicated);
+                    tokio::task::yield_now().await;
+                }
+            });
+        }
+    }
+    let (cutting, mut cuts) = (Instant::now(), 0_u64);
+    while cutting.elapsed() < CUTTING {
+        cuts += kill_other_clients(&mut admin).await.unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Cut or not, the master acknowledges nothing: the calls go on until some were answered
+    // so (the breaker, opened by the cuts, lets a call through at most every 500 ms).
+    let after = Instant::now();
+    while seen.unreplicated() < 16 && after.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    while tasks.join_next().await.is_some() {}
+    assert!(cuts > 0, "no connection was cut");
+    seen.assert_none_admitted(&format!("no replica, connections cut {cuts} times"));
+}
+
+/// The process id of the cluster node on `port` (`INFO server`).
+async fn node_pid(cluster: &RedisCluster, port: u16) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut cluster.node(port).await)
+        .await
+        .unwrap_or_else(|e| panic!("INFO server on {port}: {e}"));
+    info.lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .unwrap_or_else(|| panic!("no process_id in INFO of {port}"))
+        .trim()
+        .to_owned()
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to process `pid`.
+fn signal(pid: &str, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, pid])
+        .status()
+        .unwrap_or_else(|e| panic!("kill {signal} {pid}: {e}"));
+    assert!(status.success(), "kill {signal} {pid}: {status}");
+}
+
+/// A take the cluster client sends again under its call id (after a dropped connection, on a
+/// new one) is answered as the first take ran, and its acknowledgement is of that first take's
+/// writes: with the replica stopped before them, none. (A replayed take that wrote nothing
+/// would leave its `WAIT` nothing of this connection's to wait for, which a replica
+/// acknowledges at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_take_is_acknowledged_only_once_the_first_take_is_replicated() {
+    let cluster = RedisCluster::start().await;
+    let key = "ratelimit:{replayed}:fixed".to_owned();
+    let master = cluster
+        .master_of_slot(cluster.keyslot(&key).await)
+        .await
+        .port;
+    let replica = cluster.replica_of(master).await;
+    let policy =
+        Policy::new(Algorithm::Fixed, 5, Duration::from_hours(1)).unwrap_or_else(|e| panic!("{e}"));
+    let checks = [Check::new(&key, &policy)];
+    let connect = || async {
+        RedisClusterStore::connect(cluster.urls())
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e}"))
+    };
+    let (first, again) = (connect().await, connect().await);
+    // A healthy replica answers at once; a stopped one is waited for this long.
+    let (healthy, wait) = (Duration::from_secs(5), Duration::from_millis(50));
+    let (verdict, replicated) = first
+        .take_replicated(&checks, "a1", healthy)
+        .await
+        .unwrap_or_else(|e| panic!("take: {e}"));
+    assert!(
+        verdict.is_admitted() && replicated,
+        "a healthy replica acknowledges"
+    );
+
+    let replica = node_pid(&cluster, replica).await;
+    signal(&replica, "-STOP");
+    let taken = first.take_with_receipts(&checks, "b2").await;
+    let replayed = again.take_replicated(&checks, "b2", wait).await;
+    signal(&replica, "-CONT");
+    assert!(taken.unwrap_or_else(|e| panic!("take: {e}")).is_admitted());
+    let (verdict, replicated) = replayed.unwrap_or_else(|e| panic!("replay: {e}"));
+    assert_eq!(verdict.decisions()[0].remaining, 3, "taken twice");
+    assert!(
+        !replicated,
+        "acknowledged while the replica was stopped before the take"
     );
 }
 

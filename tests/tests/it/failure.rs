@@ -484,13 +484,7 @@ async fn dropped_connections_reconnect_by_themselves() {
         admitted += 1;
         // Every connection but this one is closed by the server (the limiter's included).
         let mut conn = server.connection().await;
-        let killed: u64 = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg("normal")
-            .arg("SKIPME")
-            .arg("yes")
-            .query_async(&mut conn)
+        let killed = ratelimit_tests::redis_server::kill_other_clients(&mut conn)
             .await
             .unwrap();
         assert!(killed >= 1);

@@ -249,13 +249,7 @@ async fn an_evicting_maxmemory_policy_is_warned_about_and_can_be_refused_at_buil
     // After a reconnect, the policy is read again.
     let mut admin = server.connection().await;
     config_set(&mut admin, "maxmemory-policy", "allkeys-lfu").await;
-    let () = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("normal")
-        .arg("SKIPME")
-        .arg("yes")
-        .query_async(&mut admin)
+    ratelimit_tests::redis_server::kill_other_clients(&mut admin)
         .await
         .unwrap();
     let policy = Policy::new(Algorithm::Fixed, 5, suite::HOUR).unwrap();

@@ -86,6 +86,8 @@ struct Take {
     scope: &'static str,
     key: String,
     failure_policy: Option<crate::limit::FailurePolicy>,
+    /// Whether the limit asks for replica acknowledgement ([`Check::replica_ack`]).
+    replica_ack: bool,
     /// The limit's policy with the take's units as its cost.
     policy: Policy,
     lease: Lease,
@@ -108,6 +110,7 @@ impl Take {
             scope,
             key,
             failure_policy,
+            replica_ack,
             policy,
             lease,
             cost,
@@ -117,7 +120,16 @@ impl Take {
         let call_id = crate::store::new_call_id();
         let mut take = Check::new(&key, &policy).with_scope(scope);
         take.failure_policy = failure_policy;
-        let Asked::Store(verdict) = limiter.ask(&[take], Some(&call_id)).await else {
+        take.replica_ack = replica_ack;
+        // Kept only once a replica has the take: a failover must not forget `k` units that
+        // this process goes on serving. Not replicated in time, the take serves this call
+        // only, as an ordinary check would (one asking for replica acknowledgement is
+        // answered by the failure policy: `ask_told`), and gives the rest back now.
+        let (asked, unacknowledged) = limiter.ask_told(&[take], &call_id).await;
+        if unacknowledged {
+            slot.lock().unreplicated_until = Some(now + UNREPLICATED);
+        }
+        let Asked::Store(verdict) = asked else {
             return None;
         };
         let [d] = verdict.decisions() else {
@@ -128,10 +140,6 @@ impl Take {
             return None;
         }
         let k = policy.cost();
-        // Kept only once a replica has the take: a failover must not forget `k` units that
-        // this process goes on serving. Not replicated in time, the take serves this call
-        // only (as an ordinary check would) and gives the rest back now.
-        let replicated = limiter.replicated(&key).await;
         let held = Held {
             scope,
             call_id,
@@ -151,11 +159,10 @@ impl Take {
             d.reset_after,
             Duration::ZERO,
         );
-        if replicated {
-            limiter.hold(&slot, scope, &key, held);
-        } else {
-            slot.lock().unreplicated_until = Some(now + UNREPLICATED);
+        if unacknowledged {
             limiter.retire(&slot, scope, &key, held, false);
+        } else {
+            limiter.hold(&slot, scope, &key, held);
         }
         drop(refill);
         Some(Verdict::new(vec![answer]))
@@ -276,6 +283,7 @@ impl RateLimiter {
                 scope: limit.scope,
                 key: check.key.to_owned(),
                 failure_policy: check.failure_policy,
+                replica_ack: check.replica_ack,
                 policy,
                 lease,
                 cost,

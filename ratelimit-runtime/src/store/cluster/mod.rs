@@ -88,7 +88,7 @@ use redis::cluster_async::ClusterConnection;
 use self::connect::{cluster_client, connect_cluster};
 use self::slots::{check_across_slots, collect, fill, group_by_slot, one_slot};
 use super::lazy::LazyConnection;
-use super::redis::invoke::{Calls, Mode, compensate, eval_checks};
+use super::redis::invoke::{Calls, Mode, compensate, eval_checks, eval_checks_replicated};
 use super::redis::server::MemoryPolicy;
 use super::redis::wire::{block_cmd, extend_block_cmd, forget_pipe, reset_cmd};
 use super::{Check, Store, StoreFuture};
@@ -240,7 +240,8 @@ impl RedisClusterStore {
         let mut conn = self.connection().await?;
         let groups = group_by_slot(checks);
         if groups.len() > 1 {
-            return across_slots(conn, &self.calls, checks, groups, Some(call_id)).await;
+            let across = across_slots(conn, &self.calls, checks, groups, Some(call_id), None);
+            return Ok(across.await?.0);
         }
         eval_checks(&mut conn, &self.calls, checks, Some(call_id), keep).await
     }
@@ -249,14 +250,17 @@ impl RedisClusterStore {
 /// A check or take whose limits fall in several slots. A take in one slot and its refund in
 /// another are separate round trips: they run in a task of their own, so that the limiter's
 /// timeout (which drops this future) cannot stop a refund half way and leave a rejected call
-/// holding quota. `call_id` (a take's) names the call's concurrency leases.
+/// holding quota. `call_id` (a take's) names the call's concurrency leases; with
+/// `replica_wait`, whether a replica acknowledged the writes comes with the verdict
+/// ([`check_across_slots`]).
 async fn across_slots(
     mut conn: ClusterConnection,
     calls: &Arc<Calls>,
     checks: &[Check<'_>],
     groups: Vec<Vec<usize>>,
     call_id: Option<&str>,
-) -> Result<Verdict, StoreError> {
+    replica_wait: Option<Duration>,
+) -> Result<(Verdict, bool), StoreError> {
     let owned: Vec<(String, Policy, String)> = checks
         .iter()
         .map(|c| (c.key.to_owned(), *c.policy, c.scope.to_owned()))
@@ -268,7 +272,8 @@ async fn across_slots(
             .iter()
             .map(|(key, policy, scope)| Check::new(key, policy).with_scope(scope))
             .collect();
-        check_across_slots(&mut conn, &calls, &checks, &groups, call_id.as_deref()).await
+        let id = call_id.as_deref();
+        check_across_slots(&mut conn, &calls, &checks, &groups, id, replica_wait).await
     });
     task.await
         .map_err(|e| StoreError::connection(format!("the cross-slot check task failed: {e}")))?
@@ -282,7 +287,9 @@ impl Store for RedisClusterStore {
             if groups.len() <= 1 {
                 return eval_checks(&mut conn, &self.calls, checks, None, None).await;
             }
-            across_slots(conn, &self.calls, checks, groups, None).await
+            Ok(across_slots(conn, &self.calls, checks, groups, None, None)
+                .await?
+                .0)
         })
     }
 
@@ -368,25 +375,23 @@ impl Store for RedisClusterStore {
         })
     }
 
-    /// `WAIT 1 <timeout>` on the master of `key`'s slot, on the connection the store wrote
-    /// with: whether a replica acknowledged every write this store sent that master.
-    fn replicate<'a>(&'a self, key: &'a str, timeout: Duration) -> StoreFuture<'a, bool> {
-        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+    /// Each slot's take, then, when it admitted, `WAIT 1 <wait>` on the connection it ran on
+    /// (see [`Store::take_replicated`] and `eval_checks_replicated`); a take across slots
+    /// keeps receipts as [`Store::take`] does.
+    fn take_replicated<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        call_id: &'a str,
+        wait: Duration,
+    ) -> StoreFuture<'a, (Verdict, bool)> {
         Box::pin(async move {
             let mut conn = self.connection().await?;
-            let ms = u64::try_from(timeout.as_millis())
-                .unwrap_or(u64::MAX)
-                .max(1);
-            let route = Route::new(slots::key_slot(key.as_bytes()), SlotAddr::Master);
-            let reply = conn
-                .route_command(
-                    redis::cmd("WAIT").arg(1).arg(ms).clone(),
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                )
-                .await?;
-            let acknowledged: u64 = redis::from_redis_value(reply)
-                .map_err(|e| StoreError::bad_reply(format!("WAIT: {e}")))?;
-            Ok(acknowledged >= 1)
+            let groups = group_by_slot(checks);
+            if groups.len() > 1 {
+                let id = Some(call_id);
+                return across_slots(conn, &self.calls, checks, groups, id, Some(wait)).await;
+            }
+            eval_checks_replicated(&mut conn, &self.calls, checks, Some(call_id), wait).await
         })
     }
 

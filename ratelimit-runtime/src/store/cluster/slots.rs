@@ -9,7 +9,7 @@ use redis::cluster_routing::Slot;
 
 use crate::decision::{Decision, Verdict};
 use crate::error::StoreError;
-use crate::store::redis::invoke::{Calls, Mode, compensate, eval_checks};
+use crate::store::redis::invoke::{Calls, Mode, compensate, eval_checks, eval_checks_replicated};
 use crate::store::redis::wire::forget_cmd;
 use crate::store::{Check, new_call_id};
 
@@ -17,13 +17,19 @@ use crate::store::{Check, new_call_id};
 /// call id (a take's, else a fresh one), refunding the earlier groups and peeking at the later
 /// ones when a group rejects. A group with a concurrency limit is sent the id even when last,
 /// so that its lease is named by it.
+///
+/// With `replica_wait`, each group's take is followed by `WAIT` on its connection
+/// ([`eval_checks_replicated`]): the verdict comes with whether a replica acknowledged every
+/// admitted group's writes (always `true` without a wait).
 pub(super) async fn check_across_slots(
     conn: &mut ClusterConnection,
     calls: &Calls,
     checks: &[Check<'_>],
     groups: &[Vec<usize>],
     call_id: Option<&str>,
-) -> Result<Verdict, StoreError> {
+    replica_wait: Option<Duration>,
+) -> Result<(Verdict, bool), StoreError> {
+    let mut replicated = true;
     let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
     let id = call_id.map_or_else(new_call_id, str::to_owned);
     let holds = |sub: &[Check<'_>]| {
@@ -36,8 +42,12 @@ pub(super) async fn check_across_slots(
         let sub: Vec<Check<'_>> = group.iter().map(|&i| checks[i]).collect();
         // The last group is never refunded (when it admits, so did the call): no receipts.
         let receipts = (g + 1 < groups.len() || holds(&sub)).then_some(id.as_str());
-        let verdict = eval_checks(conn, calls, &sub, receipts, None).await?;
+        let (verdict, acknowledged) = match replica_wait {
+            Some(wait) => eval_checks_replicated(conn, calls, &sub, receipts, wait).await?,
+            None => (eval_checks(conn, calls, &sub, receipts, None).await?, true),
+        };
         if verdict.is_admitted() {
+            replicated &= acknowledged;
             taken.push((g, verdict));
             continue;
         }
@@ -74,7 +84,7 @@ pub(super) async fn check_across_slots(
                 }
             }
         }
-        return collect(decisions);
+        return Ok((collect(decisions)?, replicated));
     }
     // Admitted: the earlier groups' receipts are no longer needed (nothing will be
     // refunded); dropped now rather than left to their TTL.
@@ -88,7 +98,7 @@ pub(super) async fn check_across_slots(
             tracing::debug!(target: crate::observe::log::STORE, %error, "redis cluster: could not drop the receipts of an admitted call; they expire by themselves");
         }
     }
-    collect(decisions)
+    Ok((collect(decisions)?, replicated))
 }
 
 /// The test hooks' guard: every key in one slot (one script can only touch one).
@@ -117,32 +127,6 @@ pub(super) fn collect(decisions: Vec<Option<Decision>>) -> Result<Verdict, Store
 
 /// The indices of `checks` grouped by the cluster slot of their key, groups in the order of
 /// their first limit.
-/// The cluster slot of `key` as a number (what [`Slot::for_key`] computes, which does not
-/// tell its number): CRC16/XMODEM of the key's hash tag (or the whole key) modulo 16384.
-pub(super) fn key_slot(key: &[u8]) -> u16 {
-    let tagged = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &rest[..close])
-        })
-        .unwrap_or(key);
-    let mut crc: u16 = 0;
-    for &byte in tagged {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 == 0 {
-                crc << 1
-            } else {
-                (crc << 1) ^ 0x1021
-            };
-        }
-    }
-    crc % 16384
-}
-
 pub(super) fn group_by_slot(checks: &[Check<'_>]) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut index: HashMap<Slot, usize> = HashMap::new();
@@ -163,41 +147,6 @@ mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
     use crate::policy::Policy;
-
-    /// The slot's number is the one the cluster client routes by, for the keys the store
-    /// writes (hash-tagged), any bytes, empty and unclosed tags, and Redis's own examples.
-    #[test]
-    fn a_keys_slot_number_is_the_clients() {
-        assert_eq!(key_slot(b"123456789"), 12739); // CRC16/XMODEM's check value, 0x31C3
-        assert_eq!(
-            key_slot(b"{user1000}.following"),
-            key_slot(b"{user1000}.followers")
-        );
-        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
-        let keys: [&[u8]; 7] = [
-            b"ratelimit:{app::login:ip=10.0.0.1}:fixed:5:60000",
-            b"foo{}{bar}",
-            b"foo{{bar}}zap",
-            b"foo{bar}{zap}",
-            b"{",
-            b"",
-            &[0xff, b'{', 0x00, b'}', 0x80],
-        ];
-        for key in keys {
-            assert_eq!(
-                Slot::new(key_slot(key)),
-                Some(Slot::for_key(key)),
-                "{key:?}"
-            );
-        }
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn any_keys_slot_number_is_the_clients(key in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
-            proptest::prop_assert_eq!(Slot::new(key_slot(&key)), Some(Slot::for_key(&key)));
-        }
-    }
 
     #[test]
     fn limits_of_one_scope_share_a_group_and_other_scopes_split() {

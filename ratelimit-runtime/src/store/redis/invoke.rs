@@ -89,11 +89,29 @@ pub(crate) trait ScriptConnection: ConnectionLike + Send {
         &mut self,
         key: &str,
     ) -> impl Future<Output = redis::RedisResult<()>> + Send;
+
+    /// `pipe` (`count` commands, its errors kept in place) on the server where `key` lives,
+    /// whatever the keys of its commands: each reply as it came.
+    fn pipeline_for(
+        &mut self,
+        pipe: &redis::Pipeline,
+        count: usize,
+        key: &str,
+    ) -> impl Future<Output = redis::RedisResult<Vec<redis::RedisResult<Value>>>> + Send;
 }
 
 impl ScriptConnection for ConnectionManager {
     async fn load_library_for(&mut self, _key: &str) -> redis::RedisResult<()> {
         library_cmd().query_async(self).await
+    }
+
+    async fn pipeline_for(
+        &mut self,
+        pipe: &redis::Pipeline,
+        _count: usize,
+        _key: &str,
+    ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
+        pipe.query_async(self).await
     }
 }
 
@@ -108,6 +126,25 @@ impl ScriptConnection for redis::cluster_async::ClusterConnection {
         )
         .await
         .map(drop)
+    }
+
+    async fn pipeline_for(
+        &mut self,
+        pipe: &redis::Pipeline,
+        count: usize,
+        key: &str,
+    ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
+        use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+        let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
+        let replies = self
+            .route_pipeline(
+                pipe.clone(),
+                0,
+                count,
+                SingleNodeRoutingInfo::SpecificNode(route),
+            )
+            .await?;
+        Ok(replies.into_iter().map(Value::extract_error).collect())
     }
 }
 
@@ -197,29 +234,32 @@ where
 }
 
 /// Runs one of the library's functions (`FCALL function numkeys keys… args…`, `args` writing
-/// the numkeys, keys and arguments) or, on a server without Functions, the script that holds
+/// the numkeys, keys and arguments) or, on a server without Functions, `script`, which holds
 /// the same code (`EVALSHA sha numkeys …`, same layout). A missing function is loaded on the
 /// node of `first_key` (the one that answered) and the call repeated once; missing again, the
 /// call runs as the script. A missing script likewise (`NOSCRIPT`: `SCRIPT LOAD`, then once
 /// more).
+///
+/// With `seat`, the reply comes with the connection the attempt that answered ran on
+/// ([`send`]).
 async fn invoke<C>(
     conn: &mut C,
     calls: &Calls,
-    function: &str,
-    script: &Script,
+    (function, script): (&str, &Script),
     first_key: &str,
     size: (usize, usize),
     args: impl Fn(&mut redis::Cmd),
-) -> Result<Value, redis::RedisError>
+    seat: bool,
+) -> Result<(Value, Option<Seat>), redis::RedisError>
 where
     C: ScriptConnection,
 {
     let command = |name: &str, target: &str| sized_command(name, target, size, &args);
     if calls.functions() {
         let cmd = command("FCALL", function);
-        match cmd.query_async(conn).await {
+        match send(conn, &cmd, seat.then_some(first_key)).await {
             Err(e) if function_missing(&e) => match conn.load_library_for(first_key).await {
-                Ok(()) => match cmd.query_async(conn).await {
+                Ok(()) => match send(conn, &cmd, seat.then_some(first_key)).await {
                     // Gone again between the load and the call (a `FUNCTION FLUSH` loop): the
                     // script, which reloads itself on `NOSCRIPT`, answers this call, never the
                     // failure policy.
@@ -237,14 +277,66 @@ where
         }
     }
     let cmd = command("EVALSHA", script.get_hash());
-    match cmd.query_async(conn).await {
+    match send(conn, &cmd, seat.then_some(first_key)).await {
         // A restarted or flushed server: load the script and repeat the call once.
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             script.load_async(conn).await?;
-            cmd.query_async(conn).await
+            send(conn, &cmd, seat.then_some(first_key)).await
         }
         other => other,
     }
+}
+
+/// The connection a command ran on: its server's cluster node id (`CLUSTER MYID`) and the
+/// connection's client id there (`CLIENT ID`, never reused while the server runs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Seat {
+    node: String,
+    client: i64,
+}
+
+impl Seat {
+    /// The two commands that name the seat, to follow another in one request.
+    fn commands(pipe: &mut redis::Pipeline) {
+        pipe.cmd("CLUSTER").arg("MYID").cmd("CLIENT").arg("ID");
+    }
+
+    /// The seat from the replies of [`Seat::commands`]; `None` for an error or anything else.
+    fn read(node: Option<&Value>, client: Option<&Value>) -> Option<Self> {
+        Some(Self {
+            node: redis::from_redis_value_ref(node?).ok()?,
+            client: redis::from_redis_value_ref(client?).ok()?,
+        })
+    }
+}
+
+/// Sends `cmd`; with `seat` (the key it is routed by), in one request followed by
+/// [`Seat::commands`]: its reply, and the connection it ran on (`None` without `seat`, or
+/// when the server did not say).
+async fn send<C>(
+    conn: &mut C,
+    cmd: &redis::Cmd,
+    seat: Option<&str>,
+) -> Result<(Value, Option<Seat>), redis::RedisError>
+where
+    C: ScriptConnection,
+{
+    let Some(key) = seat else {
+        return cmd.query_async(conn).await.map(|reply| (reply, None));
+    };
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors().add_command(cmd.clone());
+    Seat::commands(&mut pipe);
+    let mut replies = conn.pipeline_for(&pipe, 3, key).await?.into_iter();
+    let reply = replies.next().ok_or_else(|| {
+        redis::RedisError::from((
+            ErrorKind::Client,
+            "a request of three commands got no reply",
+        ))
+    })??;
+    let node = replies.next().and_then(Result::ok);
+    let client = replies.next().and_then(Result::ok);
+    Ok((reply, Seat::read(node.as_ref(), client.as_ref())))
 }
 
 /// Checks every limit of one call in one invocation of the driver: `FCALL` of the library's
@@ -270,8 +362,57 @@ where
         return Ok(Verdict::new(Vec::new()));
     }
     let receipts = call_id.map_or(Receipts::None, |id| Receipts::Keys(id, keep));
-    let reply = run_checks(conn, calls, checks, receipts).await?;
+    let (reply, _) = run_checks(conn, calls, checks, receipts, false).await?;
     parse_reply(&reply, checks)
+}
+
+/// [`eval_checks`] (receipts kept their longest) on a cluster, then, for an admitted call,
+/// `WAIT 1 <replica_wait ms>` on the connection the take ran on: the verdict, and whether a
+/// replica acknowledged the call's writes (`true` for a rejected call, which waits for
+/// nothing).
+///
+/// `WAIT` counts the writes of the connection it is sent on, so it must reach the one that
+/// wrote: a cluster client whose connection to the master dropped meanwhile sends a command
+/// routed by slot to another node, or on a new connection that wrote nothing, either of which
+/// a replica acknowledges at once. So the take and the `WAIT` each name the connection they
+/// ran on ([`Seat`]), and a `WAIT` that ran elsewhere acknowledges nothing. (A take the client
+/// sent again on a new connection after its first ran is answered as that first ran, and
+/// writes its receipt's TTL again, so that the new connection's `WAIT` waits for the first
+/// take's writes too: `scripts/driver.lua`.)
+#[cfg(feature = "cluster")]
+pub(crate) async fn eval_checks_replicated(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    calls: &Calls,
+    checks: &[Check<'_>],
+    call_id: Option<&str>,
+    replica_wait: Duration,
+) -> Result<(Verdict, bool), StoreError> {
+    let Some(first) = checks.first() else {
+        return Ok((Verdict::new(Vec::new()), true));
+    };
+    let receipts = call_id.map_or(Receipts::None, |id| Receipts::Keys(id, None));
+    let (reply, seat) = run_checks(conn, calls, checks, receipts, true).await?;
+    let verdict = parse_reply(&reply, checks)?;
+    if !verdict.is_admitted() {
+        return Ok((verdict, true));
+    }
+    let Some(seat) = seat else {
+        return Ok((verdict, false));
+    };
+    let ms = u64::try_from(replica_wait.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors().cmd("WAIT").arg(1).arg(ms);
+    Seat::commands(&mut pipe);
+    let replies = conn.pipeline_for(&pipe, 3, first.key).await;
+    let acknowledged = replies.is_ok_and(|r| {
+        let [Ok(Value::Int(n)), Ok(node), Ok(client)] = r.as_slice() else {
+            return false;
+        };
+        *n >= 1 && Seat::read(Some(node), Some(client)).as_ref() == Some(&seat)
+    });
+    Ok((verdict, acknowledged))
 }
 
 /// [`eval_checks`] of a take whose receipts come back in its reply instead of being written
@@ -288,7 +429,7 @@ where
     if checks.is_empty() {
         return Ok((Verdict::new(Vec::new()), Vec::new()));
     }
-    let reply = run_checks(conn, calls, checks, Receipts::InReply).await?;
+    let (reply, _) = run_checks(conn, calls, checks, Receipts::InReply, false).await?;
     parse_reply_with_receipts(&reply, checks)
 }
 
@@ -314,13 +455,14 @@ impl<'a> Receipts<'a> {
 }
 
 /// The driver (or the fixed windows' function) on `checks`, which hold at least one check;
-/// the reply as it came.
+/// the reply as it came, with `seat` the connection it ran on ([`invoke`]).
 async fn run_checks<C>(
     conn: &mut C,
     calls: &Calls,
     checks: &[Check<'_>],
     receipts: Receipts<'_>,
-) -> Result<Value, StoreError>
+    seat: bool,
+) -> Result<(Value, Option<Seat>), StoreError>
 where
     C: ScriptConnection,
 {
@@ -334,7 +476,7 @@ where
     let args = |cmd: &mut redis::Cmd| check_args(cmd, checks, copies, receipts);
     let (function, _) = script_sources().for_checks(checks);
     let size = command_size(checks, copies, receipts.call_id(), 2);
-    Ok(invoke(conn, calls, function, script, first, size, args).await?)
+    Ok(invoke(conn, calls, (function, script), first, size, args, seat).await?)
 }
 
 /// A command `name target`, then what `args` writes, in buffers made to `size` (arguments,
@@ -455,7 +597,16 @@ where
     let args = |cmd: &mut redis::Cmd| companion_args(cmd, checks, &mode);
     let function = script_sources().compensate_function;
     let size = command_size(checks, false, receipts, companion_extra(checks, &mode));
-    let reply = invoke(conn, calls, function, &COMPANION, first.key, size, args).await?;
+    let (reply, _) = invoke(
+        conn,
+        calls,
+        (function, &COMPANION),
+        first.key,
+        size,
+        args,
+        false,
+    )
+    .await?;
     parse_reply(&reply, checks)
 }
 
