@@ -466,6 +466,17 @@ impl RedisCluster {
     /// # Panics
     /// When the node is not a master with a replica.
     pub async fn replica_of(&self, port: u16) -> u16 {
+        self.try_replica_of(port)
+            .await
+            .unwrap_or_else(|| panic!("master {port} has no replica"))
+    }
+
+    /// The port of a working replica of the master on `port`, as the first live node sees it
+    /// now; `None` when it sees none (yet: a replica just joined may still be handshaking).
+    ///
+    /// # Panics
+    /// When the node is not a master.
+    pub async fn try_replica_of(&self, port: u16) -> Option<u16> {
         let view = self.nodes_view().await;
         let master = view
             .iter()
@@ -473,7 +484,7 @@ impl RedisCluster {
             .unwrap_or_else(|| panic!("node {port} is not a master"));
         view.iter()
             .find(|n| n.master_id == master.id && n.has_flag("slave") && !n.failed())
-            .map_or_else(|| panic!("master {port} has no replica"), |n| n.port)
+            .map(|n| n.port)
     }
 
     /// Kills the master on `port` (`SIGKILL`, no goodbye to the cluster) and waits until its

@@ -13,8 +13,9 @@ const REPLICA_WAIT: Duration = Duration::from_millis(10);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ReplicaAck {
     /// Waits when its checks ask ([`RateLimiter::wants_replica_ack`]) and its failure policy
-    /// would not admit it anyway (`allow`); an admission no replica acknowledged is
-    /// [`StoreError::Unreplicated`], which the failure policy answers as it answers a timeout.
+    /// is not `allow` (which would admit an unacknowledged call all the same); an admission no
+    /// replica acknowledged is [`StoreError::Unreplicated`], which the failure policy answers
+    /// as it answers a timeout.
     AsAsked,
     /// Always waits; an admission no replica acknowledged is kept, and told to the caller: a
     /// lease's take that did not ask, which serves its call as a check would.

@@ -391,7 +391,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// rejected take, which wrote nothing, the answer is `true` without waiting.
     ///
     /// The default takes ([`Store::take`]) and answers `true`: a store with no replicas to
-    /// wait for. So do the memory store and [`RedisStore`] (one server: a failover to one of
+    /// wait for. A store of your own that wraps another forwards this method too, or the
+    /// wrapped store's wait is lost. So do the memory store and [`RedisStore`] (one server: a failover to one of
     /// its replicas, by Sentinel, may find it behind by the last writes, leases or not);
     /// `RedisClusterStore` waits, on the master of each slot the take wrote.
     ///

@@ -11,6 +11,11 @@
 //!   counter counts every admitted call: no acknowledged count is lost. (The promoted master
 //!   has no replica until one joins it, so it acknowledges nothing: its calls are refused.)
 //!
+//! * Replica acknowledgement under faults, on a master that lost its replica: no call is
+//!   admitted while its connections are cut, nor through a lease; such a master is waited on
+//!   about once a second; and a take replayed on a new connection is acknowledged only once
+//!   the first take is replicated.
+//!
 //! Every loop is bounded by a count and by time; the promotion is waited for by polling.
 
 use std::sync::Arc;
@@ -321,6 +326,22 @@ async fn deny_with_replica_ack_loses_no_admitted_count_through_a_failover() {
     );
 }
 
+/// The port of the replica of the master on `port`, once the cluster shows it working (one
+/// that just formed may still be handshaking), within 10 s.
+async fn working_replica(cluster: &RedisCluster, master: u16) -> u16 {
+    let seen = Instant::now();
+    loop {
+        if let Some(replica) = cluster.try_replica_of(master).await {
+            return replica;
+        }
+        assert!(
+            seen.elapsed() < Duration::from_secs(10),
+            "master {master} shows no working replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Kills the replica of the master serving `key`, and waits until that master counts no
 /// replica (it then acknowledges no write): its port.
 async fn master_without_replica(cluster: &mut RedisCluster, key: &str) -> u16 {
@@ -328,7 +349,7 @@ async fn master_without_replica(cluster: &mut RedisCluster, key: &str) -> u16 {
         .master_of_slot(cluster.keyslot(key).await)
         .await
         .port;
-    let replica = cluster.replica_of(master).await;
+    let replica = working_replica(cluster, master).await;
     cluster.kill(replica);
     let none = || async {
         let info: String = redis::cmd("INFO")
@@ -431,6 +452,66 @@ async fn a_lease_asking_for_replica_ack_admits_nothing_while_the_master_has_no_r
     seen.assert_none_admitted("leased, no replica");
 }
 
+/// How many `WAIT`s the node on `port` has run (`INFO commandstats`).
+async fn waits_run(cluster: &RedisCluster, port: u16) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut cluster.node(port).await)
+        .await
+        .unwrap_or_else(|e| panic!("INFO commandstats on {port}: {e}"));
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap_or(0))
+}
+
+/// A master without a replica is waited on about once a second, not once a call: its `WAIT`
+/// lasts the whole 10 ms and holds the process's one connection to it, shared by every limit,
+/// and every admission it does not acknowledge is given back, so nothing else bounds them.
+/// Every call is refused all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_without_a_replica_is_waited_on_about_once_a_second() {
+    const CALLS: u64 = 100;
+    let _saturating = ratelimit_tests::SATURATING.lock().await;
+    let mut cluster = RedisCluster::start().await;
+    let key = "ratelimit:{orphan}:fixed".to_owned();
+    let master = master_without_replica(&mut cluster, &key).await;
+    let limiters = processes(&cluster, Some(FailurePolicy::Deny), true).await;
+    let policy = Policy::new(Algorithm::Fixed, 1_000_000, Duration::from_hours(1))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let before = waits_run(&cluster, master).await;
+    let start = Instant::now();
+    let seen = Arc::new(Unacked::default());
+    let mut tasks = JoinSet::new();
+    for limiter in &limiters {
+        for _ in 0..TASKS {
+            let (limiter, key, seen) = (limiter.clone(), key.clone(), seen.clone());
+            tasks.spawn(async move {
+                for _ in 0..CALLS {
+                    let answer = limiter.check(&[Check::new(&key, &policy)]).await;
+                    let unreplicated = matches!(&answer, Err(e) if e.is_unreplicated());
+                    seen.count(answer.is_ok_and(|v| v.is_admitted()), unreplicated);
+                }
+            });
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap_or_else(|e| panic!("a caller panicked: {e}"));
+    }
+    let (waits, seconds) = (
+        waits_run(&cluster, master).await - before,
+        start.elapsed().as_secs() + 1,
+    );
+    let calls = CALLS * u64::try_from(PROCESSES * TASKS).unwrap_or(0);
+    seen.assert_none_admitted(&format!("orphaned master, {waits} WAITs in {seconds} s"));
+    // At most every caller's once per second (those in flight when it was found out).
+    let bound = u64::try_from(PROCESSES * TASKS).unwrap_or(0) * seconds;
+    assert!(
+        waits <= bound && waits < calls,
+        "{waits} WAITs for {calls} calls in {seconds} s: more than {bound}"
+    );
+}
+
 /// How long the limiter's connections to a master are cut again and again in
 /// [`an_admission_is_acknowledged_only_by_the_master_that_counted_it`].
 const CUTTING: Duration = Duration::from_secs(2);
@@ -525,7 +606,7 @@ async fn a_replayed_take_is_acknowledged_only_once_the_first_take_is_replicated(
         .master_of_slot(cluster.keyslot(&key).await)
         .await
         .port;
-    let replica = cluster.replica_of(master).await;
+    let replica = working_replica(&cluster, master).await;
     let policy =
         Policy::new(Algorithm::Fixed, 5, Duration::from_hours(1)).unwrap_or_else(|e| panic!("{e}"));
     let checks = [Check::new(&key, &policy)];

@@ -85,10 +85,11 @@ use std::time::Duration;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 
+use self::acknowledge::eval_checks_replicated;
 use self::connect::{cluster_client, connect_cluster};
 use self::slots::{check_across_slots, collect, fill, group_by_slot, one_slot};
 use super::lazy::LazyConnection;
-use super::redis::invoke::{Calls, Mode, compensate, eval_checks, eval_checks_replicated};
+use super::redis::invoke::{Calls, Mode, compensate, eval_checks};
 use super::redis::server::MemoryPolicy;
 use super::redis::wire::{block_cmd, extend_block_cmd, forget_pipe, reset_cmd};
 use super::{Check, Store, StoreFuture};
@@ -96,6 +97,7 @@ use crate::decision::{Decision, Verdict};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::Policy;
 
+mod acknowledge;
 mod connect;
 mod slots;
 

@@ -7,9 +7,10 @@ use std::time::Duration;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 
+use super::acknowledge::eval_checks_replicated;
 use crate::decision::{Decision, Verdict};
 use crate::error::StoreError;
-use crate::store::redis::invoke::{Calls, Mode, compensate, eval_checks, eval_checks_replicated};
+use crate::store::redis::invoke::{Calls, Mode, compensate, eval_checks};
 use crate::store::redis::wire::forget_cmd;
 use crate::store::{Check, new_call_id};
 

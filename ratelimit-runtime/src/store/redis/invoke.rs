@@ -9,6 +9,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, Script, ServerErrorKind, Value};
 
 use super::script::{COMPANION, SCRIPTS, script_sources};
+use super::seat::{Seat, refused_acknowledgement};
 use super::server::{MemoryPolicy, info_memory_cmd, log_engine};
 use super::wire::{
     ReplyReceipt, declared, keys_repeat, limit_args, parse_reply, parse_reply_with_receipts,
@@ -31,6 +32,10 @@ pub(crate) struct Calls {
     scripts_only: AtomicBool,
     /// The takes given up on whose receipts are being sent back (`RedisStore::take_briefly`).
     pub(super) giving_back: super::give_back::GivingBack,
+    /// The masters found without a replica, whose takes wait for no acknowledgement for a
+    /// while (a Cluster's replica acknowledgement).
+    #[cfg(feature = "cluster")]
+    pub(crate) orphans: super::seat::Orphans,
 }
 
 impl Calls {
@@ -90,8 +95,10 @@ pub(crate) trait ScriptConnection: ConnectionLike + Send {
         key: &str,
     ) -> impl Future<Output = redis::RedisResult<()>> + Send;
 
-    /// `pipe` (`count` commands, its errors kept in place) on the server where `key` lives,
-    /// whatever the keys of its commands: each reply as it came.
+    /// `pipe` (`count` commands, its errors kept in place) routed to the server where `key`
+    /// lives, whatever the keys of its commands: each reply as it came. (A cluster client
+    /// whose connection to that server is down sends it to another node: a caller that must
+    /// know where it ran asks, as [`Seat`] does.)
     fn pipeline_for(
         &mut self,
         pipe: &redis::Pipeline,
@@ -287,29 +294,6 @@ where
     }
 }
 
-/// The connection a command ran on: its server's cluster node id (`CLUSTER MYID`) and the
-/// connection's client id there (`CLIENT ID`, never reused while the server runs).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Seat {
-    node: String,
-    client: i64,
-}
-
-impl Seat {
-    /// The two commands that name the seat, to follow another in one request.
-    fn commands(pipe: &mut redis::Pipeline) {
-        pipe.cmd("CLUSTER").arg("MYID").cmd("CLIENT").arg("ID");
-    }
-
-    /// The seat from the replies of [`Seat::commands`]; `None` for an error or anything else.
-    fn read(node: Option<&Value>, client: Option<&Value>) -> Option<Self> {
-        Some(Self {
-            node: redis::from_redis_value_ref(node?).ok()?,
-            client: redis::from_redis_value_ref(client?).ok()?,
-        })
-    }
-}
-
 /// Sends `cmd`; with `seat` (the key it is routed by), in one request followed by
 /// [`Seat::commands`]: its reply, and the connection it ran on (`None` without `seat`, or
 /// when the server did not say).
@@ -334,8 +318,16 @@ where
             "a request of three commands got no reply",
         ))
     })??;
-    let node = replies.next().and_then(Result::ok);
-    let client = replies.next().and_then(Result::ok);
+    let (node, client) = (replies.next(), replies.next());
+    for refused in [&node, &client]
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.as_ref().err())
+    {
+        refused_acknowledgement(refused);
+    }
+    let node = node.and_then(Result::ok);
+    let client = client.and_then(Result::ok);
     Ok((reply, Seat::read(node.as_ref(), client.as_ref())))
 }
 
@@ -366,55 +358,6 @@ where
     parse_reply(&reply, checks)
 }
 
-/// [`eval_checks`] (receipts kept their longest) on a cluster, then, for an admitted call,
-/// `WAIT 1 <replica_wait ms>` on the connection the take ran on: the verdict, and whether a
-/// replica acknowledged the call's writes (`true` for a rejected call, which waits for
-/// nothing).
-///
-/// `WAIT` counts the writes of the connection it is sent on, so it must reach the one that
-/// wrote: a cluster client whose connection to the master dropped meanwhile sends a command
-/// routed by slot to another node, or on a new connection that wrote nothing, either of which
-/// a replica acknowledges at once. So the take and the `WAIT` each name the connection they
-/// ran on ([`Seat`]), and a `WAIT` that ran elsewhere acknowledges nothing. (A take the client
-/// sent again on a new connection after its first ran is answered as that first ran, and
-/// writes its receipt's TTL again, so that the new connection's `WAIT` waits for the first
-/// take's writes too: `scripts/driver.lua`.)
-#[cfg(feature = "cluster")]
-pub(crate) async fn eval_checks_replicated(
-    conn: &mut redis::cluster_async::ClusterConnection,
-    calls: &Calls,
-    checks: &[Check<'_>],
-    call_id: Option<&str>,
-    replica_wait: Duration,
-) -> Result<(Verdict, bool), StoreError> {
-    let Some(first) = checks.first() else {
-        return Ok((Verdict::new(Vec::new()), true));
-    };
-    let receipts = call_id.map_or(Receipts::None, |id| Receipts::Keys(id, None));
-    let (reply, seat) = run_checks(conn, calls, checks, receipts, true).await?;
-    let verdict = parse_reply(&reply, checks)?;
-    if !verdict.is_admitted() {
-        return Ok((verdict, true));
-    }
-    let Some(seat) = seat else {
-        return Ok((verdict, false));
-    };
-    let ms = u64::try_from(replica_wait.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1);
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors().cmd("WAIT").arg(1).arg(ms);
-    Seat::commands(&mut pipe);
-    let replies = conn.pipeline_for(&pipe, 3, first.key).await;
-    let acknowledged = replies.is_ok_and(|r| {
-        let [Ok(Value::Int(n)), Ok(node), Ok(client)] = r.as_slice() else {
-            return false;
-        };
-        *n >= 1 && Seat::read(Some(node), Some(client)).as_ref() == Some(&seat)
-    });
-    Ok((verdict, acknowledged))
-}
-
 /// [`eval_checks`] of a take whose receipts come back in its reply instead of being written
 /// (the scripts' `~`): the verdict, and when the call was admitted the receipt of each limit,
 /// which [`Mode::Return`] hands back to give back what the take took.
@@ -435,7 +378,7 @@ where
 
 /// Where an admitted take's receipts go.
 #[derive(Debug, Clone, Copy)]
-enum Receipts<'a> {
+pub(crate) enum Receipts<'a> {
     /// Nowhere: a check.
     None,
     /// A key per limit under this call id, kept at most this long (`None`: 10 s).
@@ -456,7 +399,7 @@ impl<'a> Receipts<'a> {
 
 /// The driver (or the fixed windows' function) on `checks`, which hold at least one check;
 /// the reply as it came, with `seat` the connection it ran on ([`invoke`]).
-async fn run_checks<C>(
+pub(crate) async fn run_checks<C>(
     conn: &mut C,
     calls: &Calls,
     checks: &[Check<'_>],

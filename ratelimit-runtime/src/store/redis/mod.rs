@@ -77,6 +77,7 @@ use crate::error::{ConfigError, StoreError};
 mod give_back;
 pub(crate) mod invoke;
 mod script;
+pub(crate) mod seat;
 pub(crate) mod server;
 pub(crate) mod wire;
 
