@@ -28,6 +28,17 @@ pub enum Budget {
     Tokens,
 }
 
+impl Budget {
+    /// The key template of the budget's limit, so the two limits of one scope never share a
+    /// key.
+    pub(super) const fn key_template(self) -> &'static str {
+        match self {
+            Budget::Requests => "requests",
+            Budget::Tokens => "tokens",
+        }
+    }
+}
+
 /// What the partner says is left of one budget, and when it is whole again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Remaining {

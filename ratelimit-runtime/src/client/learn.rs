@@ -1,19 +1,48 @@
 //! Learning from a partner's answer: what its fields teach each budget (a pause, what is left
 //! once the calls in flight are counted, the quota it states), told to the store.
 
-use std::sync::PoisonError;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
 
 use tokio::time::Instant;
 
-use super::answer::{Advice, Answer, Budget, Remaining, Stated};
-use super::service::{Partner, template};
+use super::answer::{Advice, Answer, Budget, ReadAnswer, Remaining, Stated};
+use crate::call::plan::Dynamic;
+use crate::limit::Limit;
 use crate::limiter::RateLimiter;
 use crate::limiter::admin::Target;
 use crate::policy::Policy;
+
+/// Reads a request's estimated tokens.
+pub(super) type Estimate = Arc<dyn Fn(&http::request::Parts) -> u64 + Send + Sync>;
+/// Reads the tokens a response says were used.
+pub(super) type Usage = Arc<dyn Fn(&http::response::Parts) -> Option<u64> + Send + Sync>;
+
+/// What a [`PartnerLayer`](super::PartnerLayer) holds: a partner's budgets, and what they
+/// learn from its answers.
+pub(super) struct Partner {
+    pub(super) limiter: Option<RateLimiter>,
+    pub(super) limits: Box<[Limit]>,
+    /// Each limit's budget, by position.
+    pub(super) budgets: Box<[Budget]>,
+    /// Each budget's run-time part: its cost, and the tokens budget settles.
+    pub(super) dynamics: Box<[Dynamic]>,
+    pub(super) templates: Box<[Option<&'static str>]>,
+    pub(super) estimate: Option<Estimate>,
+    pub(super) usage: Option<Usage>,
+    pub(super) readers: Vec<Box<dyn ReadAnswer>>,
+    pub(super) wait: Duration,
+    pub(super) max_pause: Duration,
+    pub(super) learn: bool,
+    /// The units this process's lessons took from each budget, by position.
+    pub(super) lowered: Box<[AtomicU64]>,
+    /// The quota the partner last stated for each budget, while it is believed: see
+    /// [`Price`].
+    pub(super) stated: Box<[Mutex<Option<Told>>]>,
+}
 
 /// The unit a budget may be refilling when it is read: counted in flight (see
 /// [`Partner::lesson`]).
@@ -183,7 +212,7 @@ impl Partner {
             let next = self.price(limiter, i);
             let in_units =
                 |left| (known[i].price.in_budget_units(left)).min(next.in_budget_units(left));
-            let target = Target::global().key(template(*budget));
+            let target = Target::global().key(budget.key_template());
             let least = advice.least(*budget).map(|r| Remaining {
                 left: in_units(r.left),
                 ..r

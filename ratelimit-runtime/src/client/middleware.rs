@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use reqwest_middleware::{Middleware, Next};
 
-use super::service::{Partner, PartnerLayer};
+use super::learn::Partner;
+use super::service::PartnerLayer;
 use crate::limiter::RateLimiter;
 
 /// [`PartnerLayer`] as a `reqwest-middleware` middleware: add it to a

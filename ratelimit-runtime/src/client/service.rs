@@ -16,7 +16,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::answer::{Budget, IetfFields, ReadAnswer, RetryAfter};
-use super::learn::{Known, Price, Told};
+use super::learn::{Estimate, Known, Partner, Price, Usage};
 use crate::call::plan::{Count, Dynamic, Input, Outcome, QuotaFrom, cost_of};
 use crate::call::{Admitted, Call, prepare, wait};
 use crate::caller::Caller;
@@ -26,19 +26,6 @@ use crate::layer::LayerError;
 use crate::limit::{By, Limit};
 use crate::limiter::RateLimiter;
 use crate::policy::Policy;
-
-/// Reads a request's estimated tokens.
-type Estimate = Arc<dyn Fn(&http::request::Parts) -> u64 + Send + Sync>;
-/// Reads the tokens a response says were used.
-type Usage = Arc<dyn Fn(&http::response::Parts) -> Option<u64> + Send + Sync>;
-
-/// The key template of each budget's limit, so the two limits of one scope never share a key.
-pub(super) const fn template(budget: Budget) -> &'static str {
-    match budget {
-        Budget::Requests => "requests",
-        Budget::Tokens => "tokens",
-    }
-}
 
 /// A Tower layer for outgoing requests to one partner: each request checked (with waiting)
 /// against the fleet's budget for the partner, each response read and its lesson told to the
@@ -216,7 +203,7 @@ impl PartnerLayerBuilder {
         if readers.is_empty() {
             readers = vec![Box::new(RetryAfter), Box::new(IetfFields::new())];
         }
-        let templates = budgets.iter().map(|b| Some(template(*b))).collect();
+        let templates = budgets.iter().map(|b| Some(b.key_template())).collect();
         let limits_len = limits.len();
         Ok(PartnerLayer {
             partner: Arc::new(Partner {
@@ -245,28 +232,6 @@ pub(super) struct Sent<'l> {
     /// The tokens budget's position and what the request took from it.
     taken: Option<(usize, u64)>,
     known: Vec<Known>,
-}
-
-/// What a [`PartnerLayer`] holds.
-pub(super) struct Partner {
-    pub(super) limiter: Option<RateLimiter>,
-    pub(super) limits: Box<[Limit]>,
-    /// Each limit's budget, by position.
-    pub(super) budgets: Box<[Budget]>,
-    /// Each budget's run-time part: its cost, and the tokens budget settles.
-    dynamics: Box<[Dynamic]>,
-    templates: Box<[Option<&'static str>]>,
-    estimate: Option<Estimate>,
-    usage: Option<Usage>,
-    pub(super) readers: Vec<Box<dyn ReadAnswer>>,
-    wait: Duration,
-    pub(super) max_pause: Duration,
-    learn: bool,
-    /// The units this process's lessons took from each budget, by position.
-    pub(super) lowered: Box<[AtomicU64]>,
-    /// The quota the partner last stated for each budget, while it is believed: see
-    /// [`Price`].
-    pub(super) stated: Box<[Mutex<Option<Told>>]>,
 }
 
 /// Why a [`PartnerService`] call failed: the budget (or the store) refused it before it was

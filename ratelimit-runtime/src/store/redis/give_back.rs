@@ -118,12 +118,13 @@ impl OwnedCall {
 pub(super) fn take_or_give_back(
     conn: ConnectionManager,
     calls: Arc<Calls>,
+    giving_back: Arc<GivingBack>,
     checks: &[Check<'_>],
     call_id: &str,
 ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
     let call = OwnedCall {
         conn,
-        calls: Arc::clone(&calls),
+        calls,
         limits: checks
             .iter()
             .map(|c| (Box::from(c.key), *c.policy))
@@ -132,7 +133,7 @@ pub(super) fn take_or_give_back(
     GiveBackIfDropped {
         take: Some(Box::pin(call.take())),
         call_id: Box::from(call_id),
-        calls,
+        giving_back,
     }
 }
 
@@ -140,8 +141,8 @@ pub(super) fn take_or_give_back(
 struct GiveBackIfDropped {
     take: Option<TakeInFlight>,
     call_id: Box<str>,
-    /// The store's, for its registry of give-backs in flight ([`GivingBack`]).
-    calls: Arc<Calls>,
+    /// The store's registry of give-backs in flight.
+    giving_back: Arc<GivingBack>,
 }
 
 impl Future for GiveBackIfDropped {
@@ -170,11 +171,8 @@ impl Drop for GiveBackIfDropped {
         };
         let call_id = std::mem::take(&mut self.call_id);
         let (done, waited) = oneshot::channel::<()>();
-        let registry = Arc::clone(&self.calls);
-        registry
-            .giving_back
-            .entries()
-            .insert(call_id.clone(), waited);
+        let registry = Arc::clone(&self.giving_back);
+        registry.entries().insert(call_id.clone(), waited);
         runtime.spawn(async move {
             let returned = tokio::time::timeout(RETURN_WAIT, async {
                 let (call, taken) = take.await;
@@ -191,7 +189,7 @@ impl Drop for GiveBackIfDropped {
                     "redis: a take given up on did not answer in time; it may stay counted"
                 );
             }
-            registry.giving_back.entries().remove(&call_id);
+            registry.entries().remove(&call_id);
             drop(done);
         });
     }

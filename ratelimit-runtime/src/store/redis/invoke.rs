@@ -30,8 +30,6 @@ use crate::store::Check;
 pub(crate) struct Calls {
     /// `true` once a server refused the library.
     scripts_only: AtomicBool,
-    /// The takes given up on whose receipts are being sent back (`RedisStore::take_briefly`).
-    pub(super) giving_back: super::give_back::GivingBack,
     /// The masters found without a replica, whose takes wait for no acknowledgement for a
     /// while (a Cluster's replica acknowledgement).
     #[cfg(feature = "cluster")]

@@ -65,6 +65,7 @@ use std::time::Duration;
 use redis::Client;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use self::give_back::GivingBack;
 use self::invoke::{Calls, Mode, compensate, eval_checks, load_scripts_pipelined};
 use self::server::{MemoryPolicy, info_memory_cmd};
 use self::wire::{block_cmd, extend_block_cmd, forget_pipe, reset_cmd};
@@ -198,6 +199,8 @@ pub struct RedisStore {
     manager: LazyConnection<ConnectionManager>,
     calls: Arc<Calls>,
     memory: Arc<MemoryPolicy>,
+    /// The takes given up on whose receipts are being sent back ([`Store::take_briefly`]).
+    giving_back: Arc<GivingBack>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -226,6 +229,7 @@ impl RedisStore {
             manager: LazyConnection::ready(manager),
             calls,
             memory,
+            giving_back: Arc::default(),
         })
     }
 
@@ -244,6 +248,7 @@ impl RedisStore {
             manager: LazyConnection::new(),
             calls: Arc::new(Calls::default()),
             memory: Arc::new(MemoryPolicy::default()),
+            giving_back: Arc::default(),
         })
     }
 
@@ -259,6 +264,7 @@ impl RedisStore {
             manager: LazyConnection::ready(manager),
             calls: Arc::new(Calls::default()),
             memory,
+            giving_back: Arc::default(),
         }
     }
 
@@ -335,6 +341,7 @@ impl Store for RedisStore {
             let take = give_back::take_or_give_back(
                 conn.clone(),
                 Arc::clone(&self.calls),
+                Arc::clone(&self.giving_back),
                 checks,
                 call_id,
             );
@@ -348,7 +355,7 @@ impl Store for RedisStore {
     /// store: the refund waits for that, and sends nothing (the take left no receipt key).
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            if self.calls.giving_back.wait_for(call_id).await {
+            if self.giving_back.wait_for(call_id).await {
                 return Ok(());
             }
             let mut conn = self.manager().await?;
