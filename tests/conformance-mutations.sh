@@ -34,7 +34,11 @@ mutations=(
   "driver.lua|local reply = { false, false }|local reply = { false, false, false }"
   "prelude.lua|INT_FORMAT = '%d'|INT_FORMAT = '%.3g'"
   "prelude.lua|string.match(spec, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')|string.match(spec, '(%d+):(%d+):(%d+):(%d+):(%d+)')"
-  "prelude.lua|if n > 0 and not string.find(argv[n], ':', 1, true) then|if false then"
+  "prelude.lua|if n > 0 and PARSED[argv[n]] == nil and not string.find(argv[n], ':', 1, true) then|if false then"
+  "prelude.lua|PARSED[argv[n]] == nil and not string.find|PARSED[argv[n]] ~= nil or not string.find"
+  # The fixed windows fixed_only.lua decides itself (the prelude's fixed_ms).
+  "prelude.lua|      if code == 1 and p.cost <= p.limit then|      if code == 1 then"
+  "prelude.lua|      if code == 1 and p.cost <= p.limit then|      if p.cost <= p.limit then"
   "prelude.lua|local limit, refused = parse_limit(argv[offset + i], i)|local limit, refused = parse_limit(argv[offset + 1], i)"
   "prelude.lua|local left = expiry_left(pttl)|local left = pttl * 1000"
   "prelude.lua|return pttl * 1000 + 1000 - math.fmod(now, 1000)|return pttl * 1000"

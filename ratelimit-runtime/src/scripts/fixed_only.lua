@@ -42,19 +42,13 @@
 -- call id, so that a server paused mid-script opens it where the rule does; a
 -- server without PEXPIRETIME (Redis 6.2) reads its time for every such take.
 
--- Milliseconds from now's to `key`'s expiry millisecond (nil: no expiry): as
--- stored (the prelude's expiry_ms, after read_clock) when `timed`, for a receipt
--- that needs the exact end; else the key's PTTL, which needs no clock.
-local function pttl_of(key, timed)
-  if timed then
-    local at = expiry_ms(key)
-    return at and at - floor_div(now, 1000)
-  end
-  local pttl = redis.call('PTTL', key)
-  if pttl < 0 then
-    return nil
-  end
-  return pttl
+-- Milliseconds from now's to `key`'s expiry millisecond as stored (the
+-- prelude's expiry_ms, after read_clock), nil when it has none: for a receipt,
+-- which needs the window's exact end. Without a receipt the paths below read
+-- the key's PTTL, which needs no clock.
+local function stored_pttl(key)
+  local at = expiry_ms(key)
+  return at and at - floor_div(now, 1000)
 end
 
 -- The time of the receipt in the reply of a take of one fixed window whose key
@@ -93,15 +87,14 @@ local function fixed_one(KEYS, ARGV, call_id)
   if KEYS[2] ~= key .. ':b' then
     return check(KEYS, ARGV, true)
   end
+  -- Not a fixed window this path decides (another algorithm, a cost above the
+  -- limit, a period that is not whole milliseconds: the prelude's fixed_ms).
   local l = parse_limit(ARGV[1], 1)
-  if l == nil or l.code ~= 1 then
+  local period_ms = l and l.fixed_ms
+  if period_ms == nil then
     return check(KEYS, ARGV, true)
   end
   local p = l.p
-  local period_ms = p.period / 1000
-  if p.cost > p.limit or period_ms ~= math.floor(period_ms) then
-    return check(KEYS, ARGV, true)
-  end
   -- A block (the driver tells a marker with a TTL from one without), and a take
   -- that ran before under this call id (its receipt is there): the driver
   -- answers. One EXISTS asks both.
@@ -124,7 +117,16 @@ local function fixed_one(KEYS, ARGV, call_id)
     return check(KEYS, ARGV, true)
   end
   local count = n - p.cost
-  local pttl = pttl_of(key, timed)
+  -- The window's ms left (nil: no expiry), as stored when a receipt needs it.
+  local pttl
+  if timed then
+    pttl = stored_pttl(key)
+  else
+    pttl = redis.call('PTTL', key)
+    if pttl < 0 then
+      pttl = nil
+    end
+  end
   if pttl == nil then
     if count ~= 0 then
       -- A counter without a TTL (written by someone else): the driver's rule
@@ -216,7 +218,7 @@ local function fixed_many(KEYS, ARGV, n, call_id)
       end
     end
     local l = parse_limit(ARGV[i], i)
-    if l == nil or l.code ~= 1 or l.p.cost > l.p.limit or l.period_ms_text == nil then
+    if l == nil or l.fixed_ms == nil then
       return check(KEYS, ARGV, true)
     end
     limits[i] = l
@@ -239,7 +241,8 @@ local function fixed_many(KEYS, ARGV, n, call_id)
   local undo = 0
   for i = 1, n do
     local key = KEYS[i]
-    local p = limits[i].p
+    local l = limits[i]
+    local p = l.p
     local got = redis.pcall('INCRBY', key, p.cost_text)
     if type(got) ~= 'number' then
       admitted = false
@@ -248,17 +251,28 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     undo = i
     counts[i] = got
     local count = got - p.cost
-    local pttl = pttl_of(key, timed)
+    local pttl
+    if timed then
+      pttl = stored_pttl(key)
+    else
+      pttl = redis.call('PTTL', key)
+      if pttl < 0 then
+        pttl = nil
+      end
+    end
     left[i] = pttl
-    fresh[i] = pttl == nil and count == 0
     if pttl == nil then
+      fresh[i] = count == 0
       if count ~= 0 then
         admitted = false
         break
       end
-    elseif count < 0 or pttl > p.period / 1000 or got > p.limit then
-      admitted = false
-      break
+    else
+      fresh[i] = false
+      if count < 0 or pttl > l.fixed_ms or got > p.limit then
+        admitted = false
+        break
+      end
     end
   end
   if not admitted then
@@ -277,12 +291,12 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     local l = limits[i]
     local pttl = left[i]
     if pttl == nil then
+      pttl = l.fixed_ms
       if timed then
-        redis.call('PEXPIREAT', KEYS[i], int(floor_div(now, 1000) + l.p.period / 1000))
+        redis.call('PEXPIREAT', KEYS[i], int(floor_div(now, 1000) + pttl))
       else
         redis.call('PEXPIRE', KEYS[i], l.period_ms_text)
       end
-      pttl = l.p.period / 1000
     end
     local wait = pttl * 1000 + 1000
     if call_id ~= nil then

@@ -286,6 +286,12 @@ local function parse_limit(spec, i)
     -- The period in whole milliseconds as PEXPIRE takes it (fixed_only.lua), when it is.
     if math.fmod(p.period, 1000) == 0 then
       limit.period_ms_text = int(p.period / 1000)
+      -- A fixed window that fixed_only.lua decides itself (a cost within the
+      -- limit, a period of whole milliseconds): that period in ms, read once
+      -- per call there instead of the three tests it stands for.
+      if code == 1 and p.cost <= p.limit then
+        limit.fixed_ms = p.period / 1000
+      end
     end
     if PARSED_COUNT >= PARSED_MAX then
       PARSED = {}
@@ -354,7 +360,9 @@ local function call_shape(argv)
   receipt_ttl_us = RECEIPT_TTL_US
   receipt_ttl_text = RECEIPT_TTL_MS_TEXT
   receipts_in_reply = false
-  if n > 0 and not string.find(argv[n], ':', 1, true) then
+  -- A last argument already parsed as a limit (PARSED holds only those, each
+  -- with its ':') is a limit: no string search.
+  if n > 0 and PARSED[argv[n]] == nil and not string.find(argv[n], ':', 1, true) then
     if argv[n] == '~' then
       receipts_in_reply = true
       return n - 1, nil

@@ -52,8 +52,13 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "a stack's undo reads whether an earlier call created a key",
-        "    fresh[i] = pttl == nil and count == 0\n",
-        "    fresh[i] = fresh[i] or (pttl == nil and count == 0)\n",
+        "      fresh[i] = false\n",
+        "",
+    ),
+    (
+        "a stack's undo deletes a counter it found without a TTL",
+        "      fresh[i] = count == 0\n",
+        "      fresh[i] = true\n",
     ),
     (
         "a stacked call's reply holds a row past its limits",
@@ -107,8 +112,8 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "reads the expiry as PTTL with a call id",
-        "    local at = expiry_ms(key)\n    return at and at - floor_div(now, 1000)",
-        "    local at = redis.call('PTTL', key)\n    return at >= 0 and at or nil",
+        "  local at = expiry_ms(key)\n  return at and at - floor_div(now, 1000)",
+        "  local at = redis.call('PTTL', key)\n  return at >= 0 and at or nil",
     ),
     (
         "counts on from a counter without a TTL",
@@ -129,11 +134,6 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "leaves no receipt",
         "write_receipt(KEYS[3], l, { after_reset = left - math.fmod(now, 1000) })",
         "local _ = l",
-    ),
-    (
-        "takes a cost above the limit",
-        "if p.cost > p.limit or period_ms",
-        "if period_ms",
     ),
     (
         "writes a receipt under a name not its own",
@@ -181,14 +181,14 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "if false then",
     ),
     (
-        "takes another algorithm's limit as a fixed window",
-        "if l == nil or l.code ~= 1 then",
-        "if l == nil then",
+        "takes another algorithm's limit, or a cost above the limit, as a fixed window",
+        "local period_ms = l and l.fixed_ms\n",
+        "local period_ms = l and (l.fixed_ms or l.p.period / 1000)\n",
     ),
     (
         "a stack takes another algorithm's limit as a fixed window",
-        "l == nil or l.code ~= 1 or l.p.cost",
-        "l == nil or l.p.cost",
+        "if l == nil or l.fixed_ms == nil then",
+        "if l == nil then",
     ),
     (
         "a stack admits one unit over a limit",
@@ -236,8 +236,18 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "local wait = pttl * 1000",
     ),
     (
+        "reads a counter without a TTL as a live window",
+        "    pttl = redis.call('PTTL', key)\n    if pttl < 0 then",
+        "    pttl = redis.call('PTTL', key)\n    if pttl < -1 then",
+    ),
+    (
+        "a stack reads a counter without a TTL as a live window",
+        "      pttl = redis.call('PTTL', key)\n      if pttl < 0 then",
+        "      pttl = redis.call('PTTL', key)\n      if pttl < -1 then",
+    ),
+    (
         "a stack keeps a TTL longer than a period",
-        "count < 0 or pttl > p.period / 1000 or",
+        "count < 0 or pttl > l.fixed_ms or",
         "count < 0 or",
     ),
 ];
