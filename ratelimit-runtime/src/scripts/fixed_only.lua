@@ -239,6 +239,10 @@ local function fixed_many(KEYS, ARGV, n, call_id)
   local counts, left, fresh = many.counts, many.left, many.fresh
   local admitted = true
   local undo = 0
+  -- Without receipts each limit's row is written as it is taken, and a call
+  -- that opens no window is answered without going over its limits again.
+  local rows = 1
+  local opened = false
   for i = 1, n do
     local key = KEYS[i]
     local l = limits[i]
@@ -267,12 +271,17 @@ local function fixed_many(KEYS, ARGV, n, call_id)
         admitted = false
         break
       end
+      opened = true
+      pttl = l.fixed_ms
     else
       fresh[i] = false
       if count < 0 or pttl > l.fixed_ms or got > p.limit then
         admitted = false
         break
       end
+    end
+    if not timed then
+      rows = add_taken(rows, p.limit - got, pttl * 1000 + 1000)
     end
   end
   if not admitted then
@@ -286,7 +295,9 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     end
     return check(KEYS, ARGV, true)
   end
-  local count = 1
+  if not (timed or opened) then
+    return packed_rows(rows)
+  end
   for i = 1, n do
     local l = limits[i]
     local pttl = left[i]
@@ -305,13 +316,13 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     if receipts_in_reply then
       -- As receipt_at, from the server's time this path read (never with a
       -- call id: call_shape reads one or the other).
-      count = add_taken(count, l.p.limit - counts[i], wait,
+      rows = add_taken(rows, l.p.limit - counts[i], wait,
         now - math.fmod(now, 1000), wait, 0)
-    else
-      count = add_taken(count, l.p.limit - counts[i], wait)
+    elseif timed then
+      rows = add_taken(rows, l.p.limit - counts[i], wait)
     end
   end
-  return packed_rows(count)
+  return packed_rows(rows)
 end
 
 -- The entry point for calls of fixed-window limits only, on distinct keys.

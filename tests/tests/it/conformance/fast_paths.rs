@@ -62,8 +62,28 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "a stacked call's reply holds a row past its limits",
-        "  return packed_rows(count)\nend",
-        "  return packed_rows(count + 2)\nend",
+        "  return packed_rows(rows)\nend",
+        "  return packed_rows(rows + 2)\nend",
+    ),
+    (
+        "a stacked call that opens no window answers a row past its limits",
+        "    return packed_rows(rows)\n  end",
+        "    return packed_rows(rows + 2)\n  end",
+    ),
+    (
+        "a stacked call that opens a window gives it no TTL",
+        "  if not (timed or opened) then",
+        "  if not timed then",
+    ),
+    (
+        "a stacked call without receipts answers one more remaining",
+        "rows = add_taken(rows, p.limit - got, pttl * 1000 + 1000)",
+        "rows = add_taken(rows, p.limit - got + 1, pttl * 1000 + 1000)",
+    ),
+    (
+        "a stacked call without receipts answers its waits a millisecond early",
+        "rows = add_taken(rows, p.limit - got, pttl * 1000 + 1000)",
+        "rows = add_taken(rows, p.limit - got, pttl * 1000)",
     ),
     (
         "takes a replayed call again",
