@@ -55,7 +55,7 @@ pub(crate) async fn eval_checks_replicated(
     pipe.ignore_errors().cmd("WAIT").arg(1).arg(ms);
     Seat::commands(&mut pipe);
     pipe.cmd("ROLE");
-    let waited = match conn.pipeline_for(&pipe, 4, first.key).await {
+    let waited = match conn.pipeline_for(&pipe, first.key).await {
         Ok(replies) => judge(&replies, &seat),
         Err(_) => Waited::Unacknowledged,
     };

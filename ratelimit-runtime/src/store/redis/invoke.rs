@@ -93,14 +93,13 @@ pub(crate) trait ScriptConnection: ConnectionLike + Send {
         key: &str,
     ) -> impl Future<Output = redis::RedisResult<()>> + Send;
 
-    /// `pipe` (`count` commands, its errors kept in place) routed to the server where `key`
-    /// lives, whatever the keys of its commands: each reply as it came. (A cluster client
+    /// `pipe` (none of its commands ignored, its errors kept in place) routed to the server
+    /// where `key` lives, whatever the keys of its commands: each command's reply as it came. (A cluster client
     /// whose connection to that server is down sends it to another node: a caller that must
     /// know where it ran asks, as [`Seat`] does.)
     fn pipeline_for(
         &mut self,
         pipe: &redis::Pipeline,
-        count: usize,
         key: &str,
     ) -> impl Future<Output = redis::RedisResult<Vec<redis::RedisResult<Value>>>> + Send;
 }
@@ -113,7 +112,6 @@ impl ScriptConnection for ConnectionManager {
     async fn pipeline_for(
         &mut self,
         pipe: &redis::Pipeline,
-        _count: usize,
         _key: &str,
     ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
         pipe.query_async(self).await
@@ -136,7 +134,6 @@ impl ScriptConnection for redis::cluster_async::ClusterConnection {
     async fn pipeline_for(
         &mut self,
         pipe: &redis::Pipeline,
-        count: usize,
         key: &str,
     ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
         use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
@@ -145,7 +142,7 @@ impl ScriptConnection for redis::cluster_async::ClusterConnection {
             .route_pipeline(
                 pipe.clone(),
                 0,
-                count,
+                pipe.len(),
                 SingleNodeRoutingInfo::SpecificNode(route),
             )
             .await?;
@@ -309,7 +306,7 @@ where
     let mut pipe = redis::pipe();
     pipe.ignore_errors().add_command(cmd.clone());
     Seat::commands(&mut pipe);
-    let mut replies = conn.pipeline_for(&pipe, 3, key).await?.into_iter();
+    let mut replies = conn.pipeline_for(&pipe, key).await?.into_iter();
     let reply = replies.next().ok_or_else(|| {
         redis::RedisError::from((
             ErrorKind::Client,
