@@ -16,65 +16,65 @@ mutations=(
   "sliding.lua|local admitted = n + p.cost <= p.limit|local admitted = n + p.cost < p.limit"
   "bucket.lua|local admitted = after <= capacity|local admitted = after < capacity"
   "bucket.lua|local give = p.cost * unit - (now - r.at) * rate|local give = p.cost * unit"
-  "bucket.lua|return math.max(((ms - 1) * 1000 - now) * rate + v, 0)|return math.max((ms * 1000 - now) * rate + v, 0)"
+  "bucket.lua|return math_max(((ms - 1) * 1000 - now) * rate + v, 0)|return math_max((ms * 1000 - now) * rate + v, 0)"
   "bucket.lua|int(floor_div(now, 1000) + ms + 1))|int(floor_div(now, 1000) + ms))"
-  "bucket.lua|local w = math.fmod(now, 1000) * rate + level|local w = level"
+  "bucket.lua|local w = math_fmod(now, 1000) * rate + level|local w = level"
   "bucket.lua|if level > 2 * capacity then|if level > 3 * capacity then"
   "fixed.lua|if n <= p.cost then|if n < p.cost then"
-  "fixed.lua|left_us = math.min(left_until(at), p.period + 1000)|left_us = math.min(left_until(floor_div(now, 1000) + redis.call('PTTL', key)), p.period + 1000)"
+  "fixed.lua|left_us = math_min(left_until(at), p.period + 1000)|left_us = math_min(left_until(floor_div(now, 1000) + redis_call('PTTL', key)), p.period + 1000)"
   "fixed.lua|if now + left_until(at) > window_end + 2000 then|if now + left_until(at) > window_end - 2000 then"
   "sliding.lua|int(r.first + p.cost - 1)|int(r.first + p.cost)"
   "sliding.lua|local score = int(d.first)|local score = int(d.first + 1)"
   "gcra.lua|local admitted = after <= tau|local admitted = after < tau"
   "sliding_counter.lua|local admitted = load + p.cost * pms <= quota|local admitted = load + p.cost * pms < quota"
-  "driver.lua|blocked = redis.call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 0|blocked = redis.call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 1"
-  "driver.lua|blocked = redis.call('EXISTS', KEYS[markers + 1]) > 0|blocked = redis.call('EXISTS', KEYS[markers + 1]) > 1"
+  "driver.lua|blocked = redis_call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 0|blocked = redis_call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 1"
+  "driver.lua|blocked = redis_call('EXISTS', KEYS[markers + 1]) > 0|blocked = redis_call('EXISTS', KEYS[markers + 1]) > 1"
   "driver.lua|return state_reply(l, d, false, d.retry)|return state_reply(l, d, false, 0)"
   "driver.lua|  if nkeys == 1 then|  if nkeys >= 1 then"
   "driver.lua|local reply = { false, false }|local reply = { false, false, false }"
   "prelude.lua|INT_FORMAT = '%d'|INT_FORMAT = '%.3g'"
-  "prelude.lua|string.match(spec, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')|string.match(spec, '(%d+):(%d+):(%d+):(%d+):(%d+)')"
-  "prelude.lua|if n > 0 and PARSED[argv[n]] == nil and not string.find(argv[n], ':', 1, true) then|if false then"
+  "prelude.lua|string_match(spec, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')|string_match(spec, '(%d+):(%d+):(%d+):(%d+):(%d+)')"
+  "prelude.lua|if n > 0 and PARSED[argv[n]] == nil and not string_find(argv[n], ':', 1, true) then|if false then"
   "prelude.lua|PARSED[argv[n]] == nil and not string.find|PARSED[argv[n]] ~= nil or not string.find"
   # The fixed windows fixed_only.lua decides itself (the prelude's fixed_ms).
   "prelude.lua|      if code == 1 and p.cost <= p.limit then|      if code == 1 then"
   "prelude.lua|      if code == 1 and p.cost <= p.limit then|      if p.cost <= p.limit then"
   "prelude.lua|local limit, refused = parse_limit(argv[offset + i], i)|local limit, refused = parse_limit(argv[offset + 1], i)"
   "prelude.lua|local left = expiry_left(pttl)|local left = pttl * 1000"
-  "prelude.lua|return pttl * 1000 + 1000 - math.fmod(now, 1000)|return pttl * 1000"
-  "prelude.lua|local pttl = redis.call('PTTL', marker)|local pttl = -2"
+  "prelude.lua|return pttl * 1000 + 1000 - math_fmod(now, 1000)|return pttl * 1000"
+  "prelude.lua|local pttl = redis_call('PTTL', marker)|local pttl = -2"
   "prelude.lua|p.cost_text = int(p.cost)|p.cost_text = int(p.cost + 1)"
-  "prelude.lua|return n ~= nil and n >= least and n < 9007199254740992 and n == math.floor(n)|return n ~= nil and n >= least"
-  "fixed.lua|redis.call('INCRBY', key, p.cost_text or int(p.cost))|redis.call('INCRBY', key, p.cost_text or int(p.cost + 1))"
+  "prelude.lua|return n ~= nil and n >= least and n < 9007199254740992 and n == math_floor(n)|return n ~= nil and n >= least"
+  "fixed.lua|redis_call('INCRBY', key, p.cost_text or int(p.cost))|redis_call('INCRBY', key, p.cost_text or int(p.cost + 1))"
   # A block that never shortens another (Store::extend_block).
   "extend_block.lua|if left == -1 or left >= ms then|if left == -1 or left <= ms then"
   "extend_block.lua|if left == -1 or left >= ms then|if false then"
   "extend_block.lua|redis.call('SET', KEYS[1], 1, 'PX', ARGV[1])|redis.call('SET', KEYS[1], 1, 'PX', ms + 1)"
   # Settles (refund.lua's settle mode): the difference given back, the excess charged, once.
   "refund.lua|give_back(key, l, r, estimate - actual)|give_back(key, l, r, estimate)"
-  "refund.lua|local excess = math.min(actual - estimate, l.capacity)|local excess = actual - estimate"
+  "refund.lua|local excess = math_min(actual - estimate, l.capacity)|local excess = actual - estimate"
   "refund.lua|local text = ARGV[offset + nkeys + i]|local text = ARGV[offset + i]"
-  "refund.lua|local actual = string.match(text, '^%d+$') and tonumber(text)|local actual = tonumber(text)"
+  "refund.lua|local actual = string_match(text, '^%d+$') and tonumber(text)|local actual = tonumber(text)"
   "refund.lua|if value ~= 'settled' then|if true then"
   # Receipts in the take's reply (RedisStore::take_briefly) and their return, once.
-  "refund.lua|and redis.call('SET', KEYS[receipts + i], 'settled', 'NX', 'PX', RECEIPT_TTL_MS_TEXT) then|then"
-  "refund.lua|ceil_div(math.min(r.reset, RECEIPT_TTL_US), 1000)|ceil_div(r.reset, 1000)"
+  "refund.lua|and redis_call('SET', KEYS[receipts + i], 'settled', 'NX', 'PX', RECEIPT_TTL_MS_TEXT) then|then"
+  "refund.lua|ceil_div(math_min(r.reset, RECEIPT_TTL_US), 1000)|ceil_div(r.reset, 1000)"
   "refund.lua|local r = read_receipt(ARGV[offset + nkeys + i])|local r = read_receipt(ARGV[offset + nkeys + 1])"
-  "prelude.lua|wait_as_answered(reset), at, receipt_reset, clamp(d.first or 0))|wait_as_answered(reset), at, receipt_reset + 1000, clamp(d.first or 0))"
-  "prelude.lua|wait_as_answered(reset), at, receipt_reset, clamp(d.first or 0))|wait_as_answered(reset), at, receipt_reset, 0)"
+  "prelude.lua|wait_as_answered(reset), at, receipt_reset, clamp(d.first or 0)|wait_as_answered(reset), at, receipt_reset + 1000, clamp(d.first or 0)"
+  "prelude.lua|wait_as_answered(reset), at, receipt_reset, clamp(d.first or 0)|wait_as_answered(reset), at, receipt_reset, 0"
   # Admitted rows packed (the prelude's taken_row, add_taken, packed_rows) and the waits of
   # calls fixed_only.lua hands to the driver, answered from the start of the millisecond.
-  "prelude.lua|    return struct.pack('<Bdd', 1, remaining, reset)|    return struct.pack('<Bdd', 1, reset, remaining)"
-  "prelude.lua|  return struct.pack('<Bddddd', 1, remaining, reset, at, receipt_reset, first)|  return struct.pack('<Bddddd', 1, remaining, reset, at, receipt_reset, 0)"
+  "prelude.lua|    return struct_pack(TAKEN_ROW, 1, remaining, reset)|    return struct_pack(TAKEN_ROW, 1, reset, remaining)"
+  "prelude.lua|  return struct_pack('<Bddddd', 1, remaining, reset, at, receipt_reset, first)|  return struct_pack('<Bddddd', 1, remaining, reset, at, receipt_reset, 0)"
   "prelude.lua|  numbers[count + 5] = first|  numbers[count + 5] = 0"
   "prelude.lua|  numbers[count + 2] = reset|  numbers[count + 2] = remaining"
-  "prelude.lua|    local last = math.min(from + PACK_CHUNK - 1, count)|    local last = math.min(from + PACK_CHUNK - 2, count)"
+  "prelude.lua|    local last = math_min(from + PACK_CHUNK - 1, count)|    local last = math_min(from + PACK_CHUNK - 2, count)"
   "prelude.lua|      format = 'B' .. string.sub(format, 2)|      format = 'd' .. string.sub(format, 2)"
   "driver.lua|      count = add_taken(count, taken_figures(limits[i], d))|      count = add_taken(1, taken_figures(limits[i], d))"
   "prelude.lua|  n = n - n % 1|  n = n"
-  "prelude.lua|    return struct.pack('<Bdd', 1, remaining, reset)|    return struct.pack('<Bdd', 0, remaining, reset)"
-  "prelude.lua|    return us + math.fmod(now, 1000)|    return us"
-  "prelude.lua|  return taken_row(remaining, wait_as_answered(reset))|  return taken_row(remaining, reset)"
+  "prelude.lua|    return struct_pack(TAKEN_ROW, 1, remaining, reset)|    return struct_pack(TAKEN_ROW, 0, remaining, reset)"
+  "prelude.lua|    return us + math_fmod(now, 1000)|    return us"
+  "prelude.lua|return remaining, wait_as_answered(reset), at,|return remaining, reset, at,"
   "driver.lua|  waits_from_ms_start = from_ms_start == true|  waits_from_ms_start = true"
   "refund.lua|waits_from_ms_start = false|waits_from_ms_start = true"
   "prelude.lua|if l.code == 1 and reset > 0 then|if false then"
@@ -84,9 +84,9 @@ mutations=(
   "prelude.lua|    if argv[n] == '~' then|    if false then"
   # Keys built in Lua instead of read from KEYS (the declared-keys check, static and in the
   # stand-in).
-  "driver.lua|redis.call('PTTL', KEYS[receipts + 1])|redis.call('PTTL', receipt_key(KEYS[1], call_id, 1))"
+  "driver.lua|redis_call('PTTL', KEYS[receipts + 1])|redis_call('PTTL', receipt_key(KEYS[1], call_id, 1))"
   "driver.lua|local copy = KEYS[copies + i]|local copy = key .. ':w'"
-  "prelude.lua|local pttl = redis.call('PTTL', marker)|local pttl = redis.call('PTTL', KEYS[1] .. ':b')"
+  "prelude.lua|local pttl = redis_call('PTTL', marker)|local pttl = redis_call('PTTL', KEYS[1] .. ':b')"
 )
 # Not in the list: the retry in the prelude's expiry_ms fallback ("if after == before or
 # attempt == 3 then" -> "if true then"), which only a millisecond passing mid-script reaches;
@@ -96,7 +96,7 @@ mutations=(
 # suite, redis_store::a_bucket_admits_its_burst_back_to_back), checked by hand. Nor the
 # prelude's packed_rows packing a call's numbers at once when they fit one pack ("if count
 # <= PACK_CHUNK then" -> "if false then"): the chunks make the same bytes.
-# Nor the whole-millisecond test behind the prelude's fixed_ms ("if math.fmod(p.period, 1000)
+# Nor the whole-millisecond test behind the prelude's fixed_ms ("if math_fmod(p.period, 1000)
 # == 0 then" -> "if true then"), which survives: from every planted state, a fixed window of
 # 1.5 ms taken by the fast path answers and writes what the driver does (both give the window
 # its end in whole milliseconds); the test keeps such periods on the driver all the same.

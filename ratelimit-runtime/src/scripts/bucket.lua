@@ -44,33 +44,33 @@ local function bucket_level(key, value, rate)
   end
   local v = tonumber(value)
   if not v then
-    local stored, at = string.match(value, '^(%d+):(%d+)$')
+    local stored, at = string_match(value, '^(%d+):(%d+)$')
     if not stored then
       return 0
     end
-    return math.max(tonumber(stored) - math.max(now - tonumber(at), 0) * rate, 0), true
+    return math_max(tonumber(stored) - math_max(now - tonumber(at), 0) * rate, 0), true
   end
   local ms = expiry_ms(key)
   if not ms then
     return 0
   end
-  return math.max(((ms - 1) * 1000 - now) * rate + v, 0)
+  return math_max(((ms - 1) * 1000 - now) * rate + v, 0)
 end
 
 -- Writes a level of `level` units (> 0) at now, as bucket_level reads it:
 -- w = (now mod 1000) * rate + level, E less the start of now's millisecond.
 local function bucket_write(key, level, rate)
   local per_ms = 1000 * rate
-  local w = math.fmod(now, 1000) * rate + level
+  local w = math_fmod(now, 1000) * rate + level
   local ms = floor_div(w, per_ms)
-  redis.call('SET', key, int(w - ms * per_ms), 'PXAT', int(floor_div(now, 1000) + ms + 1))
+  redis_call('SET', key, int(w - ms * per_ms), 'PXAT', int(floor_div(now, 1000) + ms + 1))
 end
 
 local BUCKET = {
   capacity = 'burst',
   evaluate = function(key, p)
     local rate, unit = bucket_scale(p)
-    local value = redis.call('GET', key)
+    local value = redis_call('GET', key)
     local level, old = bucket_level(key, value, rate)
     local capacity = p.burst * unit
     if level > 2 * capacity then
@@ -83,7 +83,7 @@ local BUCKET = {
       if level > 0 then
         bucket_write(key, level, rate)
       else
-        redis.call('DEL', key)
+        redis_call('DEL', key)
       end
     end
     local add = p.cost * unit
@@ -119,13 +119,13 @@ local BUCKET = {
     if give <= 0 then
       return
     end
-    local value = redis.call('GET', key)
+    local value = redis_call('GET', key)
     if not value then
       return
     end
     local level = bucket_level(key, value, rate) - give
     if level <= 0 then
-      redis.call('DEL', key)
+      redis_call('DEL', key)
     else
       bucket_write(key, level, rate)
     end

@@ -22,14 +22,14 @@ ALGOS[7] = {
     -- costs on the other algorithms). Leases ending more than a period from
     -- now were stamped by a clock ahead of this one: they end a period from
     -- now (none, but after a failover).
-    local ahead = redis.call('ZRANGEBYSCORE', key, '(' .. int(latest), '+inf')
+    local ahead = redis_call('ZRANGEBYSCORE', key, '(' .. int(latest), '+inf')
     for j = 1, #ahead do
-      redis.call('ZADD', key, int(latest), ahead[j])
+      redis_call('ZADD', key, int(latest), ahead[j])
     end
     -- The live leases, leaving out this call's own (the same call taken
     -- again, a retried script, holds one slot: its take renews it).
-    local n = redis.call('ZCOUNT', key, '(' .. int(now), '+inf')
-    local own = holder and redis.call('ZSCORE', key, holder)
+    local n = redis_call('ZCOUNT', key, '(' .. int(now), '+inf')
+    local own = holder and redis_call('ZSCORE', key, holder)
     if own and tonumber(own) > now then
       n = n - 1
     end
@@ -37,14 +37,14 @@ ALGOS[7] = {
     -- leases, the first that is not this call's.
     local first, last = nil, nil
     if n > 0 then
-      local low = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES', 'LIMIT', 0, 2)
+      local low = redis_call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES', 'LIMIT', 0, 2)
       for j = 1, #low, 2 do
         if low[j] ~= holder then
           first = tonumber(low[j + 1])
           break
         end
       end
-      local high = redis.call('ZRANGE', key, -2, -1, 'WITHSCORES')
+      local high = redis_call('ZRANGE', key, -2, -1, 'WITHSCORES')
       for j = #high - 1, 1, -2 do
         if high[j] ~= holder then
           last = tonumber(high[j + 1])
@@ -62,7 +62,7 @@ ALGOS[7] = {
       retry = 0,
     }
     if not admitted then
-      d.retry = first and math.min(first - now, CONCURRENCY_RETRY_US) or 0
+      d.retry = first and math_min(first - now, CONCURRENCY_RETRY_US) or 0
     end
     return d
   end,
@@ -73,7 +73,7 @@ ALGOS[7] = {
     if member == nil then
       local j = 0
       member = 'a' .. int(now) .. '.0'
-      while redis.call('ZSCORE', key, member) do
+      while redis_call('ZSCORE', key, member) do
         j = j + 1
         member = 'a' .. int(now) .. '.' .. j
       end
@@ -81,14 +81,14 @@ ALGOS[7] = {
     -- ZADD before the trim (see sliding.lua: a server at its maxmemory refuses
     -- a script's first write only if that write may grow memory). The key
     -- outlives its last lease.
-    redis.call('ZADD', key, int(now + p.period), member)
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
-    redis.call('PEXPIRE', key, ttl_ms(p.period + 1000))
+    redis_call('ZADD', key, int(now + p.period), member)
+    redis_call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+    redis_call('PEXPIRE', key, ttl_ms(p.period + 1000))
   end,
   -- The release: the call's lease goes, whatever it held.
   refund = function(key, p, r)
     if holder ~= nil then
-      redis.call('ZREM', key, holder)
+      redis_call('ZREM', key, holder)
     end
   end,
 }

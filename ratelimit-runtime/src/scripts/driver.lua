@@ -47,6 +47,9 @@ end
 -- `from_ms_start`: the waits answered from the start of the server's
 -- millisecond (fixed_only.lua's hand-offs; nil from FCALL and EVAL).
 local function check(KEYS, ARGV, from_ms_start)
+  if redis_call == nil then
+    bind_builtins()
+  end
   read_clock()
   waits_from_ms_start = from_ms_start == true
   -- KEYS as the prelude's declared_keys says: the n keys, their block markers,
@@ -78,12 +81,12 @@ local function check(KEYS, ARGV, from_ms_start)
   -- it on a connection of its own (a client's retry after a dropped
   -- connection) waits for the first take's writes too, which came before on
   -- this server.
-  local kept = call_id ~= nil and redis.call('PTTL', KEYS[receipts + 1]) or -2
+  local kept = call_id ~= nil and redis_call('PTTL', KEYS[receipts + 1]) or -2
   if kept ~= -2 then
     if kept == -1 then
       kept = RECEIPT_TTL_US / 1000
     end
-    redis.call('PEXPIRE', KEYS[receipts + 1], math.max(kept, 1))
+    redis_call('PEXPIRE', KEYS[receipts + 1], math_max(kept, 1))
     local again = {}
     for i = 1, nkeys do
       local d = limits[i].algo.evaluate(KEYS[i], limits[i].p)
@@ -101,9 +104,9 @@ local function check(KEYS, ARGV, from_ms_start)
   -- state as it is. A marker without a TTL (written by someone else) is no block.
   local blocked
   if nkeys == 1 then
-    blocked = redis.call('EXISTS', KEYS[markers + 1]) > 0
+    blocked = redis_call('EXISTS', KEYS[markers + 1]) > 0
   else
-    blocked = redis.call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 0
+    blocked = redis_call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 0
   end
   if blocked then
     local reply = {}
@@ -197,8 +200,8 @@ local function check(KEYS, ARGV, from_ms_start)
     local key = KEYS[i]
     if work[key] == nil then
       local copy = KEYS[copies + i]
-      redis.call('DEL', copy)
-      redis.call('COPY', key, copy)
+      redis_call('DEL', copy)
+      redis_call('COPY', key, copy)
       work[key] = copy
       copied[#copied + 1] = key
     end
@@ -218,8 +221,8 @@ local function check(KEYS, ARGV, from_ms_start)
   end
   if all then
     for _, key in ipairs(copied) do
-      if redis.call('EXISTS', work[key]) == 1 then
-        redis.call('RENAME', work[key], key)
+      if redis_call('EXISTS', work[key]) == 1 then
+        redis_call('RENAME', work[key], key)
       end
     end
     local count = 1
@@ -232,7 +235,7 @@ local function check(KEYS, ARGV, from_ms_start)
     return packed_rows(count)
   end
   for _, key in ipairs(copied) do
-    redis.call('DEL', work[key])
+    redis_call('DEL', work[key])
   end
   local reply = { false, false }
   for i = 1, nkeys do

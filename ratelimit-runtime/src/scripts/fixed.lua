@@ -11,7 +11,7 @@ ALGOS[1] = {
     local count = 0
     local left_us = 0
     local live = false
-    local value = redis.call('GET', key)
+    local value = redis_call('GET', key)
     if value then
       -- The window's end as stored (the prelude's expiry_ms), not as PTTL counts
       -- it: PTTL runs on the live clock, so a server paused mid-script would read
@@ -28,16 +28,16 @@ ALGOS[1] = {
         -- window that started now.
         local latest = floor_div(now, 1000) + ceil_div(p.period, 1000)
         if at > latest then
-          redis.call('PEXPIREAT', key, int(latest))
+          redis_call('PEXPIREAT', key, int(latest))
           at = latest
         end
         -- Only a counter INCRBY can raise (digits): anything else under the key
         -- (written by someone else) is no window, replaced by the next SET.
-        local n = string.match(value, '^%d+$') and tonumber(value)
+        local n = string_match(value, '^%d+$') and tonumber(value)
         if n then
           live = true
           count = n
-          left_us = math.min(left_until(at), p.period + 1000)
+          left_us = math_min(left_until(at), p.period + 1000)
         end
       end
     end
@@ -47,7 +47,7 @@ ALGOS[1] = {
       now_remaining = p.limit - count,
       now_reset = left_us,
       after_remaining = p.limit - count - p.cost,
-      after_reset = live and left_us or p.period + 1000 - math.fmod(now, 1000),
+      after_reset = live and left_us or p.period + 1000 - math_fmod(now, 1000),
       retry = 0,
       write = live,
     }
@@ -59,13 +59,13 @@ ALGOS[1] = {
   commit = function(key, p, d)
     if d.write then
       -- A settle's excess comes with its own cost and no text (refund.lua).
-      redis.call('INCRBY', key, p.cost_text or int(p.cost))
+      redis_call('INCRBY', key, p.cost_text or int(p.cost))
     else
       -- PXAT from the script's clock, not PX: Redis 7.0 adds a PX to its live
       -- clock, which runs on while the script does, so a server paused between
       -- TIME and this SET would end the window later than the call's receipt
       -- says and its refund would be refused.
-      redis.call('SET', key, p.cost_text or int(p.cost), 'PXAT', int(math.floor(now / 1000) + p.period / 1000))
+      redis_call('SET', key, p.cost_text or int(p.cost), 'PXAT', int(math_floor(now / 1000) + p.period / 1000))
     end
   end,
   -- DECRBY cost only while the call's window is still the key's: the server's
@@ -79,11 +79,11 @@ ALGOS[1] = {
     if now + 2000 >= window_end then
       return
     end
-    local value = redis.call('GET', key)
+    local value = redis_call('GET', key)
     if not value then
       return
     end
-    local n = string.match(value, '^%d+$') and tonumber(value)
+    local n = string_match(value, '^%d+$') and tonumber(value)
     local at = expiry_ms(key)
     if not n or not at then
       return
@@ -93,9 +93,9 @@ ALGOS[1] = {
       return
     end
     if n <= p.cost then
-      redis.call('DEL', key)
+      redis_call('DEL', key)
     else
-      redis.call('DECRBY', key, int(p.cost))
+      redis_call('DECRBY', key, int(p.cost))
     end
   end,
 }

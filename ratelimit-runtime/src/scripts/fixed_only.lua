@@ -62,109 +62,13 @@ end
 -- passed between the two, never early.
 local function receipt_at(key, pttl, timed)
   if not timed then
-    local at = redis.pcall('PEXPIRETIME', key)
+    local at = redis_pcall('PEXPIRETIME', key)
     if type(at) == 'number' then
       return (at - pttl) * 1000
     end
     read_clock()
   end
-  return now - math.fmod(now, 1000)
-end
-
-local function fixed_one(KEYS, ARGV, call_id)
-  local key = KEYS[1]
-  if call_id ~= nil then
-    if #KEYS ~= 3 or not valid_call_id(call_id) or KEYS[3] ~= receipt_key(key, call_id, 1) then
-      return check(KEYS, ARGV, true)
-    end
-  elseif #KEYS ~= 2 or #ARGV ~= (receipts_in_reply and 2 or 1) then
-    return check(KEYS, ARGV, true)
-  end
-  -- The server's time, for a receipt in a key, and for one in the reply on a
-  -- server without PEXPIRETIME (before Redis 7.0, which tells its version),
-  -- which reads the window's end from it.
-  local timed = call_id ~= nil or (receipts_in_reply and redis.REDIS_VERSION_NUM == nil)
-  if KEYS[2] ~= key .. ':b' then
-    return check(KEYS, ARGV, true)
-  end
-  -- Not a fixed window this path decides (another algorithm, a cost above the
-  -- limit, a period that is not whole milliseconds: the prelude's fixed_ms).
-  local l = parse_limit(ARGV[1], 1)
-  local period_ms = l and l.fixed_ms
-  if period_ms == nil then
-    return check(KEYS, ARGV, true)
-  end
-  local p = l.p
-  -- A block (the driver tells a marker with a TTL from one without), and a take
-  -- that ran before under this call id (its receipt is there): the driver
-  -- answers. One EXISTS asks both.
-  local found
-  if call_id == nil then
-    found = redis.call('EXISTS', KEYS[2])
-  else
-    found = redis.call('EXISTS', KEYS[2], KEYS[3])
-  end
-  if found > 0 then
-    return check(KEYS, ARGV, true)
-  end
-  if timed then
-    read_clock()
-  end
-  -- Not a counter INCRBY can raise (another type, not an integer, an overflow,
-  -- or a write refused for memory): nothing was written, the driver answers.
-  local n = redis.pcall('INCRBY', key, p.cost_text)
-  if type(n) ~= 'number' then
-    return check(KEYS, ARGV, true)
-  end
-  local count = n - p.cost
-  -- The window's ms left (nil: no expiry), as stored when a receipt needs it.
-  local pttl
-  if timed then
-    pttl = stored_pttl(key)
-  else
-    pttl = redis.call('PTTL', key)
-    if pttl < 0 then
-      pttl = nil
-    end
-  end
-  if pttl == nil then
-    if count ~= 0 then
-      -- A counter without a TTL (written by someone else): the driver's rule
-      -- replaces it; undone first.
-      redis.call('DECRBY', key, p.cost_text)
-      return check(KEYS, ARGV, true)
-    end
-    -- A new window (the key was absent, or an immortal 0): it ends a period
-    -- from now's millisecond, and is gone the one after.
-    if timed or receipts_in_reply then
-      if not timed then
-        -- Redis 7.0 or later (else `timed`): a clock read after a write is allowed.
-        read_clock()
-        timed = true
-      end
-      redis.call('PEXPIREAT', key, int(floor_div(now, 1000) + period_ms))
-    else
-      redis.call('PEXPIRE', key, l.period_ms_text)
-    end
-    pttl = period_ms
-  elseif count < 0 or pttl > period_ms then
-    -- A negative count, or more than a period left (a clock ahead of this
-    -- one): the driver's rule puts it right; undone first.
-    redis.call('DECRBY', key, p.cost_text)
-    return check(KEYS, ARGV, true)
-  end
-  -- The wait until the key is gone, from the start of now's millisecond.
-  local left = pttl * 1000 + 1000
-  if n > p.limit then
-    redis.call('DECRBY', key, p.cost_text)
-    return { 0, clamp(p.limit - count), left, left }
-  end
-  if call_id ~= nil then
-    write_receipt(KEYS[3], l, { after_reset = left - math.fmod(now, 1000) })
-  elseif receipts_in_reply then
-    return taken_row(p.limit - n, left, receipt_at(key, pttl, timed), left, 0)
-  end
-  return taken_row(p.limit - n, left)
+  return now - math_fmod(now, 1000)
 end
 
 -- fixed_many's working tables, per limit: its parsed limit, the count after the
@@ -176,10 +80,11 @@ end
 -- function.
 local MANY = nil
 
--- A call of two or more fixed-window limits on distinct keys: as fixed_one,
+-- A call of two or more fixed-window limits on distinct keys: as a call of one
+-- (fixed_only, below),
 -- limit by limit (INCRBY, then the key's expiry), all in the one script. When
 -- every limit admits the call, each new window is given its end and the call
--- answered; when one does not, or anything fixed_one hands to the driver turns
+-- answered; when one does not, or anything fixed_only hands to the driver turns
 -- up, what was taken is undone (DECRBY; a key the call created is deleted) and
 -- the driver answers, on the keys as they were. KEYS and ARGV are the driver's
 -- (keys, markers, receipts with a call id; one argument a limit, then the id
@@ -224,12 +129,12 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     limits[i] = l
   end
   -- The blocks and, under a call id, a take that ran before (its first receipt):
-  -- one EXISTS, as fixed_one asks.
+  -- one EXISTS, as fixed_only asks.
   local asked = 2 * n
   if call_id ~= nil then
     asked = asked + 1
   end
-  if redis.call('EXISTS', unpack(KEYS, n + 1, asked)) > 0 then
+  if redis_call('EXISTS', unpack(KEYS, n + 1, asked)) > 0 then
     return check(KEYS, ARGV, true)
   end
   local timed = call_id ~= nil or receipts_in_reply
@@ -247,7 +152,7 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     local key = KEYS[i]
     local l = limits[i]
     local p = l.p
-    local got = redis.pcall('INCRBY', key, p.cost_text)
+    local got = redis_pcall('INCRBY', key, p.cost_text)
     if type(got) ~= 'number' then
       admitted = false
       break
@@ -259,7 +164,7 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     if timed then
       pttl = stored_pttl(key)
     else
-      pttl = redis.call('PTTL', key)
+      pttl = redis_call('PTTL', key)
       if pttl < 0 then
         pttl = nil
       end
@@ -288,9 +193,9 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     for i = 1, undo do
       if fresh[i] then
         -- Created by this call (or a 0 without a TTL, which is no window).
-        redis.call('DEL', KEYS[i])
+        redis_call('DEL', KEYS[i])
       else
-        redis.call('DECRBY', KEYS[i], limits[i].p.cost_text)
+        redis_call('DECRBY', KEYS[i], limits[i].p.cost_text)
       end
     end
     return check(KEYS, ARGV, true)
@@ -304,20 +209,20 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     if pttl == nil then
       pttl = l.fixed_ms
       if timed then
-        redis.call('PEXPIREAT', KEYS[i], int(floor_div(now, 1000) + pttl))
+        redis_call('PEXPIREAT', KEYS[i], int(floor_div(now, 1000) + pttl))
       else
-        redis.call('PEXPIRE', KEYS[i], l.period_ms_text)
+        redis_call('PEXPIRE', KEYS[i], l.period_ms_text)
       end
     end
     local wait = pttl * 1000 + 1000
     if call_id ~= nil then
-      write_receipt(KEYS[2 * n + i], l, { after_reset = wait - math.fmod(now, 1000) })
+      write_receipt(KEYS[2 * n + i], l, { after_reset = wait - math_fmod(now, 1000) })
     end
     if receipts_in_reply then
       -- As receipt_at, from the server's time this path read (never with a
       -- call id: call_shape reads one or the other).
       rows = add_taken(rows, l.p.limit - counts[i], wait,
-        now - math.fmod(now, 1000), wait, 0)
+        now - math_fmod(now, 1000), wait, 0)
     elseif timed then
       rows = add_taken(rows, l.p.limit - counts[i], wait)
     end
@@ -325,21 +230,121 @@ local function fixed_many(KEYS, ARGV, n, call_id)
   return packed_rows(rows)
 end
 
--- The entry point for calls of fixed-window limits only, on distinct keys.
--- A call of one argument is one limit without a call id (or malformed, which
--- fixed_one hands to the driver): no receipts, so no call_shape.
+-- The entry point for calls of fixed-window limits only, on distinct keys: a
+-- call of one limit is decided here, a stacked call by fixed_many. A call of
+-- one argument is one limit without a call id (or malformed, which this hands
+-- to the driver): no receipts, so no call_shape.
 local function fixed_only(KEYS, ARGV)
+  if redis_call == nil then
+    bind_builtins()
+  end
+  local call_id = nil
   if #ARGV <= 1 then
     -- No receipts; their TTL reset all the same, as call_shape does, so that no
     -- call ever sees another's.
     receipt_ttl_us = RECEIPT_TTL_US
     receipt_ttl_text = RECEIPT_TTL_MS_TEXT
     receipts_in_reply = false
-    return fixed_one(KEYS, ARGV, nil)
+  else
+    local n
+    n, call_id = call_shape(ARGV)
+    if n ~= 1 then
+      return fixed_many(KEYS, ARGV, n, call_id)
+    end
   end
-  local n, call_id = call_shape(ARGV)
-  if n == 1 then
-    return fixed_one(KEYS, ARGV, call_id)
+  local key = KEYS[1]
+  if call_id ~= nil then
+    if #KEYS ~= 3 or not valid_call_id(call_id) or KEYS[3] ~= receipt_key(key, call_id, 1) then
+      return check(KEYS, ARGV, true)
+    end
+  elseif #KEYS ~= 2 or #ARGV ~= (receipts_in_reply and 2 or 1) then
+    return check(KEYS, ARGV, true)
   end
-  return fixed_many(KEYS, ARGV, n, call_id)
+  -- The server's time, for a receipt in a key, and for one in the reply on a
+  -- server without PEXPIRETIME (before Redis 7.0, which tells its version),
+  -- which reads the window's end from it.
+  local timed = call_id ~= nil or (receipts_in_reply and redis_version_num == nil)
+  if KEYS[2] ~= key .. ':b' then
+    return check(KEYS, ARGV, true)
+  end
+  -- Not a fixed window this path decides (another algorithm, a cost above the
+  -- limit, a period that is not whole milliseconds: the prelude's fixed_ms).
+  local spec = ARGV[1]
+  local l = PARSED[spec] or parse_limit(spec, 1)
+  local period_ms = l and l.fixed_ms
+  if period_ms == nil then
+    return check(KEYS, ARGV, true)
+  end
+  local p = l.p
+  -- A block (the driver tells a marker with a TTL from one without), and a take
+  -- that ran before under this call id (its receipt is there): the driver
+  -- answers. One EXISTS asks both.
+  local found
+  if call_id == nil then
+    found = redis_call('EXISTS', KEYS[2])
+  else
+    found = redis_call('EXISTS', KEYS[2], KEYS[3])
+  end
+  if found > 0 then
+    return check(KEYS, ARGV, true)
+  end
+  if timed then
+    read_clock()
+  end
+  -- Not a counter INCRBY can raise (another type, not an integer, an overflow,
+  -- or a write refused for memory): nothing was written, the driver answers.
+  local n = redis_pcall('INCRBY', key, p.cost_text)
+  if type(n) ~= 'number' then
+    return check(KEYS, ARGV, true)
+  end
+  local count = n - p.cost
+  -- The window's ms left (nil: no expiry), as stored when a receipt needs it.
+  local pttl
+  if timed then
+    pttl = stored_pttl(key)
+  else
+    pttl = redis_call('PTTL', key)
+    if pttl < 0 then
+      pttl = nil
+    end
+  end
+  if pttl == nil then
+    if count ~= 0 then
+      -- A counter without a TTL (written by someone else): the driver's rule
+      -- replaces it; undone first.
+      redis_call('DECRBY', key, p.cost_text)
+      return check(KEYS, ARGV, true)
+    end
+    -- A new window (the key was absent, or an immortal 0): it ends a period
+    -- from now's millisecond, and is gone the one after.
+    if timed or receipts_in_reply then
+      if not timed then
+        -- Redis 7.0 or later (else `timed`): a clock read after a write is allowed.
+        read_clock()
+        timed = true
+      end
+      redis_call('PEXPIREAT', key, int(floor_div(now, 1000) + period_ms))
+    else
+      redis_call('PEXPIRE', key, l.period_ms_text)
+    end
+    pttl = period_ms
+  elseif count < 0 or pttl > period_ms then
+    -- A negative count, or more than a period left (a clock ahead of this
+    -- one): the driver's rule puts it right; undone first.
+    redis_call('DECRBY', key, p.cost_text)
+    return check(KEYS, ARGV, true)
+  end
+  -- The wait until the key is gone, from the start of now's millisecond.
+  local left = pttl * 1000 + 1000
+  if n > p.limit then
+    redis_call('DECRBY', key, p.cost_text)
+    return { 0, clamp(p.limit - count), left, left }
+  end
+  if call_id ~= nil then
+    write_receipt(KEYS[3], l, { after_reset = left - math_fmod(now, 1000) })
+  elseif receipts_in_reply then
+    return taken_row(p.limit - n, left, receipt_at(key, pttl, timed), left, 0)
+  end
+  -- taken_row's row, packed here: its call costs more than the pack.
+  return struct_pack(TAKEN_ROW, 1, p.limit - n, left)
 end

@@ -16,7 +16,7 @@
 -- The tat under `key`, or nil: the expiry millisecond less one (the
 -- prelude's expiry_ms), in µs, plus the stored microseconds.
 local function gcra_read(key)
-  local value = redis.call('GET', key)
+  local value = redis_call('GET', key)
   local us = value and tonumber(value)
   if not us then
     return nil
@@ -31,7 +31,7 @@ end
 -- Writes `tat` (ahead of now) as gcra_read reads it.
 local function gcra_write(key, tat)
   local ms = floor_div(tat, 1000)
-  redis.call('SET', key, int(tat - ms * 1000), 'PXAT', int(ms + 1))
+  redis_call('SET', key, int(tat - ms * 1000), 'PXAT', int(ms + 1))
 end
 
 local function gcra_interval(p)
@@ -92,7 +92,7 @@ ALGOS[5] = {
     end
     local back = tat - give
     if back <= now then
-      redis.call('DEL', key)
+      redis_call('DEL', key)
     else
       gcra_write(key, back)
     end

@@ -14,6 +14,32 @@
 -- which would round a µs timestamp. Every number returned is a whole number
 -- (clamp), in a table of integers or packed as doubles (taken_row).
 
+-- The builtins the scripts call, as locals of the chunk: a Functions library's
+-- code reads a global through its environment's metatable, about 200
+-- instructions a read on Redis 7.0, where a local costs a few (BENCHMARKS.md,
+-- "The builtins bound once per library"). A library may read no global while it
+-- loads, so each entry point (the driver's `check`, refund.lua's `compensate`,
+-- fixed_only.lua's `fixed_only`) binds them on its first call
+-- (`if redis_call == nil then bind_builtins() end`), before anything else; a
+-- Functions library keeps them from then on, an `EVAL` script (whose chunk
+-- runs per call) binds them per call. `builtins` is defined before the locals
+-- that shadow `type`, `tonumber` and `unpack`, so it reads the globals.
+local function builtins()
+  return redis.call, redis.pcall, redis.REDIS_VERSION_NUM, type, tonumber, unpack,
+    math.floor, math.fmod, math.min, math.max, string.match, string.find,
+    string.byte, string.format, struct.pack
+end
+
+local redis_call, redis_pcall, redis_version_num, type, tonumber, unpack,
+  math_floor, math_fmod, math_min, math_max, string_match, string_find,
+  string_byte, string_format, struct_pack
+
+local function bind_builtins()
+  redis_call, redis_pcall, redis_version_num, type, tonumber, unpack,
+    math_floor, math_fmod, math_min, math_max, string_match, string_find,
+    string_byte, string_format, struct_pack = builtins()
+end
+
 -- A whole number as a decimal string, exact up to 2^53. '%d' formats through
 -- a C long, several times cheaper than '%.0f' (no floating-point printing):
 -- used where a long holds 2^53 (64-bit builds, as Redis's are), '%.0f'
@@ -28,7 +54,7 @@ local function int(n)
   if n >= 9007199254740992 or n <= -9007199254740992 then
     error('ratelimit: a number beyond 2^53 cannot be stored exactly')
   end
-  return string.format(INT_FORMAT, n)
+  return string_format(INT_FORMAT, n)
 end
 
 -- The server's time in µs, read by every entry point (the driver's `check`,
@@ -56,7 +82,7 @@ local REPLICATING = false
 local function choose_int_format()
   if INT_FORMAT == nil then
     INT_FORMAT = '%.0f'
-    if string.format('%d', 2 ^ 53) == '9007199254740992' then
+    if string_format('%d', 2 ^ 53) == '9007199254740992' then
       INT_FORMAT = '%d'
     end
   end
@@ -74,7 +100,7 @@ local function read_clock()
     end
     REPLICATING = true
   end
-  local time = redis.call('TIME')
+  local time = redis_call('TIME')
   -- Two strings of digits: arithmetic converts each once (Lua 5.1's tonumber
   -- converts its argument twice).
   now = time[1] * 1000000 + time[2]
@@ -93,7 +119,7 @@ local function now_text()
     return int(now)
   end
   local pad = MICROS_PAD[#micros]
-  if pad == nil or secs == '0' or string.byte(secs, 1) == 45 then
+  if pad == nil or secs == '0' or string_byte(secs, 1) == 45 then
     return int(now)
   end
   return secs .. pad .. micros
@@ -103,7 +129,7 @@ end
 -- double division may round the quotient to the wrong side of a whole number
 -- when a is large; the remainder, exact in integers, puts it right.
 local function ceil_div(a, b)
-  local q = math.floor(a / b)
+  local q = math_floor(a / b)
   local r = a - q * b
   if r > 0 then
     return q + 1
@@ -117,7 +143,7 @@ end
 -- a / b rounded down, for non-negative integers a and b > 0 below 2^53 (the
 -- remainder puts a misrounded double quotient right, as in ceil_div).
 local function floor_div(a, b)
-  local q = math.floor(a / b)
+  local q = math_floor(a / b)
   local r = a - q * b
   if r < 0 then
     return q - 1
@@ -131,7 +157,7 @@ end
 -- Greatest common divisor of two positive integers (exact below 2^53).
 local function gcd(a, b)
   while b > 0 do
-    a, b = b, math.fmod(a, b)
+    a, b = b, math_fmod(a, b)
   end
   return a
 end
@@ -149,7 +175,7 @@ end
 
 -- The live clock's millisecond (TIME: not the script's frozen `now`).
 local function live_ms()
-  local t = redis.call('TIME')
+  local t = redis_call('TIME')
   return floor_div(t[1] * 1000000 + t[2], 1000)
 end
 
@@ -168,11 +194,11 @@ end
 -- (fixed.lua), GCRA's tat and a bucket's level (gcra.lua, bucket.lua), which
 -- keep their state in it.
 local function expiry_ms(key)
-  local at = redis.pcall('PEXPIRETIME', key)
+  local at = redis_pcall('PEXPIRETIME', key)
   if type(at) ~= 'number' then
     local before = floor_div(now, 1000)
     for attempt = 1, 3 do
-      local pttl = redis.call('PTTL', key)
+      local pttl = redis_call('PTTL', key)
       if pttl < 0 then
         return nil
       end
@@ -242,7 +268,7 @@ local PARSED_MAX = 1000
 -- no sign, fraction, exponent, "nan" or "inf" reaches here; a long enough string
 -- of digits still reads as a double beyond 2^53, or as inf.
 local function whole(n, least)
-  return n ~= nil and n >= least and n < 9007199254740992 and n == math.floor(n)
+  return n ~= nil and n >= least and n < 9007199254740992 and n == math_floor(n)
 end
 
 -- Limit i of a call, whose argument is `spec`: the parsed limit (from PARSED), or
@@ -251,14 +277,15 @@ local function parse_limit(spec, i)
   local limit = PARSED[spec]
   if limit == nil then
     choose_int_format()
-    -- Admitted rows are packed (taken_row): a server whose scripts lack the
-    -- struct library refuses every call here, before anything is written,
-    -- rather than after a take.
-    if struct == nil or struct.pack == nil then
+    -- Admitted rows are packed (taken_row): a server whose scripts' struct
+    -- library has no `pack` refuses every call here, before anything is
+    -- written, rather than after a take (one without the library at all
+    -- fails in bind_builtins, as early).
+    if struct_pack == nil then
       return nil, redis.error_reply('ERR ratelimit: the scripts of this server have no struct.pack')
     end
     local code, lim, period, burst, cost =
-      string.match(spec, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+      string_match(spec, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
     if code == nil then
       return nil, redis.error_reply('ERR ratelimit: invalid parameters for key ' .. i
         .. ': expected five whole numbers joined by ":"')
@@ -284,7 +311,7 @@ local function parse_limit(spec, i)
     p.cost_text = int(p.cost)
     limit = { algo = algo, code = code, p = p, capacity = p[algo.capacity] }
     -- The period in whole milliseconds as PEXPIRE takes it (fixed_only.lua), when it is.
-    if math.fmod(p.period, 1000) == 0 then
+    if math_fmod(p.period, 1000) == 0 then
       limit.period_ms_text = int(p.period / 1000)
       -- A fixed window that fixed_only.lua decides itself (a cost within the
       -- limit, a period of whole milliseconds): that period in ms, read once
@@ -362,14 +389,14 @@ local function call_shape(argv)
   receipts_in_reply = false
   -- A last argument already parsed as a limit (PARSED holds only those, each
   -- with its ':') is a limit: no string search.
-  if n > 0 and PARSED[argv[n]] == nil and not string.find(argv[n], ':', 1, true) then
+  if n > 0 and PARSED[argv[n]] == nil and not string_find(argv[n], ':', 1, true) then
     if argv[n] == '~' then
       receipts_in_reply = true
       return n - 1, nil
     end
-    if n > 1 and not string.find(argv[n - 1], ':', 1, true) then
+    if n > 1 and not string_find(argv[n - 1], ':', 1, true) then
       local keep = argv[n]
-      local ms = string.match(keep, '^[1-9]%d?%d?%d?%d?$') and tonumber(keep)
+      local ms = string_match(keep, '^[1-9]%d?%d?%d?%d?$') and tonumber(keep)
       if not ms or ms * 1000 > RECEIPT_TTL_US then
         return 0, nil
       end
@@ -384,7 +411,7 @@ end
 
 -- Whether `id` is a well-formed call id: 1 to 32 lower-case hex digits.
 local function valid_call_id(id)
-  return #id >= 1 and #id <= 32 and not string.find(id, '[^0-9a-f]')
+  return #id >= 1 and #id <= 32 and not string_find(id, '[^0-9a-f]')
 end
 
 local BAD_CALL_ID = 'ERR ratelimit: the call id must be 1 to 32 hex digits'
@@ -420,7 +447,7 @@ local waits_from_ms_start = false
 -- counted from the start of now's millisecond, so never early.
 local function wait_as_answered(us)
   if waits_from_ms_start and us > 0 then
-    return us + math.fmod(now, 1000)
+    return us + math_fmod(now, 1000)
   end
   return us
 end
@@ -437,12 +464,15 @@ end
 -- library's printf, and a string is cheaper for Redis to answer and for the
 -- client to read than a table of numbers (BENCHMARKS.md, "Admitted rows packed
 -- as doubles"). The rows of a call not taken (state_reply, block_reply: a
--- rejection, a block, a peek, a replayed take) stay tables.
+-- rejection, a block, a peek, a replayed take) stay tables. TAKEN_ROW is the
+-- format of a row without its receipt, which fixed_only.lua also packs itself.
+local TAKEN_ROW = '<Bdd'
+
 local function taken_row(remaining, reset, at, receipt_reset, first)
   if at == nil then
-    return struct.pack('<Bdd', 1, remaining, reset)
+    return struct_pack(TAKEN_ROW, 1, remaining, reset)
   end
-  return struct.pack('<Bddddd', 1, remaining, reset, at, receipt_reset, first)
+  return struct_pack('<Bddddd', 1, remaining, reset, at, receipt_reset, first)
 end
 
 -- The rows of an admitted call of several limits as ONE string: the byte 1,
@@ -497,18 +527,18 @@ local function packed_rows(count)
       format = '<B' .. string.rep('d', count - 1)
       formats[count] = format
     end
-    return struct.pack(format, unpack(numbers, 1, count))
+    return struct_pack(format, unpack(numbers, 1, count))
   end
   -- More numbers than one pack takes (a stack of hundreds of limits): in
   -- chunks, the first with the leading byte.
   local parts = {}
   for from = 1, count, PACK_CHUNK do
-    local last = math.min(from + PACK_CHUNK - 1, count)
+    local last = math_min(from + PACK_CHUNK - 1, count)
     local format = string.rep('d', last - from + 1)
     if from == 1 then
       format = 'B' .. string.sub(format, 2)
     end
-    parts[#parts + 1] = struct.pack('<' .. format, unpack(numbers, from, last))
+    parts[#parts + 1] = struct_pack('<' .. format, unpack(numbers, from, last))
   end
   return table.concat(parts)
 end
@@ -526,7 +556,7 @@ local function taken_figures(l, d)
   if receipts_in_reply then
     local at, receipt_reset = now, reset
     if l.code == 1 and reset > 0 then
-      local gone = math.fmod(now, 1000)
+      local gone = math_fmod(now, 1000)
       at, receipt_reset = now - gone, reset + gone
     end
     return remaining, wait_as_answered(reset), at, receipt_reset, clamp(d.first or 0)
@@ -547,7 +577,7 @@ end
 -- less the part of the current millisecond already gone (rounded up, never
 -- early).
 local function expiry_left(pttl)
-  return pttl * 1000 + 1000 - math.fmod(now, 1000)
+  return pttl * 1000 + 1000 - math_fmod(now, 1000)
 end
 
 -- µs until a key that expires at millisecond `at` (expiry_ms) is gone: once the
@@ -563,10 +593,10 @@ end
 -- may hold a block: rejected, nothing left, until the block's end, or else its
 -- state as it is; and whether it was blocked.
 local function block_reply(marker, l, d)
-  local pttl = redis.call('PTTL', marker)
+  local pttl = redis_call('PTTL', marker)
   if pttl >= 0 then
     local left = expiry_left(pttl)
-    return { 0, 0, wait_as_answered(math.max(clamp(d.now_reset), left)), wait_as_answered(left) }, true
+    return { 0, 0, wait_as_answered(math_max(clamp(d.now_reset), left)), wait_as_answered(left) }, true
   end
   return state_reply(l, d, d.admitted, d.retry), false
 end
@@ -598,7 +628,7 @@ local function write_receipt(receipt, l, d)
   if reset < receipt_ttl_us then
     ttl = ttl_ms(reset)
   end
-  redis.call('SET', receipt,
+  redis_call('SET', receipt,
     now_text() .. ':' .. int(reset) .. ':' .. first_text .. ':' .. l.p.cost_text,
     'PX', ttl)
 end
@@ -606,7 +636,7 @@ end
 -- A receipt's value as numbers { at, reset, first, cost }, or nil when it is not
 -- one (a value without the units taken gives nothing back).
 local function read_receipt(value)
-  local at, reset, first, cost = string.match(value, '^(%d+):(%d+):(%d+):(%d+)$')
+  local at, reset, first, cost = string_match(value, '^(%d+):(%d+):(%d+):(%d+)$')
   if not at then
     return nil
   end

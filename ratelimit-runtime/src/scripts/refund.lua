@@ -60,7 +60,7 @@
 -- its receipt `r`, never more than the receipt says the call took (the rule's
 -- home is algorithm::refund in Rust).
 local function give_back(key, l, r, units)
-  units = math.min(units, r.cost)
+  units = math_min(units, r.cost)
   if r.at > now or units < 1 then
     return
   end
@@ -92,7 +92,7 @@ local function settle_one(key, l, r, actual)
     -- excess taken with the capacity waived.
     l.algo.evaluate(key, p)
     -- The excess, up to one full capacity (a debt of at most one period).
-    local excess = math.min(actual - estimate, l.capacity)
+    local excess = math_min(actual - estimate, l.capacity)
     local waived = { limit = p.limit, period = p.period, burst = p.burst, cost = excess }
     waived[l.algo.capacity] = WAIVED_CAPACITY
     l.algo.commit(key, waived, l.algo.evaluate(key, waived))
@@ -100,6 +100,9 @@ local function settle_one(key, l, r, actual)
 end
 
 local function compensate(KEYS, ARGV)
+if redis_call == nil then
+  bind_builtins()
+end
 read_clock()
 waits_from_ms_start = false
 local mode = ARGV[1]
@@ -114,7 +117,7 @@ if mode == 'settle' or mode == 'return' then
   per_key = 2
 end
 local nkeys = (#ARGV - offset) / per_key
-if (mode ~= 'peek' and mode ~= 'refund' and mode ~= 'settle' and mode ~= 'return') or nkeys < 1 or nkeys ~= math.floor(nkeys) then
+if (mode ~= 'peek' and mode ~= 'refund' and mode ~= 'settle' and mode ~= 'return') or nkeys < 1 or nkeys ~= math_floor(nkeys) then
   return redis.error_reply('ERR ratelimit: expected peek with n keys and 1 + n arguments, or refund with n keys, n receipts and 2 + n arguments, or settle or return with n keys, n receipts and 2 + 2n arguments; got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
 if call_id ~= nil and not valid_call_id(call_id) then
@@ -138,7 +141,7 @@ if mode == 'settle' then
   for i = 1, nkeys do
     -- Digits only, as a limit's numbers are (the prelude's parse_limit).
     local text = ARGV[offset + nkeys + i]
-    local actual = string.match(text, '^%d+$') and tonumber(text)
+    local actual = string_match(text, '^%d+$') and tonumber(text)
     if not actual or actual > WAIVED_CAPACITY then
       return redis.error_reply('ERR ratelimit: invalid actual units for key ' .. i)
     end
@@ -146,11 +149,11 @@ if mode == 'settle' then
   end
   for i = 1, nkeys do
     local receipt = KEYS[receipts + i]
-    local value = redis.call('GET', receipt)
+    local value = redis_call('GET', receipt)
     if value ~= 'settled' then
       local r = value and read_receipt(value)
       settle_one(KEYS[i], limits[i], r, actuals[i])
-      redis.call('SET', receipt, 'settled', 'PX', ttl_ms(RECEIPT_TTL_US))
+      redis_call('SET', receipt, 'settled', 'PX', ttl_ms(RECEIPT_TTL_US))
     end
   end
 -- The receipts the take's reply carried: each gives back as a receipt key
@@ -159,8 +162,8 @@ if mode == 'settle' then
 elseif mode == 'return' then
   for i = 1, nkeys do
     local r = read_receipt(ARGV[offset + nkeys + i])
-    if r and floor_div(now, 1000) <= floor_div(r.at, 1000) + math.max(ceil_div(math.min(r.reset, RECEIPT_TTL_US), 1000), 1)
-      and redis.call('SET', KEYS[receipts + i], 'settled', 'NX', 'PX', RECEIPT_TTL_MS_TEXT) then
+    if r and floor_div(now, 1000) <= floor_div(r.at, 1000) + math_max(ceil_div(math_min(r.reset, RECEIPT_TTL_US), 1000), 1)
+      and redis_call('SET', KEYS[receipts + i], 'settled', 'NX', 'PX', RECEIPT_TTL_MS_TEXT) then
       give_back(KEYS[i], limits[i], r, limits[i].p.cost)
     end
   end
@@ -169,10 +172,10 @@ elseif mode == 'return' then
 elseif call_id ~= nil then
   for i = 1, nkeys do
     local receipt = KEYS[receipts + i]
-    local value = redis.call('GET', receipt)
+    local value = redis_call('GET', receipt)
     -- A settled call's marker stays: a refund never lets a retried settle charge twice.
     if value and value ~= 'settled' then
-      redis.call('DEL', receipt)
+      redis_call('DEL', receipt)
       local r = read_receipt(value)
       if r then
         give_back(KEYS[i], limits[i], r, limits[i].p.cost)

@@ -10,15 +10,15 @@
 -- Rewrites every entry `delta` µs earlier (members follow their scores), so
 -- that a log stamped in the future ends now; order and spacing are kept.
 local function sliding_shift(key, delta)
-  local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-  redis.call('DEL', key)
+  local entries = redis_call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  redis_call('DEL', key)
   local args = {}
   for j = 2, #entries, 2 do
     local score = int(tonumber(entries[j]) - delta)
     args[#args + 1] = score
     args[#args + 1] = score
     if #args >= 1000 or j == #entries then
-      redis.call('ZADD', key, unpack(args))
+      redis_call('ZADD', key, unpack(args))
       args = {}
     end
   end
@@ -29,19 +29,19 @@ ALGOS[2] = {
   capacity = 'limit',
   evaluate = function(key, p)
     local floor = now - p.period
-    local n = redis.call('ZCOUNT', key, '(' .. int(floor), '+inf')
+    local n = redis_call('ZCOUNT', key, '(' .. int(floor), '+inf')
     local newest = nil
     if n > 0 then
-      local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      local last = redis_call('ZRANGE', key, -1, -1, 'WITHSCORES')
       newest = tonumber(last[2])
       -- Calls within one µs are written a µs apart, so a healthy log ends at
       -- most `limit` µs after now. Further out, it was stamped by a clock
       -- ahead of this one (a failover): treated as ending now.
       if newest > now + p.limit then
         if sliding_shift(key, newest - now) > 0 then
-          redis.call('PEXPIRE', key, ttl_ms(p.period))
+          redis_call('PEXPIRE', key, ttl_ms(p.period))
         end
-        n = redis.call('ZCOUNT', key, '(' .. int(floor), '+inf')
+        n = redis_call('ZCOUNT', key, '(' .. int(floor), '+inf')
         newest = now
       end
     end
@@ -54,7 +54,7 @@ ALGOS[2] = {
     local d = {
       admitted = admitted,
       now_remaining = p.limit - n,
-      now_reset = newest and math.max(newest + p.period - now, 0) or 0,
+      now_reset = newest and math_max(newest + p.period - now, 0) or 0,
       after_remaining = p.limit - n - p.cost,
       after_reset = after_newest + p.period - now,
       retry = 0,
@@ -64,8 +64,8 @@ ALGOS[2] = {
     if not admitted then
       -- The call fits once the (n + cost - limit)-th oldest live entry expires.
       local k = n + p.cost - p.limit
-      local entry = redis.call('ZRANGEBYSCORE', key, '(' .. int(floor), '+inf', 'WITHSCORES', 'LIMIT', int(k - 1), 1)
-      d.retry = math.max(tonumber(entry[2]) + p.period - now, 0)
+      local entry = redis_call('ZRANGEBYSCORE', key, '(' .. int(floor), '+inf', 'WITHSCORES', 'LIMIT', int(k - 1), 1)
+      d.retry = math_max(tonumber(entry[2]) + p.period - now, 0)
     end
     return d
   end,
@@ -79,23 +79,23 @@ ALGOS[2] = {
     -- the usual one, needs no table of arguments.
     if p.cost == 1 then
       local score = int(d.first)
-      redis.call('ZADD', key, score, score)
+      redis_call('ZADD', key, score, score)
     else
       local i = 0
       while i < p.cost do
         local args = {}
-        local last = math.min(i + 500, p.cost)
+        local last = math_min(i + 500, p.cost)
         while i < last do
           local score = int(d.first + i)
           args[#args + 1] = score
           args[#args + 1] = score
           i = i + 1
         end
-        redis.call('ZADD', key, unpack(args))
+        redis_call('ZADD', key, unpack(args))
       end
     end
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(w.floor))
-    redis.call('PEXPIRE', key, ttl_ms(w.newest + p.period - now))
+    redis_call('ZREMRANGEBYSCORE', key, '-inf', int(w.floor))
+    redis_call('PEXPIRE', key, ttl_ms(w.newest + p.period - now))
   end,
   -- Removes exactly the call's own entries (scores first .. first+cost-1),
   -- never another caller's: scores strictly increase, so no other entry ever
@@ -105,6 +105,6 @@ ALGOS[2] = {
     if r.first < 1 then
       return
     end
-    redis.call('ZREMRANGEBYSCORE', key, int(r.first), int(r.first + p.cost - 1))
+    redis_call('ZREMRANGEBYSCORE', key, int(r.first), int(r.first + p.cost - 1))
   end,
 }

@@ -18,14 +18,14 @@ ALGOS[6] = {
     local index = floor_div(now, p.period)
     local start = index * p.period
     local cur, prev = 0, 0
-    local value = redis.call('GET', key)
+    local value = redis_call('GET', key)
     if value then
-      local w, c, q = string.match(value, '^(%d+):(%d+):(%d+)$')
+      local w, c, q = string_match(value, '^(%d+):(%d+):(%d+)$')
       if w then
         w, c, q = tonumber(w), tonumber(c), tonumber(q)
         if w > index then
           w = index
-          redis.call('SET', key, int(w) .. ':' .. int(c) .. ':' .. int(q), 'PX', ttl_ms((w + 2) * p.period - now))
+          redis_call('SET', key, int(w) .. ':' .. int(c) .. ':' .. int(q), 'PX', ttl_ms((w + 2) * p.period - now))
         end
         if w == index then
           cur, prev = c, q
@@ -48,9 +48,9 @@ ALGOS[6] = {
     end
     local d = {
       admitted = admitted,
-      now_remaining = floor_div(math.max(quota - load, 0), pms),
+      now_remaining = floor_div(math_max(quota - load, 0), pms),
       now_reset = now_reset,
-      after_remaining = floor_div(math.max(quota - load - p.cost * pms, 0), pms),
+      after_remaining = floor_div(math_max(quota - load - p.cost * pms, 0), pms),
       after_reset = window_end + p.period - now,
       retry = 0,
       write = { index = index, cur = cur + p.cost, prev = prev },
@@ -61,7 +61,7 @@ ALGOS[6] = {
         if weight == 0 then
           return 0
         end
-        return math.max(pms - floor_div(room * pms, weight), 0)
+        return math_max(pms - floor_div(room * pms, weight), 0)
       end
       local waited = nil
       if cur + p.cost <= p.limit then
@@ -72,7 +72,7 @@ ALGOS[6] = {
       end
       if waited == nil then
         -- Next window: this window's count is the previous one's.
-        local at = math.min(first_ms(cur, math.max(p.limit - p.cost, 0)), pms)
+        local at = math_min(first_ms(cur, math_max(p.limit - p.cost, 0)), pms)
         waited = window_end + at * 1000 - now
       end
       d.retry = waited
@@ -81,36 +81,36 @@ ALGOS[6] = {
   end,
   commit = function(key, p, d)
     local w = d.write
-    redis.call('SET', key, int(w.index) .. ':' .. int(w.cur) .. ':' .. int(w.prev), 'PX', ttl_ms(d.after_reset))
+    redis_call('SET', key, int(w.index) .. ':' .. int(w.cur) .. ':' .. int(w.prev), 'PX', ttl_ms(d.after_reset))
   end,
   -- Gives back exactly the call's units, from the window it was counted in
   -- (found from the take's time), while that window still counts.
   refund = function(key, p, r)
-    local value = redis.call('GET', key)
+    local value = redis_call('GET', key)
     if not value then
       return
     end
-    local w, c, q = string.match(value, '^(%d+):(%d+):(%d+)$')
+    local w, c, q = string_match(value, '^(%d+):(%d+):(%d+)$')
     if not w then
       return
     end
     w, c, q = tonumber(w), tonumber(c), tonumber(q)
     local taken_in = floor_div(r.at, p.period)
     if w == taken_in then
-      c = math.max(c - p.cost, 0)
+      c = math_max(c - p.cost, 0)
     elseif w == taken_in + 1 then
-      q = math.max(q - p.cost, 0)
+      q = math_max(q - p.cost, 0)
     else
       return
     end
     if c == 0 and q == 0 then
-      redis.call('DEL', key)
+      redis_call('DEL', key)
     else
-      local ttl = redis.call('PTTL', key)
+      local ttl = redis_call('PTTL', key)
       if ttl < 1 then
         ttl = 1
       end
-      redis.call('SET', key, int(w) .. ':' .. int(c) .. ':' .. int(q), 'PX', ttl)
+      redis_call('SET', key, int(w) .. ':' .. int(c) .. ':' .. int(q), 'PX', ttl)
     end
   end,
 }

@@ -82,7 +82,7 @@ pub(crate) mod seat;
 pub(crate) mod server;
 pub(crate) mod wire;
 
-pub use self::script::{ScriptSources, script_sources};
+pub use self::script::{ScriptSources, eval_form, script_sources};
 pub use self::wire::{
     ReplyReceipt, check_keys, compensate_keys, parse_reply, parse_reply_with_receipts,
 };

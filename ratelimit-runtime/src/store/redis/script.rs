@@ -30,6 +30,79 @@ const EVAL_COMPENSATE: &str = "return compensate(KEYS, ARGV)\n";
 /// The last line of the fixed windows' `EVAL` script (`fixed_only.lua`).
 const EVAL_FIXED_ONLY: &str = "return fixed_only(KEYS, ARGV)\n";
 
+/// The prelude's builtins as the Functions library binds them (`bind_builtins`): each local's
+/// name and the global it holds (`redis_call` and `redis.call`, `type` and `type`), read off
+/// the prelude's `builtins()` and the `local` statement after it, in order.
+fn bound_builtins() -> Vec<(&'static str, &'static str)> {
+    let list =
+        |text: &'static str| -> Vec<&'static str> { text.split(',').map(str::trim).collect() };
+    let (_, after) = PRELUDE
+        .split_once(BUILTINS_START)
+        .unwrap_or_else(|| unreachable!("the prelude defines `builtins()`"));
+    let (globals, after) = after
+        .split_once("\nend\n\nlocal ")
+        .unwrap_or_else(|| unreachable!("`builtins()` is followed by its locals"));
+    let (locals, _) = after
+        .split_once("\n\n")
+        .unwrap_or_else(|| unreachable!("the locals end with a blank line"));
+    list(locals).into_iter().zip(list(globals)).collect()
+}
+
+/// Where the prelude's builtins block starts (`builtins()`, its locals, `bind_builtins()`).
+const BUILTINS_START: &str = "local function builtins()\n  return ";
+
+/// What the block ends with: `bind_builtins()`'s last line.
+const BUILTINS_END: &str = "= builtins()\nend\n";
+
+/// `code` (prelude first) as an `EVAL` script runs it: the builtins read as globals, where the
+/// Functions library binds them to locals of its chunk once. An `EVAL` script's chunk runs on
+/// every call and makes every one of its closures again, and each local a closure reads is
+/// captured by a walk over the chunk's captured locals: on Redis 6.2 the bound builtins cost
+/// more to capture per call than they save (BENCHMARKS.md, "The builtins bound once per
+/// library"). So here `bind_builtins()` does nothing and each bound name is its global again.
+/// Public for the conformance test, which mutates the scripts' sources.
+#[doc(hidden)]
+pub fn eval_form(code: &str) -> String {
+    let start = code.find(BUILTINS_START);
+    let end = code.find(BUILTINS_END);
+    let mut text = match (start, end) {
+        (Some(start), Some(end)) => format!(
+            "{}local function bind_builtins()\nend\n{}",
+            &code[..start],
+            &code[end + BUILTINS_END.len()..]
+        ),
+        _ => code.to_owned(),
+    };
+    for (local, global) in bound_builtins() {
+        if local != global {
+            text = replace_name(&text, local, global);
+        }
+    }
+    text
+}
+
+/// `text` with every occurrence of the Lua name `name` (not part of a longer name or a field)
+/// replaced by `by`.
+fn replace_name(text: &str, name: &str, by: &str) -> String {
+    let is_name_byte = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    for (at, _) in text.match_indices(name) {
+        let end = at + name.len();
+        let before = at.checked_sub(1).and_then(|i| bytes.get(i).copied());
+        let after = bytes.get(end).copied();
+        if before.is_some_and(|b| is_name_byte(b) || b == b'.') || after.is_some_and(is_name_byte) {
+            continue;
+        }
+        out.push_str(&text[copied..at]);
+        out.push_str(by);
+        copied = end;
+    }
+    out.push_str(&text[copied..]);
+    out
+}
+
 /// Whether a call of `checks` goes to the fixed windows' own function (`fixed_only.lua`)
 /// instead of the driver: every limit a fixed window, no key named twice. That function hands
 /// any case it does not decide itself to the driver, in the same call.
@@ -63,9 +136,10 @@ fn source(algorithm: Algorithm) -> &'static str {
 ///
 /// Each script is the prelude, one or more algorithm files, a composer (the driver, or the
 /// cluster's companion) and one line that calls the composer's function on the script's KEYS
-/// and ARGV. The library is the same files, every one once, loaded as a Redis Functions library
-/// that registers the two composers' functions: the same code, built once at `FUNCTION LOAD`
-/// instead of on every call.
+/// and ARGV, with the builtins read as globals ([`eval_form`]). The library is the same files,
+/// every one once, loaded as a Redis Functions library that registers the composers' functions
+/// and binds the builtins to locals: the same code, built once at `FUNCTION LOAD` instead of on
+/// every call.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -157,14 +231,15 @@ static TEXTS: LazyLock<Texts> = LazyLock::new(|| {
          redis.register_function('{fixed_only_function}', fixed_only)\n"
     );
     Texts {
-        single: Algorithm::BY_CODE.map(|a| [PRELUDE, source(a), DRIVER, EVAL_CHECK].concat()),
-        combined: [PRELUDE, algorithms.as_str(), DRIVER, EVAL_CHECK].concat(),
-        companion: [PRELUDE, algorithms.as_str(), REFUND, EVAL_COMPENSATE].concat(),
+        single: Algorithm::BY_CODE
+            .map(|a| eval_form(&[PRELUDE, source(a), DRIVER, EVAL_CHECK].concat())),
+        combined: eval_form(&[PRELUDE, algorithms.as_str(), DRIVER, EVAL_CHECK].concat()),
+        companion: eval_form(&[PRELUDE, algorithms.as_str(), REFUND, EVAL_COMPENSATE].concat()),
         library,
         library_name,
         check_function,
         compensate_function,
-        fixed_only: [PRELUDE, FIXED, DRIVER, FIXED_ONLY, EVAL_FIXED_ONLY].concat(),
+        fixed_only: eval_form(&[PRELUDE, FIXED, DRIVER, FIXED_ONLY, EVAL_FIXED_ONLY].concat()),
         fixed_only_function,
     }
 });
@@ -323,6 +398,55 @@ mod tests {
         assert_eq!(sources, loaded);
     }
 
+    /// The Functions library binds the prelude's builtins to locals once; every `EVAL` script
+    /// reads them as globals, with nothing of the binding left but a `bind_builtins()` that
+    /// does nothing.
+    #[test]
+    fn the_library_binds_the_builtins_and_the_scripts_read_the_globals() {
+        let bound = bound_builtins();
+        assert!(bound.len() >= 10, "{bound:?}");
+        assert!(bound.contains(&("redis_call", "redis.call")), "{bound:?}");
+        assert!(bound.contains(&("type", "type")), "{bound:?}");
+        for (local, global) in &bound {
+            let is_name = |s: &str| {
+                !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            };
+            assert!(is_name(local), "{local:?}");
+            assert!(global.split('.').all(is_name), "{global:?}");
+        }
+        let texts = script_sources();
+        assert!(texts.library.contains(BUILTINS_START));
+        assert!(texts.library.contains("redis_call("));
+        let scripts =
+            texts
+                .single
+                .into_iter()
+                .chain([texts.combined, texts.companion, texts.fixed_only]);
+        for script in scripts {
+            assert!(!script.contains(BUILTINS_START));
+            assert!(script.contains("local function bind_builtins()\nend\n"));
+            for (local, global) in &bound {
+                if local != global {
+                    assert_eq!(
+                        replace_name(script, local, "@"),
+                        script,
+                        "{local} left in a script"
+                    );
+                }
+            }
+            assert!(script.contains("redis.call("));
+        }
+        // Only whole names, never a field or a longer name.
+        assert_eq!(
+            replace_name(
+                "redis_call(x) a.redis_call redis_call_x xredis_call redis_call",
+                "redis_call",
+                "redis.call"
+            ),
+            "redis.call(x) a.redis_call redis_call_x xredis_call redis.call"
+        );
+    }
+
     /// Each call's script is the text `script_sources` gives for its checks: the driver for
     /// a key named twice, each algorithm's own for one check (the fixed windows' fast path).
     #[test]
@@ -373,7 +497,7 @@ mod tests {
         for (a, text) in Algorithm::ALL.into_iter().zip(texts.single) {
             assert_eq!(
                 text,
-                [PRELUDE, source(a), DRIVER, EVAL_CHECK].concat(),
+                eval_form(&[PRELUDE, source(a), DRIVER, EVAL_CHECK].concat()),
                 "{a}"
             );
         }
@@ -381,15 +505,15 @@ mod tests {
         let algorithms = ALGORITHMS.concat();
         assert_eq!(
             texts.combined,
-            [PRELUDE, &algorithms, DRIVER, EVAL_CHECK].concat()
+            eval_form(&[PRELUDE, &algorithms, DRIVER, EVAL_CHECK].concat())
         );
         assert_eq!(
             texts.companion,
-            [PRELUDE, &algorithms, REFUND, EVAL_COMPENSATE].concat()
+            eval_form(&[PRELUDE, &algorithms, REFUND, EVAL_COMPENSATE].concat())
         );
         assert_eq!(
             texts.fixed_only,
-            [PRELUDE, FIXED, DRIVER, FIXED_ONLY, EVAL_FIXED_ONLY].concat()
+            eval_form(&[PRELUDE, FIXED, DRIVER, FIXED_ONLY, EVAL_FIXED_ONLY].concat())
         );
         // The library: the same files once each, named by the hash of that code, registering
         // the two composers' functions under names of its own.

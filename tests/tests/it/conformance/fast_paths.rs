@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ratelimit_runtime::algorithm::{Receipt, fixed};
-use ratelimit_runtime::store::redis::ReplyReceipt;
+use ratelimit_runtime::store::redis::{ReplyReceipt, eval_form};
 use ratelimit_runtime::{Algorithm, Policy, Store, StoreError, Verdict, store::Check};
 
 use super::lua_store::{LuaStore, Mode};
@@ -42,12 +42,12 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "a rejected call keeps its units",
-        "    redis.call('DECRBY', key, p.cost_text)\n    return { 0,",
+        "    redis_call('DECRBY', key, p.cost_text)\n    return { 0,",
         "    return { 0,",
     ),
     (
         "skips a block",
-        "    found = redis.call('EXISTS', KEYS[2])\n",
+        "    found = redis_call('EXISTS', KEYS[2])\n",
         "    found = 0\n",
     ),
     (
@@ -87,8 +87,8 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "takes a replayed call again",
-        "found = redis.call('EXISTS', KEYS[2], KEYS[3])",
-        "found = redis.call('EXISTS', KEYS[2])",
+        "found = redis_call('EXISTS', KEYS[2], KEYS[3])",
+        "found = redis_call('EXISTS', KEYS[2])",
     ),
     (
         "a new window (with a call id) ends a millisecond late",
@@ -97,12 +97,12 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "a new window has no TTL",
-        "      redis.call('PEXPIRE', key, l.period_ms_text)\n",
+        "      redis_call('PEXPIRE', key, l.period_ms_text)\n",
         "",
     ),
     (
         "a new window (with a call id) has no TTL",
-        "      redis.call('PEXPIREAT', key, int(floor_div(now, 1000) + period_ms))\n",
+        "      redis_call('PEXPIREAT', key, int(floor_div(now, 1000) + period_ms))\n",
         "",
     ),
     (
@@ -112,7 +112,7 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "a receipt's reset in whole milliseconds",
-        "{ after_reset = left - math.fmod(now, 1000) }",
+        "{ after_reset = left - math_fmod(now, 1000) }",
         "{ after_reset = left }",
     ),
     (
@@ -133,7 +133,7 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     (
         "reads the expiry as PTTL with a call id",
         "  local at = expiry_ms(key)\n  return at and at - floor_div(now, 1000)",
-        "  local at = redis.call('PTTL', key)\n  return at >= 0 and at or nil",
+        "  local at = redis_call('PTTL', key)\n  return at >= 0 and at or nil",
     ),
     (
         "counts on from a counter without a TTL",
@@ -142,8 +142,8 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "one more remaining after a take",
-        "return taken_row(p.limit - n, left)",
-        "return taken_row(p.limit - n + 1, left)",
+        "return struct_pack(TAKEN_ROW, 1, p.limit - n, left)",
+        "return struct_pack(TAKEN_ROW, 1, p.limit - n + 1, left)",
     ),
     (
         "a rejection reports the remaining after the call",
@@ -152,7 +152,7 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "leaves no receipt",
-        "write_receipt(KEYS[3], l, { after_reset = left - math.fmod(now, 1000) })",
+        "write_receipt(KEYS[3], l, { after_reset = left - math_fmod(now, 1000) })",
         "local _ = l",
     ),
     (
@@ -162,8 +162,8 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "an admitted call's reply waits a microsecond more",
-        "return taken_row(p.limit - n, left)",
-        "return taken_row(p.limit - n, left + 1)",
+        "return struct_pack(TAKEN_ROW, 1, p.limit - n, left)",
+        "return struct_pack(TAKEN_ROW, 1, p.limit - n, left + 1)",
     ),
     (
         "an admitted call's reply with receipts counts one unit more left",
@@ -182,12 +182,12 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "a receipt in the reply, without PEXPIRETIME, at the take's microsecond",
-        "  return now - math.fmod(now, 1000)\nend",
+        "  return now - math_fmod(now, 1000)\nend",
         "  return now\nend",
     ),
     (
         "a receipt in the reply (stacked) at the take's microsecond",
-        "        now - math.fmod(now, 1000), wait, 0)",
+        "        now - math_fmod(now, 1000), wait, 0)",
         "        now, wait, 0)",
     ),
     (
@@ -217,12 +217,12 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "a rejected stack keeps its units",
-        "        redis.call('DECRBY', KEYS[i], limits[i].p.cost_text)\n",
+        "        redis_call('DECRBY', KEYS[i], limits[i].p.cost_text)\n",
         "",
     ),
     (
         "a rejected stack keeps the keys it created",
-        "        redis.call('DEL', KEYS[i])\n",
+        "        redis_call('DEL', KEYS[i])\n",
         "",
     ),
     (
@@ -232,7 +232,7 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "a stack skips a block",
-        "if redis.call('EXISTS', unpack(KEYS, n + 1, asked)) > 0",
+        "if redis_call('EXISTS', unpack(KEYS, n + 1, asked)) > 0",
         "if false",
     ),
     (
@@ -242,12 +242,12 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "a stack's new window has no TTL",
-        "        redis.call('PEXPIRE', KEYS[i], l.period_ms_text)\n",
+        "        redis_call('PEXPIRE', KEYS[i], l.period_ms_text)\n",
         "",
     ),
     (
         "a stack leaves no receipts",
-        "write_receipt(KEYS[2 * n + i], l, { after_reset = wait - math.fmod(now, 1000) })",
+        "write_receipt(KEYS[2 * n + i], l, { after_reset = wait - math_fmod(now, 1000) })",
         "local _ = wait",
     ),
     (
@@ -257,13 +257,13 @@ const MUTANTS: &[(&str, &str, &str)] = &[
     ),
     (
         "reads a counter without a TTL as a live window",
-        "    pttl = redis.call('PTTL', key)\n    if pttl < 0 then",
-        "    pttl = redis.call('PTTL', key)\n    if pttl < -1 then",
+        "    pttl = redis_call('PTTL', key)\n    if pttl < 0 then",
+        "    pttl = redis_call('PTTL', key)\n    if pttl < -1 then",
     ),
     (
         "a stack reads a counter without a TTL as a live window",
-        "      pttl = redis.call('PTTL', key)\n      if pttl < 0 then",
-        "      pttl = redis.call('PTTL', key)\n      if pttl < -1 then",
+        "      pttl = redis_call('PTTL', key)\n      if pttl < 0 then",
+        "      pttl = redis_call('PTTL', key)\n      if pttl < -1 then",
     ),
     (
         "a stack keeps a TTL longer than a period",
@@ -273,14 +273,18 @@ const MUTANTS: &[(&str, &str, &str)] = &[
 ];
 
 /// The store's sources with `fixed_only.lua`'s `from` replaced by `to` (once; it must occur
-/// exactly once).
+/// exactly once), in the library and, in its `EVAL` form, in the script.
 fn mutated(from: &str, to: &str) -> Sources {
     assert_eq!(FIXED_ONLY.matches(from).count(), 1, "mutant text {from:?}");
     let text = FIXED_ONLY.replacen(from, to, 1);
     let mut s = sources();
-    for t in [&mut s.library, &mut s.fixed_only] {
-        assert_eq!(t.matches(FIXED_ONLY).count(), 1);
-        *t = t.replacen(FIXED_ONLY, &text, 1);
+    let (eval_file, eval_text) = (eval_form(FIXED_ONLY), eval_form(&text));
+    for (t, file, text) in [
+        (&mut s.library, FIXED_ONLY, text.as_str()),
+        (&mut s.fixed_only, eval_file.as_str(), eval_text.as_str()),
+    ] {
+        assert_eq!(t.matches(file).count(), 1);
+        *t = t.replacen(file, text, 1);
     }
     s
 }
