@@ -35,7 +35,7 @@ mutations=(
   "prelude.lua|INT_FORMAT = '%d'|INT_FORMAT = '%.3g'"
   "prelude.lua|string_match(spec, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')|string_match(spec, '(%d+):(%d+):(%d+):(%d+):(%d+)')"
   "prelude.lua|if n > 0 and PARSED[argv[n]] == nil and not string_find(argv[n], ':', 1, true) then|if false then"
-  "prelude.lua|PARSED[argv[n]] == nil and not string.find|PARSED[argv[n]] ~= nil or not string.find"
+  "prelude.lua|PARSED[argv[n]] == nil and not string_find|PARSED[argv[n]] ~= nil or not string_find"
   # The fixed windows fixed_only.lua decides itself (the prelude's fixed_ms).
   "prelude.lua|      if code == 1 and p.cost <= p.limit then|      if code == 1 then"
   "prelude.lua|      if code == 1 and p.cost <= p.limit then|      if p.cost <= p.limit then"

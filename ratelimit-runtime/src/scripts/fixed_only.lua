@@ -81,14 +81,14 @@ end
 local MANY = nil
 
 -- A call of two or more fixed-window limits on distinct keys: as a call of one
--- (fixed_only, below),
--- limit by limit (INCRBY, then the key's expiry), all in the one script. When
--- every limit admits the call, each new window is given its end and the call
--- answered; when one does not, or anything fixed_only hands to the driver turns
--- up, what was taken is undone (DECRBY; a key the call created is deleted) and
--- the driver answers, on the keys as they were. KEYS and ARGV are the driver's
--- (keys, markers, receipts with a call id; one argument a limit, then the id
--- and its receipts' TTL or `~`, as call_shape reads them).
+-- (fixed_only, below), limit by limit (INCRBY, then the key's expiry), all in
+-- the one script. When every limit admits the call, each new window is given
+-- its end and the call answered; when one does not, or anything fixed_only
+-- hands to the driver turns up, what was taken is undone (DECRBY; a key the
+-- call created is deleted) and the driver answers, on the keys as they were.
+-- KEYS and ARGV are the driver's (keys, markers, receipts with a call id; one
+-- argument a limit, then the id and its receipts' TTL or `~`, as call_shape
+-- reads them).
 local function fixed_many(KEYS, ARGV, n, call_id)
   if n < 1 then
     return check(KEYS, ARGV, true)

@@ -20,10 +20,11 @@
 -- "The builtins bound once per library"). A library may read no global while it
 -- loads, so each entry point (the driver's `check`, refund.lua's `compensate`,
 -- fixed_only.lua's `fixed_only`) binds them on its first call
--- (`if redis_call == nil then bind_builtins() end`), before anything else; a
--- Functions library keeps them from then on, an `EVAL` script (whose chunk
--- runs per call) binds them per call. `builtins` is defined before the locals
--- that shadow `type`, `tonumber` and `unpack`, so it reads the globals.
+-- (`if redis_call == nil then bind_builtins() end`), before anything else, and
+-- the library keeps them from then on. `builtins` is defined before the locals
+-- that shadow `type`, `tonumber` and `unpack`, so it reads the globals. The
+-- `EVAL` scripts (servers without Functions) are sent without this block, with
+-- each bound name its global again (store/redis/script.rs, `eval_form`).
 local function builtins()
   return redis.call, redis.pcall, redis.REDIS_VERSION_NUM, type, tonumber, unpack,
     math.floor, math.fmod, math.min, math.max, string.match, string.find,
@@ -279,8 +280,8 @@ local function parse_limit(spec, i)
     choose_int_format()
     -- Admitted rows are packed (taken_row): a server whose scripts' struct
     -- library has no `pack` refuses every call here, before anything is
-    -- written, rather than after a take (one without the library at all
-    -- fails in bind_builtins, as early).
+    -- written, rather than after a take (one without the library at all fails
+    -- as early, on reading `struct`).
     if struct_pack == nil then
       return nil, redis.error_reply('ERR ratelimit: the scripts of this server have no struct.pack')
     end

@@ -1440,11 +1440,12 @@ fn standin_runs_the_traces_like_a_real_server() {
 #[test]
 fn scripts_touch_only_the_keys_their_call_declares() {
     let sources = scripts::sources();
-    let texts =
-        sources
-            .single
-            .iter()
-            .chain([&sources.combined, &sources.compensate, &sources.library]);
+    let texts = sources.single.iter().chain([
+        &sources.combined,
+        &sources.compensate,
+        &sources.fixed_only,
+        &sources.library,
+    ]);
     let mut found = Vec::new();
     for text in texts {
         for undeclared in declared::undeclared_keys(text) {

@@ -42,10 +42,21 @@ fn bound_builtins() -> Vec<(&'static str, &'static str)> {
     let (globals, after) = after
         .split_once("\nend\n\nlocal ")
         .unwrap_or_else(|| unreachable!("`builtins()` is followed by its locals"));
-    let (locals, _) = after
+    let (locals, after) = after
         .split_once("\n\n")
         .unwrap_or_else(|| unreachable!("the locals end with a blank line"));
-    list(locals).into_iter().zip(list(globals)).collect()
+    let (assigned, _) = after
+        .split_once("bind_builtins()\n")
+        .and_then(|(_, body)| body.split_once(BUILTINS_END))
+        .unwrap_or_else(|| unreachable!("`bind_builtins()` assigns `builtins()`"));
+    let (globals, locals) = (list(globals), list(locals));
+    // The three lists are one: a name bound to another builtin than its global would be a
+    // library that reads one function where the `EVAL` scripts read another.
+    assert!(
+        globals.len() == locals.len() && list(assigned) == locals,
+        "the prelude's builtins(), its locals and bind_builtins() must list the same names"
+    );
+    locals.into_iter().zip(globals).collect()
 }
 
 /// Where the prelude's builtins block starts (`builtins()`, its locals, `bind_builtins()`).
@@ -90,9 +101,14 @@ fn replace_name(text: &str, name: &str, by: &str) -> String {
     let mut copied = 0;
     for (at, _) in text.match_indices(name) {
         let end = at + name.len();
-        let before = at.checked_sub(1).and_then(|i| bytes.get(i).copied());
-        let after = bytes.get(end).copied();
-        if before.is_some_and(|b| is_name_byte(b) || b == b'.') || after.is_some_and(is_name_byte) {
+        let byte_before = |n: usize| at.checked_sub(n).and_then(|i| bytes.get(i).copied());
+        let before = byte_before(1);
+        // A field (`x.name`) is not the name; a concatenation (`x ..name`) is.
+        let field = before == Some(b'.') && byte_before(2) != Some(b'.');
+        if before.is_some_and(is_name_byte)
+            || field
+            || bytes.get(end).is_some_and(|&b| is_name_byte(b))
+        {
             continue;
         }
         out.push_str(&text[copied..at]);
@@ -439,11 +455,11 @@ mod tests {
         // Only whole names, never a field or a longer name.
         assert_eq!(
             replace_name(
-                "redis_call(x) a.redis_call redis_call_x xredis_call redis_call",
+                "redis_call(x) a.redis_call redis_call_x xredis_call s..redis_call",
                 "redis_call",
                 "redis.call"
             ),
-            "redis.call(x) a.redis_call redis_call_x xredis_call redis.call"
+            "redis.call(x) a.redis_call redis_call_x xredis_call s..redis.call"
         );
     }
 

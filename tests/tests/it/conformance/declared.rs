@@ -282,7 +282,8 @@ impl Script<'_> {
     }
 }
 
-/// Every `redis.call` / `redis.pcall` of `text` whose key argument is not a declared key (see
+/// Every `redis.call` / `redis.pcall` (or `redis_call` / `redis_pcall`, the library's locals) of
+/// `text` whose key argument is not a declared key (see
 /// the module docs), as `"<the call>: <the argument>"`; empty when every key is declared.
 pub(crate) fn undeclared_keys(text: &str) -> Vec<String> {
     let stripped = strip_comments(text);
@@ -292,10 +293,13 @@ pub(crate) fn undeclared_keys(text: &str) -> Vec<String> {
     };
     let mut found = Vec::new();
     for (name, args) in &script.calls {
-        let is_redis = (name == "call" || name == "pcall")
-            && args
-                .first()
-                .is_some_and(|a| a.starts_with('\'') || a.starts_with('"'));
+        // `redis.call` / `redis.pcall`, or the locals the Functions library binds them to.
+        let is_redis = matches!(
+            name.as_str(),
+            "call" | "pcall" | "redis_call" | "redis_pcall"
+        ) && args
+            .first()
+            .is_some_and(|a| a.starts_with('\'') || a.starts_with('"'));
         if !is_redis {
             continue;
         }
