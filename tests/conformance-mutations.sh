@@ -24,9 +24,44 @@ mutations=(
   "fixed.lua|left_us = math_min(left_until(at), p.period + 1000)|left_us = math_min(left_until(floor_div(now, 1000) + redis_call('PTTL', key)), p.period + 1000)"
   "fixed.lua|if now + left_until(at) > window_end + 2000 then|if now + left_until(at) > window_end - 2000 then"
   "sliding.lua|int(r.first + p.cost - 1)|int(r.first + p.cost)"
-  "sliding.lua|local score = int(d.first)|local score = int(d.first + 1)"
+  "sliding.lua|local score = int(first)|local score = int(first + 1)"
   "gcra.lua|local admitted = after <= tau|local admitted = after < tau"
   "sliding_counter.lua|local admitted = load + p.cost * pms <= quota|local admitted = load + p.cost * pms < quota"
+  # The driver's one-limit call and the algorithms' check_one, which answer it without the
+  # decision's table.
+  "driver.lua|and redis_call('EXISTS', KEYS[2]) == 0 then|and redis_call('EXISTS', KEYS[2]) >= 0 then"
+  "driver.lua|if l and KEYS[2] == KEYS[1] .. ':b' and|if l and"
+  "driver.lua|      receipts_in_reply = false\n|"
+  "driver.lua|      holder = nil\n|"
+  "driver.lua|  if #ARGV == 1 and #KEYS == 2 and not waits_from_ms_start then|  if #ARGV >= 1 and #KEYS >= 2 then"
+  "gcra.lua|    if after > tau then|    if after >= tau then"
+  "gcra.lua|      clamp(after - tau) }|      clamp(after - tau + 1) }"
+  "gcra.lua|    gcra_write(key, now + after)|    gcra_write(key, now + after - 1)"
+  "gcra.lua|clamp(p.burst - ceil_div(after, t), l.capacity)|clamp(p.burst - ceil_div(after, t) + 1, l.capacity)"
+  "gcra.lua|clamp(p.burst - ceil_div(backlog, t), l.capacity), clamp(backlog)|clamp(p.burst - ceil_div(backlog, t), l.capacity), clamp(backlog + 1)"
+  "gcra.lua|    if tat > now + tau then|    if tat > now + 2 * tau then"
+  "bucket.lua|    if after > capacity then|    if after >= capacity then"
+  "bucket.lua|    bucket_write(key, after, rate)\n    return|    bucket_write(key, after + 1, rate)\n    return"
+  "bucket.lua|clamp(ceil_div(level, rate)), clamp(ceil_div(after - capacity, rate)) }|clamp(ceil_div(level, rate)), clamp(ceil_div(after - capacity + rate, rate)) }"
+  "bucket.lua|      clamp(ceil_div(after, rate)))|      clamp(ceil_div(after, rate) + 1))"
+  "bucket.lua|clamp(p.burst - ceil_div(after, unit), l.capacity),|clamp(p.burst - ceil_div(after, unit) - 1, l.capacity),"
+  "sliding.lua|    if n + p.cost > p.limit then|    if n + p.cost >= p.limit then"
+  "sliding.lua|clamp(newest and math_max(newest + p.period - now, 0) or 0),|clamp(newest and math_max(newest + p.period - now, 0) or 1000),"
+  "sliding.lua|        clamp(sliding_retry(key, p, floor, n)) }|        clamp(sliding_retry(key, p, floor, n) + 1) }"
+  "sliding.lua|    sliding_write(key, p, floor, first)\n    return|    sliding_write(key, p, floor, first + 1)\n    return"
+  "sliding.lua|clamp(p.limit - n - p.cost, l.capacity),|clamp(p.limit - n - p.cost + 1, l.capacity),"
+  "sliding.lua|      clamp(first + p.cost - 1 + p.period - now))|      clamp(first + p.cost + p.period - now))"
+  "sliding.lua|  redis_call('PEXPIRE', key, ttl_ms(first + p.cost - 1 + p.period - now))|  redis_call('PEXPIRE', key, ttl_ms(first + p.period - now))"
+  "sliding.lua|  if newest ~= nil and newest >= now then|  if newest ~= nil and newest > now then"
+  "sliding_counter.lua|    if load + p.cost * pms > quota then|    if load + p.cost * pms >= quota then"
+  "sliding_counter.lua|      return { 0, clamp(floor_div(math_max(quota - load, 0), pms), l.capacity),|      return { 0, clamp(floor_div(math_max(quota - load, 0), pms) + 1, l.capacity),"
+  "sliding_counter.lua|        clamp(counter_reset(p, start, cur, prev)),|        clamp(counter_reset(p, start, cur, prev) + 1),"
+  "sliding_counter.lua|        clamp(counter_retry(p, start, cur, prev, pms)) }|        clamp(counter_retry(p, start, cur, prev, pms) + 1) }"
+  "sliding_counter.lua|    counter_write(key, index, cur + p.cost, prev, reset)|    counter_write(key, index, cur + p.cost, cur, reset)"
+  "sliding_counter.lua|    local reset = start + 2 * p.period - now|    local reset = start + p.period - now"
+  "sliding_counter.lua|      clamp(floor_div(math_max(quota - load - p.cost * pms, 0), pms), l.capacity), clamp(reset))|      clamp(floor_div(math_max(quota - load, 0), pms), l.capacity), clamp(reset))"
+  "sliding_counter.lua|  elseif prev > 0 then\n    return start + p.period - now|  elseif prev > 0 then\n    return start + 2 * p.period - now"
+  "sliding_counter.lua|      return start + at * 1000 - now|      return start + at * 1000 - now + 1000"
   "driver.lua|blocked = redis_call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 0|blocked = redis_call('EXISTS', unpack(KEYS, markers + 1, markers + nkeys)) > 1"
   "driver.lua|blocked = redis_call('EXISTS', KEYS[markers + 1]) > 0|blocked = redis_call('EXISTS', KEYS[markers + 1]) > 1"
   "driver.lua|return state_reply(l, d, false, d.retry)|return state_reply(l, d, false, 0)"
@@ -104,8 +139,11 @@ caught=0
 missed=0
 for m in "${mutations[@]}"; do
   IFS='|' read -r file from to <<<"$m"
+  # `\n` in a mutation is a line break.
+  from=$(printf '%b' "$from")
+  to=$(printf '%b' "$to")
   path="$dir/$file"
-  if ! grep -qF -- "$from" "$path"; then
+  if ! FROM="$from" perl -0ne 'BEGIN { $f = 0 } $f = 1 if index($_, $ENV{FROM}) >= 0; END { exit !$f }' "$path"; then
     echo "NOT FOUND in $file: $from"
     missed=$((missed + 1))
     continue

@@ -66,28 +66,38 @@ local function bucket_write(key, level, rate)
   redis_call('SET', key, int(w - ms * per_ms), 'PXAT', int(floor_div(now, 1000) + ms + 1))
 end
 
+-- The bucket's decision on `key` for a call of `p` now: its scale (rate,
+-- unit), its capacity in units, the level before the call and after it (the
+-- call fits when after <= capacity). A level above a full bucket and one
+-- capacity of debt (written by a clock ahead of this one) is brought back to
+-- that from now, and the earlier form rewritten, first: the one write a
+-- rejected call can make. The rule's one home in Lua: evaluate reads it for
+-- the driver, check_one for a call of this limit alone.
+local function bucket_decide(key, p)
+  local rate, unit = bucket_scale(p)
+  local value = redis_call('GET', key)
+  local level, old = bucket_level(key, value, rate)
+  local capacity = p.burst * unit
+  if level > 2 * capacity then
+    -- Above a full bucket and one capacity of debt: written by a clock ahead
+    -- of this one. Brought back to that from now, never held longer.
+    level = 2 * capacity
+    bucket_write(key, level, rate)
+  elseif old then
+    -- The earlier form (its stamp maybe ahead, counted as now): rewritten.
+    if level > 0 then
+      bucket_write(key, level, rate)
+    else
+      redis_call('DEL', key)
+    end
+  end
+  return rate, unit, capacity, level, level + p.cost * unit
+end
+
 local BUCKET = {
   capacity = 'burst',
   evaluate = function(key, p)
-    local rate, unit = bucket_scale(p)
-    local value = redis_call('GET', key)
-    local level, old = bucket_level(key, value, rate)
-    local capacity = p.burst * unit
-    if level > 2 * capacity then
-      -- Above a full bucket and one capacity of debt: written by a clock ahead
-      -- of this one. Brought back to that from now, never held longer.
-      level = 2 * capacity
-      bucket_write(key, level, rate)
-    elseif old then
-      -- The earlier form (its stamp maybe ahead, counted as now): rewritten.
-      if level > 0 then
-        bucket_write(key, level, rate)
-      else
-        redis_call('DEL', key)
-      end
-    end
-    local add = p.cost * unit
-    local after = level + add
+    local rate, unit, capacity, level, after = bucket_decide(key, p)
     local admitted = after <= capacity
     local d = {
       admitted = admitted,
@@ -103,6 +113,19 @@ local BUCKET = {
       d.retry = ceil_div(after - capacity, rate)
     end
     return d
+  end,
+  -- The driver's one-limit call (see there), decided and answered here as the
+  -- driver answers it from evaluate and commit, without the decision's table.
+  check_one = function(key, l)
+    local p = l.p
+    local rate, unit, capacity, level, after = bucket_decide(key, p)
+    if after > capacity then
+      return { 0, clamp(p.burst - ceil_div(level, unit), l.capacity),
+        clamp(ceil_div(level, rate)), clamp(ceil_div(after - capacity, rate)) }
+    end
+    bucket_write(key, after, rate)
+    return struct_pack(TAKEN_ROW, 1, clamp(p.burst - ceil_div(after, unit), l.capacity),
+      clamp(ceil_div(after, rate)))
   end,
   commit = function(key, p, d)
     bucket_write(key, d.write, d.rate)

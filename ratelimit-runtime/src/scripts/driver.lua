@@ -44,6 +44,22 @@ local function write_receipts(KEYS, receipts, limits, nkeys, decisions)
   end
 end
 
+-- The call of limit `l` alone on KEYS[1], not blocked: taken when it admits
+-- (with a call id, its receipt written to KEYS[receipts + 1]), answered
+-- either way.
+local function take_one(KEYS, l, receipts)
+  local key = KEYS[1]
+  local d = l.algo.evaluate(key, l.p)
+  if not d.admitted then
+    return state_reply(l, d, false, d.retry)
+  end
+  l.algo.commit(key, l.p, d)
+  if receipts ~= nil then
+    write_receipt(KEYS[receipts + 1], l, d)
+  end
+  return taken_row(taken_figures(l, d))
+end
+
 -- `from_ms_start`: the waits answered from the start of the server's
 -- millisecond (fixed_only.lua's hand-offs; nil from FCALL and EVAL).
 local function check(KEYS, ARGV, from_ms_start)
@@ -52,6 +68,25 @@ local function check(KEYS, ARGV, from_ms_start)
   end
   read_clock()
   waits_from_ms_start = from_ms_start == true
+  -- The usual call, one limit without a call id (its block marker declared as
+  -- KEYS[2]): once no block is found, decided by its algorithm's check_one, or
+  -- else by take_one, without the general path's shape, keys and limits read
+  -- again. Everything else (a block, a first argument that is not a limit,
+  -- other KEYS) takes the path below, which checks and answers it as any call.
+  if #ARGV == 1 and #KEYS == 2 and not waits_from_ms_start then
+    local spec = ARGV[1]
+    local l = PARSED[spec] or parse_limit(spec, 1)
+    if l and KEYS[2] == KEYS[1] .. ':b' and redis_call('EXISTS', KEYS[2]) == 0 then
+      -- As call_shape and the path below set them for a call without an id.
+      holder = nil
+      receipts_in_reply = false
+      local one = l.algo.check_one
+      if one then
+        return one(KEYS[1], l)
+      end
+      return take_one(KEYS, l, nil)
+    end
+  end
   -- KEYS as the prelude's declared_keys says: the n keys, their block markers,
   -- their working copies when a key repeats, their receipts with a call id.
   local nkeys, call_id = call_shape(ARGV)
@@ -125,16 +160,7 @@ local function check(KEYS, ARGV, from_ms_start)
   -- One limit, the usual call: the loop below for a single key, without its
   -- tables (no key can repeat).
   if nkeys == 1 then
-    local l = limits[1]
-    local d = l.algo.evaluate(KEYS[1], l.p)
-    if not d.admitted then
-      return state_reply(l, d, false, d.retry)
-    end
-    l.algo.commit(KEYS[1], l.p, d)
-    if call_id ~= nil then
-      write_receipt(KEYS[receipts + 1], l, d)
-    end
-    return taken_row(taken_figures(l, d))
+    return take_one(KEYS, limits[1], receipts)
   end
 
   -- Keys are few: comparing each with those before it is cheaper than a set.

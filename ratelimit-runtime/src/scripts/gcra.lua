@@ -42,24 +42,34 @@ local function gcra_interval(p)
   return t
 end
 
+-- GCRA's decision on `key` for a call of `p` now: the emission interval T, the
+-- tolerance tau = burst·T, the backlog before the call and after it (the call
+-- fits when after <= tau). A tat further ahead than a full backlog is brought
+-- back to a full backlog from now first (the one write a rejected call can
+-- make). The rule's one home in Lua: evaluate reads it for the driver, check_one
+-- for a call of this limit alone.
+local function gcra_decide(key, p)
+  local t = gcra_interval(p)
+  local tau = p.burst * t
+  local start = now
+  local tat = gcra_read(key)
+  if tat then
+    if tat > now + tau then
+      tat = now + tau
+      gcra_write(key, tat)
+    end
+    if tat > now then
+      start = tat
+    end
+  end
+  local backlog = start - now
+  return t, tau, backlog, backlog + p.cost * t
+end
+
 ALGOS[5] = {
   capacity = 'burst',
   evaluate = function(key, p)
-    local t = gcra_interval(p)
-    local tau = p.burst * t
-    local start = now
-    local tat = gcra_read(key)
-    if tat then
-      if tat > now + tau then
-        tat = now + tau
-        gcra_write(key, tat)
-      end
-      if tat > now then
-        start = tat
-      end
-    end
-    local backlog = start - now
-    local after = backlog + p.cost * t
+    local t, tau, backlog, after = gcra_decide(key, p)
     local admitted = after <= tau
     local d = {
       admitted = admitted,
@@ -74,6 +84,19 @@ ALGOS[5] = {
       d.retry = after - tau
     end
     return d
+  end,
+  -- The driver's one-limit call (see there), decided and answered here as the
+  -- driver answers it from evaluate and commit, without the decision's table.
+  check_one = function(key, l)
+    local p = l.p
+    local t, tau, backlog, after = gcra_decide(key, p)
+    if after > tau then
+      return { 0, clamp(p.burst - ceil_div(backlog, t), l.capacity), clamp(backlog),
+        clamp(after - tau) }
+    end
+    gcra_write(key, now + after)
+    return struct_pack(TAKEN_ROW, 1, clamp(p.burst - ceil_div(after, t), l.capacity),
+      clamp(after))
   end,
   commit = function(key, p, d)
     gcra_write(key, d.write)

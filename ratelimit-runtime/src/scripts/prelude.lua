@@ -233,6 +233,10 @@ end
 --   refund(key, p, r) : gives back p.cost of what the take of one call (its
 --       receipt `r`: at, reset, first, cost; see read_receipt) still holds, judged
 --       by `now` (refund.lua's give_back bounds p.cost by the receipt's cost).
+--   check_one(key, l), optional: the whole of the usual call, limit `l` alone
+--       on `key`, not blocked, without a call id (the driver hands it over):
+--       evaluate, commit and the driver's reply (state_reply's row, or the
+--       packed taken_row) in one, without the decision's table.
 --
 -- State stamped in the future (a failover to a replica whose clock is behind
 -- the old master's) is treated as stamped now: evaluate rewrites its stamps to
