@@ -119,7 +119,7 @@ local BUCKET = {
   check_one = function(key, l)
     local p = l.p
     local rate, unit, capacity, level, after = bucket_decide(key, p)
-    if after > capacity then
+    if not (after <= capacity) then
       return { 0, clamp(p.burst - ceil_div(level, unit), l.capacity),
         clamp(ceil_div(level, rate)), clamp(ceil_div(after - capacity, rate)) }
     end

@@ -19,7 +19,9 @@
 -- receipts what an earlier slot took when a later one rejects (refund.lua).
 --
 -- The driver only composes: the rules are the algorithms' (fixed.lua,
--- sliding.lua, bucket.lua), the parsing, receipts and replies the prelude's.
+-- sliding.lua, bucket.lua), the parsing, receipts and replies the prelude's,
+-- but for the usual call of one limit, which an algorithm's check_one decides
+-- and answers itself (see `check`).
 --
 -- It is one function, `check(KEYS, ARGV[, from_ms_start])`, defined once the
 -- prelude and the algorithms are: an `EVAL` script ends by calling it on the
@@ -72,7 +74,9 @@ local function check(KEYS, ARGV, from_ms_start)
   -- KEYS[2]): once no block is found, decided by its algorithm's check_one, or
   -- else by take_one, without the general path's shape, keys and limits read
   -- again. Everything else (a block, a first argument that is not a limit,
-  -- other KEYS) takes the path below, which checks and answers it as any call.
+  -- other KEYS, a hand-off from fixed_only.lua, whose waits count from the
+  -- start of the millisecond) takes the path below, which checks and answers
+  -- it as any call.
   if #ARGV == 1 and #KEYS == 2 and not waits_from_ms_start then
     local spec = ARGV[1]
     local l = PARSED[spec] or parse_limit(spec, 1)
@@ -80,9 +84,9 @@ local function check(KEYS, ARGV, from_ms_start)
       -- As call_shape and the path below set them for a call without an id.
       holder = nil
       receipts_in_reply = false
-      local one = l.algo.check_one
-      if one then
-        return one(KEYS[1], l)
+      local algo = l.algo
+      if algo.check_one then
+        return algo.check_one(KEYS[1], l)
       end
       return take_one(KEYS, l, nil)
     end
@@ -157,8 +161,9 @@ local function check(KEYS, ARGV, from_ms_start)
     end
   end
 
-  -- One limit, the usual call: the loop below for a single key, without its
-  -- tables (no key can repeat).
+  -- One limit that the shortcut above did not take (a call id, receipts in
+  -- the reply, a block found, a hand-off from fixed_only.lua): the loop below
+  -- for a single key, without its tables (no key can repeat).
   if nkeys == 1 then
     return take_one(KEYS, limits[1], receipts)
   end

@@ -90,7 +90,7 @@ ALGOS[5] = {
   check_one = function(key, l)
     local p = l.p
     local t, tau, backlog, after = gcra_decide(key, p)
-    if after > tau then
+    if not (after <= tau) then
       return { 0, clamp(p.burst - ceil_div(backlog, t), l.capacity), clamp(backlog),
         clamp(after - tau) }
     end

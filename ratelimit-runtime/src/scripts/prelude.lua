@@ -236,11 +236,13 @@ end
 --   check_one(key, l), optional: the whole of the usual call, limit `l` alone
 --       on `key`, not blocked, without a call id (the driver hands it over):
 --       evaluate, commit and the driver's reply (state_reply's row, or the
---       packed taken_row) in one, without the decision's table.
+--       packed taken_row) in one, without the decision's table. It rejects
+--       exactly when evaluate does: its test is the negation of evaluate's
+--       (`not (x <= y)`), so a state that reads as NaN rejects on both.
 --
 -- State stamped in the future (a failover to a replica whose clock is behind
--- the old master's) is treated as stamped now: evaluate rewrites its stamps to
--- now before deciding, never counting the skew as a charge, so no caller is
+-- the old master's) is treated as stamped now: each rule's decision (read by
+-- evaluate and check_one alike) rewrites its stamps to now before deciding, never counting the skew as a charge, so no caller is
 -- locked out beyond the true retry_after. State kept as one integer (GCRA's
 -- tat, a bucket's level) has no stamp to tell a skew from a backlog: a backlog
 -- longer than the most it can be is brought back to that most, from now
@@ -470,7 +472,8 @@ end
 -- client to read than a table of numbers (BENCHMARKS.md, "Admitted rows packed
 -- as doubles"). The rows of a call not taken (state_reply, block_reply: a
 -- rejection, a block, a peek, a replayed take) stay tables. TAKEN_ROW is the
--- format of a row without its receipt, which fixed_only.lua also packs itself.
+-- format of a row without its receipt, which fixed_only.lua and the
+-- algorithms' check_one also pack themselves.
 local TAKEN_ROW = '<Bdd'
 
 local function taken_row(remaining, reset, at, receipt_reset, first)

@@ -122,7 +122,7 @@ ALGOS[2] = {
   check_one = function(key, l)
     local p = l.p
     local floor, n, newest, first = sliding_state(key, p)
-    if n + p.cost > p.limit then
+    if not (n + p.cost <= p.limit) then
       return { 0, clamp(p.limit - n, l.capacity),
         clamp(newest and math_max(newest + p.period - now, 0) or 0),
         clamp(sliding_retry(key, p, floor, n)) }

@@ -12,6 +12,7 @@
 -- State: the string "<window>:<cur>:<prev>" with a TTL to the end of the next
 -- window, when `cur` stops weighing. Counters of a window ahead of this
 -- clock's count as the current window's.
+
 -- The counters under `key` now for a call of `p`: the current window's index
 -- and start, its count and the previous window's, the period in ms (P), and
 -- the load and the quota (both in call·ms: the call fits when load + cost·P
@@ -112,7 +113,7 @@ ALGOS[6] = {
   check_one = function(key, l)
     local p = l.p
     local index, start, cur, prev, pms, load, quota = counter_state(key, p)
-    if load + p.cost * pms > quota then
+    if not (load + p.cost * pms <= quota) then
       return { 0, clamp(floor_div(math_max(quota - load, 0), pms), l.capacity),
         clamp(counter_reset(p, start, cur, prev)),
         clamp(counter_retry(p, start, cur, prev, pms)) }

@@ -528,6 +528,55 @@ fn a_fraction_in_a_keys_state_gives_a_reply_the_store_reads() {
     }
 }
 
+/// A key's state that reads as no number (`nan`, `inf`: written by hand or by another program)
+/// is decided alike by the usual call of one limit, which the driver hands to its rule's
+/// `check_one`, and by the general path (the same call under a call id): the same verdict, or
+/// the same error, and the same key after. A NaN compares false both ways, so a shortcut whose
+/// test were not exactly the negation of `evaluate`'s would admit what `evaluate` rejects.
+#[test]
+fn state_that_reads_as_no_number_is_decided_alike_by_the_shortcut_and_the_general_path() {
+    let now_us = EPOCH_US + START_US;
+    let words =
+        |text: String| -> Vec<Vec<u8>> { text.split(' ').map(|w| w.as_bytes().to_vec()).collect() };
+    let read = |lua: &LuaStore| {
+        let redis = lua.lua();
+        let value = redis.db().command(&words("GET k".to_owned()));
+        let ttl = redis.db().command(&words("PTTL k".to_owned()));
+        format!("{value:?} {ttl:?}")
+    };
+    for mode in [Mode::Functions, Mode::Scripts] {
+        for algorithm in [
+            Algorithm::Gcra,
+            Algorithm::Leaky,
+            Algorithm::Token,
+            Algorithm::SlidingCounter,
+            Algorithm::Sliding,
+        ] {
+            let policy = Policy::new(algorithm, 10, Duration::from_secs(1)).expect("valid");
+            for value in ["nan", "-nan", "inf", "-inf", "1e999", "nan:1:1", "1:nan:1"] {
+                let shortcut = LuaStore::with_mode(now_us, mode);
+                let general = LuaStore::with_mode(now_us, mode);
+                for lua in [&shortcut, &general] {
+                    let set = format!("SET k {value} PXAT {}", now_us / 1000 + 50);
+                    let reply = lua.lua().db().command(&words(set));
+                    assert!(!matches!(reply, Reply::Error(_)), "{reply:?}");
+                }
+                let checks = [Check::new("k", &policy)];
+                let by_shortcut = shortcut.take(&checks, None);
+                let by_general = general.take(&checks, Some("a1"));
+                let what = format!("{mode:?}, {algorithm:?}, {value}");
+                // An error's first line (its traceback names the functions it ran through).
+                let outcome = |r: Result<Verdict, StoreError>| {
+                    let text = format!("{r:?}");
+                    text.split("\\n").next().unwrap_or_default().to_owned()
+                };
+                assert_eq!(outcome(by_shortcut), outcome(by_general), "{what}");
+                assert_eq!(read(&shortcut), read(&general), "{what}: the key after");
+            }
+        }
+    }
+}
+
 /// The checks a refund or settle of a call taken at `taken` hands in: mostly the take's, and
 /// one time in four other costs (a caller's claim, which the receipt's units bound).
 fn claimed(rng: &mut Rng, limits: &[Limit], taken: Vec<Policy>) -> Vec<Policy> {
