@@ -124,8 +124,8 @@ local BUCKET = {
         clamp(ceil_div(level, rate)), clamp(ceil_div(after - capacity, rate)) }
     end
     bucket_write(key, after, rate)
-    return struct_pack(TAKEN_ROW, 1, clamp(p.burst - ceil_div(after, unit), l.capacity),
-      clamp(ceil_div(after, rate)))
+    return taken_row_now(clamp(p.burst - ceil_div(after, unit), l.capacity),
+      clamp(ceil_div(after, rate)), 0)
   end,
   commit = function(key, p, d)
     bucket_write(key, d.write, d.rate)

@@ -71,19 +71,22 @@ local function check(KEYS, ARGV, from_ms_start)
   read_clock()
   waits_from_ms_start = from_ms_start == true
   -- The usual call, one limit without a call id (its block marker declared as
-  -- KEYS[2]): once no block is found, decided by its algorithm's check_one, or
-  -- else by take_one, without the general path's shape, keys and limits read
-  -- again. Everything else (a block, a first argument that is not a limit,
-  -- other KEYS, a hand-off from fixed_only.lua, whose waits count from the
-  -- start of the millisecond) takes the path below, which checks and answers
-  -- it as any call.
-  if #ARGV == 1 and #KEYS == 2 and not waits_from_ms_start then
+  -- KEYS[2]), its receipt in the reply or none (RateLimiter's default take,
+  -- RedisStore::check): once no block is found, decided by its algorithm's
+  -- check_one, or else by take_one, without the general path's shape, keys and
+  -- limits read again. Everything else (a block, a call id, a first argument
+  -- that is not a limit, other KEYS, a hand-off from fixed_only.lua, whose
+  -- waits count from the start of the millisecond) takes the path below, which
+  -- checks and answers it as any call.
+  local nargs = #ARGV
+  if #KEYS == 2 and not waits_from_ms_start
+    and (nargs == 1 or (nargs == 2 and ARGV[2] == '~')) then
     local spec = ARGV[1]
     local l = PARSED[spec] or parse_limit(spec, 1)
     if l and KEYS[2] == KEYS[1] .. ':b' and redis_call('EXISTS', KEYS[2]) == 0 then
       -- As call_shape and the path below set them for a call without an id.
       holder = nil
-      receipts_in_reply = false
+      receipts_in_reply = nargs == 2
       local algo = l.algo
       if algo.check_one then
         return algo.check_one(KEYS[1], l)

@@ -95,8 +95,7 @@ ALGOS[5] = {
         clamp(after - tau) }
     end
     gcra_write(key, now + after)
-    return struct_pack(TAKEN_ROW, 1, clamp(p.burst - ceil_div(after, t), l.capacity),
-      clamp(after))
+    return taken_row_now(clamp(p.burst - ceil_div(after, t), l.capacity), clamp(after), 0)
   end,
   commit = function(key, p, d)
     gcra_write(key, d.write)

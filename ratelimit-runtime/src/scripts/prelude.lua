@@ -572,6 +572,17 @@ local function taken_figures(l, d)
   return remaining, wait_as_answered(reset)
 end
 
+-- The packed row of an admitted call that an algorithm's check_one answers (no
+-- fixed window, no hand-off from fixed_only.lua): taken_row of taken_figures'
+-- figures, for a take at now whose limit has `remaining` and `reset` after it
+-- (each clamped as there) and whose decision's `first` is `first`.
+local function taken_row_now(remaining, reset, first)
+  if receipts_in_reply then
+    return struct_pack('<Bddddd', 1, remaining, reset, now, reset, first)
+  end
+  return struct_pack(TAKEN_ROW, 1, remaining, reset)
+end
+
 -- The reply of one limit, {admitted (0/1), remaining, reset_after µs,
 -- retry_after µs}, of a call that was not taken (the state as it is); a call
 -- that was is answered with its rows packed (taken_row, packed_rows).

@@ -128,8 +128,8 @@ ALGOS[2] = {
         clamp(sliding_retry(key, p, floor, n)) }
     end
     sliding_write(key, p, floor, first)
-    return struct_pack(TAKEN_ROW, 1, clamp(p.limit - n - p.cost, l.capacity),
-      clamp(first + p.cost - 1 + p.period - now))
+    return taken_row_now(clamp(p.limit - n - p.cost, l.capacity),
+      clamp(first + p.cost - 1 + p.period - now), clamp(first))
   end,
   -- Removes exactly the call's own entries (scores first .. first+cost-1),
   -- never another caller's: scores strictly increase, so no other entry ever

@@ -120,8 +120,8 @@ ALGOS[6] = {
     end
     local reset = start + 2 * p.period - now
     counter_write(key, index, cur + p.cost, prev, reset)
-    return struct_pack(TAKEN_ROW, 1,
-      clamp(floor_div(math_max(quota - load - p.cost * pms, 0), pms), l.capacity), clamp(reset))
+    return taken_row_now(
+      clamp(floor_div(math_max(quota - load - p.cost * pms, 0), pms), l.capacity), clamp(reset), 0)
   end,
   -- Gives back exactly the call's units, from the window it was counted in
   -- (found from the take's time), while that window still counts.

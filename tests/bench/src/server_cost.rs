@@ -97,19 +97,32 @@ fn contenders(
             }),
         ));
     }
-    // A fixed window taken under a call id, a new id per call as the limiter draws one: as
+    // A limit taken under a call id, a new id per call as the limiter draws one: as
     // `Store::take` (the attribute's `count = …` filters), and as `RateLimiter` sends every
     // check under the failure policies `local` (the default) and `deny`, a take whose receipts
-    // serve only the refund of a timeout (`Store::take_briefly`, `keep` given).
-    for (name, scope, keep) in [
-        ("ratelimit `RedisStore::take` (a call id: a receipt), fixed", "benchid", None),
+    // serve only the refund of a timeout (`Store::take_briefly`, `keep` given), of a fixed
+    // window (its own function) and of a gcra limit (the driver).
+    for (name, scope, keep, algorithm) in [
+        (
+            "ratelimit `RedisStore::take` (a call id: a receipt), fixed",
+            "benchid",
+            None,
+            Algorithm::Fixed,
+        ),
         (
             "ratelimit `RedisStore::take_briefly` (`RateLimiter`'s default), fixed",
             "benchbrief",
             Some(Duration::from_secs(2)),
+            Algorithm::Fixed,
+        ),
+        (
+            "ratelimit `RedisStore::take_briefly` (`RateLimiter`'s default), gcra",
+            "benchbriefg",
+            Some(Duration::from_secs(2)),
+            Algorithm::Gcra,
         ),
     ] {
-        let policy = throughput_policy(Algorithm::Fixed);
+        let policy = throughput_policy(algorithm);
         let keys = table_keys(&policy, scope);
         let store = store.clone();
         let ids = Rc::new(std::cell::Cell::new(0_u64));

@@ -577,6 +577,34 @@ fn state_that_reads_as_no_number_is_decided_alike_by_the_shortcut_and_the_genera
     }
 }
 
+/// A call of one limit under a call id whose KEYS leave out its receipt (the key and its block
+/// marker only: the shape of the usual call, which the driver answers by a shortcut) is
+/// refused, as any call whose declared keys are not its own, and takes nothing: a call id sent
+/// without its receipt would otherwise be taken once more on every retry.
+#[test]
+fn a_call_id_without_its_declared_receipt_is_refused() {
+    let now_us = EPOCH_US + START_US;
+    for mode in [Mode::Functions, Mode::Scripts] {
+        for algorithm in Algorithm::ALL {
+            let policy = Policy::new(algorithm, 10, Duration::from_secs(1)).expect("valid");
+            let checks = [Check::new("k", &policy)];
+            let lua = LuaStore::with_mode(now_us, mode);
+            let (keys, mut argv) = lua_store::driver_call(&checks, None);
+            argv.push(b"a1".to_vec());
+            let reply = lua.run_driver(&checks, &keys, &argv);
+            assert!(
+                matches!(&reply, Reply::Error(e) if e.contains("receipts")),
+                "{mode:?}, {algorithm:?}: {reply:?}"
+            );
+            let left = lua.lua().db().command(&[b"EXISTS".to_vec(), b"k".to_vec()]);
+            assert!(
+                matches!(left, Reply::Int(0)),
+                "{mode:?}, {algorithm:?}: {left:?}"
+            );
+        }
+    }
+}
+
 /// The checks a refund or settle of a call taken at `taken` hands in: mostly the take's, and
 /// one time in four other costs (a caller's claim, which the receipt's units bound).
 fn claimed(rng: &mut Rng, limits: &[Limit], taken: Vec<Policy>) -> Vec<Policy> {
