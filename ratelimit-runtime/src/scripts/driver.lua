@@ -72,12 +72,13 @@ local function check(KEYS, ARGV, from_ms_start)
   waits_from_ms_start = from_ms_start == true
   -- The usual call, one limit without a call id (its block marker declared as
   -- KEYS[2]), its receipt in the reply or none (RateLimiter's default take,
-  -- RedisStore::check): once no block is found, decided by its algorithm's
-  -- check_one, or else by take_one, without the general path's shape, keys and
-  -- limits read again. Everything else (a block, a call id, a first argument
-  -- that is not a limit, other KEYS, a hand-off from fixed_only.lua, whose
-  -- waits count from the start of the millisecond) takes the path below, which
-  -- checks and answers it as any call.
+  -- RedisStore::check): once no block marker is found, decided by its
+  -- algorithm's check_one, or else by take_one, without the general path's
+  -- shape, keys and limits read again. Everything else (a block marker, even
+  -- one without a TTL, which is no block; a call id, a first argument that is
+  -- not a limit, other KEYS, a hand-off from fixed_only.lua, whose waits count
+  -- from the start of the millisecond) takes the path below, which checks and
+  -- answers it as any call.
   local nargs = #ARGV
   if #KEYS == 2 and not waits_from_ms_start
     and (nargs == 1 or (nargs == 2 and ARGV[2] == '~')) then
@@ -164,9 +165,9 @@ local function check(KEYS, ARGV, from_ms_start)
     end
   end
 
-  -- One limit that the shortcut above did not take (a call id, receipts in
-  -- the reply, a block found, a hand-off from fixed_only.lua): the loop below
-  -- for a single key, without its tables (no key can repeat).
+  -- One limit that the shortcut above did not take (a call id, a block
+  -- marker found, a hand-off from fixed_only.lua): the loop below for a
+  -- single key, without its tables (no key can repeat).
   if nkeys == 1 then
     return take_one(KEYS, limits[1], receipts)
   end

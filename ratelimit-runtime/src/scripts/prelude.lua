@@ -377,8 +377,10 @@ local receipt_ttl_text = RECEIPT_TTL_MS_TEXT
 -- each limit of an admitted call then ends with its receipt's figures, the
 -- server's time of the take, the reset_after the receipt records and the
 -- decision's `first` (µs), which the refund hands back as arguments
--- (refund.lua's `return`): no receipt is written and none is looked for. Reset
--- by call_shape on every call, as the receipts' TTL is.
+-- (refund.lua's `return`): no receipt is written and none is looked for. Set
+-- on every call before any row is made: by call_shape (which resets the
+-- receipts' TTL too), or by an entry point that reads the call's shape itself
+-- (the driver's shortcut, fixed_only.lua).
 local receipts_in_reply = false
 
 -- The shape of a check's ARGV (the driver's and the fast paths'): one argument a
@@ -472,8 +474,8 @@ end
 -- client to read than a table of numbers (BENCHMARKS.md, "Admitted rows packed
 -- as doubles"). The rows of a call not taken (state_reply, block_reply: a
 -- rejection, a block, a peek, a replayed take) stay tables. TAKEN_ROW is the
--- format of a row without its receipt, which fixed_only.lua and the
--- algorithms' check_one also pack themselves.
+-- format of a row without its receipt, which fixed_only.lua also packs itself
+-- (the algorithms' check_one pack theirs through taken_row_now).
 local TAKEN_ROW = '<Bdd'
 
 local function taken_row(remaining, reset, at, receipt_reset, first)
