@@ -144,8 +144,10 @@ local function fixed_many(KEYS, ARGV, n, call_id)
   local counts, left, fresh = many.counts, many.left, many.fresh
   local admitted = true
   local undo = 0
-  -- Without receipts each limit's row is written as it is taken, and a call
-  -- that opens no window is answered without going over its limits again.
+  -- Without receipts, a call that opens no window is answered from what the
+  -- take loop read, without going over its limits again: two limits (the
+  -- usual stack) packed at once, as the driver packs them, more through
+  -- add_taken and packed_rows.
   local rows = 1
   local opened = false
   for i = 1, n do
@@ -185,9 +187,6 @@ local function fixed_many(KEYS, ARGV, n, call_id)
         break
       end
     end
-    if not timed then
-      rows = add_taken(rows, p.limit - got, pttl * 1000 + 1000)
-    end
   end
   if not admitted then
     for i = 1, undo do
@@ -201,6 +200,13 @@ local function fixed_many(KEYS, ARGV, n, call_id)
     return check(KEYS, ARGV, true)
   end
   if not (timed or opened) then
+    if n == 2 then
+      return struct_pack('<Bdddd', 1, limits[1].p.limit - counts[1],
+        left[1] * 1000 + 1000, limits[2].p.limit - counts[2], left[2] * 1000 + 1000)
+    end
+    for i = 1, n do
+      rows = add_taken(rows, limits[i].p.limit - counts[i], left[i] * 1000 + 1000)
+    end
     return packed_rows(rows)
   end
   for i = 1, n do
@@ -223,7 +229,7 @@ local function fixed_many(KEYS, ARGV, n, call_id)
       -- call id: call_shape reads one or the other).
       rows = add_taken(rows, l.p.limit - counts[i], wait,
         now - math_fmod(now, 1000), wait, 0)
-    elseif timed then
+    else
       rows = add_taken(rows, l.p.limit - counts[i], wait)
     end
   end

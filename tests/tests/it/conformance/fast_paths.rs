@@ -76,14 +76,39 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "  if not timed then",
     ),
     (
-        "a stacked call without receipts answers one more remaining",
-        "rows = add_taken(rows, p.limit - got, pttl * 1000 + 1000)",
-        "rows = add_taken(rows, p.limit - got + 1, pttl * 1000 + 1000)",
+        "a stack of three without receipts answers one more remaining",
+        "rows = add_taken(rows, limits[i].p.limit - counts[i], left[i] * 1000 + 1000)",
+        "rows = add_taken(rows, limits[i].p.limit - counts[i] + 1, left[i] * 1000 + 1000)",
     ),
     (
-        "a stacked call without receipts answers its waits a millisecond early",
-        "rows = add_taken(rows, p.limit - got, pttl * 1000 + 1000)",
-        "rows = add_taken(rows, p.limit - got, pttl * 1000)",
+        "a stack of three without receipts answers its waits a millisecond early",
+        "rows = add_taken(rows, limits[i].p.limit - counts[i], left[i] * 1000 + 1000)",
+        "rows = add_taken(rows, limits[i].p.limit - counts[i], left[i] * 1000)",
+    ),
+    (
+        "a stack of two answers one more remaining on its first limit",
+        "1, limits[1].p.limit - counts[1],",
+        "1, limits[1].p.limit - counts[1] + 1,",
+    ),
+    (
+        "a stack of two answers its second limit's wait a millisecond early",
+        "left[2] * 1000 + 1000)",
+        "left[2] * 1000)",
+    ),
+    (
+        "a stack of two answers its first limit's row twice",
+        "left[1] * 1000 + 1000, limits[2].p.limit - counts[2], left[2]",
+        "left[1] * 1000 + 1000, limits[1].p.limit - counts[1], left[1]",
+    ),
+    (
+        "a stack of three answered as a stack of two",
+        "    if n == 2 then\n      return struct_pack('<Bdddd'",
+        "    if n >= 2 then\n      return struct_pack('<Bdddd'",
+    ),
+    (
+        "a stack without receipts that opens a window answers one more remaining",
+        "      rows = add_taken(rows, l.p.limit - counts[i], wait)\n",
+        "      rows = add_taken(rows, l.p.limit - counts[i] + 1, wait)\n",
     ),
     (
         "takes a replayed call again",
