@@ -442,7 +442,12 @@ impl RateLimiter {
                 Asked::Store(verdict)
             }
             Err(error) if error.is_transport() => {
-                inner.breaker.failure(&error, probe.is_some());
+                // A check that timed out waiting for the store's first connection says nothing
+                // of the store: the attempt goes on for the next checks, and its failure, if it
+                // fails, reaches the breaker through the checks waiting for it.
+                if !(error.is_timeout() && inner.store.is_connecting()) {
+                    inner.breaker.failure(&error, probe.is_some());
+                }
                 drop(probe);
                 Asked::Policy(self.on_failure(checks, policy, Some(error)))
             }
@@ -504,9 +509,11 @@ impl RateLimiter {
             .await
             .unwrap_or(Err(StoreError::Timeout(timeout)));
         // The policy answers in the store's place: what the store counted (or will, once it
-        // wakes) is given back, as the call was not admitted by it.
+        // wakes) is given back, as the call was not admitted by it. A check that timed out
+        // waiting for the first connection sent nothing.
         if let (Err(e), Some(id)) = (&result, sent_id.filter(|_| refunds_timeouts))
             && (e.is_timeout() || e.is_unreplicated())
+            && !inner.store.is_connecting()
         {
             refund_when_answered(self, checks, id);
         }

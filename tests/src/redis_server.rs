@@ -279,15 +279,26 @@ impl RedisServer {
     /// Makes the server hold every client command for `d` (`CLIENT PAUSE <ms> ALL`), to test
     /// timeouts; returns at once.
     pub async fn pause(&self, d: Duration) {
+        self.client_pause(d, "ALL").await;
+    }
+
+    /// Makes the server hold the commands that may write for `d` (`CLIENT PAUSE <ms> WRITE`:
+    /// scripts, functions and their loading too), while connections and reads go on; returns
+    /// at once.
+    pub async fn pause_writes(&self, d: Duration) {
+        self.client_pause(d, "WRITE").await;
+    }
+
+    async fn client_pause(&self, d: Duration, mode: &str) {
         let mut conn = self.connection().await;
         let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let _: () = redis::cmd("CLIENT")
             .arg("PAUSE")
             .arg(ms)
-            .arg("ALL")
+            .arg(mode)
             .query_async(&mut conn)
             .await
-            .unwrap_or_else(|e| panic!("CLIENT PAUSE: {e}"));
+            .unwrap_or_else(|e| panic!("CLIENT PAUSE {mode}: {e}"));
     }
 
     /// The server's log so far (its last `lines` lines).

@@ -199,3 +199,112 @@ pub(super) fn refund_when_answered(limiter: &RateLimiter, checks: &[Check<'_>], 
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::policy::Policy;
+    use crate::store::StoreFuture;
+
+    /// A store making its first connection until `connect` is called: every call waits for it
+    /// (as a lazy Redis store's checks wait for its attempt), then is answered from memory.
+    #[derive(Debug)]
+    struct ConnectingStore {
+        memory: MemoryStore,
+        connected: watch::Sender<bool>,
+        asked: AtomicUsize,
+        refunds: AtomicUsize,
+    }
+
+    impl ConnectingStore {
+        fn new() -> Self {
+            Self {
+                memory: MemoryStore::new(),
+                connected: watch::channel(false).0,
+                asked: AtomicUsize::new(0),
+                refunds: AtomicUsize::new(0),
+            }
+        }
+
+        fn answer<'a>(
+            &'a self,
+            checks: &'a [Check<'a>],
+            call_id: Option<&'a str>,
+        ) -> StoreFuture<'a> {
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            let mut connected = self.connected.subscribe();
+            Box::pin(async move {
+                let _ = connected.wait_for(|up| *up).await;
+                match call_id {
+                    Some(id) => self.memory.take(checks, id).await,
+                    None => self.memory.check(checks).await,
+                }
+            })
+        }
+    }
+
+    impl Store for ConnectingStore {
+        fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> StoreFuture<'a> {
+            self.answer(checks, None)
+        }
+
+        fn take<'a>(&'a self, checks: &'a [Check<'a>], call_id: &'a str) -> StoreFuture<'a> {
+            self.answer(checks, Some(call_id))
+        }
+
+        fn refund<'a>(&'a self, checks: &'a [Check<'a>], id: &'a str) -> StoreFuture<'a, ()> {
+            self.refunds.fetch_add(1, Ordering::SeqCst);
+            self.memory.refund(checks, id)
+        }
+
+        fn is_connecting(&self) -> bool {
+            !*self.connected.borrow()
+        }
+
+        fn name(&self) -> &'static str {
+            "connecting"
+        }
+    }
+
+    /// A check that times out waiting for the store's first connection is answered by the
+    /// policy, but opens no breaker and sends no refund: the next check waits for the same
+    /// connection and is answered by the store.
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_during_the_first_connection_leaves_the_next_checks_to_the_store() {
+        let store = Arc::new(ConnectingStore::new());
+        let limiter = RateLimiter::builder()
+            .store(Arc::clone(&store))
+            .failure_policy(FailurePolicy::Deny)
+            .build_lazy()
+            .unwrap();
+        let policy = Policy::new(Algorithm::Fixed, 2, Duration::from_secs(60)).unwrap();
+        let checks = [Check::new("ratelimit:{app::cold}:fixed", &policy)];
+        let first = limiter.check(&checks).await.unwrap_err();
+        assert!(first.is_timeout(), "{first:?}");
+        assert!(!limiter.store_failing(), "the breaker stays closed");
+
+        let second = {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let checks = [Check::new("ratelimit:{app::cold}:fixed", &policy)];
+                limiter.check(&checks).await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(store.asked.load(Ordering::SeqCst), 2, "the store was asked");
+        store.connected.send_replace(true);
+        let second = second.await.unwrap().expect("the store answered");
+        assert_eq!(second.decisions()[0].remaining, 1, "only this call counted");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            store.refunds.load(Ordering::SeqCst),
+            0,
+            "nothing to give back"
+        );
+    }
+}

@@ -17,14 +17,31 @@
 //!   fails, every waiter gets its error ([`StoreError::Connection`], a transport error, its cause kept) and the next
 //!   check starts a new attempt;
 //! * an attempt that ends without an answer (its runtime shut down) fails its waiters and
-//!   leaves the way open for a new attempt.
+//!   leaves the way open for a new attempt;
+//! * an attempt lasts at most [`ATTEMPT_LIMIT`]: a server that took the connection and then
+//!   stalled fails it, and the next check starts a new one.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
 use crate::error::StoreError;
+
+/// The longest a connection attempt may take, every retry and the loading of the library
+/// included (the Redis client tries three times, each connect bounded by 2 s; loading the
+/// library answers in milliseconds on a healthy server).
+pub(crate) const ATTEMPT_LIMIT: Duration = Duration::from_secs(10);
+
+/// An attempt that outlived [`ATTEMPT_LIMIT`].
+fn overdue() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Io,
+        "the connection attempt did not finish",
+        format!("{} s", ATTEMPT_LIMIT.as_secs()),
+    ))
+}
 
 /// How an attempt ended: `None` while it runs, then `Ok` (the connection is in the cell) or the
 /// error's message.
@@ -109,6 +126,11 @@ impl<T: Clone + Send + Sync + 'static> LazyConnection<T> {
         self.inner.conn.get().is_some()
     }
 
+    /// Whether an attempt is making the first connection.
+    pub(crate) fn is_connecting(&self) -> bool {
+        !self.is_connected() && self.inner.attempt().is_some()
+    }
+
     /// The connection; when there is none yet, waits for the running attempt, or starts
     /// `connect` in a task of its own when none runs (see the [module docs](self)).
     ///
@@ -144,7 +166,8 @@ impl<T: Clone + Send + Sync + 'static> LazyConnection<T> {
             };
             let future = connect();
             tokio::spawn(async move {
-                publish.outcome = Some(match future.await {
+                let ended = tokio::time::timeout(ATTEMPT_LIMIT, future).await;
+                publish.outcome = Some(match ended.unwrap_or_else(|_| Err(overdue())) {
                     Ok(conn) => {
                         // The only attempt running: the cell is empty.
                         let _ = publish.inner.conn.set(conn);
@@ -235,6 +258,7 @@ mod tests {
         let (release, gate) = gate();
         let mut set = waiters(&lazy, &attempts, &gate, Ok(7)).await;
         assert!(!lazy.is_connected());
+        assert!(lazy.is_connecting(), "the first connection is being made");
         assert_eq!(set.len(), WAITERS, "every check is still waiting");
         assert!(
             set.try_join_next().is_none(),
@@ -274,6 +298,10 @@ mod tests {
             "the waiters shared one attempt"
         );
         assert!(!lazy.is_connected());
+        assert!(
+            !lazy.is_connecting(),
+            "no attempt runs after the failed one"
+        );
         assert_eq!(
             lazy.get(|| async { Ok(3) }).await.ok(),
             Some(3),
@@ -307,6 +335,31 @@ mod tests {
             1,
             "one attempt, not one per check"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_attempt_fails_at_its_limit_and_the_next_check_retries() {
+        let lazy = Arc::new(LazyConnection::<u32>::new());
+        let stalled = || std::future::pending::<Result<u32, redis::RedisError>>();
+        let waiter = {
+            let lazy = Arc::clone(&lazy);
+            tokio::spawn(async move { lazy.get(stalled).await })
+        };
+        tokio::time::sleep(ATTEMPT_LIMIT.saturating_sub(Duration::from_millis(1))).await;
+        assert!(lazy.is_connecting(), "still within its limit");
+        let err = waiter.await.unwrap().unwrap_err();
+        assert!(
+            err.is_transport(),
+            "a stalled attempt opens the breaker: {err:?}"
+        );
+        assert!(err.to_string().contains("did not finish"), "{err}");
+        assert!(!lazy.is_connecting() && !lazy.is_connected());
+        assert_eq!(
+            lazy.get(|| async { Ok(5) }).await.ok(),
+            Some(5),
+            "the next check starts a new attempt"
+        );
+        assert!(!lazy.is_connecting(), "connected, no attempt");
     }
 
     #[tokio::test(start_paused = true)]

@@ -237,6 +237,25 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// Whether the store is making its first connection: it has never been connected, and an
+    /// attempt is under way. A check that reaches its timeout meanwhile is answered by the
+    /// failure policy, but it is no sign that the store fails, so the limiter's breaker stays
+    /// closed and the next checks wait for that same attempt. A check that waited for the
+    /// connection sent nothing to the store.
+    ///
+    /// `false` by default. The built-in Redis and Redis Cluster stores built with `lazy`
+    /// answer `true` from their first check until the first connection is made.
+    ///
+    /// ```
+    /// use ratelimit_runtime::{RedisStore, Store};
+    /// let store = RedisStore::lazy("redis://127.0.0.1:6379")?;
+    /// assert!(!store.is_connecting(), "no check has started an attempt yet");
+    /// # Ok::<(), ratelimit_runtime::ConfigError>(())
+    /// ```
+    fn is_connecting(&self) -> bool {
+        false
+    }
+
     /// Answers [`Store::check`] (without `call_id`) or [`Store::take`] (with one) at once,
     /// when the store can without waiting for anything, or `None` to be asked through those
     /// futures. The limiter asks this first: an answer at once needs no timeout, no boxed
@@ -495,6 +514,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn is_local(&self) -> bool {
         (**self).is_local()
+    }
+
+    fn is_connecting(&self) -> bool {
+        (**self).is_connecting()
     }
 
     fn check_at_once(

@@ -32,7 +32,7 @@ use ratelimit_runtime::algorithm::fixed;
 use ratelimit_runtime::store::Clock;
 use ratelimit_runtime::store::redis::ReplyReceipt;
 use ratelimit_runtime::{
-    Algorithm, Decision, MemoryStore, Policy, Store, StoreError, Verdict, store::Check,
+    Algorithm, Decision, MemoryStore, Policy, RedisStore, Store, StoreError, Verdict, store::Check,
 };
 use ratelimit_tests::redis_server::{self, RedisServer};
 use redis::aio::MultiplexedConnection;
@@ -1538,15 +1538,17 @@ fn scripts_touch_only_the_keys_their_call_declares() {
     );
 }
 
-/// The script texts here are the ones a `RedisStore` loads: their SHA1s are in the script
-/// cache of a fresh server after `RedisStore::connect` (which loads nothing else), and the
-/// library it loads (`FUNCTION LIST … WITHCODE`) is this text.
+/// The script texts here are the ones a `RedisStore` loads. A server with Functions gets the
+/// library only (`FUNCTION LIST … WITHCODE` shows this text; no script is in its cache). A
+/// server that refuses Functions (an engine without them, or an ACL user refused `FUNCTION`
+/// and `FCALL`) gets the scripts: their SHA1s are in its script cache after
+/// `RedisStore::connect`, every driver and fast path, not the companion (loaded by its first
+/// call).
 #[test]
 fn script_texts_are_the_ones_the_store_loads() {
     let server = RedisServer::start();
     let rt = runtime();
     rt.block_on(async {
-        let _store = server.store().await;
         let mut conn = server.connection().await;
         let sources = scripts::sources();
         let mut exists = redis::cmd("SCRIPT");
@@ -1559,11 +1561,28 @@ fn script_texts_are_the_ones_the_store_loads() {
             exists.arg(redis::Script::new(text).get_hash());
         }
         exists.arg(redis::Script::new(&sources.compensate).get_hash());
+        let functions = redis_server::engine().has_functions();
+        let _store = server.store().await;
         let found: Vec<u8> = exists.query_async(&mut conn).await.expect("SCRIPT EXISTS");
-        // Every driver and fast path is loaded; the companion script only by the cluster store.
-        let mut expected = vec![1; sources.single.len() + 2];
+        let drivers = sources.single.len() + 2;
+        let loaded = u8::from(!functions);
+        let mut expected = vec![loaded; drivers];
         expected.push(0);
-        assert_eq!(found, expected);
+        assert_eq!(found, expected, "Functions: {functions}");
+        if functions {
+            let _: () = redis::cmd("ACL")
+                .arg(&["SETUSER", "nofn", "on", ">pw", "~*", "&*", "+@all"])
+                .arg(&["-fcall", "-fcall_ro", "-function"])
+                .query_async(&mut conn)
+                .await
+                .expect("ACL SETUSER");
+            let url = format!("redis://nofn:pw@127.0.0.1:{}", server.port());
+            let _scripts_only = RedisStore::connect(&url).await.expect("connect");
+            let found: Vec<u8> = exists.query_async(&mut conn).await.expect("SCRIPT EXISTS");
+            let mut expected = vec![1; drivers];
+            expected.push(0);
+            assert_eq!(found, expected, "a user refused Functions");
+        }
         if redis_server::skip_without_functions(
             "script_texts_are_the_ones_the_store_loads (its library part)",
         ) {

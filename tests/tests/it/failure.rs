@@ -586,6 +586,48 @@ async fn lazy_store_connects_once_redis_is_up_without_a_new_limiter() {
     );
 }
 
+/// A check that times out while a lazy store makes its first connection is answered by the
+/// policy but opens no breaker (SPEC §8: a check arriving during a cold start waits for that
+/// connection): the next check waits for the same connection, and Redis answers it and counts
+/// it alone (the first sent nothing). `CLIENT PAUSE … WRITE` holds the library's load (or, on
+/// a server without Functions, the scripts'); the pause ends between the first check's timeout
+/// and the second's, a second from each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_during_the_first_connection_leaves_the_next_check_to_redis() {
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    server.pause_writes(Duration::from_secs(3)).await;
+    let limiter = RateLimiter::builder()
+        .redis_url(server.url())
+        .timeout(TIMEOUT)
+        .failure_policy(FailurePolicy::Deny)
+        .blocked_cache(0)
+        .build_lazy()
+        .unwrap();
+    let one = Policy::new(Algorithm::Fixed, 1, Duration::from_secs(90)).unwrap();
+    let key = "ratelimit:{failure:cold}:fixed:1:90000";
+    let first = call(&limiter, key, &one).await;
+    assert_eq!(first.outcome, Outcome::Unavailable, "{:?}", first.took());
+    assert!(
+        !limiter.store_failing(),
+        "a timeout while connecting opened the breaker"
+    );
+    let second = call(&limiter, key, &one).await;
+    assert_eq!(
+        second.outcome,
+        Outcome::Admitted,
+        "Redis answered the second check ({:?})",
+        second.took()
+    );
+    assert_eq!(call(&limiter, key, &one).await.outcome, Outcome::Rejected);
+    assert_eq!(
+        counter(&server, key).await,
+        1,
+        "Redis counted the second only"
+    );
+}
+
 /// `calls=` of `cmdstat_evalsha` in `INFO commandstats`.
 /// The store's script calls the server counted: `FCALL` (the library) and `EVALSHA` (servers
 /// without Functions).

@@ -124,7 +124,8 @@ impl fmt::Debug for RedisClusterStore {
 }
 
 impl RedisClusterStore {
-    /// Checks the seed nodes, connects to the cluster and loads the scripts on every master.
+    /// Checks the seed nodes, connects to the cluster and loads the library on every master
+    /// (or, where Functions are refused, the scripts on every node).
     ///
     /// A malformed URL (or none at all) is [`ConfigError::InvalidUrl`] (the message never
     /// repeats the URL); a cluster that does not answer is [`ConfigError::Unreachable`].
@@ -395,6 +396,10 @@ impl Store for RedisClusterStore {
             }
             eval_checks_replicated(&mut conn, &self.calls, checks, Some(call_id), wait).await
         })
+    }
+
+    fn is_connecting(&self) -> bool {
+        self.conn.is_connecting()
     }
 
     fn name(&self) -> &'static str {

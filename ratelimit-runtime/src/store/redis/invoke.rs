@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, Script, ServerErrorKind, Value};
 
-use super::script::{COMPANION, SCRIPTS, script_sources};
+use super::script::{COMPANION, LIBRARY, SCRIPTS};
 use super::seat::{Seat, refused_acknowledgement};
 use super::server::{MemoryPolicy, info_memory_cmd, log_engine};
 use super::wire::{
@@ -52,7 +52,7 @@ impl Calls {
 /// so replacing it never changes another version's (each has a name of its own).
 fn library_cmd() -> redis::Cmd {
     let mut cmd = redis::cmd("FUNCTION");
-    cmd.arg("LOAD").arg("REPLACE").arg(script_sources().library);
+    cmd.arg("LOAD").arg("REPLACE").arg(&LIBRARY.text);
     cmd
 }
 
@@ -151,19 +151,19 @@ impl ScriptConnection for redis::cluster_async::ClusterConnection {
 }
 
 /// Loads the library (`FUNCTION LOAD REPLACE`; on a cluster the client sends it to every
-/// master) and every script (`SCRIPT LOAD`, every node), so that the first checks need no
-/// reload round trip. A server that refuses the library is left to the scripts.
+/// master), so that the first checks need no reload round trip. A server that refuses the
+/// library gets every script instead (`SCRIPT LOAD`, which the client sends to every node).
 #[cfg(feature = "cluster")]
 pub(crate) async fn load_scripts<C>(conn: &mut C, calls: &Calls) -> Result<(), redis::RedisError>
 where
     C: ConnectionLike + Send,
 {
     match library_cmd().query_async::<()>(conn).await {
-        Ok(()) => {}
+        Ok(()) => return Ok(()),
         Err(e) if no_functions(&e) => calls.refuse_functions(&e),
         // Any other answer (a master busy loading, out of memory, a failover under way): the
         // first `FCALL` that finds the function missing loads it.
-        Err(e) if is_server_error(&e) => {}
+        Err(e) if is_server_error(&e) => return Ok(()),
         Err(e) => return Err(e),
     }
     for script in SCRIPTS.all() {
@@ -173,9 +173,10 @@ where
     Ok(())
 }
 
-/// Like [`load_scripts`], in one round trip (a pipeline) on a single server: connecting at a
-/// cold start is on the path of the checks that wait for it. The companion script is left to
-/// its first call (`NOSCRIPT`), as before: peeks and refunds are rare.
+/// Like [`load_scripts`] on a single server, in one round trip (a pipeline): connecting at a
+/// cold start is on the path of the checks that wait for it. A server without Functions gets
+/// the scripts in a second round trip; the companion script is left to its first call
+/// (`NOSCRIPT`): peeks and refunds are rare.
 ///
 /// The same round trip reads the server's `maxmemory-policy` (`INFO memory`, last) into
 /// `memory`; a server that refuses `INFO` leaves it unknown.
@@ -190,28 +191,23 @@ where
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     pipe.add_command(library_cmd());
-    for source in &SCRIPTS.sources {
-        pipe.cmd("SCRIPT").arg("LOAD").arg(source);
-    }
     // Last, for the log and the eviction check: which server this is, and its memory policy.
     pipe.cmd("INFO").arg("server");
     pipe.add_command(info_memory_cmd());
-    let mut replies: Vec<redis::RedisResult<String>> = pipe.query_async(conn).await?;
-    match replies.pop() {
-        Some(Ok(info)) => memory.record_info("redis", &info),
-        Some(Err(e)) => {
-            tracing::debug!(target: crate::observe::log::STORE, error = %e, "redis: INFO memory refused; maxmemory-policy unknown");
-        }
-        None => {}
-    }
-    let info = replies.pop();
-    if replies.is_empty() {
+    let replies: Vec<redis::RedisResult<String>> = pipe.query_async(conn).await?;
+    let Ok([library, info, memory_info]) = <[_; 3]>::try_from(replies) else {
         return Err(redis::RedisError::from((
             ErrorKind::Client,
-            "the script pipeline got no replies",
+            "the library pipeline got other than three replies",
         )));
+    };
+    match memory_info {
+        Ok(info) => memory.record_info("redis", &info),
+        Err(e) => {
+            tracing::debug!(target: crate::observe::log::STORE, error = %e, "redis: INFO memory refused; maxmemory-policy unknown");
+        }
     }
-    match replies.remove(0) {
+    match library {
         Ok(_) => {}
         Err(e) if no_functions(&e) => calls.refuse_functions(&e),
         // Any other answer (busy loading, out of memory): the first `FCALL` that finds the
@@ -219,7 +215,24 @@ where
         Err(e) if is_server_error(&e) => {}
         Err(e) => return Err(e),
     }
-    let hashes = replies.into_iter().collect::<Result<Vec<String>, _>>()?;
+    if !calls.functions() {
+        load_eval_scripts(conn).await?;
+    }
+    log_engine("redis", info.ok().as_deref(), calls.functions());
+    Ok(())
+}
+
+/// `SCRIPT LOAD` of every check script (not the companion) on a single server, in one
+/// pipeline, each answered by the SHA1 `EVALSHA` will name it by.
+async fn load_eval_scripts<C>(conn: &mut C) -> Result<(), redis::RedisError>
+where
+    C: ConnectionLike + Send,
+{
+    let mut pipe = redis::pipe();
+    for source in &SCRIPTS.sources {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(source);
+    }
+    let hashes: Vec<String> = pipe.query_async(conn).await?;
     let expected: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
     if hashes != expected {
         return Err(redis::RedisError::from((
@@ -227,11 +240,6 @@ where
             "SCRIPT LOAD answered unexpected hashes",
         )));
     }
-    log_engine(
-        "redis",
-        info.and_then(Result::ok).as_deref(),
-        calls.functions(),
-    );
     Ok(())
 }
 
@@ -247,7 +255,7 @@ where
 async fn invoke<C>(
     conn: &mut C,
     calls: &Calls,
-    (function, script): (&str, &Script),
+    (function, script): (&str, impl Fn() -> &'static Script),
     first_key: &str,
     size: (usize, usize),
     args: impl Fn(&mut redis::Cmd),
@@ -278,6 +286,9 @@ where
             other => return other,
         }
     }
+    // The scripts are hashed when a server first needs them: a server with Functions never
+    // does.
+    let script = script();
     let cmd = command("EVALSHA", script.get_hash());
     match send(conn, &cmd, seat.then_some(first_key)).await {
         // A restarted or flushed server: load the script and repeat the call once.
@@ -405,14 +416,14 @@ where
     C: ScriptConnection,
 {
     let first = checks.first().map_or("", |c| c.key);
-    let script = SCRIPTS.for_checks(checks);
     // The command is built directly, each argument written once into the command's buffer (a
     // `ScriptInvocation` would first copy every key and argument into vectors of its own, then
     // again into the command): numkeys keys… args….
     // The working copies only when a key repeats: most calls have no use for them.
     let copies = keys_repeat(checks);
     let args = |cmd: &mut redis::Cmd| check_args(cmd, checks, copies, receipts);
-    let (function, _) = script_sources().for_checks(checks);
+    let function = LIBRARY.function_for(checks);
+    let script = || SCRIPTS.for_checks(checks);
     let size = command_size(checks, copies, receipts.call_id(), 2);
     Ok(invoke(conn, calls, (function, script), first, size, args, seat).await?)
 }
@@ -533,12 +544,12 @@ where
     };
     let receipts = mode.call_id();
     let args = |cmd: &mut redis::Cmd| companion_args(cmd, checks, &mode);
-    let function = script_sources().compensate_function;
+    let function = LIBRARY.compensate_function.as_str();
     let size = command_size(checks, false, receipts, companion_extra(checks, &mode));
     let (reply, _) = invoke(
         conn,
         calls,
-        (function, &COMPANION),
+        (function, || &*COMPANION),
         first.key,
         size,
         args,

@@ -213,7 +213,8 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Parses `url`, connects and loads the scripts.
+    /// Parses `url`, connects and loads the library (or, on a server without Functions, the
+    /// scripts).
     ///
     /// A malformed URL is [`ConfigError::InvalidUrl`] (the message never repeats the URL); a
     /// server that does not answer, or refuses the credentials, is [`ConfigError::Unreachable`].
@@ -399,6 +400,10 @@ impl Store for RedisStore {
                 .await?;
             Ok(())
         })
+    }
+
+    fn is_connecting(&self) -> bool {
+        self.manager.is_connecting()
     }
 
     fn name(&self) -> &'static str {

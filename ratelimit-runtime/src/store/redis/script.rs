@@ -219,61 +219,86 @@ impl ScriptSources {
     }
 }
 
-/// The texts, concatenated once.
-struct Texts {
-    single: [String; 7],
-    combined: String,
-    companion: String,
-    library: String,
-    library_name: String,
+/// The Functions library and the names of its functions: all that a server with Functions
+/// is sent. Built at the first connect, without the `EVAL` scripts' texts and their SHA1s
+/// ([`EVAL_TEXTS`], [`SCRIPTS`]), which only a server that refuses the library needs.
+pub(super) struct Library {
+    /// The library's text (`FUNCTION LOAD REPLACE`).
+    pub(super) text: String,
+    name: String,
     check_function: String,
-    compensate_function: String,
-    fixed_only: String,
+    /// The companion's function (peek and refund).
+    pub(super) compensate_function: String,
     fixed_only_function: String,
 }
 
-static TEXTS: LazyLock<Texts> = LazyLock::new(|| {
-    let algorithms = ALGORITHMS.concat();
-    let code = [PRELUDE, algorithms.as_str(), DRIVER, REFUND, FIXED_ONLY].concat();
+impl Library {
+    /// The function a check of `checks` is sent to: the fixed windows' own, or the driver's.
+    pub(super) fn function_for(&self, checks: &[Check<'_>]) -> &str {
+        if fixed_only(checks) {
+            &self.fixed_only_function
+        } else {
+            &self.check_function
+        }
+    }
+}
+
+pub(super) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    let code = [PRELUDE, &ALGORITHMS.concat(), DRIVER, REFUND, FIXED_ONLY].concat();
     let hash = Script::new(&code).get_hash().to_owned();
-    let library_name = format!("ratelimit_{}", &hash[..16]);
-    let check_function = format!("{library_name}_check");
-    let compensate_function = format!("{library_name}_compensate");
-    let fixed_only_function = format!("{library_name}_check_fixed");
-    let library = format!(
-        "#!lua name={library_name}\n{code}\
+    let name = format!("ratelimit_{}", &hash[..16]);
+    let check_function = format!("{name}_check");
+    let compensate_function = format!("{name}_compensate");
+    let fixed_only_function = format!("{name}_check_fixed");
+    let text = format!(
+        "#!lua name={name}\n{code}\
          redis.register_function('{check_function}', check)\n\
          redis.register_function('{compensate_function}', compensate)\n\
          redis.register_function('{fixed_only_function}', fixed_only)\n"
     );
-    Texts {
+    Library {
+        text,
+        name,
+        check_function,
+        compensate_function,
+        fixed_only_function,
+    }
+});
+
+/// The `EVAL` scripts' texts ([`eval_form`]), built when first needed: by a server without
+/// Functions, or by a test.
+struct EvalTexts {
+    single: [String; 7],
+    combined: String,
+    companion: String,
+    fixed_only: String,
+}
+
+static EVAL_TEXTS: LazyLock<EvalTexts> = LazyLock::new(|| {
+    let algorithms = ALGORITHMS.concat();
+    EvalTexts {
         single: Algorithm::BY_CODE
             .map(|a| eval_form(&[PRELUDE, source(a), DRIVER, EVAL_CHECK].concat())),
         combined: eval_form(&[PRELUDE, algorithms.as_str(), DRIVER, EVAL_CHECK].concat()),
         companion: eval_form(&[PRELUDE, algorithms.as_str(), REFUND, EVAL_COMPENSATE].concat()),
-        library,
-        library_name,
-        check_function,
-        compensate_function,
         fixed_only: eval_form(&[PRELUDE, FIXED, DRIVER, FIXED_ONLY, EVAL_FIXED_ONLY].concat()),
-        fixed_only_function,
     }
 });
 
 /// The exact script texts the Redis and Redis Cluster stores send (see [`ScriptSources`]).
 #[doc(hidden)]
 pub fn script_sources() -> ScriptSources {
-    let texts = &*TEXTS;
+    let (library, eval) = (&*LIBRARY, &*EVAL_TEXTS);
     ScriptSources {
-        single: texts.single.each_ref().map(String::as_str),
-        combined: &texts.combined,
-        companion: &texts.companion,
-        library: &texts.library,
-        library_name: &texts.library_name,
-        check_function: &texts.check_function,
-        compensate_function: &texts.compensate_function,
-        fixed_only: &texts.fixed_only,
-        fixed_only_function: &texts.fixed_only_function,
+        single: eval.single.each_ref().map(String::as_str),
+        combined: &eval.combined,
+        companion: &eval.companion,
+        library: &library.text,
+        library_name: &library.name,
+        check_function: &library.check_function,
+        compensate_function: &library.compensate_function,
+        fixed_only: &eval.fixed_only,
+        fixed_only_function: &library.fixed_only_function,
     }
 }
 
@@ -292,21 +317,22 @@ pub(super) struct Scripts {
 }
 
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
-    let texts = script_sources();
+    let texts = &*EVAL_TEXTS;
     let mut sources: Vec<&'static str> = Vec::new();
-    let single = texts.single.map(|text| {
+    let single = texts.single.each_ref().map(|text| {
+        let text = text.as_str();
         sources.iter().position(|s| *s == text).unwrap_or_else(|| {
             sources.push(text);
             sources.len() - 1
         })
     });
     let distinct = sources.iter().map(|s| Script::new(s)).collect();
-    sources.push(texts.combined);
-    sources.push(texts.fixed_only);
+    sources.push(&texts.combined);
+    sources.push(&texts.fixed_only);
     Scripts {
         single,
-        combined: Script::new(texts.combined),
-        fixed_only: Script::new(texts.fixed_only),
+        combined: Script::new(&texts.combined),
+        fixed_only: Script::new(&texts.fixed_only),
         distinct,
         sources,
     }
@@ -349,7 +375,7 @@ impl Scripts {
 /// cluster's cross-slot calls).
 /// Run as the library's `compensate` function where the server has Functions.
 pub(super) static COMPANION: LazyLock<Script> =
-    LazyLock::new(|| Script::new(script_sources().companion));
+    LazyLock::new(|| Script::new(&EVAL_TEXTS.companion));
 
 #[cfg(test)]
 mod tests {
