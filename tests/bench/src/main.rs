@@ -10,8 +10,9 @@
 //! `serve <memory|redis-url>` is the HTTP server child of table 4; `count <hot|many> <algo> <n>`
 //! is the child that table 3 runs under callgrind; `profile <what> [seconds]` runs one
 //! contender alone for `perf record -p`; `lease <row> <url> <prefix> <ms>` is one of table 8's
-//! processes.
+//! processes; `connect <url>` is one of table 9's fresh processes.
 
+mod cold_bench;
 mod http_bench;
 mod lease_bench;
 mod memory_bench;
@@ -160,6 +161,13 @@ fn main() {
         }
         return;
     }
+    if args.first().map(String::as_str) == Some("connect") {
+        if let Err(e) = cold_bench::child(&args[1..]) {
+            eprintln!("connect: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if args.first().map(String::as_str) == Some("profile") {
         if let Err(e) = profile(&args[1..]) {
             eprintln!("profile: {e}");
@@ -238,7 +246,7 @@ fn run(cfg: &Config, quick: bool, wanted: &dyn Fn(u8) -> bool) -> Result<(), Str
             ""
         },
     );
-    let sections: [Section<'_>; 8] = [
+    let sections: [Section<'_>; 9] = [
         (
             1,
             "1. Redis store vs `redis-benchmark` sending the same call (FCALL of the library, EVALSHA without Functions)",
@@ -274,6 +282,11 @@ fn run(cfg: &Config, quick: bool, wanted: &dyn Fn(u8) -> bool) -> Result<(), Str
             8,
             "8. Leases on one hot key (4 processes × 16 tasks, 100,000 a minute and a quota no run reaches)",
             &|| lease_bench::table(&server, cfg),
+        ),
+        (
+            9,
+            "9. A cold start: a fresh process's first connection",
+            &|| cold_bench::table(&server, cfg),
         ),
     ];
     // A table that cannot be measured (say, wrk is not installed) says so in its place and
