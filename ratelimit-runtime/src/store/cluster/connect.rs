@@ -9,7 +9,8 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{IntoConnectionInfo, Value};
 
 use crate::error::ConfigError;
-use crate::store::redis::invoke::{Calls, load_scripts};
+use crate::store::redis::invoke::Calls;
+use crate::store::redis::load::load_scripts;
 use crate::store::redis::server::{
     MemoryPolicy, info_memory_cmd, log_engine, parse_maxmemory_policy,
 };

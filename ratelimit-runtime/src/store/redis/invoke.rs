@@ -1,5 +1,5 @@
-//! How a check reaches the server: loading the library and the scripts, `FCALL` or `EVALSHA`,
-//! and the reload after a missing function or `NOSCRIPT`.
+//! How a check reaches the server: `FCALL` or `EVALSHA`, and the reload after a missing
+//! function or `NOSCRIPT` (the load at connect is [`super::load`]).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +10,6 @@ use redis::{ErrorKind, Script, ServerErrorKind, Value};
 
 use super::script::{COMPANION, LIBRARY, SCRIPTS};
 use super::seat::{Seat, refused_acknowledgement};
-use super::server::{MemoryPolicy, info_memory_cmd, log_engine};
 use super::wire::{
     ReplyReceipt, declared, keys_repeat, limit_args, parse_reply, parse_reply_with_receipts,
 };
@@ -41,7 +40,7 @@ impl Calls {
         !self.scripts_only.load(Ordering::Relaxed)
     }
 
-    fn refuse_functions(&self, why: &redis::RedisError) {
+    pub(super) fn refuse_functions(&self, why: &redis::RedisError) {
         if !self.scripts_only.swap(true, Ordering::Relaxed) {
             tracing::info!(target: crate::observe::log::STORE, error = %why, "redis: no Functions on this server, the scripts run with EVALSHA");
         }
@@ -50,7 +49,7 @@ impl Calls {
 
 /// `FUNCTION LOAD REPLACE <library>`: the same text under the same name is the same library,
 /// so replacing it never changes another version's (each has a name of its own).
-fn library_cmd() -> redis::Cmd {
+pub(super) fn library_cmd() -> redis::Cmd {
     let mut cmd = redis::cmd("FUNCTION");
     cmd.arg("LOAD").arg("REPLACE").arg(&LIBRARY.text);
     cmd
@@ -58,7 +57,7 @@ fn library_cmd() -> redis::Cmd {
 
 /// An error the server answered (as opposed to a transport error, after which nothing is
 /// known about the server).
-fn is_server_error(e: &redis::RedisError) -> bool {
+pub(super) fn is_server_error(e: &redis::RedisError) -> bool {
     e.code().is_some()
 }
 
@@ -72,7 +71,7 @@ fn function_missing(e: &redis::RedisError) -> bool {
 
 /// `FCALL` refused outright: a server without Redis Functions (`unknown command`), a proxy
 /// that does not pass it on (`unsupported command`), or an ACL that does not allow it.
-fn no_functions(e: &redis::RedisError) -> bool {
+pub(super) fn no_functions(e: &redis::RedisError) -> bool {
     match e.code() {
         Some("ERR") => e.detail().is_some_and(|d| {
             let d = d.to_ascii_lowercase();
@@ -148,99 +147,6 @@ impl ScriptConnection for redis::cluster_async::ClusterConnection {
             .await?;
         Ok(replies.into_iter().map(Value::extract_error).collect())
     }
-}
-
-/// Loads the library (`FUNCTION LOAD REPLACE`; on a cluster the client sends it to every
-/// master), so that the first checks need no reload round trip. A server that refuses the
-/// library gets every script instead (`SCRIPT LOAD`, which the client sends to every node).
-#[cfg(feature = "cluster")]
-pub(crate) async fn load_scripts<C>(conn: &mut C, calls: &Calls) -> Result<(), redis::RedisError>
-where
-    C: ConnectionLike + Send,
-{
-    match library_cmd().query_async::<()>(conn).await {
-        Ok(()) => return Ok(()),
-        Err(e) if no_functions(&e) => calls.refuse_functions(&e),
-        // Any other answer (a master busy loading, out of memory, a failover under way): the
-        // first `FCALL` that finds the function missing loads it.
-        Err(e) if is_server_error(&e) => return Ok(()),
-        Err(e) => return Err(e),
-    }
-    for script in SCRIPTS.all() {
-        script.load_async(conn).await?;
-    }
-    COMPANION.load_async(conn).await?;
-    Ok(())
-}
-
-/// Like [`load_scripts`] on a single server, in one round trip (a pipeline): connecting at a
-/// cold start is on the path of the checks that wait for it. A server without Functions gets
-/// the scripts in a second round trip; the companion script is left to its first call
-/// (`NOSCRIPT`): peeks and refunds are rare.
-///
-/// The same round trip reads the server's `maxmemory-policy` (`INFO memory`, last) into
-/// `memory`; a server that refuses `INFO` leaves it unknown.
-pub(super) async fn load_scripts_pipelined<C>(
-    conn: &mut C,
-    calls: &Calls,
-    memory: &MemoryPolicy,
-) -> Result<(), redis::RedisError>
-where
-    C: ConnectionLike + Send,
-{
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    pipe.add_command(library_cmd());
-    // Last, for the log and the eviction check: which server this is, and its memory policy.
-    pipe.cmd("INFO").arg("server");
-    pipe.add_command(info_memory_cmd());
-    let replies: Vec<redis::RedisResult<String>> = pipe.query_async(conn).await?;
-    let Ok([library, info, memory_info]) = <[_; 3]>::try_from(replies) else {
-        return Err(redis::RedisError::from((
-            ErrorKind::Client,
-            "the library pipeline got other than three replies",
-        )));
-    };
-    match memory_info {
-        Ok(info) => memory.record_info("redis", &info),
-        Err(e) => {
-            tracing::debug!(target: crate::observe::log::STORE, error = %e, "redis: INFO memory refused; maxmemory-policy unknown");
-        }
-    }
-    match library {
-        Ok(_) => {}
-        Err(e) if no_functions(&e) => calls.refuse_functions(&e),
-        // Any other answer (busy loading, out of memory): the first `FCALL` that finds the
-        // function missing loads it.
-        Err(e) if is_server_error(&e) => {}
-        Err(e) => return Err(e),
-    }
-    if !calls.functions() {
-        load_eval_scripts(conn).await?;
-    }
-    log_engine("redis", info.ok().as_deref(), calls.functions());
-    Ok(())
-}
-
-/// `SCRIPT LOAD` of every check script (not the companion) on a single server, in one
-/// pipeline, each answered by the SHA1 `EVALSHA` will name it by.
-async fn load_eval_scripts<C>(conn: &mut C) -> Result<(), redis::RedisError>
-where
-    C: ConnectionLike + Send,
-{
-    let mut pipe = redis::pipe();
-    for source in &SCRIPTS.sources {
-        pipe.cmd("SCRIPT").arg("LOAD").arg(source);
-    }
-    let hashes: Vec<String> = pipe.query_async(conn).await?;
-    let expected: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();
-    if hashes != expected {
-        return Err(redis::RedisError::from((
-            ErrorKind::Client,
-            "SCRIPT LOAD answered unexpected hashes",
-        )));
-    }
-    Ok(())
 }
 
 /// Runs one of the library's functions (`FCALL function numkeys keys… args…`, `args` writing

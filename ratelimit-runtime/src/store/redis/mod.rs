@@ -66,7 +66,8 @@ use redis::Client;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use self::give_back::GivingBack;
-use self::invoke::{Calls, Mode, compensate, eval_checks, load_scripts_pipelined};
+use self::invoke::{Calls, Mode, compensate, eval_checks};
+use self::load::load_scripts_pipelined;
 use self::server::{MemoryPolicy, info_memory_cmd};
 use self::wire::{block_cmd, extend_block_cmd, forget_pipe, reset_cmd};
 use super::lazy::LazyConnection;
@@ -77,6 +78,7 @@ use crate::error::{ConfigError, StoreError};
 // The store, its URLs and its connection are here; the Redis Cluster store shares the rest.
 mod give_back;
 pub(crate) mod invoke;
+pub(crate) mod load;
 mod script;
 pub(crate) mod seat;
 pub(crate) mod server;
