@@ -22,6 +22,7 @@
 //!   stalled fails it, and the next check starts a new one.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -33,6 +34,16 @@ use crate::error::StoreError;
 /// included (the Redis client tries three times, each connect bounded by 2 s; loading the
 /// library answers in milliseconds on a healthy server).
 pub(crate) const ATTEMPT_LIMIT: Duration = Duration::from_secs(10);
+
+/// `connect` within [`ATTEMPT_LIMIT`]: a lazy store's attempt, and the connection a store's
+/// `connect` makes before the application serves.
+pub(crate) async fn within_attempt_limit<T>(
+    connect: impl Future<Output = Result<T, redis::RedisError>>,
+) -> Result<T, redis::RedisError> {
+    tokio::time::timeout(ATTEMPT_LIMIT, connect)
+        .await
+        .unwrap_or_else(|_| Err(overdue()))
+}
 
 /// An attempt that outlived [`ATTEMPT_LIMIT`].
 fn overdue() -> redis::RedisError {
@@ -55,6 +66,8 @@ struct Inner<T> {
     /// The running attempt's outcome, for checks that arrive while it runs; `None` when no
     /// attempt runs.
     attempt: Mutex<Option<watch::Receiver<Outcome>>>,
+    /// Set when an attempt failed: the store is not at its cold start any more, but failing.
+    failed: AtomicBool,
 }
 
 impl<T> Inner<T> {
@@ -82,6 +95,9 @@ fn abandoned() -> redis::RedisError {
 impl<T> Drop for Publish<T> {
     fn drop(&mut self) {
         let outcome = self.outcome.take().unwrap_or_else(|| Err(abandoned()));
+        if outcome.is_err() {
+            self.inner.failed.store(true, Ordering::Release);
+        }
         // Under the lock: a check either found this attempt (and gets this outcome) or finds
         // none (and, when this one failed, starts the next).
         let mut attempt = self.inner.attempt();
@@ -117,6 +133,7 @@ impl<T: Clone + Send + Sync + 'static> LazyConnection<T> {
             inner: Arc::new(Inner {
                 conn,
                 attempt: Mutex::new(None),
+                failed: AtomicBool::new(false),
             }),
         }
     }
@@ -126,9 +143,12 @@ impl<T: Clone + Send + Sync + 'static> LazyConnection<T> {
         self.inner.conn.get().is_some()
     }
 
-    /// Whether an attempt is making the first connection.
+    /// Whether the first attempt is running: never connected, no attempt failed yet. Once
+    /// `false`, never `true` again (a connection is never emptied, a failure never forgotten).
     pub(crate) fn is_connecting(&self) -> bool {
-        !self.is_connected() && self.inner.attempt().is_some()
+        !self.is_connected()
+            && !self.inner.failed.load(Ordering::Acquire)
+            && self.inner.attempt().is_some()
     }
 
     /// The connection; when there is none yet, waits for the running attempt, or starts
@@ -166,8 +186,7 @@ impl<T: Clone + Send + Sync + 'static> LazyConnection<T> {
             };
             let future = connect();
             tokio::spawn(async move {
-                let ended = tokio::time::timeout(ATTEMPT_LIMIT, future).await;
-                publish.outcome = Some(match ended.unwrap_or_else(|_| Err(overdue())) {
+                publish.outcome = Some(match within_attempt_limit(future).await {
                     Ok(conn) => {
                         // The only attempt running: the cell is empty.
                         let _ = publish.inner.conn.set(conn);
@@ -302,11 +321,14 @@ mod tests {
             !lazy.is_connecting(),
             "no attempt runs after the failed one"
         );
-        assert_eq!(
-            lazy.get(|| async { Ok(3) }).await.ok(),
-            Some(3),
-            "the next check retries"
-        );
+        // The next attempt is no cold start: the store failed.
+        let (release_retry, retry_gate) = self::gate();
+        let retry = waiters(&lazy, &attempts, &retry_gate, Ok(3)).await;
+        assert!(!lazy.is_connecting(), "an attempt after a failure");
+        release_retry.send(()).unwrap();
+        for r in retry.join_all().await {
+            assert_eq!(r.ok(), Some(3), "the next check retries");
+        }
         assert!(lazy.is_connected());
     }
 
@@ -350,7 +372,7 @@ mod tests {
         let err = waiter.await.unwrap().unwrap_err();
         assert!(
             err.is_transport(),
-            "a stalled attempt opens the breaker: {err:?}"
+            "a stalled attempt fails its waiters as the store failing: {err:?}"
         );
         assert!(err.to_string().contains("did not finish"), "{err}");
         assert!(!lazy.is_connecting() && !lazy.is_connected());

@@ -237,14 +237,18 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         false
     }
 
-    /// Whether the store is making its first connection: it has never been connected, and an
-    /// attempt is under way. A check that reaches its timeout meanwhile is answered by the
-    /// failure policy, but it is no sign that the store fails, so the limiter's breaker stays
-    /// closed and the next checks wait for that same attempt. A check that waited for the
-    /// connection sent nothing to the store.
+    /// Whether the store is making its first connection: it has never been connected, no
+    /// attempt has failed, and one is under way. A check that reaches its timeout meanwhile is
+    /// answered by the failure policy, but it is no sign that the store fails, so the
+    /// limiter's breaker stays closed and the next checks wait for that same attempt.
+    ///
+    /// **A contract, not a hint.** While this answers `true`, no call of this store may have
+    /// reached its server: the limiter sends no refund for a check that timed out then, so a
+    /// store that answered `true` after sending a take would leave that call counted. Once it
+    /// answers `false` it never answers `true` again.
     ///
     /// `false` by default. The built-in Redis and Redis Cluster stores built with `lazy`
-    /// answer `true` from their first check until the first connection is made.
+    /// answer `true` from their first check until their first attempt connects or fails.
     ///
     /// ```
     /// use ratelimit_runtime::{RedisStore, Store};

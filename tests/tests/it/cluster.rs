@@ -1029,6 +1029,73 @@ async fn cross_slot_refunds_give_back_at_most_what_the_call_still_holds() {
     );
 }
 
+/// A master out of memory refuses the whole `FCALL` (the library's functions may write), so
+/// the check runs as a script there; the store connected with the library only, so the
+/// script's first call finds `NOSCRIPT` and loads it on that master alone (a load sent to
+/// every node would fail with any one of them down): a caller over its quota is still
+/// rejected, and no other node holds the script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_out_of_memory_loads_its_script_alone_and_still_rejects() {
+    if redis_server::skip_without_functions(
+        "a_master_out_of_memory_loads_its_script_alone_and_still_rejects",
+    ) {
+        return;
+    }
+    let cluster = RedisCluster::start().await;
+    let store = RedisClusterStore::connect(cluster.urls())
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let limit = policy(Algorithm::Fixed, 2, HOUR, 2, 1);
+    let spent = key::build(
+        &format!("oom{}", std::process::id()),
+        "oom",
+        &[key::Part::new(key::Source::Key, b"spent")],
+        &limit,
+    );
+    for _ in 0..2 {
+        let v = store.check(&[Check::new(&spent, &limit)]).await.unwrap();
+        assert!(v.is_admitted());
+    }
+    let master = cluster
+        .master_of_slot(cluster.keyslot(&spent).await)
+        .await
+        .port;
+    let mut conn = cluster.node(master).await;
+    let config = |name: &str, value: &str| {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("SET").arg(name).arg(value);
+        cmd
+    };
+    let _: () = config("maxmemory-policy", "noeviction")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = config("maxmemory", "1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let v = store.check(&[Check::new(&spent, &limit)]).await;
+    let _: () = config("maxmemory", "0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let v = v.unwrap_or_else(|e| panic!("a rejection at maxmemory: {e}"));
+    assert!(!v.is_admitted(), "the spent caller is still rejected");
+    assert_eq!(v.decisions()[0].remaining, 0);
+    let sources = ratelimit_runtime::store::redis::script_sources();
+    let hash = redis::Script::new(sources.fixed_only).get_hash().to_owned();
+    for port in cluster.live_ports() {
+        let mut node = cluster.node(port).await;
+        let found: Vec<u8> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(&hash)
+            .query_async(&mut node)
+            .await
+            .unwrap();
+        assert_eq!(found, [u8::from(port == master)], "node {port}");
+    }
+}
+
 /// `FUNCTION FLUSH` on every master of a live store's cluster: the next check of each master's
 /// keys loads the library again on that master (the node whose `FCALL` answered that the
 /// function is missing) and answers as Redis counts; a cross-slot call that rejects after the

@@ -88,7 +88,7 @@ use redis::cluster_async::ClusterConnection;
 use self::acknowledge::eval_checks_replicated;
 use self::connect::{cluster_client, connect_cluster};
 use self::slots::{check_across_slots, collect, fill, group_by_slot, one_slot};
-use super::lazy::LazyConnection;
+use super::lazy::{LazyConnection, within_attempt_limit};
 use super::redis::invoke::{Calls, Mode, compensate, eval_checks};
 use super::redis::server::MemoryPolicy;
 use super::redis::wire::{block_cmd, extend_block_cmd, forget_pipe, reset_cmd};
@@ -128,7 +128,8 @@ impl RedisClusterStore {
     /// (or, where Functions are refused, the scripts on every node).
     ///
     /// A malformed URL (or none at all) is [`ConfigError::InvalidUrl`] (the message never
-    /// repeats the URL); a cluster that does not answer is [`ConfigError::Unreachable`].
+    /// repeats the URL); a cluster that does not answer, or has not within 10 s, is
+    /// [`ConfigError::Unreachable`].
     pub async fn connect<I, S>(nodes: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = S>,
@@ -137,7 +138,7 @@ impl RedisClusterStore {
         let client = cluster_client(nodes)?;
         let calls = Arc::new(Calls::default());
         let memory = Arc::new(MemoryPolicy::default());
-        let conn = connect_cluster(&client, &calls, &memory)
+        let conn = within_attempt_limit(connect_cluster(&client, &calls, &memory))
             .await
             .map_err(|e| ConfigError::Unreachable(e.to_string()))?;
         Ok(Self {

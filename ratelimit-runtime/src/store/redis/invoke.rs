@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, Script, ServerErrorKind, Value};
 
-use super::script::{COMPANION, LIBRARY, SCRIPTS};
+use super::script::{COMPANION, LIBRARY, SCRIPTS, source_of};
 use super::seat::{Seat, refused_acknowledgement};
 use super::wire::{
     ReplyReceipt, declared, keys_repeat, limit_args, parse_reply, parse_reply_with_receipts,
@@ -55,6 +55,13 @@ pub(super) fn library_cmd() -> redis::Cmd {
     cmd
 }
 
+/// `SCRIPT LOAD <source>`.
+pub(super) fn script_load_cmd(source: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(source);
+    cmd
+}
+
 /// An error the server answered (as opposed to a transport error, after which nothing is
 /// known about the server).
 pub(super) fn is_server_error(e: &redis::RedisError) -> bool {
@@ -92,6 +99,14 @@ pub(crate) trait ScriptConnection: ConnectionLike + Send {
         key: &str,
     ) -> impl Future<Output = redis::RedisResult<()>> + Send;
 
+    /// `SCRIPT LOAD` of `source` on the server where `key` lives (a cluster client left to
+    /// itself sends it to every node, and fails it when one node does not answer).
+    fn load_script_for(
+        &mut self,
+        source: &str,
+        key: &str,
+    ) -> impl Future<Output = redis::RedisResult<()>> + Send;
+
     /// `pipe` (none of its commands ignored, its errors kept in place) routed to the server
     /// where `key` lives, whatever the keys of its commands: each command's reply as it came. (A cluster client
     /// whose connection to that server is down sends it to another node: a caller that must
@@ -106,6 +121,13 @@ pub(crate) trait ScriptConnection: ConnectionLike + Send {
 impl ScriptConnection for ConnectionManager {
     async fn load_library_for(&mut self, _key: &str) -> redis::RedisResult<()> {
         library_cmd().query_async(self).await
+    }
+
+    async fn load_script_for(&mut self, source: &str, _key: &str) -> redis::RedisResult<()> {
+        script_load_cmd(source)
+            .query_async::<String>(self)
+            .await
+            .map(drop)
     }
 
     async fn pipeline_for(
@@ -124,6 +146,17 @@ impl ScriptConnection for redis::cluster_async::ClusterConnection {
         let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
         self.route_command(
             library_cmd(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn load_script_for(&mut self, source: &str, key: &str) -> redis::RedisResult<()> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
+        self.route_command(
+            script_load_cmd(source),
             RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
         )
         .await
@@ -199,7 +232,10 @@ where
     match send(conn, &cmd, seat.then_some(first_key)).await {
         // A restarted or flushed server: load the script and repeat the call once.
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script.load_async(conn).await?;
+            match source_of(script) {
+                Some(source) => conn.load_script_for(source, first_key).await?,
+                None => drop(script.load_async(conn).await?),
+            }
             send(conn, &cmd, seat.then_some(first_key)).await
         }
         other => other,

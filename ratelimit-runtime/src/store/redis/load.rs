@@ -4,7 +4,7 @@
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, Script};
 
-use super::invoke::{Calls, is_server_error, library_cmd, no_functions};
+use super::invoke::{Calls, is_server_error, library_cmd, no_functions, script_load_cmd};
 #[cfg(feature = "cluster")]
 use super::script::COMPANION;
 use super::script::SCRIPTS;
@@ -90,7 +90,7 @@ where
 {
     let mut pipe = redis::pipe();
     for source in &SCRIPTS.sources {
-        pipe.cmd("SCRIPT").arg("LOAD").arg(source);
+        pipe.add_command(script_load_cmd(source));
     }
     let hashes: Vec<String> = pipe.query_async(conn).await?;
     let expected: Vec<&str> = SCRIPTS.all().map(Script::get_hash).collect();

@@ -70,7 +70,7 @@ use self::invoke::{Calls, Mode, compensate, eval_checks};
 use self::load::load_scripts_pipelined;
 use self::server::{MemoryPolicy, info_memory_cmd};
 use self::wire::{block_cmd, extend_block_cmd, forget_pipe, reset_cmd};
-use super::lazy::LazyConnection;
+use super::lazy::{LazyConnection, within_attempt_limit};
 use super::{Check, Store, StoreFuture};
 use crate::decision::Verdict;
 use crate::error::{ConfigError, StoreError};
@@ -219,12 +219,14 @@ impl RedisStore {
     /// scripts).
     ///
     /// A malformed URL is [`ConfigError::InvalidUrl`] (the message never repeats the URL); a
-    /// server that does not answer, or refuses the credentials, is [`ConfigError::Unreachable`].
+    /// server that does not answer, refuses the credentials, or has not answered within 10 s
+    /// (every retry included), is [`ConfigError::Unreachable`].
     pub async fn connect(url: &str) -> Result<Self, ConfigError> {
         let client = client(url)?;
         let calls = Arc::new(Calls::default());
         let memory = Arc::new(MemoryPolicy::default());
-        let manager = connect_manager(client.clone(), Arc::clone(&calls), Arc::clone(&memory))
+        let connect = connect_manager(client.clone(), Arc::clone(&calls), Arc::clone(&memory));
+        let manager = within_attempt_limit(connect)
             .await
             .map_err(|e| ConfigError::Unreachable(e.to_string()))?;
         Ok(Self {

@@ -369,6 +369,19 @@ impl Scripts {
     }
 }
 
+/// The text of `script` when it is one of [`SCRIPTS`] or [`COMPANION`]: what its
+/// `SCRIPT LOAD` sends.
+pub(super) fn source_of(script: &Script) -> Option<&'static str> {
+    let hash = script.get_hash();
+    if hash == COMPANION.get_hash() {
+        return Some(&EVAL_TEXTS.companion);
+    }
+    SCRIPTS
+        .all()
+        .zip(&SCRIPTS.sources)
+        .find_map(|(s, source)| (s.get_hash() == hash).then_some(*source))
+}
+
 /// The companion script (the prelude, every algorithm and `refund.lua`): its `peek` mode reads
 /// limits without taking anything ([`Store::peek`](crate::store::Store::peek)), its `refund`
 /// mode gives back by receipt (the refunds of outcome-filtered calls, `count = …`, and of the
@@ -386,6 +399,19 @@ mod tests {
 
     fn policy(a: Algorithm) -> Policy {
         Policy::new(a, 5, Duration::from_secs(1)).unwrap()
+    }
+
+    /// What a `NOSCRIPT` reloads on one node is the text of the script that failed: each
+    /// script's source hashes to that script's SHA1.
+    #[test]
+    fn each_script_has_its_own_source_to_reload() {
+        let scripts: Vec<&Script> = SCRIPTS.all().chain([&*COMPANION]).collect();
+        assert_eq!(scripts.len(), SCRIPTS.sources.len() + 1);
+        for script in scripts {
+            let source = source_of(script).expect("a script of the store's");
+            assert_eq!(Script::new(source).get_hash(), script.get_hash());
+        }
+        assert_eq!(source_of(&Script::new("return 1")), None);
     }
 
     #[test]
