@@ -275,13 +275,31 @@ struct EvalTexts {
 }
 
 static EVAL_TEXTS: LazyLock<EvalTexts> = LazyLock::new(|| {
-    let algorithms = ALGORITHMS.concat();
+    // Each file in its `EVAL` form once, each script the concatenation of its files' forms:
+    // the form of the concatenation, since every file ends a line and no name spans two
+    // (`eval_texts_are_the_form_of_each_whole_script` holds the two equal), for a tenth of
+    // the work at a cold start.
+    let prelude = eval_form(PRELUDE);
+    let driver = eval_form(DRIVER);
+    let forms = ALGORITHMS.map(eval_form);
+    let form = |a: Algorithm| {
+        let at = ALGORITHMS.iter().position(|text| *text == source(a));
+        let at = at.unwrap_or_else(|| unreachable!("every algorithm's file is in ALGORITHMS"));
+        forms[at].as_str()
+    };
+    let algorithms = forms.concat();
+    let script = |parts: &[&str]| parts.concat();
     EvalTexts {
-        single: Algorithm::BY_CODE
-            .map(|a| eval_form(&[PRELUDE, source(a), DRIVER, EVAL_CHECK].concat())),
-        combined: eval_form(&[PRELUDE, algorithms.as_str(), DRIVER, EVAL_CHECK].concat()),
-        companion: eval_form(&[PRELUDE, algorithms.as_str(), REFUND, EVAL_COMPENSATE].concat()),
-        fixed_only: eval_form(&[PRELUDE, FIXED, DRIVER, FIXED_ONLY, EVAL_FIXED_ONLY].concat()),
+        single: Algorithm::BY_CODE.map(|a| script(&[&prelude, form(a), &driver, EVAL_CHECK])),
+        combined: script(&[&prelude, &algorithms, &driver, EVAL_CHECK]),
+        companion: script(&[&prelude, &algorithms, &eval_form(REFUND), EVAL_COMPENSATE]),
+        fixed_only: script(&[
+            &prelude,
+            form(Algorithm::Fixed),
+            &driver,
+            &eval_form(FIXED_ONLY),
+            EVAL_FIXED_ONLY,
+        ]),
     }
 });
 
@@ -399,6 +417,23 @@ mod tests {
 
     fn policy(a: Algorithm) -> Policy {
         Policy::new(a, 5, Duration::from_secs(1)).unwrap()
+    }
+
+    /// Each `EVAL` script, built file by file, is the `EVAL` form of its whole text.
+    #[test]
+    fn eval_texts_are_the_form_of_each_whole_script() {
+        let texts = &*EVAL_TEXTS;
+        let algorithms = ALGORITHMS.concat();
+        for (a, text) in Algorithm::BY_CODE.iter().zip(&texts.single) {
+            let whole = [PRELUDE, source(*a), DRIVER, EVAL_CHECK].concat();
+            assert_eq!(*text, eval_form(&whole), "{a:?}");
+        }
+        let whole = [PRELUDE, algorithms.as_str(), DRIVER, EVAL_CHECK].concat();
+        assert_eq!(texts.combined, eval_form(&whole));
+        let whole = [PRELUDE, algorithms.as_str(), REFUND, EVAL_COMPENSATE].concat();
+        assert_eq!(texts.companion, eval_form(&whole));
+        let whole = [PRELUDE, FIXED, DRIVER, FIXED_ONLY, EVAL_FIXED_ONLY].concat();
+        assert_eq!(texts.fixed_only, eval_form(&whole));
     }
 
     /// What a `NOSCRIPT` reloads on one node is the text of the script that failed: each
