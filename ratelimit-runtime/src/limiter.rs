@@ -443,8 +443,8 @@ impl RateLimiter {
             }
             Err(error) if error.is_transport() => {
                 // A check that timed out waiting for the store's first connection says nothing
-                // of the store: the attempt goes on for the next checks, and its failure, if it
-                // fails, reaches the breaker through the checks waiting for it.
+                // of the store: the attempt goes on for the next checks. If it fails, the checks
+                // waiting for it get its error, and every timeout after it counts.
                 if !(error.is_timeout() && inner.store.is_connecting()) {
                     inner.breaker.failure(&error, probe.is_some());
                 }

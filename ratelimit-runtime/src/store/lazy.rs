@@ -144,7 +144,8 @@ impl<T: Clone + Send + Sync + 'static> LazyConnection<T> {
     }
 
     /// Whether the first attempt is running: never connected, no attempt failed yet. Once
-    /// `false`, never `true` again (a connection is never emptied, a failure never forgotten).
+    /// that attempt has ended, never `true` again (a connection is never emptied, a failure
+    /// never forgotten).
     pub(crate) fn is_connecting(&self) -> bool {
         !self.is_connected()
             && !self.inner.failed.load(Ordering::Acquire)

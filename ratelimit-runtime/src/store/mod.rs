@@ -244,8 +244,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// **A contract, not a hint.** While this answers `true`, no call of this store may have
     /// reached its server: the limiter sends no refund for a check that timed out then, so a
-    /// store that answered `true` after sending a take would leave that call counted. Once it
-    /// answers `false` it never answers `true` again.
+    /// store that answered `true` after sending a take would leave that call counted. Once
+    /// its first attempt has ended (connected or failed), it never answers `true` again.
     ///
     /// `false` by default. The built-in Redis and Redis Cluster stores built with `lazy`
     /// answer `true` from their first check until their first attempt connects or fails.
