@@ -175,13 +175,20 @@ async fn a_redis_out_of_memory_refuses_what_it_cannot_count_under_every_failure_
                 "{e:?}"
             );
             let mut conn = server.connection().await;
+            // The store loaded the library only (on a server with Functions): the script is
+            // loaded here, as a store falling back to it would (Redis runs `SCRIPT LOAD` at
+            // its maxmemory).
+            let script = redis::Script::new(
+                ratelimit_runtime::store::redis::script_sources().for_algorithm(algorithm),
+            );
+            let _: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(ratelimit_runtime::store::redis::script_sources().for_algorithm(algorithm))
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("SCRIPT LOAD at maxmemory: {e}"));
             let refused: redis::RedisResult<redis::Value> = redis::cmd("EVALSHA")
-                .arg(
-                    redis::Script::new(
-                        ratelimit_runtime::store::redis::script_sources().for_algorithm(algorithm),
-                    )
-                    .get_hash(),
-                )
+                .arg(script.get_hash())
                 // The key and its block marker: every key a script touches is declared.
                 .arg(2)
                 .arg(&fresh)
